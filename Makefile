@@ -1,0 +1,97 @@
+# Build for the LDM project. `make` builds the CPU tools (always) and the CUDA trainers and
+# workbenches (when nvcc is found). `make test` runs every CPU test. `make demo` runs the
+# README's main job. See README.md.
+#
+#   make [all]          CPU library, tools and trainers (+ CUDA targets when nvcc exists)
+#   make test           build and run all CPU tests (Catch2), print the suite summary
+#   make demo           install deps, prepare the FineWeb-Edu sample, train `small` on CPU, evaluate
+#   make deps           install Debian/npm dependencies (idempotent; root when missing)
+#   make cuda           only the CUDA targets (needs nvcc)
+#   make clean
+# Variables: CUDA_ARCH (default "90", PTX is embedded too), CXX, NVCC, OPT, DEBUG=1.
+
+CXX      ?= g++
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+OPT      ?= -O2 -march=native
+ifeq ($(DEBUG),1)
+OPT      := -O0 -g -fsanitize=address,undefined
+endif
+CXXFLAGS += -std=c++17 $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -MMD -MP \
+            -DLDM_SOURCE_DIR=\"$(CURDIR)\"
+LDFLAGS  += -fopenmp $(filter -fsanitize=%,$(OPT))
+LDLIBS   += -lpcre2-8 -lutf8proc -lopenblas -lbz2 -lpthread
+
+BUILD    ?= build
+
+# Library: everything in core/, dev/cpu/ and data/prep_*.cpp (no main() there).
+LIB_SRCS := $(wildcard core/*.cpp) $(wildcard dev/cpu/*.cpp) $(wildcard data/prep_*.cpp)
+LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
+LIB      := $(BUILD)/libldm.a
+
+# Tools and trainers: one main() each.
+TOOL_SRCS := $(wildcard data/ldm_*.cpp) $(wildcard train_*.cpp) $(wildcard eval_*.cpp) $(wildcard dev/bench_*.cpp)
+TOOLS     := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))
+
+# Tests: each test/test_*.cpp is its own Catch2 binary (so one broken file does not stop the rest).
+TEST_SRCS := $(wildcard test/test_*.cpp)
+TESTS     := $(TEST_SRCS:test/%.cpp=$(BUILD)/test/%)
+TEST_COMMON := $(BUILD)/test/catch_main.o $(BUILD)/test/helpers.o
+
+# CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists.
+CUDA_ARCH ?= 90
+NVCCFLAGS ?= -O3 -std=c++17 --use_fast_math -lineinfo -I. \
+             -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
+             -gencode arch=compute_$(CUDA_ARCH),code=compute_$(CUDA_ARCH) \
+             -Xcompiler -fopenmp -DLDM_SOURCE_DIR=\"$(CURDIR)\"
+CUDA_LIBS ?= -lcublasLt -lcublas
+CU_SRCS  := $(wildcard train_*.cu) $(wildcard dev/cuda/*.cu)
+CU_BINS  := $(foreach s,$(CU_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
+
+.PHONY: all cpu cuda test demo deps clean tests
+all: cpu $(if $(NVCC),cuda)
+cpu: $(LIB) $(TOOLS)
+tests: $(TESTS)
+
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+define TOOL_RULE
+$(BUILD)/$(basename $(notdir $(1))): $(BUILD)/$(basename $(1)).o $(LIB)
+	$(CXX) $(LDFLAGS) $$^ $(LDLIBS) -o $$@
+endef
+$(foreach s,$(TOOL_SRCS),$(eval $(call TOOL_RULE,$(s))))
+
+$(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
+	$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+cuda: $(CU_BINS)
+$(BUILD)/cuda/%: %.cu $(LIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(LDLIBS) -lgomp -o $@
+$(BUILD)/cuda/%: dev/cuda/%.cu $(LIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(LDLIBS) -lgomp -o $@
+
+deps:
+	@bash scripts/install_deps.sh
+
+# The test command of the README. Builds everything the tests exercise, then runs every test
+# binary and prints "tests: N passed, N failed".
+test: deps
+	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests
+	@bash scripts/run_tests.sh $(TESTS)
+
+demo: deps
+	@$(MAKE) --no-print-directory -j$(shell nproc) cpu
+	@bash scripts/demo.sh
+
+clean:
+	rm -rf $(BUILD)
+
+.SECONDARY:
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,36 @@
+// core/common.h — small utilities shared by every tool, trainer and test.
+//
+// Error policy: library code throws ldm::Error with a message that names the file, the
+// offset or the flag at fault; each binary's main() catches it, prints "error: <msg>" to
+// stderr and exits with status 1. Nothing in the library calls exit() or abort() on bad input.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace ldm {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// printf-style formatting into a std::string.
+std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// Directory holding the shared test/demo data (gpt2_tokenizer/, lambada/, ...):
+// $LDM_DATA_DIR if set, else <source dir>/../shared/data, else ./../shared/data.
+// Returns "" when none exists (callers skip with a visible message).
+std::string find_data_dir();
+
+// Writes `size` bytes to `path` atomically: writes `path.tmp.<pid>`, fsyncs, renames.
+// Throws ldm::Error naming the path on any I/O failure (the temp file is removed).
+void write_file_atomic(const std::string& path, const void* data, size_t size);
+
+// Reads a whole file into a string; throws ldm::Error naming the path if it cannot.
+std::string read_file(const std::string& path);
+
+bool file_exists(const std::string& path);
+
+}  // namespace ldm

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs the Debian packages (and the npm packages used only by the tokenizer cross-check
+# tests) that this project needs. Idempotent: does nothing when everything is present, so it
+# is safe to call from every README command and make target. Needs root only when something
+# is missing. Usage: scripts/install_deps.sh [--no-npm]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(
+  build-essential     # g++, make
+  catch2              # Catch2 v2 single header, the test framework
+  libpcre2-dev        # GPT-2 pre-tokenization regex (Unicode properties)
+  nlohmann-json3-dev  # JSON (encoder.json, tokenizer.json, jsonl, logs)
+  libutf8proc-dev     # NFC normalisation for Hugging Face tokenizer.json normalizers
+  libopenblas-dev     # BLAS for the CPU reference matmuls
+  libbz2-dev          # reading the bz2-compressed HellaSwag copy
+  bzip2
+  openmpi-bin libopenmpi-dev  # data-parallel CPU training and tests
+  python3 python3-numpy python3-torch python3-matplotlib  # PyTorch reference, plots
+  nodejs npm          # independent tokenizers (js-tiktoken, transformers.js) for tests
+  curl ca-certificates  # download scripts
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  # node and npm may come from elsewhere (e.g. nodesource); accept any working install
+  if { [ "$p" = nodejs ] || [ "$p" = npm ]; } && command -v node >/dev/null && command -v npm >/dev/null; then
+    continue
+  fi
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[deps] installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" != 0 ]; then
+    echo "[deps] error: missing packages and not root; run as root or: apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "[deps] Debian packages present"
+fi
+
+if [ "${1:-}" != "--no-npm" ] && [ -f test/js/package.json ]; then
+  if [ ! -d test/js/node_modules ] || [ test/js/package-lock.json -nt test/js/node_modules ]; then
+    echo "[deps] installing npm packages for the tokenizer cross-check (test/js)"
+    (cd test/js && npm ci --no-audit --no-fund --loglevel=error) && touch test/js/node_modules
+  fi
+fi

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs each Catch2 test binary given on the command line (from the repository root), shows its
+# output, and adds up the test cases. Ends with the suite's closing line
+#   tests: N passed, N failed
+# and exits non-zero when any test failed or any binary crashed.
+# Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s').
+set -u
+cd "$(dirname "$0")/.."
+passed=0; failed=0; crashed=()
+start=$(date +%s)
+for t in "$@"; do
+  echo "=== $t"
+  t0=$(date +%s)
+  out=$("$t" ${TEST_ARGS:-} 2>&1); rc=$?
+  echo "$out" | grep -v '^LDM_TEST_TOTALS'
+  line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
+  if [ -z "$line" ]; then
+    crashed+=("$t (exit $rc)"); failed=$((failed + 1))
+  else
+    read -r _ p f <<< "$line"
+    passed=$((passed + p)); failed=$((failed + f))
+    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then crashed+=("$t (exit $rc)"); failed=$((failed + 1)); fi
+  fi
+  echo "=== $t: $(( $(date +%s) - t0 )) s"
+done
+for c in "${crashed[@]+"${crashed[@]}"}"; do echo "CRASHED or failed without a report: $c"; done
+echo "suite time: $(( $(date +%s) - start )) s"
+echo "tests: $passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,22 @@
+// Catch2 v2 runner shared by every test binary in test/. Besides Catch2's own summary it
+// prints one machine-readable line "LDM_TEST_TOTALS <passed> <failed> <skipped>" (test cases)
+// that scripts/run_tests.sh adds up into the suite's closing line.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+namespace {
+struct TotalsListener : Catch::TestEventListenerBase {
+    using TestEventListenerBase::TestEventListenerBase;
+    void testRunEnded(Catch::TestRunStats const& s) override {
+        std::printf("LDM_TEST_TOTALS %llu %llu\n",
+                    (unsigned long long)s.totals.testCases.passed,
+                    (unsigned long long)(s.totals.testCases.failed + s.totals.testCases.failedButOk));
+        std::fflush(stdout);
+    }
+};
+}  // namespace
+CATCH_REGISTER_LISTENER(TotalsListener)
+
+int main(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }

@@ -1,0 +1,42 @@
+#include "test/helpers.h"
+
+#include <unistd.h>
+
+#include "core/common.h"
+
+TEST_CASE("write_file_atomic writes exactly and leaves no temp file", "[common]") {
+    std::string d = scratch_dir("common");
+    std::string path = d + "/a.bin";
+    std::string payload = "hello\0world", big(3 << 20, 'x');
+    for (size_t i = 0; i < big.size(); i++) big[i] = char((i * 2654435761u) >> 13);
+    ldm::write_file_atomic(path, big.data(), big.size());
+    REQUIRE(ldm::read_file(path) == big);
+    ldm::write_file_atomic(path, payload.data(), payload.size());
+    REQUIRE(ldm::read_file(path) == payload);
+    REQUIRE(!ldm::file_exists(path + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST_CASE("write_file_atomic into a missing directory throws and names the path", "[common]") {
+    std::string d = scratch_dir("common2");
+    try {
+        ldm::write_file_atomic(d + "/nope/x.bin", "a", 1);
+        FAIL("no exception");
+    } catch (const ldm::Error& e) {
+        REQUIRE(std::string(e.what()).find("nope/x.bin") != std::string::npos);
+    }
+}
+
+TEST_CASE("read_file on a missing file throws", "[common]") {
+    REQUIRE_THROWS_AS(ldm::read_file("/nonexistent/zzz"), ldm::Error);
+}
+
+TEST_CASE("strprintf formats", "[common]") {
+    REQUIRE(ldm::strprintf("%d-%s-%.2f", 7, "ab", 1.5) == "7-ab-1.50");
+    REQUIRE(ldm::strprintf("%s", std::string(5000, 'q').c_str()).size() == 5000);
+}
+
+TEST_CASE("the shared data directory is found", "[common]") {
+    std::string d = data_dir_or_skip("data dir");
+    if (d.empty()) return;
+    REQUIRE(ldm::file_exists(d + "/gpt2_tokenizer/vocab.bpe"));
+}
