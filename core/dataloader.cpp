@@ -1,0 +1,290 @@
+// core/dataloader.cpp — see core/dataloader.h and doc/formats.md "Data loader".
+#include "core/dataloader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <glob.h>
+#include <unistd.h>
+
+#include "core/common.h"
+
+namespace ldm {
+
+namespace {
+
+// SplitMix64 (Steele, Lea, Flood 2014): state += golden gamma; output = mix(state).
+inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+struct SplitMix64 {
+    uint64_t s;
+    uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }
+    // Uniform in [0, bound) by rejection (no modulo bias).
+    uint64_t below(uint64_t bound) {
+        uint64_t threshold = (0 - bound) % bound;  // = 2^64 mod bound
+        for (;;) {
+            uint64_t r = next();
+            if (r >= threshold) return r % bound;
+        }
+    }
+};
+
+// FNV-1a 64-bit, for the shard fingerprint.
+struct Fnv {
+    uint64_t h = 0xcbf29ce484222325ull;
+    void add(const void* p, size_t n) {
+        const uint8_t* b = static_cast<const uint8_t*>(p);
+        for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    }
+    void add_u64(uint64_t v) { add(&v, 8); }
+    void add_str(const std::string& s) {
+        add_u64(s.size());
+        add(s.data(), s.size());
+    }
+};
+
+std::string basename_of(const std::string& p) {
+    size_t k = p.find_last_of('/');
+    return k == std::string::npos ? p : p.substr(k + 1);
+}
+
+const char kStateMagic[8] = {'L', 'D', 'M', 'D', 'L', 'S', 'T', '1'};
+constexpr size_t kStateBytes = 8 + 4 * 4 + 1 + 8 * 4;
+
+template <typename V>
+void put(std::vector<uint8_t>& out, V v) {
+    uint8_t b[sizeof(V)];
+    std::memcpy(b, &v, sizeof(V));
+    out.insert(out.end(), b, b + sizeof(V));
+}
+template <typename V>
+V get(const std::vector<uint8_t>& in, size_t& at) {
+    V v;
+    std::memcpy(&v, in.data() + at, sizeof(V));
+    at += sizeof(V);
+    return v;
+}
+
+}  // namespace
+
+std::vector<uint64_t> loader_permutation(uint64_t n, uint64_t seed, uint64_t epoch, uint64_t stream) {
+    std::vector<uint64_t> p(n);
+    for (uint64_t i = 0; i < n; i++) p[i] = i;
+    SplitMix64 rng{mix64(seed ^ mix64(epoch ^ mix64(stream + 0x632BE59BD9B4E019ull)))};
+    for (uint64_t i = n; i > 1; i--) std::swap(p[i - 1], p[rng.below(i)]);
+    return p;
+}
+
+DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int world, bool shuffle,
+                       uint64_t seed, uint32_t vocab_size)
+    : pattern_(pattern), B_(B), T_(T), rank_(rank), world_(world), shuffle_(shuffle), seed_(seed),
+      vocab_(vocab_size) {
+    if (B <= 0 || T <= 0) throw Error(strprintf("data loader: B=%d and T=%d must be positive", B, T));
+    if (world <= 0 || rank < 0 || rank >= world)
+        throw Error(strprintf("data loader: rank %d is not in [0, world=%d)", rank, world));
+    if (vocab_size == 0) throw Error("data loader: vocab_size must be positive");
+
+    glob_t g;
+    std::memset(&g, 0, sizeof(g));
+    int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+    std::vector<std::string> files;
+    if (rc == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++) files.push_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    if (rc == GLOB_NOMATCH || files.empty()) throw Error("data loader: no shard files match '" + pattern + "'");
+    if (rc != 0) throw Error("data loader: cannot expand pattern '" + pattern + "'");
+    std::sort(files.begin(), files.end());
+
+    const uint64_t bt = uint64_t(B) * uint64_t(T);
+    uint64_t largest = 0;
+    Fnv fp;
+    for (const std::string& f : files) {
+        ShardInfo info = read_shard_info(f);
+        fp.add_str(basename_of(f));
+        fp.add_u64(info.file_size);
+        largest = std::max(largest, info.num_tokens);
+        uint64_t w = info.num_tokens >= 1 ? (info.num_tokens - 1) / bt : 0;
+        if (w == 0) {
+            std::fprintf(stderr,
+                         "warning: data loader: shard %s has %llu tokens, fewer than B*T+1 = %llu; skipped\n",
+                         f.c_str(), (unsigned long long)info.num_tokens, (unsigned long long)(bt + 1));
+            continue;
+        }
+        shards_.push_back({info, w});
+        total_windows_ += w;
+    }
+    if (shards_.empty())
+        throw Error(strprintf("data loader: too few tokens for B*T: no shard matching '%s' has B*T+1 = %llu "
+                              "tokens (largest has %llu)",
+                              pattern.c_str(), (unsigned long long)(bt + 1), (unsigned long long)largest));
+    per_rank_ = total_windows_ / uint64_t(world);
+    if (per_rank_ == 0)
+        throw Error(strprintf("data loader: too few tokens for B*T with world size %d: '%s' holds only %llu "
+                              "windows of B*T+1 = %llu tokens",
+                              world, pattern.c_str(), (unsigned long long)total_windows_,
+                              (unsigned long long)(bt + 1)));
+    fingerprint_ = fp.h;
+    setup_epoch();
+}
+
+void DataLoader::setup_epoch() {
+    const size_t S = shards_.size();
+    order_.resize(S);
+    if (shuffle_) {
+        std::vector<uint64_t> p = loader_permutation(S, seed_, epoch_, 0);
+        for (size_t i = 0; i < S; i++) order_[i] = uint32_t(p[i]);
+    } else {
+        for (size_t i = 0; i < S; i++) order_[i] = uint32_t(i);
+    }
+    prefix_.assign(S + 1, 0);
+    for (size_t p = 0; p < S; p++) prefix_[p + 1] = prefix_[p] + shards_[order_[p]].windows;
+    pos_ = 0;
+    loaded_ = false;  // the window order must be rebuilt for the new epoch
+}
+
+void DataLoader::load_shard(size_t s) {
+    const Shard& sh = shards_[s];
+    if (loaded_shard_ != int64_t(s)) {
+        loaded_shard_ = -1;
+        ShardInfo now = read_shard_info(sh.info.path);
+        if (now.num_tokens != sh.info.num_tokens || now.token_bytes != sh.info.token_bytes)
+            throw Error("data loader: shard " + sh.info.path + " changed since the loader was opened");
+        const uint64_t n = now.num_tokens;
+        int fd = ::open(now.path.c_str(), O_RDONLY);
+        if (fd < 0) throw Error("cannot open shard " + now.path + ": " + std::strerror(errno));
+        uint8_t* dst;
+        size_t bytes;
+        if (now.token_bytes == 2) {
+            tokens32_.clear();
+            tokens32_.shrink_to_fit();
+            tokens16_.resize(size_t(n));
+            dst = reinterpret_cast<uint8_t*>(tokens16_.data());
+            bytes = size_t(n) * 2;
+        } else {
+            tokens16_.clear();
+            tokens16_.shrink_to_fit();
+            tokens32_.resize(size_t(n));
+            dst = reinterpret_cast<uint8_t*>(tokens32_.data());
+            bytes = size_t(n) * 4;
+        }
+        size_t done = 0;
+        while (done < bytes) {
+            ssize_t r = ::pread(fd, dst + done, bytes - done, off_t(kShardHeaderBytes + done));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                ::close(fd);
+                throw Error("read error on shard " + now.path);
+            }
+            done += size_t(r);
+        }
+        ::close(fd);
+        // Validate every id against the vocabulary.
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t v = now.token_bytes == 2 ? tokens16_[i] : tokens32_[i];
+            if (v >= vocab_)
+                throw Error(strprintf("data loader: shard %s: token id %u at index %llu is >= vocab_size %u",
+                                      now.path.c_str(), v, (unsigned long long)i, vocab_));
+        }
+        loaded_shard_ = int64_t(s);
+        perm_epoch_ = ~0ull;
+    }
+    if (perm_epoch_ != epoch_) {
+        if (shuffle_) {
+            perm_ = loader_permutation(sh.windows, seed_, epoch_, uint64_t(s) + 1);
+        } else {
+            perm_.resize(sh.windows);
+            for (uint64_t i = 0; i < sh.windows; i++) perm_[i] = i;
+        }
+        perm_epoch_ = epoch_;
+    }
+}
+
+void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
+    if (idx_ >= per_rank_) {
+        epoch_++;
+        idx_ = 0;
+        setup_epoch();
+    }
+    const uint64_t g = uint64_t(rank_) + uint64_t(world_) * idx_;
+    if (!loaded_ || g < prefix_[pos_] || g >= prefix_[pos_ + 1]) {
+        // upper_bound over prefix_ gives the first position whose start is > g.
+        size_t p = size_t(std::upper_bound(prefix_.begin(), prefix_.end(), g) - prefix_.begin()) - 1;
+        pos_ = p;
+        load_shard(order_[p]);
+        loaded_ = true;
+    }
+    const size_t s = order_[pos_];
+    const uint64_t w = perm_[g - prefix_[pos_]];
+    const size_t n = size_t(B_) * size_t(T_);
+    const uint64_t off = w * uint64_t(n);
+    if (shards_[s].info.token_bytes == 2) {
+        const uint16_t* src = tokens16_.data() + off;
+        for (size_t i = 0; i < n; i++) {
+            inputs[i] = int32_t(src[i]);
+            targets[i] = int32_t(src[i + 1]);
+        }
+    } else {
+        const uint32_t* src = tokens32_.data() + off;
+        for (size_t i = 0; i < n; i++) {
+            inputs[i] = int32_t(src[i]);
+            targets[i] = int32_t(src[i + 1]);
+        }
+    }
+    last_shard_ = s;
+    last_window_ = w;
+    idx_++;
+}
+
+void DataLoader::reset() {
+    epoch_ = 0;
+    idx_ = 0;
+    setup_epoch();
+}
+
+std::vector<uint8_t> DataLoader::save_state() const {
+    std::vector<uint8_t> out(kStateMagic, kStateMagic + 8);
+    put<int32_t>(out, B_);
+    put<int32_t>(out, T_);
+    put<int32_t>(out, rank_);
+    put<int32_t>(out, world_);
+    put<uint8_t>(out, shuffle_ ? 1 : 0);
+    put<uint64_t>(out, seed_);
+    put<uint64_t>(out, fingerprint_);
+    put<uint64_t>(out, epoch_);
+    put<uint64_t>(out, idx_);
+    return out;
+}
+
+void DataLoader::load_state(const std::vector<uint8_t>& s) {
+    if (s.size() != kStateBytes || std::memcmp(s.data(), kStateMagic, 8) != 0)
+        throw Error(strprintf("data loader state: not a data loader state (%zu bytes, expected %zu starting with "
+                              "LDMDLST1)",
+                              s.size(), kStateBytes));
+    size_t at = 8;
+    int32_t B = get<int32_t>(s, at), T = get<int32_t>(s, at), rank = get<int32_t>(s, at),
+            world = get<int32_t>(s, at);
+    bool shuffle = get<uint8_t>(s, at) != 0;
+    uint64_t seed = get<uint64_t>(s, at), fp = get<uint64_t>(s, at), epoch = get<uint64_t>(s, at),
+             idx = get<uint64_t>(s, at);
+    std::string bad;
+    if (B != B_ || T != T_) bad += strprintf(" B,T saved %d,%d now %d,%d;", B, T, B_, T_);
+    if (rank != rank_ || world != world_)
+        bad += strprintf(" rank/world saved %d/%d now %d/%d;", rank, world, rank_, world_);
+    if (shuffle != shuffle_) bad += strprintf(" shuffle saved %d now %d;", int(shuffle), int(shuffle_));
+    if (seed != seed_)
+        bad += strprintf(" seed saved %llu now %llu;", (unsigned long long)seed, (unsigned long long)seed_);
+    if (fp != fingerprint_) bad += " shard files (names or sizes) differ from '" + pattern_ + "';";
+    if (!bad.empty()) throw Error("data loader state does not match this loader:" + bad);
+    if (idx > per_rank_)
+        throw Error(strprintf("data loader state: batch index %llu beyond the %llu batches per epoch",
+                              (unsigned long long)idx, (unsigned long long)per_rank_));
+    epoch_ = epoch;
+    idx_ = idx;
+    setup_epoch();
+}
+
+}  // namespace ldm
