@@ -1,0 +1,544 @@
+// train_cpu.cpp — the CPU trainer (build/train_cpu): trains the spec §1 backbone with the CPU
+// reference model (dev/cpu/model.h) on token shards. See doc/training.md for the data flow
+// (shards -> DataLoader -> forward -> backward -> AdamW), the flags, checkpoints and logs.
+//
+//   build/train_cpu --preset small --train-data "out/data/train_*.bin" --val-data "out/data/val_*.bin"
+//       -B 8 -T 256 --steps 200 --lr 2e-3 --out-dir out/run --log out/run/log.jsonl
+//
+// Errors (bad flags, bad data, bad checkpoints) print "error: ..." and exit with status 1.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <glob.h>
+#include <memory>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint.h"
+#include "core/cli.h"
+#include "core/common.h"
+#include "core/config.h"
+#include "core/dataloader.h"
+#include "core/logger.h"
+#include "core/optim.h"
+#include "core/tokenizer.h"
+#include "dev/cpu/model.h"
+#include "dev/cpu/ops.h"
+
+using namespace ldm;
+using nlohmann::json;
+
+namespace {
+
+struct Options {
+    // model
+    std::string preset = "tiny";
+    int n_layer = 0, d_model = 0, n_head = 0, n_kv_head = 0, head_dim = 0, ffn = 0;
+    std::string scheme = "preln";
+    // data
+    std::string train_data, val_data, tokenizer;
+    int B = 4, T = 64;
+    int64_t total_batch_tokens = 0;
+    // optimisation
+    int64_t steps = 100;
+    double lr = 1e-3, min_lr_ratio = 0.1;
+    int64_t warmup_steps = 0;
+    std::string schedule = "cosine";
+    double wsd_decay_frac = 0.2;
+    double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8, grad_clip = 1.0;
+    // evaluation, sampling, output
+    int64_t val_every = 0;
+    int val_batches = 20;
+    int64_t sample_every = 0;
+    int sample_tokens = 64;
+    int64_t ckpt_every = 0;
+    std::string out_dir, resume, log;
+    int64_t seed = 1337;
+    std::string dtype = "fp32";
+    int threads = 0;
+    bool dry_run = false, unigram_baseline = false, quiet = false;
+    std::string dump_debug_state;
+    int64_t bench = 0;
+};
+
+std::string dirname_of(const std::string& p) {
+    size_t s = p.find_last_of('/');
+    return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+void mkdir_p(const std::string& d) {
+    if (d.empty()) return;
+    std::string cur;
+    for (size_t i = 0; i <= d.size(); i++) {
+        if (i == d.size() || d[i] == '/') {
+            if (!cur.empty() && !file_exists(cur) && ::mkdir(cur.c_str(), 0755) != 0 && !file_exists(cur))
+                throw Error("cannot create directory " + cur);
+        }
+        if (i < d.size()) cur.push_back(d[i]);
+    }
+}
+
+std::vector<std::string> glob_files(const std::string& pattern) {
+    glob_t g;
+    std::vector<std::string> out;
+    if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++) out.push_back(g.gl_pathv[i]);
+    globfree(&g);
+    return out;
+}
+
+// splitmix64: the sampling RNG; its whole state is one uint64 (saved in the training state).
+struct Rng {
+    uint64_t s = 0;
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+// Cross-entropy (nats per token) of the val targets under an add-one-smoothed unigram model
+// fitted on every token of the training shards: the "knows only token frequencies" baseline.
+double unigram_baseline(const std::string& train_glob, const std::vector<int32_t>& val_targets, uint32_t V) {
+    std::vector<double> counts(V, 1.0);  // add-one smoothing
+    double total = V;
+    for (const auto& f : glob_files(train_glob)) {
+        std::vector<uint32_t> t = read_shard(f);
+        for (uint32_t x : t)
+            if (x < V) counts[x] += 1, total += 1;
+    }
+    double s = 0;
+    for (int32_t y : val_targets) s -= std::log(counts[size_t(y)] / total);
+    return val_targets.empty() ? NAN : s / double(val_targets.size());
+}
+
+json options_json(const Options& o) {
+    return json{{"preset", o.preset}, {"scheme", o.scheme}, {"train_data", o.train_data}, {"val_data", o.val_data},
+                {"tokenizer", o.tokenizer}, {"B", o.B}, {"T", o.T}, {"total_batch_tokens", o.total_batch_tokens},
+                {"steps", o.steps}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup_steps", o.warmup_steps},
+                {"schedule", o.schedule}, {"wsd_decay_frac", o.wsd_decay_frac}, {"weight_decay", o.weight_decay},
+                {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip},
+                {"val_every", o.val_every}, {"val_batches", o.val_batches}, {"sample_every", o.sample_every},
+                {"sample_tokens", o.sample_tokens}, {"ckpt_every", o.ckpt_every}, {"out_dir", o.out_dir},
+                {"resume", o.resume}, {"seed", o.seed}, {"dtype", o.dtype}, {"threads", o.threads}};
+}
+
+// The settings a resumed run must share with the checkpoint for bit-exact continuation.
+json resume_flags(const Options& o, const ModelConfig& cfg) {
+    return json{{"config", config_to_json(cfg)}, {"dtype", o.dtype}, {"B", o.B}, {"T", o.T},
+                {"total_batch_tokens", o.total_batch_tokens}, {"seed", o.seed}, {"train_data", o.train_data},
+                {"steps", o.steps}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio},
+                {"warmup_steps", o.warmup_steps}, {"schedule", o.schedule}, {"wsd_decay_frac", o.wsd_decay_frac},
+                {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps},
+                {"grad_clip", o.grad_clip}};
+}
+
+template <typename R>
+std::string to_bytes(const std::vector<R>& v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(R));
+}
+template <typename R>
+void from_bytes(std::vector<R>& v, const std::string& b, const std::string& what) {
+    if (b.size() != v.size() * sizeof(R)) throw Error("resume: " + what + " has the wrong size");
+    std::memcpy(v.data(), b.data(), b.size());
+}
+
+// Sampling: autoregressive from <|endoftext|>, temperature 1 over the real V. Each token runs one
+// forward of B=1 over a fixed window of Ts tokens (unused positions hold eot; causal attention
+// makes them irrelevant for the position read), so the model's activation size never changes.
+template <typename R>
+std::string sample_text(cpu::Model<R>& model, const Tokenizer* tok, uint32_t eot, int n_tokens, int Tmax, Rng& rng) {
+    const int Ts = std::min(Tmax, n_tokens + 1);
+    const int V = model.cfg.vocab_size, Vp = model.cfg.padded_vocab;
+    std::vector<int32_t> ctx(static_cast<size_t>(Ts), static_cast<int32_t>(eot));
+    std::vector<uint32_t> out;
+    int len = 1;
+    std::vector<double> p(static_cast<size_t>(V));
+    for (int i = 0; i < n_tokens && len <= Ts; i++) {
+        model.forward(ctx.data(), nullptr, 1, Ts);
+        const R* lg = model.logits() + size_t(len - 1) * size_t(Vp);
+        double mx = -INFINITY;
+        for (int v = 0; v < V; v++) mx = std::max(mx, double(lg[v]));
+        double z = 0;
+        for (int v = 0; v < V; v++) z += (p[size_t(v)] = std::exp(double(lg[v]) - mx));
+        double u = rng.uniform() * z, c = 0;
+        int pick = V - 1;
+        for (int v = 0; v < V; v++) {
+            c += p[size_t(v)];
+            if (u < c) {
+                pick = v;
+                break;
+            }
+        }
+        out.push_back(uint32_t(pick));
+        if (len < Ts) ctx[size_t(len)] = pick;
+        len++;
+    }
+    return tok ? tok->decode(out) : std::string("<no tokenizer>");
+}
+
+template <typename R>
+int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
+    const int B = o.B, T = o.T;
+    const int64_t accum = o.total_batch_tokens / (int64_t(B) * T);
+    const uint32_t V = uint32_t(cfg.vocab_size);
+    const uint32_t eot = tok ? tok->eot_id() : V - 1;
+
+    // Data first: bad or missing data fails before the large allocations.
+    if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");
+    if (glob_files(o.train_data).empty()) throw Error("--train-data: no files match '" + o.train_data + "'");
+    DataLoader train(o.train_data, B, T, 0, 1, true, uint64_t(o.seed), V);
+    std::unique_ptr<DataLoader> val;
+    if (!o.val_data.empty()) {
+        if (glob_files(o.val_data).empty()) throw Error("--val-data: no files match '" + o.val_data + "'");
+        val.reset(new DataLoader(o.val_data, B, T, 0, 1, false, 0, V));
+    }
+    const int val_batches = val ? int(std::min<uint64_t>(uint64_t(o.val_batches), val->batches_per_epoch())) : 0;
+
+    cpu::Model<R> model(cfg);
+    model.init(uint64_t(o.seed));
+    const int64_t n = int64_t(model.params.size());
+
+    std::vector<ParamRange> ranges;
+    for (const auto& s : model.specs) ranges.push_back({s.offset, s.numel, s.decay});
+    AdamWConfig ac;
+    ac.beta1 = o.beta1;
+    ac.beta2 = o.beta2;
+    ac.eps = o.adam_eps;
+    ac.weight_decay = o.weight_decay;
+    ac.grad_clip = o.grad_clip;
+    AdamW<R> opt(n, ac, ranges);
+    LRSchedule sched;
+    sched.kind = o.schedule;
+    sched.lr = o.lr;
+    sched.min_lr_ratio = o.min_lr_ratio;
+    sched.warmup_steps = o.warmup_steps;
+    sched.total_steps = o.steps;
+    sched.wsd_decay_frac = o.wsd_decay_frac;
+    sched.validate();
+
+    Rng rng;
+    rng.s = uint64_t(o.seed) ^ 0x5eed5a3b1e000000ull;
+    int64_t start_step = 0;
+    const json rflags = resume_flags(o, cfg);
+
+    if (!o.resume.empty()) {
+        std::string mpath = o.resume, spath;
+        if (mpath.size() > 6 && mpath.compare(mpath.size() - 6, 6, ".model") == 0)
+            spath = mpath.substr(0, mpath.size() - 6) + ".state";
+        else if (mpath.size() > 6 && mpath.compare(mpath.size() - 6, 6, ".state") == 0)
+            spath = mpath, mpath = mpath.substr(0, mpath.size() - 6) + ".model";
+        else
+            spath = mpath + ".state", mpath = mpath + ".model";
+        ModelCheckpoint mc = load_model(mpath);
+        std::string d = config_diff(mc.cfg, cfg);
+        if (!d.empty())
+            throw Error("--resume " + mpath + ": the checkpoint's model config differs from the command line (" + d + ")");
+        TrainState st = load_train_state(spath);
+        check_resume_flags(st.flags, rflags, spath);
+        if (st.step != mc.step)
+            throw Error(strprintf("--resume: model file is at step %lld but training state at step %lld",
+                                  (long long)mc.step, (long long)st.step));
+        if (st.exact_params.empty()) {
+            if (sizeof(R) != 4) throw Error("--resume: " + spath + " has no exact fp64 parameters");
+            for (int64_t i = 0; i < n; i++) model.params[size_t(i)] = R(mc.params[size_t(i)]);
+        } else {
+            from_bytes(model.params, st.exact_params, "exact_params");
+        }
+        from_bytes(opt.m(), st.m, "adam_m");
+        from_bytes(opt.v(), st.v, "adam_v");
+        opt.set_step_count(st.step);
+        train.load_state(st.loader_state);
+        if (st.rng_state.size() != 1) throw Error("--resume: " + spath + ": bad rng state");
+        rng.s = st.rng_state[0];
+        start_step = st.step;
+        std::printf("resumed from %s at step %lld\n", mpath.c_str(), (long long)start_step);
+    }
+
+    std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
+
+    if (!o.dump_debug_state.empty()) {
+        train.next_batch(inputs.data(), targets.data());
+        model.zero_grad();
+        double loss = model.forward(inputs.data(), targets.data(), B, T);
+        model.backward(1.0);
+        save_debug_state(o.dump_debug_state, cfg, model.params.data(), inputs.data(), targets.data(), B, T,
+                         model.logits(), loss, model.grads.data());
+        std::printf("debug state (step %lld, loss %.6f) written to %s\n", (long long)start_step, loss,
+                    o.dump_debug_state.c_str());
+        return 0;
+    }
+
+    if (!o.out_dir.empty()) mkdir_p(o.out_dir);
+    JsonlLogger logger;
+    if (!o.log.empty()) {
+        mkdir_p(dirname_of(o.log));
+        logger = JsonlLogger(o.log, start_step > 0);
+        if (start_step > 0) logger.log({{"type", "resume"}, {"step", start_step}, {"from", o.resume}});
+        else
+            logger.log({{"type", "config"}, {"config", config_to_json(cfg)}, {"args", options_json(o)},
+                        {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()}});
+    }
+
+    std::printf("model %s (%s, %s): %lld parameters | B=%d T=%d accum=%lld -> %lld tokens/step | %lld steps | %d threads\n",
+                cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T, (long long)accum,
+                (long long)o.total_batch_tokens, (long long)o.steps, omp_get_max_threads());
+
+    // Unigram baseline over exactly the val targets the validation loss uses.
+    double unigram = NAN;
+    if (o.unigram_baseline && val) {
+        std::vector<int32_t> vt;
+        val->reset();
+        for (int b = 0; b < val_batches; b++) {
+            val->next_batch(inputs.data(), targets.data());
+            vt.insert(vt.end(), targets.begin(), targets.end());
+        }
+        unigram = unigram_baseline(o.train_data, vt, V);
+        std::printf("unigram baseline (add-one unigram fitted on the train shards, on %zu val tokens): %.4f nats/token\n",
+                    vt.size(), unigram);
+        logger.log({{"type", "unigram"}, {"val_tokens", vt.size()}, {"unigram_loss", unigram}});
+    }
+
+    auto eval_val = [&]() -> double {
+        val->reset();
+        double s = 0;
+        for (int b = 0; b < val_batches; b++) {
+            val->next_batch(inputs.data(), targets.data());
+            s += model.forward(inputs.data(), targets.data(), B, T);
+        }
+        return s / val_batches;
+    };
+    auto save_ckpt = [&](int64_t step) {
+        if (o.out_dir.empty()) return;
+        std::string base = o.out_dir + strprintf("/ckpt_%06lld", (long long)step);
+        save_model(base + ".model", cfg, model.params.data(), step);
+        TrainState st;
+        st.step = step;
+        st.dtype = o.dtype;
+        st.flags = rflags;
+        st.m = to_bytes(opt.m());
+        st.v = to_bytes(opt.v());
+        if (sizeof(R) == 8) st.exact_params = to_bytes(model.params);
+        st.loader_state = train.save_state();
+        st.rng_state = {rng.s};
+        save_train_state(base + ".state", st);
+        std::printf("checkpoint written: %s.model / .state\n", base.c_str());
+        logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
+    };
+
+    double last_val = NAN;
+    double bench_ms = 0, bench_gemm_s = 0, bench_gemm_flops = 0;
+    int64_t bench_n = 0;
+    for (int64_t step = start_step; step < o.steps; step++) {
+        const bool last = step + 1 == o.steps;
+        if (val && o.val_every > 0 && step % o.val_every == 0) {
+            last_val = eval_val();
+            std::printf("step %6lld | val loss %.4f\n", (long long)step, last_val);
+            logger.log({{"type", "val"}, {"step", step}, {"val_loss", last_val}});
+        }
+        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) {
+            std::string s = sample_text(model, tok, eot, o.sample_tokens, T, rng);
+            std::printf("step %6lld | sample: %s\n", (long long)step, s.c_str());
+            logger.log({{"type", "sample"}, {"step", step}, {"text", s}});
+        }
+        cpu::reset_gemm_stats();
+        auto t0 = std::chrono::steady_clock::now();
+        model.zero_grad();
+        double loss = 0;
+        for (int64_t a = 0; a < accum; a++) {
+            train.next_batch(inputs.data(), targets.data());
+            loss += model.forward(inputs.data(), targets.data(), B, T);
+            model.backward(1.0 / double(accum));
+        }
+        loss /= double(accum);
+        const double lr = sched.lr_at(step);
+        const double gnorm = opt.step(model.params.data(), model.grads.data(), lr);
+        auto t1 = std::chrono::steady_clock::now();
+        const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+        const double tps = double(o.total_batch_tokens) / (ms / 1e3);
+        if (!std::isfinite(loss)) throw Error(strprintf("loss is %g at step %lld (diverged)", loss, (long long)step));
+        if (!o.quiet || last || step % 10 == 0)
+            std::printf("step %6lld/%lld | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s\n",
+                        (long long)(step + 1), (long long)o.steps, loss, lr, gnorm, ms, tps);
+        std::fflush(stdout);
+        logger.log({{"type", "step"}, {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"ms", ms},
+                    {"tokens_per_s", tps}, {"tokens", (step + 1) * o.total_batch_tokens}});
+        if (o.bench > 0 && step - start_step >= 2) {  // skip 2 warm-up steps
+            const cpu::GemmStats gs = cpu::gemm_stats();
+            bench_ms += ms;
+            bench_gemm_s += gs.seconds;
+            bench_gemm_flops += gs.flops;
+            bench_n++;
+        }
+        if (o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0 && !last) save_ckpt(step + 1);
+    }
+    if (val && o.steps > start_step) {
+        last_val = eval_val();
+        std::printf("final val loss %.4f", last_val);
+        if (std::isfinite(unigram)) std::printf(" | unigram baseline %.4f | difference %.4f nats", unigram, unigram - last_val);
+        std::printf("\n");
+        logger.log({{"type", "val"}, {"step", o.steps}, {"val_loss", last_val}, {"unigram_loss", unigram}});
+    }
+    if (o.sample_every >= 0 && o.sample_tokens > 0 && tok && o.steps > start_step && o.bench == 0) {
+        std::string s = sample_text(model, tok, eot, o.sample_tokens, T, rng);
+        std::printf("sample: %s\n", s.c_str());
+        logger.log({{"type", "sample"}, {"step", o.steps}, {"text", s}});
+    }
+    if (o.steps > start_step) save_ckpt(o.steps);
+    if (o.bench > 0 && bench_n > 0) {
+        const double step_s = bench_ms / 1e3 / double(bench_n);
+        const double gemm_s = bench_gemm_s / double(bench_n);
+        const double gemm_gflops = bench_gemm_flops / double(bench_n) / gemm_s / 1e9;
+        // Peak of the same BLAS in the same run: a large square GEMM of the training dtype.
+        const int Np = 2048;
+        std::vector<R> a(size_t(Np) * Np, R(0.5)), b(size_t(Np) * Np, R(0.25)), c(size_t(Np) * Np);
+        cpu::gemm<R>(false, false, Np, Np, Np, R(1), a.data(), Np, b.data(), Np, R(0), c.data(), Np);  // warm-up
+        auto p0 = std::chrono::steady_clock::now();
+        const int reps = 5;
+        for (int r = 0; r < reps; r++)
+            cpu::gemm<R>(false, false, Np, Np, Np, R(1), a.data(), Np, b.data(), Np, R(0), c.data(), Np);
+        const double ps = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+        const double peak = 2.0 * Np * Np * double(Np) * reps / ps / 1e9;
+        json r{{"type", "bench"}, {"steps_timed", bench_n}, {"tokens_per_s", double(o.total_batch_tokens) / step_s},
+               {"step_ms", step_s * 1e3}, {"gemm_ms", gemm_s * 1e3}, {"gemm_fraction", gemm_s / step_s},
+               {"gemm_gflops", gemm_gflops}, {"blas_peak_gflops", peak}, {"gemm_vs_peak", gemm_gflops / peak},
+               {"threads", omp_get_max_threads()}, {"B", B}, {"T", T}, {"dtype", o.dtype}};
+        std::printf("BENCH %s\n", r.dump().c_str());
+        logger.log(r);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        Options o;
+        ArgParser ap("train_cpu", "Train the spec §1 backbone on the CPU (reference model). See doc/training.md.");
+        ap.section("Model");
+        ap.add("--preset", &o.preset, "model preset: " + [] {
+            std::string s;
+            for (const auto& p : preset_names()) s += (s.empty() ? "" : "|") + p;
+            return s;
+        }());
+        ap.add("--n-layer", &o.n_layer, "override: number of Transformer blocks (0 = preset)");
+        ap.add("--d-model", &o.d_model, "override: model width d (0 = preset)");
+        ap.add("--n-head", &o.n_head, "override: query heads (0 = preset)");
+        ap.add("--n-kv-head", &o.n_kv_head, "override: key/value heads, must divide n_head (0 = preset)");
+        ap.add("--head-dim", &o.head_dim, "override: head dimension (0 = preset)");
+        ap.add("--ffn", &o.ffn, "override: SwiGLU hidden size (0 = preset)");
+        ap.add("--scheme", &o.scheme, "depth-aggregation scheme (spec §2; the CPU model implements preln)");
+        ap.section("Data");
+        ap.add("--train-data", &o.train_data, "glob of training token shards (required)");
+        ap.add("--val-data", &o.val_data, "glob of validation token shards (optional)");
+        ap.add("--tokenizer", &o.tokenizer,
+               "tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json: vocab size, eot, sampling "
+               "(\"\" = <data dir>/gpt2_tokenizer)");
+        ap.add("-B,--batch-size", &o.B, "sequences per micro-batch");
+        ap.add("-T,--seq-len", &o.T, "tokens per sequence (also the model's max sequence length)");
+        ap.add("--total-batch-tokens", &o.total_batch_tokens,
+               "tokens per optimizer step; a multiple of B*T (gradient accumulation); 0 = B*T");
+        ap.section("Optimisation");
+        ap.add("--steps", &o.steps, "optimizer steps");
+        ap.add("--lr", &o.lr, "peak learning rate");
+        ap.add("--min-lr-ratio", &o.min_lr_ratio, "final lr as a fraction of the peak");
+        ap.add("--warmup-steps", &o.warmup_steps, "linear warmup steps");
+        ap.add("--schedule", &o.schedule, "lr schedule after warmup: cosine|linear|wsd|constant");
+        ap.add("--wsd-decay-frac", &o.wsd_decay_frac, "wsd: fraction of the steps spent in the final decay");
+        ap.add("--weight-decay", &o.weight_decay, "AdamW decoupled weight decay (matrices and embeddings only)");
+        ap.add("--beta1", &o.beta1, "AdamW beta1");
+        ap.add("--beta2", &o.beta2, "AdamW beta2");
+        ap.add("--adam-eps", &o.adam_eps, "AdamW epsilon");
+        ap.add("--grad-clip", &o.grad_clip, "global gradient-norm clip (0 = off)");
+        ap.section("Evaluation, sampling, output");
+        ap.add("--val-every", &o.val_every, "validation loss every N steps (0 = only at the end)");
+        ap.add("--val-batches", &o.val_batches, "batches of B x T per validation");
+        ap.add("--unigram-baseline", &o.unigram_baseline,
+               "print the val cross-entropy of an add-one unigram model fitted on the train shards");
+        ap.add("--sample-every", &o.sample_every, "print a text sample every N steps (0 = only at the end; -1 never)");
+        ap.add("--sample-tokens", &o.sample_tokens, "tokens per sample");
+        ap.add("--ckpt-every", &o.ckpt_every, "checkpoint every N steps into --out-dir (0 = only at the end)");
+        ap.add("--out-dir", &o.out_dir, "directory for checkpoints ckpt_<step>.model/.state (\"\" = none)");
+        ap.add("--resume", &o.resume, "resume from a checkpoint: out/ckpt_000100 (or its .model/.state path)");
+        ap.add("--log", &o.log, "JSONL log file (config line, one line per step/val/sample)");
+        ap.add("--seed", &o.seed, "seed of the init, data shuffling and sampling");
+        ap.add("--dtype", &o.dtype, "fp32|fp64");
+        ap.add("--threads", &o.threads, "OpenMP and BLAS threads (0 = all cores)");
+        ap.add("--quiet", &o.quiet, "print only every 10th step line");
+        ap.add("--dry-run", &o.dry_run, "print the parameter count and memory per token, allocate nothing, exit");
+        ap.add("--dump-debug-state", &o.dump_debug_state,
+               "write params, first batch, logits, loss and all gradients to FILE (doc/formats.md) and exit");
+        ap.add("--bench", &o.bench, "benchmark: time N steps (after 2 warm-up) and a peak sgemm; print BENCH json");
+        if (!ap.parse(argc, argv)) return 0;
+
+        if (o.B <= 0) throw Error(strprintf("-B/--batch-size must be > 0, got %d", o.B));
+        if (o.T <= 0) throw Error(strprintf("-T/--seq-len must be > 0, got %d", o.T));
+        if (o.dtype != "fp32" && o.dtype != "fp64") throw Error("--dtype must be fp32 or fp64, got '" + o.dtype + "'");
+        const int64_t bt = int64_t(o.B) * o.T;
+        if (o.total_batch_tokens == 0) o.total_batch_tokens = bt;
+        if (o.total_batch_tokens < 0 || o.total_batch_tokens % bt != 0)
+            throw Error(strprintf("--total-batch-tokens %lld is not divisible by B*T = %d*%d = %lld",
+                                  (long long)o.total_batch_tokens, o.B, o.T, (long long)bt));
+        if (o.bench > 0) o.steps = o.bench + 2;
+        if (o.steps < 1) throw Error("--steps must be >= 1");
+        if (o.val_batches < 1) throw Error("--val-batches must be >= 1");
+
+        if (o.threads < 0) throw Error("--threads must be >= 0");
+        const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+
+        // Tokenizer: gives V, eot and the decoder for samples.
+        std::unique_ptr<Tokenizer> tok;
+        std::string tpath = o.tokenizer;
+        if (tpath.empty()) {
+            std::string dd = find_data_dir();
+            if (!dd.empty() && file_exists(dd + "/gpt2_tokenizer/encoder.json")) tpath = dd + "/gpt2_tokenizer";
+        }
+        if (!tpath.empty()) {
+            if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
+            tok.reset(new Tokenizer(Tokenizer::load(tpath)));
+        } else if (!o.dry_run) {
+            throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
+        }
+        const int V = tok ? int(tok->vocab_size()) : 50257;
+
+        ModelConfig cfg = preset_config(o.preset, V);
+        if (o.n_layer) cfg.n_layer = o.n_layer;
+        if (o.d_model) cfg.d_model = o.d_model;
+        if (o.n_head) cfg.n_head = o.n_head;
+        if (o.n_kv_head) cfg.n_kv_head = o.n_kv_head;
+        if (o.head_dim) cfg.head_dim = o.head_dim;
+        if (o.ffn) cfg.ffn = o.ffn;
+        cfg.seq_len = o.T;
+        cfg.scheme = o.scheme;
+        cfg.validate();
+
+        if (o.dry_run) {
+            std::printf("%s", describe(cfg, o.T).c_str());
+            const int64_t np = count_params(cfg);
+            const double es = o.dtype == "fp64" ? 8 : 4;
+            const double act = double(activation_values_per_token(cfg, o.T)) * es;
+            std::printf("training memory (%s): params+grads+AdamW m,v = %.3f GiB; activations %.1f KiB/token "
+                        "= %.3f GiB per micro-batch of B*T = %lld tokens\n",
+                        o.dtype.c_str(), 4.0 * double(np) * es / (1 << 30), act / 1024, act * double(bt) / (1 << 30),
+                        (long long)bt);
+            return 0;
+        }
+        return o.dtype == "fp64" ? run<double>(o, cfg, tok.get()) : run<float>(o, cfg, tok.get());
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
