@@ -254,15 +254,6 @@ Parsed parse_file(const std::string& path, Kind want) {
 
 }  // namespace
 
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; i++) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string eval_file_kind(const std::string& path) {
   std::string b = read_file(path);
   int k = kind_of_magic(b);

@@ -92,7 +92,4 @@ HellaSwagSet read_hellaswag(const std::string& path);
 // file is shorter than 8 bytes or has no eval magic.
 std::string eval_file_kind(const std::string& path);
 
-// FNV-1a 64-bit hash of `n` bytes, continuing from `h` (building block of the fingerprint).
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
-
 }  // namespace ldm

@@ -573,6 +573,17 @@ std::string read_maybe_bz2(const std::string& path) {
   return out;
 }
 
+namespace {
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+}  // namespace
+
 uint64_t tokenizer_fingerprint(const Tokenizer& tok) {
   uint64_t h = fnv1a64(nullptr, 0);
   for (uint32_t id = 0; id < tok.vocab_size(); id++) {
