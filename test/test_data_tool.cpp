@@ -1,0 +1,367 @@
+// End-to-end tests of the data tool (issue #2 item 5): documents -> shards -> DataLoader read
+// back token-for-token equal to encoding each document directly (EOT-prefixed); the ldm_data
+// binary's subcommands and its errors on bad input.
+#include "test/helpers.h"
+
+#include <climits>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/dataloader.h"
+#include "core/shard.h"
+#include "core/tokenizer.h"
+#include "data/prep_shards.h"
+
+using ldm::Error;
+
+namespace {
+
+std::string self_dir() {
+    char buf[PATH_MAX];
+    ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    REQUIRE(n > 0);
+    std::string p(buf, size_t(n));
+    return p.substr(0, p.find_last_of('/'));
+}
+
+// build/<...>/test/test_data_tool -> build/<...>/ldm_data
+std::string tool() {
+    std::string t = self_dir() + "/../ldm_data";
+    if (!ldm::file_exists(t)) FAIL("the data tool is not built: " << t << " (make cpu)");
+    return t;
+}
+
+struct RunResult {
+    int rc;
+    std::string out, err;
+};
+
+RunResult run(const std::string& args, const std::string& tmpdir) {
+    std::string o = tmpdir + "/stdout.txt", e = tmpdir + "/stderr.txt";
+    std::string cmd = tool() + " " + args + " >'" + o + "' 2>'" + e + "'";
+    int st = std::system(cmd.c_str());
+    RunResult r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.out = ldm::file_exists(o) ? ldm::read_file(o) : "";
+    r.err = ldm::file_exists(e) ? ldm::read_file(e) : "";
+    return r;
+}
+
+const ldm::Tokenizer& gpt2(const std::string& data) {
+    static ldm::Tokenizer t = ldm::Tokenizer::load(data + "/gpt2_tokenizer");
+    return t;
+}
+
+std::vector<uint32_t> with_eot(const ldm::Tokenizer& tok, const std::string& text) {
+    std::vector<uint32_t> ids = tok.encode(text);
+    ids.insert(ids.begin(), tok.eot_id());
+    return ids;
+}
+
+std::vector<uint32_t> concat_shards(const std::vector<std::string>& paths) {
+    std::vector<uint32_t> all;
+    for (const auto& p : paths) {
+        auto t = ldm::read_shard(p);
+        all.insert(all.end(), t.begin(), t.end());
+    }
+    return all;
+}
+
+// Reads every shard matching `pattern` through a sequential DataLoader (B=1, T) and checks each
+// window equals the expected shard contents; returns the number of windows checked.
+uint64_t check_with_loader(const std::string& pattern, const std::vector<std::vector<uint32_t>>& shard_tokens,
+                           int T, uint32_t vocab) {
+    ldm::DataLoader dl(pattern, 1, T, 0, 1, false, 0, vocab);
+    std::vector<int32_t> x(static_cast<size_t>(T)), y(static_cast<size_t>(T));
+    uint64_t checked = 0;
+    for (const auto& st : shard_tokens) {
+        uint64_t windows = st.size() >= 1 ? (st.size() - 1) / uint64_t(T) : 0;
+        for (uint64_t w = 0; w < windows; w++) {
+            dl.next_batch(x.data(), y.data());
+            for (int i = 0; i < T; i++) {
+                REQUIRE(uint32_t(x[size_t(i)]) == st[w * uint64_t(T) + uint64_t(i)]);
+                REQUIRE(uint32_t(y[size_t(i)]) == st[w * uint64_t(T) + uint64_t(i) + 1]);
+            }
+            checked++;
+        }
+    }
+    REQUIRE(dl.batches_per_epoch() == checked);
+    return checked;
+}
+
+std::vector<std::string> fineweb_docs(const std::string& data) {
+    std::ifstream f(data + "/fineweb_edu_sample/fineweb_edu_sample.jsonl");
+    std::vector<std::string> docs;
+    std::string line;
+    while (std::getline(f, line)) docs.push_back(nlohmann::json::parse(line).at("text").get<std::string>());
+    return docs;
+}
+
+}  // namespace
+
+TEST_CASE("FineWeb-Edu sample jsonl -> shards -> loader, token-for-token", "[data_tool]") {
+    std::string data = data_dir_or_skip("FineWeb-Edu sample shards");
+    if (data.empty()) return;
+    const auto& tok = gpt2(data);
+    std::vector<std::string> docs = fineweb_docs(data);
+    REQUIRE(docs.size() == 150);
+    std::vector<uint32_t> val, train;
+    for (size_t i = 0; i < docs.size(); i++) {
+        auto ids = with_eot(tok, docs[i]);
+        (i < 12 ? val : train).insert((i < 12 ? val : train).end(), ids.begin(), ids.end());
+    }
+
+    std::string d = scratch_dir("tool_fineweb");
+    ldm::ShardsOptions o;
+    o.inputs = {data + "/fineweb_edu_sample/*.jsonl"};
+    o.out_dir = d + "/out";
+    o.name = "fw";
+    o.val_docs = 12;
+    o.shard_tokens = 20000;
+    o.threads = 2;
+    o.progress = false;
+    o.batch_bytes = 50000;  // many parallel batches
+    ldm::ShardsSummary s = ldm::prepare_shards(o, &tok);
+    REQUIRE(s.docs == 150);
+    REQUIRE(s.val_docs == 12);
+    REQUIRE(s.val_tokens == val.size());
+    REQUIRE(s.train_tokens == train.size());
+    REQUIRE(!s.uint32_tokens);
+    size_t n_train = (train.size() + 19999) / 20000;
+    REQUIRE(s.shards.size() == 1 + n_train);
+    REQUIRE(s.shards[0] == o.out_dir + "/fw_val_000000.bin");
+    REQUIRE(s.shards[1] == o.out_dir + "/fw_train_000001.bin");
+    REQUIRE(ldm::read_shard(s.shards[0]) == val);
+    std::vector<std::string> tr(s.shards.begin() + 1, s.shards.end());
+    REQUIRE(concat_shards(tr) == train);
+    std::vector<std::vector<uint32_t>> per_shard;
+    for (size_t k = 0; k < tr.size(); k++) {
+        per_shard.push_back(ldm::read_shard(tr[k]));
+        REQUIRE(per_shard.back().size() == (k + 1 < tr.size() ? 20000 : train.size() - 20000 * k));
+    }
+    REQUIRE(check_with_loader(o.out_dir + "/fw_train_*.bin", per_shard, 256, 50257) > 0);
+    REQUIRE(check_with_loader(o.out_dir + "/fw_val_*.bin", {val}, 100, 50257) == (val.size() - 1) / 100);
+
+    // The binary, 1 thread, gives byte-identical shards; rerunning with bigger shards removes the
+    // now stale train shards of the first run.
+    std::string bin_out = d + "/bin";
+    RunResult r = run("shards --tokenizer '" + data + "/gpt2_tokenizer' --input '" + data +
+                          "/fineweb_edu_sample/fineweb_edu_sample.jsonl' --out-dir '" + bin_out +
+                          "' --name fw --val-docs 12 --shard-tokens 20000 --threads 1",
+                      d);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("150 documents") != std::string::npos);
+    REQUIRE(r.err.find("MB/s") != std::string::npos);  // the progress line
+    for (const auto& p : s.shards) {
+        std::string q = bin_out + p.substr(p.find_last_of('/'));
+        REQUIRE(ldm::read_file(q) == ldm::read_file(p));
+    }
+    r = run("shards --tokenizer '" + data + "/gpt2_tokenizer' --input '" + data +
+                "/fineweb_edu_sample/fineweb_edu_sample.jsonl' --out-dir '" + bin_out +
+                "' --name fw --val-tokens 5000 --shard-tokens 1000000 --quiet",
+            d);
+    REQUIRE(r.rc == 0);
+    REQUIRE(!ldm::file_exists(bin_out + "/fw_train_000002.bin"));
+    REQUIRE(r.err.find("removed stale shard") != std::string::npos);
+    // --val-tokens: whole documents until >= 5000 tokens
+    auto v = ldm::read_shard(bin_out + "/fw_val_000000.bin");
+    size_t acc = 0, ndoc = 0;
+    while (acc < 5000) acc += with_eot(tok, docs[ndoc++]).size();
+    REQUIRE(v.size() == acc);
+    REQUIRE(ldm::read_shard(bin_out + "/fw_train_000001.bin").size() == val.size() + train.size() - acc);
+}
+
+TEST_CASE("tiny Shakespeare as text: split into pieces for threads, same tokens as one encode", "[data_tool]") {
+    std::string data = data_dir_or_skip("tiny Shakespeare shards");
+    if (data.empty()) return;
+    std::string text = ldm::read_file(data + "/tinyshakespeare/input.txt");
+    std::string d = scratch_dir("tool_shakespeare");
+    struct Tk {
+        const char* name;
+        ldm::Tokenizer tok;
+    };
+    std::vector<Tk> toks = {{"gpt2", gpt2(data)},
+                            {"olmo", ldm::Tokenizer::load(data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json")}};
+    for (auto& tk : toks) {
+        std::vector<uint32_t> expect = with_eot(tk.tok, text);
+        for (size_t piece : {size_t(1000), size_t(1 << 18)}) {
+            ldm::ShardsOptions o;
+            o.inputs = {data + "/tinyshakespeare/input.txt"};
+            o.format = "text";
+            o.out_dir = d;
+            o.name = std::string("ts_") + tk.name;
+            o.val_tokens = 30000;  // one document: it all goes to val
+            o.threads = 2;
+            o.progress = false;
+            o.piece_bytes = piece;
+            o.batch_bytes = 100000;
+            ldm::ShardsSummary s = ldm::prepare_shards(o, &tk.tok);
+            INFO(tk.name << " piece " << piece);
+            REQUIRE(s.docs == 1);
+            REQUIRE(s.shards.size() == 1);
+            REQUIRE(ldm::read_shard(s.shards[0]) == expect);
+            if (std::string(tk.name) == "gpt2") REQUIRE(expect.size() == 338025 + 1);
+            check_with_loader(s.shards[0], {expect}, 1024, tk.tok.vocab_size());
+        }
+    }
+}
+
+TEST_CASE("text --text-split blank: paragraphs are documents", "[data_tool]") {
+    std::string data = data_dir_or_skip("paragraph split");
+    if (data.empty()) return;
+    const auto& tok = gpt2(data);
+    std::string d = scratch_dir("tool_blank");
+    // two files; blank lines include whitespace-only ones; the second file has no final newline
+    std::string a = "\n\nFirst para line one.\nline two\n \t\n\n Second para.\n\n", b = "Third\r\nstill third";
+    ldm::write_file_atomic(d + "/a.txt", a.data(), a.size());
+    ldm::write_file_atomic(d + "/b.txt", b.data(), b.size());
+    std::vector<std::string> paras = {"First para line one.\nline two\n", " Second para.\n", "Third\r\nstill third"};
+    std::vector<uint32_t> expect;
+    for (auto& p : paras) {
+        auto ids = with_eot(tok, p);
+        expect.insert(expect.end(), ids.begin(), ids.end());
+    }
+    ldm::ShardsOptions o;
+    o.inputs = {d + "/a.txt", d + "/b.txt"};
+    o.format = "text";
+    o.text_split = "blank";
+    o.out_dir = d + "/out";
+    o.name = "p";
+    o.val_tokens = 0;
+    o.progress = false;
+    ldm::ShardsSummary s = ldm::prepare_shards(o, &tok);
+    REQUIRE(s.docs == 3);
+    REQUIRE(s.val_docs == 0);
+    REQUIRE(s.shards == std::vector<std::string>{o.out_dir + "/p_train_000001.bin"});
+    REQUIRE(ldm::read_shard(s.shards[0]) == expect);
+    // file mode: each file one document, verbatim
+    o.text_split = "file";
+    o.name = "f";
+    s = ldm::prepare_shards(o, &tok);
+    auto ea = with_eot(tok, a), eb = with_eot(tok, b);
+    ea.insert(ea.end(), eb.begin(), eb.end());
+    REQUIRE(ldm::read_shard(s.shards[0]) == ea);
+}
+
+TEST_CASE("bad inputs give a clear error, exit 1, and leave no shard", "[data_tool]") {
+    std::string data = data_dir_or_skip("data tool errors");
+    if (data.empty()) return;
+    std::string d = scratch_dir("tool_bad");
+    std::string tk = "--tokenizer '" + data + "/gpt2_tokenizer' --out-dir '" + d + "/out' --name bad --quiet ";
+    auto write = [&](const std::string& name, const std::string& s) {
+        ldm::write_file_atomic(d + "/" + name, s.data(), s.size());
+        return d + "/" + name;
+    };
+    std::string good = "{\"text\": \"hello\"}\n";
+    struct Case {
+        std::string args, must1, must2;
+    };
+    std::vector<Case> cases = {
+        {"--input '" + d + "/nope.jsonl'", "nope.jsonl", "does not exist"},
+        {"--input '" + d + "/nomatch*.jsonl'", "no input files match", "nomatch"},
+        {"--input '" + write("badjson.jsonl", good + good + "{\"text\": \"x\",,}\n" + good) + "'", "badjson.jsonl:3",
+         "bad JSON"},
+        {"--input '" + write("nofield.jsonl", good + "{\"body\": \"x\"}\n") + "'", "nofield.jsonl:2",
+         "missing text field 'text'"},
+        {"--input '" + write("notstr.jsonl", "{\"text\": 5}\n") + "'", "notstr.jsonl:1", "not a string"},
+        {"--input '" + write("array.jsonl", "[1,2]\n") + "'", "array.jsonl:1", "not an object"},
+        {"--input '" + write("utf8.jsonl", good + "{\"text\": \"ab\xff\"}\n") + "'", "utf8.jsonl:2", "UTF-8"},
+        {"--format text --input '" + write("utf8.txt", std::string(5000, 'a') + "\n\xc3\x28 tail\n") + "'",
+         "utf8.txt", "5001"},
+        {"--input '" + write("ok.jsonl", good) + "' --format csv", "--format", "jsonl or text"},
+        {"--input '" + write("ok2.jsonl", good) + "' --text-split lines --format text", "--text-split", "blank"},
+        {"--input '" + write("empty.jsonl", "\n\n") + "'", "no documents", ""},
+    };
+    for (auto& c : cases) {
+        RunResult r = run("shards " + tk + c.args, d);
+        INFO(c.args << "\n" << r.err);
+        REQUIRE(r.rc == 1);
+        REQUIRE(r.err.find("error: ") != std::string::npos);
+        REQUIRE(r.err.find(c.must1) != std::string::npos);
+        REQUIRE(r.err.find(c.must2) != std::string::npos);
+        // nothing at a final shard name, no temp files left behind
+        RunResult ls = run("info '" + d + "/out/bad_val_000000.bin'", d);
+        REQUIRE(ls.rc == 1);
+        REQUIRE(std::system(("ls '" + d + "/out' 2>/dev/null | grep -q . ").c_str()) != 0);
+    }
+    // usage errors exit 2
+    REQUIRE(run("shards " + tk + "--input x --bogus 1", d).rc == 2);
+    REQUIRE(run("shards --input x", d).rc == 2);
+    REQUIRE(run("shards " + tk + "--input '" + d + "/ok.jsonl' --val-docs 1 --val-tokens 3", d).rc == 2);
+    REQUIRE(run("nosuchcommand", d).rc == 2);
+    REQUIRE(run("", d).rc == 2);
+    // a bad tokenizer path
+    RunResult r = run("shards --tokenizer '" + d + "/none' --input '" + d + "/ok.jsonl' --out-dir '" + d +
+                          "/out' --name x",
+                      d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find(d + "/none") != std::string::npos);
+}
+
+TEST_CASE("--help for the tool and each subcommand", "[data_tool]") {
+    std::string d = scratch_dir("tool_help");
+    RunResult r = run("--help", d);
+    REQUIRE(r.rc == 0);
+    for (const char* sub : {"shards", "info", "encode", "decode", "lambada", "wikitext", "hellaswag"})
+        REQUIRE(r.out.find(sub) != std::string::npos);
+    for (const char* sub : {"shards", "info", "encode", "decode", "lambada", "wikitext", "hellaswag"}) {
+        RunResult h = run(std::string(sub) + " --help", d);
+        INFO(sub << ": " << h.err);
+        REQUIRE(h.rc == 0);
+        REQUIRE(h.out.find("usage") != std::string::npos);
+    }
+}
+
+TEST_CASE("encode, decode and info subcommands", "[data_tool]") {
+    std::string data = data_dir_or_skip("encode/decode");
+    if (data.empty()) return;
+    std::string d = scratch_dir("tool_encode");
+    std::string tk = "--tokenizer '" + data + "/gpt2_tokenizer' ";
+    // GPT-2 ids of "Hello world" are 15496 995 (published in countless tutorials / tiktoken docs)
+    RunResult r = run("encode " + tk + "--text 'Hello world'", d);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out == "15496 995\n");
+    r = run("encode " + tk + "--eot --text 'Hello world'", d);
+    REQUIRE(r.out == "50256 15496 995\n");
+    std::string text = "Caf\xc3\xa9 \xe2\x80\x94 na\xc3\xafve 12345!\n\tend";
+    ldm::write_file_atomic(d + "/t.txt", text.data(), text.size());
+    r = run("encode " + tk + "--file '" + d + "/t.txt'", d);
+    REQUIRE(r.rc == 0);
+    std::string ids = r.out;
+    ids.pop_back();
+    const auto& tok = gpt2(data);
+    std::string want;
+    for (uint32_t v : tok.encode(text)) want += (want.empty() ? "" : " ") + std::to_string(v);
+    REQUIRE(ids == want);
+    r = run("decode " + tk + ids, d);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out == text);
+    r = run("decode " + tk + "15496 50257", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("50257") != std::string::npos);
+    r = run("decode " + tk + "12x", d);
+    REQUIRE(r.rc == 1);
+    std::string bad = "ab\xe2\x82";
+    ldm::write_file_atomic(d + "/bad.txt", bad.data(), bad.size());
+    r = run("encode " + tk + "--file '" + d + "/bad.txt'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("bad.txt") != std::string::npos);
+
+    std::vector<uint32_t> t = {50256, 7, 7, 9, 50256, 3};
+    ldm::write_shard(d + "/s.bin", t.data(), t.size(), false);
+    r = run("info '" + d + "/s.bin'", d);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("magic 20240520, version 1") != std::string::npos);
+    REQUIRE(r.out.find("tokens:   6") != std::string::npos);
+    REQUIRE(r.out.find("min 3, max 50256, 4 distinct") != std::string::npos);
+    REQUIRE(r.out.find("docs:     2") != std::string::npos);
+    REQUIRE(run("info '" + d + "/s.bin' --vocab 50000", d).rc == 1);
+    std::string junk(2000, 'j');
+    ldm::write_file_atomic(d + "/j.bin", junk.data(), junk.size());
+    r = run("info '" + d + "/j.bin'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("wrong magic") != std::string::npos);
+}
