@@ -16,7 +16,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 
 function readTexts(path) {
   const buf = fs.readFileSync(path);
-  const dec = new TextDecoder("utf-8", { fatal: true });
+  const dec = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }); // keep a leading U+FEFF
   let off = 0;
   const n = buf.readUInt32LE(off); off += 4;
   const texts = new Array(n);
