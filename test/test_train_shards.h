@@ -1,0 +1,84 @@
+// Helpers shared by the trainer tests (test_train*.cpp, test_torch_ref.cpp): real token shards
+// made from the FineWeb-Edu sample with the GPT-2 tokenizer, and running build/train_cpu.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include "core/common.h"
+#include "core/shard.h"
+#include "core/tokenizer.h"
+#include "test/helpers.h"
+
+// Directory of this test binary (build*/test) -> the build dir holding train_cpu.
+inline std::string build_dir_of_test() {
+    char buf[4096];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n <= 0) return "build";
+    std::string p(buf, size_t(n));
+    p = p.substr(0, p.find_last_of('/'));  // .../build/test
+    return p.substr(0, p.find_last_of('/'));
+}
+
+inline std::string trainer_path() { return build_dir_of_test() + "/train_cpu"; }
+
+// Writes train.bin (first ~90% of the documents) and val.bin (the rest) into dir: the FineWeb-Edu
+// sample (documents joined by <|endoftext|>), GPT-2 tokens. Returns false (with a SKIP) when the
+// data directory is absent. max_docs limits the documents used (0 = all 150).
+inline bool make_fineweb_shards(const std::string& dir, const std::string& data_dir, int max_docs = 0) {
+    if (ldm::file_exists(dir + "/train.bin") && ldm::file_exists(dir + "/val.bin")) return true;
+    ldm::Tokenizer tok = ldm::Tokenizer::load(data_dir + "/gpt2_tokenizer");
+    std::ifstream in(data_dir + "/fineweb_edu_sample/fineweb_edu_sample.jsonl");
+    std::vector<std::vector<uint32_t>> docs;
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.empty()) continue;
+        std::string text = nlohmann::json::parse(line).at("text").get<std::string>();
+        docs.push_back(tok.encode(text));
+        if (max_docs && int(docs.size()) >= max_docs) break;
+    }
+    size_t ntrain = docs.size() * 9 / 10;
+    std::vector<uint32_t> tr, va;
+    for (size_t i = 0; i < docs.size(); i++) {
+        auto& dst = i < ntrain ? tr : va;
+        dst.push_back(tok.eot_id());
+        dst.insert(dst.end(), docs[i].begin(), docs[i].end());
+    }
+    ldm::write_shard(dir + "/train.bin", tr.data(), tr.size(), false);
+    ldm::write_shard(dir + "/val.bin", va.data(), va.size(), false);
+    return true;
+}
+
+struct RunResult {
+    int status = -1;
+    std::string out;  // stdout + stderr
+};
+
+// Runs a shell command line, capturing stdout and stderr together.
+inline RunResult run_cmd(const std::string& cmd) {
+    RunResult r;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) return r;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return r;
+}
+
+// Parses a JSONL log into its objects.
+inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line))
+        if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+    return out;
+}
