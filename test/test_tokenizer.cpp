@@ -1,0 +1,284 @@
+// Unit tests of ldm::Tokenizer that need no node: known ids derived from the vocabulary files
+// themselves, decode(encode(x)) == x on all the shared data, invalid UTF-8 errors (source and byte
+// offset), missing/corrupt/unsupported tokenizer files, EOT ids and vocabulary sizes, thread
+// safety. The byte-exact comparison with independent encoders is in test_tokenizer_xcheck.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/common.h"
+#include "core/tokenizer.h"
+#include "test/helpers.h"
+
+using ldm::Tokenizer;
+using json = nlohmann::json;
+
+namespace {
+
+const char* kOlmo = "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json";
+const char* kNeox = "/gpt_neox_20b_tokenizer/20B_tokenizer.json";
+
+json load_json(const std::string& path) { return json::parse(ldm::read_file(path)); }
+
+// Runs f and returns the ldm::Error message ("" + FAIL if nothing was thrown).
+template <typename F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const ldm::Error& e) {
+        return e.what();
+    }
+    FAIL("no ldm::Error thrown");
+    return "";
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+std::vector<std::string> data_texts(const std::string& d) {
+    std::vector<std::string> t = {ldm::read_file(d + "/wikitext2/wiki.test.raw"),
+                                  ldm::read_file(d + "/wikitext2/source_copy/airframe_wiki.test.raw"),
+                                  ldm::read_file(d + "/tinyshakespeare/input.txt")};
+    for (const char* f : {"/lambada/lambada_test.jsonl", "/fineweb_edu_sample/fineweb_edu_sample.jsonl"}) {
+        std::istringstream in(ldm::read_file(d + f));
+        std::string line;
+        while (std::getline(in, line))
+            if (!line.empty()) t.push_back(json::parse(line).at("text").get<std::string>());
+    }
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2: known ids come from encoder.json", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer");
+    if (d.empty()) return;
+    Tokenizer tok = Tokenizer::load(d + "/gpt2_tokenizer");
+    json enc = load_json(d + "/gpt2_tokenizer/encoder.json");
+    auto id = [&](const char* s) { return enc.at(s).get<uint32_t>(); };
+    CHECK(tok.encode("Hello world") == std::vector<uint32_t>{id("Hello"), id("\xC4\xA0world")});  // "Ġworld"
+    // " ?\p{L}+" keeps the leading space with the word; "\s+(?!\S)" leaves the last space of a
+    // run to the next word; tokens "Ġ" (space) and "Ċ" (newline) are bytes 0x20 and 0x0A.
+    CHECK(tok.encode("a  b") == std::vector<uint32_t>{id("a"), id("\xC4\xA0"), id("\xC4\xA0" "b")});
+    CHECK(tok.encode("\n") == std::vector<uint32_t>{id("\xC4\x8A")});
+    CHECK(tok.encode("it's") == std::vector<uint32_t>{id("it"), id("'s")});
+    CHECK(tok.encode("") .empty());
+    // "<|endoftext|>" in text is ordinary text for GPT-2, never id 50256
+    auto e = tok.encode("<|endoftext|>");
+    CHECK(e.size() > 1);
+    CHECK(std::find(e.begin(), e.end(), 50256u) == e.end());
+    CHECK(tok.decode(e) == "<|endoftext|>");
+    CHECK(tok.eot_id() == 50256);
+    CHECK(tok.vocab_size() == 50257);
+    CHECK(tok.decode(std::vector<uint32_t>{50256}) == "<|endoftext|>");
+    CHECK(id("<|endoftext|>") == tok.eot_id());
+}
+
+TEST_CASE("HF tokenizer.json: known ids, added tokens, EOT and vocabulary sizes", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer");
+    if (d.empty()) return;
+    for (const char* f : {kOlmo, kNeox}) {
+        INFO(f);
+        Tokenizer tok = Tokenizer::load(d + f);
+        json j = load_json(d + f);
+        auto id = [&](const char* s) { return j.at("model").at("vocab").at(s).get<uint32_t>(); };
+        uint32_t eot = 0, two_spaces = 0, twentyfour = 0;
+        for (const auto& a : j.at("added_tokens")) {
+            std::string c = a.at("content");
+            if (c == "<|endoftext|>") eot = a.at("id");
+            if (c == std::string(2, ' ')) two_spaces = a.at("id");
+            if (c == std::string(24, ' ')) twentyfour = a.at("id");
+        }
+        bool olmo = std::string(f) == kOlmo;
+        CHECK(eot == (olmo ? 50279u : 0u));
+        CHECK(tok.eot_id() == eot);
+        CHECK(tok.vocab_size() == (olmo ? 50280u : 50277u));
+        CHECK(two_spaces == 50276);
+        CHECK(twentyfour == 50254);
+        CHECK(tok.encode("Hello world") == std::vector<uint32_t>{id("Hello"), id("\xC4\xA0world")});
+        // SOURCES.md §7: runs of >= 2 spaces are added tokens; the next word loses its space
+        CHECK(tok.encode("a  b") == std::vector<uint32_t>{id("a"), two_spaces, id("b")});
+        CHECK(tok.encode("a" + std::string(25, ' ') + "y") ==
+              std::vector<uint32_t>{id("a"), twentyfour, id("\xC4\xA0y")});
+        // "<|endoftext|>" inside text IS the special token for HF
+        CHECK(tok.encode("x<|endoftext|>y") == std::vector<uint32_t>{id("x"), eot, id("y")});
+        CHECK(tok.decode(std::vector<uint32_t>{eot}) == "<|endoftext|>");
+        // NFC: "e" + U+0301 encodes like the precomposed U+00E9
+        CHECK(tok.encode("caf" "e\xCC\x81") == tok.encode("caf\xC3\xA9"));
+        CHECK(tok.encode("").empty());
+    }
+}
+
+TEST_CASE("decode(encode(x)) == x on all the shared data", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer round trip");
+    if (d.empty()) return;
+    auto texts = data_texts(d);
+    REQUIRE(texts.size() == 3 + 5153 + 150);
+    for (std::string f : {std::string("/gpt2_tokenizer"), std::string(kOlmo), std::string(kNeox)}) {
+        Tokenizer tok = Tokenizer::load(d + f);
+        size_t bad = 0, ntok = 0, nbytes = 0;
+        for (const auto& t : texts) {
+            auto ids = tok.encode(t);
+            ntok += ids.size();
+            nbytes += t.size();
+            bool in_range = true;
+            for (uint32_t x : ids) in_range &= x < tok.vocab_size();
+            if (!in_range || tok.decode(ids) != t) bad++;
+        }
+        INFO(f << ": " << nbytes << " bytes -> " << ntok << " tokens");
+        CHECK(bad == 0);
+        CHECK(ntok > nbytes / 8);
+        CHECK(ntok < nbytes / 2);
+    }
+    // NFC is lossy for non-NFC input (HF), but GPT-2 round-trips anything
+    Tokenizer g = Tokenizer::load(d + "/gpt2_tokenizer");
+    std::string nfd = "e\xCC\x81 A\xCC\x8A \xE2\x84\xAB";
+    CHECK(g.decode(g.encode(nfd)) == nfd);
+}
+
+TEST_CASE("invalid UTF-8 is an ldm::Error naming the source and byte offset", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer");
+    if (d.empty()) return;
+    struct Case { std::string text; size_t off; const char* why; };
+    std::vector<Case> cases = {
+        {"abc\xC0\xAFxyz", 3, "overlong"},            // overlong '/'
+        {"ab\xC1\xBF", 2, "overlong"},
+        {"\xE0\x80\xAF", 0, "overlong"},                // 3-byte overlong
+        {"x\xF0\x80\x80\xAF", 1, "overlong"},           // 4-byte overlong
+        {"ok \xED\xA0\x80 surrogate", 3, "surrogate"},  // U+D800
+        {"\xED\xBF\xBF", 0, "surrogate"},               // U+DFFF
+        {"big \xF4\x90\x80\x80", 4, "U+10FFFF"},         // U+110000
+        {"\xF5\x80\x80\x80", 0, "0xF5"},
+        {"end \xE2\x82", 4, "truncated"},               // truncated at end of input
+        {"mid \xE2\x82" "A", 4, "truncated"},           // truncated before ASCII
+        {"\xF0\x9F\x98", 0, "truncated"},
+        {"stray \x80 byte", 6, "continuation"},
+        {"\xBF", 0, "continuation"},
+        {"caf\xC3\xA9 \xC3\xA9\xA9", 8, "continuation"},  // valid é é then a stray byte
+        {std::string(100000, 'a') + "\xFF", 100000, "0xF5"},
+    };
+    for (std::string f : {std::string("/gpt2_tokenizer"), std::string(kOlmo)}) {
+        Tokenizer tok = Tokenizer::load(d + f);
+        for (const auto& c : cases) {
+            INFO(f << " case at " << c.off);
+            std::string msg = error_of([&] { tok.encode(c.text, "docs/file.jsonl", 1000); });
+            CHECK(contains(msg, "docs/file.jsonl"));
+            CHECK(contains(msg, "byte offset " + std::to_string(1000 + c.off)));
+            CHECK(contains(msg, c.why));
+            CHECK(contains(msg, "invalid UTF-8"));
+        }
+        // the largest valid code points and sequences are accepted
+        CHECK_NOTHROW(tok.encode("\xF4\x8F\xBF\xBF \xEF\xBF\xBF \xED\x9F\xBF \xEE\x80\x80 \xC2\x80"));
+    }
+}
+
+TEST_CASE("missing, corrupt and unsupported tokenizer files give clear errors", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer");
+    if (d.empty()) return;
+    std::string s = scratch_dir("tokenizer_bad");
+    auto write = [&](const std::string& name, const std::string& content) {
+        ldm::write_file_atomic(s + "/" + name, content.data(), content.size());
+        return s + "/" + name;
+    };
+    // missing
+    CHECK(contains(error_of([&] { Tokenizer::load(s + "/nope.json"); }), "nope.json"));
+    CHECK(contains(error_of([&] { Tokenizer::load(s); }), "neither encoder.json"));
+    CHECK(contains(error_of([&] { Tokenizer::load_gpt2(s + "/enc.json", d + "/gpt2_tokenizer/vocab.bpe"); }), "enc.json"));
+    // corrupt encoder.json / vocab.bpe
+    std::string enc = ldm::read_file(d + "/gpt2_tokenizer/encoder.json");
+    std::string bpe = ldm::read_file(d + "/gpt2_tokenizer/vocab.bpe");
+    std::string trunc = write("trunc.json", enc.substr(0, enc.size() / 2));
+    std::string msg = error_of([&] { Tokenizer::load_gpt2(trunc, d + "/gpt2_tokenizer/vocab.bpe"); });
+    CHECK(contains(msg, "trunc.json"));
+    CHECK(contains(msg, "invalid JSON"));
+    std::string badbpe = write("bad.bpe", bpe.substr(0, 2000) + "\nonlyonefield\n");
+    msg = error_of([&] { Tokenizer::load_gpt2(d + "/gpt2_tokenizer/encoder.json", badbpe); });
+    CHECK(contains(msg, "bad.bpe:"));
+    std::string swapped = bpe;
+    swapped.replace(swapped.find("\n\xC4\xA0 t\n"), 6, "\nh e\n");  // merge order no longer matches ids
+    msg = error_of([&] { Tokenizer::load_gpt2(d + "/gpt2_tokenizer/encoder.json", write("swap.bpe", swapped)); });
+    CHECK(contains(msg, "swap.bpe:2"));
+    json e = json::parse(enc);
+    e.erase("<|endoftext|>");
+    msg = error_of([&] { Tokenizer::load_gpt2(write("noeot.json", e.dump()), d + "/gpt2_tokenizer/vocab.bpe"); });
+    CHECK(contains(msg, "<|endoftext|>"));
+    // unsupported tokenizer.json components are named
+    json j = load_json(d + kOlmo);
+    auto with = [&](const char* key, const json& v) {
+        json k = j;
+        k[key] = v;
+        return write(std::string("t_") + key + ".json", k.dump());
+    };
+    msg = error_of([&] { Tokenizer::load(with("pre_tokenizer", {{"type", "Metaspace"}})); });
+    CHECK(contains(msg, "unsupported pre_tokenizer type \"Metaspace\""));
+    msg = error_of([&] { Tokenizer::load(with("normalizer", {{"type", "Lowercase"}})); });
+    CHECK(contains(msg, "unsupported normalizer type \"Lowercase\""));
+    json m = j["model"];
+    m["type"] = "WordPiece";
+    msg = error_of([&] { Tokenizer::load(with("model", m)); });
+    CHECK(contains(msg, "unsupported model type \"WordPiece\""));
+    m = j["model"];
+    m["merges"][5] = "Ġ nosuchtoken";
+    msg = error_of([&] { Tokenizer::load(with("model", m)); });
+    CHECK(contains(msg, "model.merges[5]"));
+    msg = error_of([&] { Tokenizer::load(write("notjson.json", "{\"model\": [1, 2")); });
+    CHECK(contains(msg, "notjson.json"));
+    // a supported Sequence normalizer and the use_regex/add_prefix_space flags load
+    json seq = {{"type", "Sequence"}, {"normalizers", json::array({json{{"type", "NFC"}}})}};
+    CHECK(Tokenizer::load(with("normalizer", seq)).encode("Hello world") ==
+          Tokenizer::load(d + kOlmo).encode("Hello world"));
+    // decode of an id outside the vocabulary
+    Tokenizer g = Tokenizer::load(d + "/gpt2_tokenizer");
+    CHECK(contains(error_of([&] { g.decode(std::vector<uint32_t>{1, 50257}); }), "50257"));
+    // an unloaded tokenizer
+    CHECK(contains(error_of([&] { Tokenizer().encode("x"); }), "unloaded"));
+}
+
+TEST_CASE("add_prefix_space and use_regex=false are honoured", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer");
+    if (d.empty()) return;
+    std::string s = scratch_dir("tokenizer_flags");
+    json j = load_json(d + kOlmo);
+    auto id = [&](const char* t) { return j.at("model").at("vocab").at(t).get<uint32_t>(); };
+    json k = j;
+    k["pre_tokenizer"]["add_prefix_space"] = true;
+    std::string p = s + "/prefix.json", dump = k.dump();
+    ldm::write_file_atomic(p, dump.data(), dump.size());
+    Tokenizer tp = Tokenizer::load(p);
+    CHECK(tp.encode("Hello world") == std::vector<uint32_t>{id("\xC4\xA0Hello"), id("\xC4\xA0world")});
+    CHECK(tp.encode(" Hello") == std::vector<uint32_t>{id("\xC4\xA0Hello")});
+    k = j;
+    k["pre_tokenizer"]["use_regex"] = false;
+    p = s + "/noregex.json";
+    dump = k.dump();
+    ldm::write_file_atomic(p, dump.data(), dump.size());
+    Tokenizer tn = Tokenizer::load(p);
+    // With the regex, "\n\t" before a word splits into "\n" (\s+(?!\S)) and "\t" (\s+); without
+    // it the whole text is one BPE word and the merge "Ċ ĉ" applies.
+    std::string text = "a,\n\tb";
+    CHECK(Tokenizer::load(d + kOlmo).encode(text) ==
+          std::vector<uint32_t>{id("a"), id(","), id("\xC4\x8A"), id("\xC4\x89"), id("b")});
+    CHECK(tn.encode(text) == std::vector<uint32_t>{id("a"), id(","), id("\xC4\x8A\xC4\x89"), id("b")});
+    CHECK(tn.decode(tn.encode("Hello world, it's 2024!")) == "Hello world, it's 2024!");
+}
+
+TEST_CASE("encode is thread-safe and copies share tables", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer threads");
+    if (d.empty()) return;
+    auto texts = data_texts(d);
+    Tokenizer a = Tokenizer::load(d + "/gpt2_tokenizer");
+    Tokenizer b = Tokenizer::load(d + kOlmo);
+    std::vector<std::vector<uint32_t>> sa(texts.size()), sb(texts.size()), pa(texts.size()), pb(texts.size());
+    for (size_t i = 0; i < texts.size(); i++) { sa[i] = a.encode(texts[i]); sb[i] = b.encode(texts[i]); }
+    Tokenizer a2 = a;  // copy
+#pragma omp parallel for schedule(dynamic, 1) num_threads(4)
+    for (size_t i = 0; i < texts.size(); i++) {
+        // alternate tokenizers on each thread to exercise the per-thread caches
+        pb[texts.size() - 1 - i] = b.encode(texts[texts.size() - 1 - i]);
+        pa[i] = a2.encode(texts[i]);
+    }
+    CHECK(pa == sa);
+    CHECK(pb == sb);
+}
