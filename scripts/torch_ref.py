@@ -1,0 +1,216 @@
+#!/usr/bin/python3
+"""Independent PyTorch reference of the spec §1 backbone (PreLN), checked against a debug-state dump.
+
+Usage:  /usr/bin/python3 scripts/torch_ref.py DUMP [DUMP ...] [--tol 1e-4] [--dtype float64|float32]
+
+DUMP is the file written by `build/train_cpu --dump-debug-state FILE` (or by the tests): the
+container format of doc/formats.md ("Debug state"): parameters, one batch (inputs, targets),
+logits, loss and every gradient of the C++ reference. This script rebuilds the model from the
+spec alone (RMSNorm, RoPE rotate-half, causal GQA attention with consecutive grouping, optional
+QKV bias and QK-norm, SwiGLU, tied or untied LM head, cross-entropy over the real V of the Vp
+padded logits), loads the dumped parameters and batch, runs forward and autograd backward in
+float64 (default), and compares the loss, the logits and every gradient tensor with the dump:
+
+    rel = ||g_cpp - g_torch||_2 / max(||g_torch||_2, 1e-30)     per tensor, must be <= --tol
+
+It prints one table row per tensor and exits 1 if any comparison fails (in any of the given
+dumps), 2 on unusable input.
+Uses Debian's python3-torch (torch 1.13, CPU) and numpy only; run it with /usr/bin/python3.
+"""
+import argparse
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+
+try:
+    import torch
+except ImportError as e:  # the caller (a test) must see a failure, not a skip
+    print("error: PyTorch is not importable by %s (%s); install python3-torch (scripts/install_deps.sh)"
+          % (sys.executable, e), file=sys.stderr)
+    sys.exit(2)
+
+DTYPES = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "u8": np.uint8}
+
+
+def fnv1a64(data):
+    """FNV-1a 64-bit over bytes (pure Python: about 10 s per 100 MB, hence opt-in via --checksum)."""
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def read_container(path, magic=b"LDMDEBUG", verify_checksum=False):
+    with open(path, "rb") as f:
+        buf = f.read()
+    if len(buf) < 24:
+        raise ValueError("%s: file too small (%d bytes)" % (path, len(buf)))
+    if buf[:8] != magic:
+        raise ValueError("%s: bad magic %r (expected %r)" % (path, buf[:8], magic))
+    version, hlen = struct.unpack_from("<II", buf, 8)
+    if version != 1:
+        raise ValueError("%s: unsupported version %d" % (path, version))
+    if 16 + hlen + 8 > len(buf):
+        raise ValueError("%s: truncated header" % path)
+    header = json.loads(buf[16:16 + hlen].decode("utf-8"))
+    if verify_checksum:
+        stored = struct.unpack_from("<Q", buf, len(buf) - 8)[0]
+        if fnv1a64(buf[:-8]) != stored:
+            raise ValueError("%s: checksum mismatch (file corrupt)" % path)
+    payload = 16 + hlen
+    tensors = {}
+    for t in header["tensors"]:
+        start = payload + t["offset"]
+        end = start + t["nbytes"]
+        if end > len(buf) - 8:
+            raise ValueError("%s: truncated tensor %s" % (path, t["name"]))
+        a = np.frombuffer(buf[start:end], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
+        tensors[t["name"]] = a
+    return header, tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# The model, written from spec §1 (no code shared with the C++ reference).
+
+def rmsnorm(x, w, eps):
+    return w * x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def rope(x, T, theta):
+    """x: [B, H, T, hd]; rotate-half convention: pairs (i, i + hd/2), angle t * theta^(-2i/hd)."""
+    hd = x.shape[-1]
+    half = hd // 2
+    inv = theta ** (-torch.arange(0, half, dtype=torch.float64) * 2.0 / hd)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]  # [T, half]
+    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    rot = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rot * sin
+
+
+def forward(cfg, P, tokens, targets):
+    B, T = tokens.shape
+    d, nh, nkv, hd = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
+    V, eps, theta = cfg["vocab_size"], cfg["norm_eps"], cfg["rope_theta"]
+    if cfg.get("scheme", "preln") != "preln":
+        raise ValueError("torch_ref implements the preln scheme only, dump has %s" % cfg["scheme"])
+    h = P["wte"][tokens]  # [B, T, d], no scaling
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    group = nh // nkv
+    for l in range(cfg["n_layer"]):
+        p = "blocks.%d." % l
+        # attention sublayer
+        x = rmsnorm(h, P[p + "attn_norm.w"], eps)
+        q = x @ P[p + "attn.wq"].T
+        k = x @ P[p + "attn.wk"].T
+        v = x @ P[p + "attn.wv"].T
+        if cfg["qkv_bias"]:
+            q = q + P[p + "attn.bq"]
+            k = k + P[p + "attn.bk"]
+            v = v + P[p + "attn.bv"]
+        q = q.view(B, T, nh, hd).transpose(1, 2)
+        k = k.view(B, T, nkv, hd).transpose(1, 2)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)
+        if cfg["qk_norm"]:
+            q = rmsnorm(q, P[p + "attn.q_norm.w"], eps)
+            k = rmsnorm(k, P[p + "attn.k_norm.w"], eps)
+        q = rope(q, T, theta)
+        k = rope(k, T, theta)
+        k = k.repeat_interleave(group, dim=1)  # query head i uses kv head i // group
+        v = v.repeat_interleave(group, dim=1)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        s = s.masked_fill(~mask, float("-inf"))
+        a = torch.softmax(s, dim=-1) @ v  # [B, nh, T, hd]
+        a = a.transpose(1, 2).reshape(B, T, nh * hd)
+        h = h + a @ P[p + "attn.wo"].T
+        # MLP sublayer (SwiGLU)
+        x = rmsnorm(h, P[p + "mlp_norm.w"], eps)
+        g = torch.nn.functional.silu(x @ P[p + "mlp.w1"].T) * (x @ P[p + "mlp.w3"].T)
+        h = h + g @ P[p + "mlp.w2"].T
+    y = rmsnorm(h, P["final_norm.w"], eps)
+    W = P["wte"] if cfg["tied"] else P["lm_head"]
+    logits = y @ W.T  # [B, T, Vp]
+    lv = logits[..., :V]  # softmax and loss over the real V only
+    loss = torch.nn.functional.cross_entropy(lv.reshape(B * T, V), targets.reshape(B * T).long())
+    return loss, lv
+
+
+def rel_err(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    nb = np.linalg.norm(b.ravel())
+    return float(np.linalg.norm((a - b).ravel()) / max(nb, 1e-30)), float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def check_dump(path, args):
+    try:
+        header, ts = read_container(path, verify_checksum=args.checksum)
+    except (OSError, ValueError, KeyError) as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 2
+    cfg = header["config"]
+    tol = args.tol if args.tol is not None else (1e-4 if header["dtype"] == "fp32" else 1e-9)
+    tdt = torch.float64 if args.dtype == "float64" else torch.float32
+
+    flat = ts["params"]
+    P = {}
+    for s in header["param_specs"]:
+        a = flat[s["offset"]:s["offset"] + s["numel"]].reshape(s["shape"])
+        P[s["name"]] = torch.tensor(a.astype(np.float64), dtype=tdt, requires_grad=True)
+    tokens = torch.tensor(ts["inputs"].astype(np.int64))
+    targets = torch.tensor(ts["targets"].astype(np.int64))
+    loss, logits = forward(cfg, P, tokens, targets)
+    loss.backward()
+
+    V, Vp = cfg["vocab_size"], cfg["padded_vocab"]
+    B, T = header["B"], header["T"]
+    rows = []
+    rl = abs(float(loss) - header["loss"]) / abs(float(loss))
+    rows.append(("loss", "[]", "%.10g vs %.10g" % (header["loss"], float(loss)), rl, rl <= tol))
+    cl = ts["logits"].reshape(B, T, Vp)
+    r, m = rel_err(cl[..., :V], logits.detach().numpy())
+    pad_ok = bool(np.all(cl[..., V:] == 0)) if Vp > V else True
+    rows.append(("logits[:, :V]", str([B, T, V]), "max|d| %.3e" % m, r, r <= tol and pad_ok))
+    gflat = ts["grads"]
+    for s in header["param_specs"]:
+        g = gflat[s["offset"]:s["offset"] + s["numel"]].reshape(s["shape"])
+        gt = P[s["name"]].grad
+        gt = np.zeros(s["shape"]) if gt is None else gt.numpy()
+        r, m = rel_err(g, gt)
+        rows.append((s["name"], str(s["shape"]), "max|d| %.3e" % m, r, r <= tol))
+    ok = all(row[4] for row in rows)
+    flags = ",".join(k for k in ("tied", "qkv_bias", "qk_norm") if cfg[k]) or "untied"
+    print("torch_ref: %s | %s d=%d L=%d nh=%d nkv=%d hd=%d %s theta=%g | dump %s | torch %s %s | B=%d T=%d | "
+          "tolerance %.1e (relative L2 per tensor)"
+          % (path, cfg["preset"], cfg["d_model"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"],
+             flags, cfg["rope_theta"], header["dtype"], torch.__version__, args.dtype, B, T, tol))
+    print("%-26s %-14s %-34s %-11s %s" % ("tensor", "shape", "detail", "rel err", "status"))
+    for name, shape, detail, r, good in rows:
+        print("%-26s %-14s %-34s %-11.3e %s" % (name, shape, detail, r, "ok" if good else "FAIL"))
+    print("torch_ref: %s (%d of %d tensors within tolerance)\n" % ("PASS" if ok else "FAIL",
+                                                                   sum(1 for r_ in rows if r_[4]), len(rows)))
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dumps", nargs="+", metavar="DUMP")
+    ap.add_argument("--tol", type=float, default=None,
+                    help="max relative error per tensor (default 1e-4 for fp32 dumps, 1e-9 for fp64)")
+    ap.add_argument("--dtype", default="float64", choices=["float64", "float32"],
+                    help="precision of the PyTorch computation")
+    ap.add_argument("--checksum", action="store_true",
+                    help="also verify the file's FNV-1a checksum (slow in pure Python; sizes are always checked)")
+    args = ap.parse_args()
+    rc = 0
+    for d in args.dumps:
+        rc = max(rc, check_dump(d, args))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
