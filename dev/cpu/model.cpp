@@ -1,44 +1,351 @@
-// dev/cpu/model.cpp — the CPU reference model (work in progress: interface only).
+// dev/cpu/model.cpp — the CPU reference model (spec §1 backbone + a Scheme, spec §2).
+// Walkthrough of forward and backward: doc/cpu_reference.md.
 #include "dev/cpu/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/common.h"
+#include "dev/cpu/ops.h"
+#include "dev/cpu/rng.h"
 
 namespace ldm {
 namespace cpu {
 
+namespace {
+template <typename R>
+void zero(std::vector<R>& v) {
+    std::fill(v.begin(), v.end(), R(0));
+}
+}  // namespace
+
+// Pointers into the flat parameter (or gradient) array for one layer.
+template <typename R>
+struct LayerPtrs {
+    R *attn_norm, *wq, *wk, *wv, *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr,
+                                 *k_norm = nullptr, *wo, *mlp_norm, *w1, *w3, *w2;
+};
+
+// Saved activations of one layer (both sublayers).
+template <typename R>
+struct LayerAct {
+    // attention sublayer (j = 2l+1)
+    std::vector<R> x_att, rstd_att, ln_att, q, k, v, rstd_q, rstd_k, qr, kr, att, ao;
+    // MLP sublayer (j = 2l+2)
+    std::vector<R> x_mlp, rstd_mlp, ln_mlp, h1, h3, a;
+};
+
 template <typename R>
 struct Model<R>::Impl {
     std::unique_ptr<Scheme<R>> scheme;
+    std::vector<LayerPtrs<R>> P, G;  // parameter / gradient views per layer
+    R *wte, *final_norm, *lm_head, *g_wte, *g_final_norm, *g_lm_head;
+    // activations
+    int B = 0, T = 0, N = 0;
+    bool have_targets = false;
+    std::vector<int32_t> tokens, targets;
+    std::vector<R> cos_t, sin_t;
+    std::vector<LayerAct<R>> L;
+    std::vector<R> emb, o, y, rstd_f, yn, logits, lse;
+    // backward scratch
+    std::vector<R> dlogits, dyn, dy, d_o, dln, dx, dao, dq, dk, dv, dqr, dkr, dh1, dh3, da;
 };
 
 template <typename R>
 Model<R>::Model(const ModelConfig& c) : cfg(c), specs(param_specs(c)), impl_(new Impl) {
-    impl_->scheme = make_scheme<R>(cfg);
+    Impl& I = *impl_;
+    I.scheme = make_scheme<R>(cfg);
     int64_t n = count_params(cfg);
     params.assign(n, R(0));
     grads.assign(n, R(0));
+    auto views = [&](std::vector<R>& buf, std::vector<LayerPtrs<R>>& out) {
+        out.resize(cfg.n_layer);
+        for (int l = 0; l < cfg.n_layer; l++) {
+            std::string p = "blocks." + std::to_string(l) + ".";
+            auto at = [&](const std::string& s) { return buf.data() + spec(p + s).offset; };
+            LayerPtrs<R>& v = out[l];
+            v.attn_norm = at("attn_norm.w");
+            v.wq = at("attn.wq");
+            v.wk = at("attn.wk");
+            v.wv = at("attn.wv");
+            if (cfg.qkv_bias) {
+                v.bq = at("attn.bq");
+                v.bk = at("attn.bk");
+                v.bv = at("attn.bv");
+            }
+            if (cfg.qk_norm) {
+                v.q_norm = at("attn.q_norm.w");
+                v.k_norm = at("attn.k_norm.w");
+            }
+            v.wo = at("attn.wo");
+            v.mlp_norm = at("mlp_norm.w");
+            v.w1 = at("mlp.w1");
+            v.w3 = at("mlp.w3");
+            v.w2 = at("mlp.w2");
+        }
+    };
+    views(params, I.P);
+    views(grads, I.G);
+    I.wte = param("wte");
+    I.g_wte = grad("wte");
+    I.final_norm = param("final_norm.w");
+    I.g_final_norm = grad("final_norm.w");
+    I.lm_head = cfg.tied ? I.wte : param("lm_head");
+    I.g_lm_head = cfg.tied ? I.g_wte : grad("lm_head");
+    std::vector<ParamSpec> ss = scheme_param_specs(cfg);
+    if (ss.empty()) {
+        I.scheme->bind(nullptr, nullptr);
+    } else {
+        int64_t off = spec(ss.front().name).offset;
+        I.scheme->bind(params.data() + off, grads.data() + off);
+    }
 }
+
 template <typename R>
 Model<R>::~Model() = default;
-template <typename R>
-void Model<R>::init(uint64_t) { throw Error("Model::init: not implemented yet"); }
-template <typename R>
-double Model<R>::forward(const int32_t*, const int32_t*, int, int) {
-    throw Error("Model::forward: not implemented yet");
-}
-template <typename R>
-const R* Model<R>::logits() const { return nullptr; }
-template <typename R>
-void Model<R>::zero_grad() { std::fill(grads.begin(), grads.end(), R(0)); }
-template <typename R>
-void Model<R>::backward(double) { throw Error("Model::backward: not implemented yet"); }
+
 template <typename R>
 const ParamSpec& Model<R>::spec(const std::string& name) const {
     for (const auto& s : specs)
         if (s.name == name) return s;
     throw Error("model: no parameter named '" + name + "'");
+}
+
+template <typename R>
+void Model<R>::init(uint64_t seed) {
+    // Spec §1: matrices and E ~ N(0, 0.02); W_o, W_2 ~ N(0, 0.02/sqrt(2 n_layer)); biases 0;
+    // norm weights 1. Tensor i uses its own counter-based stream (dev/cpu/rng.h).
+    const double std_base = 0.02, std_proj = 0.02 / std::sqrt(2.0 * cfg.n_layer);
+    auto ends_with = [](const std::string& s, const std::string& suf) {
+        return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+    };
+    for (size_t i = 0; i < specs.size(); i++) {
+        const ParamSpec& s = specs[i];
+        if (s.name.rfind("scheme.", 0) == 0) continue;
+        R* p = params.data() + s.offset;
+        if (ends_with(s.name, "norm.w")) {
+            std::fill(p, p + s.numel, R(1));
+        } else if (ends_with(s.name, ".bq") || ends_with(s.name, ".bk") || ends_with(s.name, ".bv")) {
+            std::fill(p, p + s.numel, R(0));
+        } else {
+            double sd = (ends_with(s.name, ".wo") || ends_with(s.name, ".w2")) ? std_proj : std_base;
+            uint64_t s0 = init_stream(seed, i);
+#pragma omp parallel for schedule(static)
+            for (int64_t k = 0; k < s.numel; k++) p[k] = (R)(sd * stream_normal(s0, (uint64_t)k));
+        }
+    }
+    std::vector<ParamSpec> ss = scheme_param_specs(cfg);
+    if (!ss.empty()) impl_->scheme->init_params(params.data() + spec(ss.front().name).offset, seed);
+}
+
+template <typename R>
+void Model<R>::zero_grad() {
+    std::fill(grads.begin(), grads.end(), R(0));
+}
+
+template <typename R>
+const R* Model<R>::logits() const {
+    if (impl_->N == 0) throw Error("Model::logits: no forward pass yet");
+    return impl_->logits.data();
+}
+
+template <typename R>
+double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+    Impl& I = *impl_;
+    const ModelConfig& c = cfg;
+    if (B <= 0 || T <= 0) throw Error(strprintf("Model::forward: B=%d and T=%d must be positive", B, T));
+    if (T > c.seq_len)
+        throw Error(strprintf("Model::forward: T=%d exceeds the model's seq_len %d", T, c.seq_len));
+    const int N = B * T, d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), F = c.ffn,
+              nh = c.n_head, nkv = c.n_kv_head, hd = c.head_dim, V = c.vocab_size,
+              Vp = c.padded_vocab;
+    for (int n = 0; n < N; n++) {
+        if (tokens[n] < 0 || tokens[n] >= V)
+            throw Error(strprintf("Model::forward: token id %d at position %d is outside [0, %d)",
+                                  tokens[n], n, V));
+        if (targets && (targets[n] < 0 || targets[n] >= V))
+            throw Error(strprintf("Model::forward: target id %d at position %d is outside [0, %d)",
+                                  targets[n], n, V));
+    }
+    // (Re)size activations when (B, T) changes.
+    if (B != I.B || T != I.T) {
+        I.B = B;
+        I.T = T;
+        I.N = N;
+        I.cos_t.assign((size_t)T * hd / 2, R(0));
+        I.sin_t.assign((size_t)T * hd / 2, R(0));
+        rope_tables(I.cos_t.data(), I.sin_t.data(), T, hd, c.rope_theta);
+        I.L.assign(c.n_layer, LayerAct<R>());
+        for (auto& a : I.L) {
+            a.x_att.resize((size_t)N * d);
+            a.rstd_att.resize(N);
+            a.ln_att.resize((size_t)N * d);
+            a.q.resize((size_t)N * qd);
+            a.k.resize((size_t)N * kvd);
+            a.v.resize((size_t)N * kvd);
+            if (c.qk_norm) {
+                a.rstd_q.resize((size_t)N * nh);
+                a.rstd_k.resize((size_t)N * nkv);
+            }
+            a.qr.resize((size_t)N * qd);
+            a.kr.resize((size_t)N * kvd);
+            a.att.resize((size_t)B * nh * T * T);
+            a.ao.resize((size_t)N * qd);
+            a.x_mlp.resize((size_t)N * d);
+            a.rstd_mlp.resize(N);
+            a.ln_mlp.resize((size_t)N * d);
+            a.h1.resize((size_t)N * F);
+            a.h3.resize((size_t)N * F);
+            a.a.resize((size_t)N * F);
+        }
+        I.emb.assign((size_t)N * d, R(0));
+        I.o.assign((size_t)N * d, R(0));
+        I.y.assign((size_t)N * d, R(0));
+        I.rstd_f.assign(N, R(0));
+        I.yn.assign((size_t)N * d, R(0));
+        I.logits.assign((size_t)N * Vp, R(0));  // columns >= V stay 0 forever
+        I.lse.assign(N, R(0));
+        I.dlogits.assign((size_t)N * Vp, R(0));
+        for (auto* v : {&I.dyn, &I.dy, &I.d_o, &I.dln, &I.dx}) v->assign((size_t)N * d, R(0));
+        for (auto* v : {&I.dao, &I.dq, &I.dqr}) v->assign((size_t)N * qd, R(0));
+        for (auto* v : {&I.dk, &I.dv, &I.dkr}) v->assign((size_t)N * kvd, R(0));
+        for (auto* v : {&I.dh1, &I.dh3, &I.da}) v->assign((size_t)N * F, R(0));
+    }
+    I.tokens.assign(tokens, tokens + N);
+    I.have_targets = targets != nullptr;
+    if (targets) I.targets.assign(targets, targets + N);
+    B_ = B;
+    T_ = T;
+    const R eps = (R)c.norm_eps;
+    Scheme<R>& S = *I.scheme;
+    S.resize(B, T);
+
+    embedding_forward(I.emb.data(), tokens, I.wte, N, d);
+    S.begin(I.emb.data());
+    for (int l = 0; l < c.n_layer; l++) {
+        LayerAct<R>& a = I.L[l];
+        const LayerPtrs<R>& p = I.P[l];
+        // ---- attention sublayer j = 2l+1
+        S.input(2 * l + 1, a.x_att.data());
+        rmsnorm_forward(a.ln_att.data(), a.rstd_att.data(), a.x_att.data(), p.attn_norm, N, d, eps);
+        matmul_forward(a.q.data(), a.ln_att.data(), p.wq, p.bq, N, d, qd);
+        matmul_forward(a.k.data(), a.ln_att.data(), p.wk, p.bk, N, d, kvd);
+        matmul_forward(a.v.data(), a.ln_att.data(), p.wv, p.bv, N, d, kvd);
+        const R* qin = a.q.data();
+        const R* kin = a.k.data();
+        if (c.qk_norm) {  // RMSNorm over head_dim per head, before RoPE; written into qr/kr
+            rmsnorm_forward(a.qr.data(), a.rstd_q.data(), a.q.data(), p.q_norm, N * nh, hd, eps);
+            rmsnorm_forward(a.kr.data(), a.rstd_k.data(), a.k.data(), p.k_norm, N * nkv, hd, eps);
+            qin = a.qr.data();
+            kin = a.kr.data();
+        }
+        rope_forward(a.qr.data(), qin, I.cos_t.data(), I.sin_t.data(), N, T, nh, hd);
+        rope_forward(a.kr.data(), kin, I.cos_t.data(), I.sin_t.data(), N, T, nkv, hd);
+        attention_forward(a.ao.data(), a.att.data(), a.qr.data(), a.kr.data(), a.v.data(), B, T,
+                          nh, nkv, hd);
+        matmul_forward(I.o.data(), a.ao.data(), p.wo, (const R*)nullptr, N, qd, d);
+        S.output(2 * l + 1, I.o.data());
+        // ---- MLP sublayer j = 2l+2
+        S.input(2 * l + 2, a.x_mlp.data());
+        rmsnorm_forward(a.ln_mlp.data(), a.rstd_mlp.data(), a.x_mlp.data(), p.mlp_norm, N, d, eps);
+        matmul_forward(a.h1.data(), a.ln_mlp.data(), p.w1, (const R*)nullptr, N, d, F);
+        matmul_forward(a.h3.data(), a.ln_mlp.data(), p.w3, (const R*)nullptr, N, d, F);
+        swiglu_forward(a.a.data(), a.h1.data(), a.h3.data(), (int64_t)N * F);
+        matmul_forward(I.o.data(), a.a.data(), p.w2, (const R*)nullptr, N, F, d);
+        S.output(2 * l + 2, I.o.data());
+    }
+    S.readout(I.y.data());
+    rmsnorm_forward(I.yn.data(), I.rstd_f.data(), I.y.data(), I.final_norm, N, d, eps);
+    // LM head over the real V rows only (ld = Vp); columns >= V are never written.
+    matmul_forward(I.logits.data(), I.yn.data(), I.lm_head, (const R*)nullptr, N, d, V, Vp);
+    double loss = cross_entropy_forward(I.lse.data(), I.logits.data(), targets, N, V, Vp);
+    return targets ? loss : std::numeric_limits<double>::quiet_NaN();
+}
+
+template <typename R>
+void Model<R>::backward(double scale) {
+    Impl& I = *impl_;
+    const ModelConfig& c = cfg;
+    if (I.N == 0 || !I.have_targets)
+        throw Error("Model::backward: needs a preceding forward() with targets");
+    const int B = I.B, T = I.T, N = I.N, d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(),
+              F = c.ffn, nh = c.n_head, nkv = c.n_kv_head, hd = c.head_dim, V = c.vocab_size,
+              Vp = c.padded_vocab;
+    Scheme<R>& S = *I.scheme;
+    const int32_t* tokens = I.tokens.data();
+
+    // Head: dlogits = scale/N (softmax - onehot) over the real V; then the LM head and RMSNorm_f.
+    zero(I.dlogits);
+    cross_entropy_backward(I.dlogits.data(), I.logits.data(), I.lse.data(), I.targets.data(), N, V,
+                           Vp, (R)(scale / N));
+    zero(I.dyn);
+    matmul_backward(I.dyn.data(), I.g_lm_head, (R*)nullptr, I.dlogits.data(), I.yn.data(),
+                    I.lm_head, N, d, V, Vp);
+    zero(I.dy);
+    rmsnorm_backward(I.dy.data(), I.g_final_norm, I.dyn.data(), I.y.data(), I.final_norm,
+                     I.rstd_f.data(), N, d);
+    S.readout_backward(I.dy.data());
+
+    for (int l = c.n_layer - 1; l >= 0; l--) {
+        LayerAct<R>& a = I.L[l];
+        const LayerPtrs<R>& p = I.P[l];
+        const LayerPtrs<R>& g = I.G[l];
+        // ---- MLP sublayer j = 2l+2
+        S.output_backward(2 * l + 2, I.d_o.data());
+        zero(I.da);
+        matmul_backward(I.da.data(), g.w2, (R*)nullptr, I.d_o.data(), a.a.data(), p.w2, N, F, d);
+        zero(I.dh1);
+        zero(I.dh3);
+        swiglu_backward(I.dh1.data(), I.dh3.data(), I.da.data(), a.h1.data(), a.h3.data(),
+                        (int64_t)N * F);
+        zero(I.dln);
+        matmul_backward(I.dln.data(), g.w1, (R*)nullptr, I.dh1.data(), a.ln_mlp.data(), p.w1, N, d, F);
+        matmul_backward(I.dln.data(), g.w3, (R*)nullptr, I.dh3.data(), a.ln_mlp.data(), p.w3, N, d, F);
+        zero(I.dx);
+        rmsnorm_backward(I.dx.data(), g.mlp_norm, I.dln.data(), a.x_mlp.data(), p.mlp_norm,
+                         a.rstd_mlp.data(), N, d);
+        S.input_backward(2 * l + 2, I.dx.data());
+        // ---- attention sublayer j = 2l+1
+        S.output_backward(2 * l + 1, I.d_o.data());
+        zero(I.dao);
+        matmul_backward(I.dao.data(), g.wo, (R*)nullptr, I.d_o.data(), a.ao.data(), p.wo, N, qd, d);
+        zero(I.dqr);
+        zero(I.dkr);
+        zero(I.dv);
+        attention_backward(I.dqr.data(), I.dkr.data(), I.dv.data(), I.dao.data(), a.att.data(),
+                           a.qr.data(), a.kr.data(), a.v.data(), B, T, nh, nkv, hd);
+        // RoPE is linear: rotate the gradients back (into dq/dk, or into dqr/dkr-sized
+        // temporaries first when QK-norm sits in between).
+        zero(I.dq);
+        zero(I.dk);
+        if (c.qk_norm) {
+            // Gradient w.r.t. the QK-normed q/k goes through dao, free again here ([N, qd] >= [N, kvd]).
+            std::vector<R>& dqn = I.dao;
+            zero(dqn);
+            rope_backward(dqn.data(), I.dqr.data(), I.cos_t.data(), I.sin_t.data(), N, T, nh, hd);
+            rmsnorm_backward(I.dq.data(), g.q_norm, dqn.data(), a.q.data(), p.q_norm,
+                             a.rstd_q.data(), N * nh, hd);
+            zero(dqn);
+            rope_backward(dqn.data(), I.dkr.data(), I.cos_t.data(), I.sin_t.data(), N, T, nkv, hd);
+            rmsnorm_backward(I.dk.data(), g.k_norm, dqn.data(), a.k.data(), p.k_norm,
+                             a.rstd_k.data(), N * nkv, hd);
+        } else {
+            rope_backward(I.dq.data(), I.dqr.data(), I.cos_t.data(), I.sin_t.data(), N, T, nh, hd);
+            rope_backward(I.dk.data(), I.dkr.data(), I.cos_t.data(), I.sin_t.data(), N, T, nkv, hd);
+        }
+        zero(I.dln);
+        matmul_backward(I.dln.data(), g.wq, g.bq, I.dq.data(), a.ln_att.data(), p.wq, N, d, qd);
+        matmul_backward(I.dln.data(), g.wk, g.bk, I.dk.data(), a.ln_att.data(), p.wk, N, d, kvd);
+        matmul_backward(I.dln.data(), g.wv, g.bv, I.dv.data(), a.ln_att.data(), p.wv, N, d, kvd);
+        zero(I.dx);
+        rmsnorm_backward(I.dx.data(), g.attn_norm, I.dln.data(), a.x_att.data(), p.attn_norm,
+                         a.rstd_att.data(), N, d);
+        S.input_backward(2 * l + 1, I.dx.data());
+    }
+    // Embedding: de lands in dx (scratch [N, d]).
+    S.begin_backward(I.dx.data());
+    embedding_backward(I.g_wte, I.dx.data(), tokens, N, d);
 }
 
 template struct Model<float>;

@@ -29,7 +29,7 @@ template <typename R>
 void PreLN<R>::output(int, const R* o) {
     R* h = h_.data();
     const size_t n = n_;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= (1 << 15))
     for (size_t i = 0; i < n; i++) h[i] += o[i];
 }
 template <typename R>
@@ -42,7 +42,7 @@ template <typename R>
 void PreLN<R>::input_backward(int, const R* dx) {
     R* dh = dh_.data();
     const size_t n = n_;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= (1 << 15))
     for (size_t i = 0; i < n; i++) dh[i] += dx[i];
 }
 template <typename R>

@@ -1,0 +1,267 @@
+// Tests of the CPU reference ops (dev/cpu/ops.h): every backward against 5-point finite
+// differences in float64 (spec §3, error definition in dev/cpu/gradcheck.h, bound 1e-6), and
+// forwards against independent naive implementations.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "dev/cpu/elementwise.h"
+#include "dev/cpu/gradcheck.h"
+#include "dev/cpu/ops.h"
+#include "dev/cpu/rng.h"
+
+using namespace ldm;
+using namespace ldm::cpu;
+using Vec = std::vector<double>;
+
+namespace {
+
+Vec randn(size_t n, uint64_t seed, double sd = 1.0) {
+    Vec v(n);
+    uint64_t s0 = init_stream(seed, 0);
+    for (size_t i = 0; i < n; i++) v[i] = sd * stream_normal(s0, i);
+    return v;
+}
+
+double dot(const Vec& a, const Vec& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+    return s;
+}
+
+const double kTol = 1e-6;
+
+#define CHECK_GRAD(name, res)                                                                  \
+    do {                                                                                       \
+        INFO(name << ": max_err " << (res).max_err << " at " << (res).worst << " (analytic "   \
+                  << (res).worst_a << ", numeric " << (res).worst_n << "), dir_err "           \
+                  << (res).dir_err);                                                           \
+        CHECK((res).max_err <= kTol);                                                          \
+        CHECK((res).dir_err <= kTol);                                                          \
+    } while (0)
+
+}  // namespace
+
+TEST_CASE("splitmix64 matches the published reference output", "[ops][rng]") {
+    // Vigna's splitmix64.c with state 0: first outputs e220a8397b1dcdaf, 6e789e6aa1b965f4.
+    CHECK(splitmix64_at(0, 1) == 0xE220A8397B1DCDAFULL);
+    CHECK(splitmix64_at(0, 2) == 0x6E789E6AA1B965F4ULL);
+    // Box-Muller normals: mean ~0, variance ~1 over 200k draws.
+    uint64_t s0 = init_stream(42, 3);
+    double m = 0, v = 0;
+    const int n = 200000;
+    for (int k = 0; k < n; k++) {
+        double z = stream_normal(s0, k);
+        m += z;
+        v += z * z;
+    }
+    m /= n;
+    v = v / n - m * m;
+    CHECK(std::fabs(m) < 0.01);
+    CHECK(std::fabs(v - 1) < 0.02);
+}
+
+TEST_CASE("embedding backward vs finite differences; unused rows get no gradient", "[ops]") {
+    const int N = 9, C = 5, Vp = 8;
+    std::vector<int32_t> tok = {3, 1, 3, 0, 5, 5, 5, 2, 1};  // rows 4, 6, 7 unused
+    Vec wte = randn(Vp * C, 1), w = randn(N * C, 2), out(N * C);
+    auto f = [&]() {
+        embedding_forward(out.data(), tok.data(), wte.data(), N, C);
+        return dot(out, w);
+    };
+    f();
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) CHECK(out[n * C + c] == wte[tok[n] * C + c]);
+    Vec g(Vp * C, 0.0);
+    embedding_backward(g.data(), w.data(), tok.data(), N, C);
+    for (int c = 0; c < C; c++) {
+        CHECK(g[4 * C + c] == 0.0);
+        CHECK(g[7 * C + c] == 0.0);
+    }
+    auto r = gradcheck::check(f, wte.data(), g.data(), Vp * C, 1 << 30, 3);
+    CHECK_GRAD("wte", r);
+}
+
+TEST_CASE("RMSNorm forward and backward (odd sizes, also as QK-norm over head_dim rows)", "[ops]") {
+    for (int C : {7, 16}) {
+        const int N = 5;
+        const double eps = 1e-5;
+        Vec x = randn(N * C, 10 + C), wt = randn(C, 11), w = randn(N * C, 12), out(N * C), rstd(N);
+        for (auto& v : wt) v += 1.0;
+        auto f = [&]() {
+            rmsnorm_forward(out.data(), rstd.data(), x.data(), wt.data(), N, C, eps);
+            return dot(out, w);
+        };
+        f();
+        for (int n = 0; n < N; n++) {  // independent forward
+            double ms = 0;
+            for (int c = 0; c < C; c++) ms += x[n * C + c] * x[n * C + c];
+            ms /= C;
+            for (int c = 0; c < C; c++)
+                CHECK(out[n * C + c] == Approx(wt[c] * x[n * C + c] / std::sqrt(ms + eps)).epsilon(1e-13));
+        }
+        Vec dx(N * C, 0.0), dw(C, 0.0);
+        rmsnorm_backward(dx.data(), dw.data(), w.data(), x.data(), wt.data(), rstd.data(), N, C);
+        CHECK_GRAD("x", gradcheck::check(f, x.data(), dx.data(), N * C, 1 << 30, 1));
+        CHECK_GRAD("w", gradcheck::check(f, wt.data(), dw.data(), C, 1 << 30, 2));
+    }
+}
+
+TEST_CASE("linear layer with bias (QKV bias) and strided output", "[ops]") {
+    const int N = 5, IC = 7, OC = 3, LD = 6;
+    Vec x = randn(N * IC, 20), W = randn(OC * IC, 21), b = randn(OC, 22), w = randn(N * LD, 23),
+        out(N * LD, 0.0);
+    for (int c = 0; c < N; c++)
+        for (int o = OC; o < LD; o++) w[c * LD + o] = 0;  // unused columns
+    auto f = [&]() {
+        matmul_forward(out.data(), x.data(), W.data(), b.data(), N, IC, OC, LD);
+        return dot(out, w);
+    };
+    f();
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b[o];
+            for (int i = 0; i < IC; i++) s += x[n * IC + i] * W[o * IC + i];
+            CHECK(out[n * LD + o] == Approx(s).epsilon(1e-13));
+        }
+    Vec dx(N * IC, 0.0), dW(OC * IC, 0.0), db(OC, 0.0);
+    matmul_backward(dx.data(), dW.data(), db.data(), w.data(), x.data(), W.data(), N, IC, OC, LD);
+    CHECK_GRAD("x", gradcheck::check(f, x.data(), dx.data(), N * IC, 1 << 30, 1));
+    CHECK_GRAD("W", gradcheck::check(f, W.data(), dW.data(), OC * IC, 1 << 30, 2));
+    CHECK_GRAD("b", gradcheck::check(f, b.data(), db.data(), OC, 1 << 30, 3));
+}
+
+TEST_CASE("RoPE rotate-half: forward vs complex rotation, backward vs finite differences", "[ops]") {
+    const int B = 2, T = 5, H = 3, hd = 6, N = B * T, half = hd / 2;
+    const double theta = 1e4;
+    Vec ct(T * half), st(T * half);
+    rope_tables(ct.data(), st.data(), T, hd, theta);
+    Vec x = randn(N * H * hd, 30), w = randn(N * H * hd, 31), out(N * H * hd);
+    auto f = [&]() {
+        rope_forward(out.data(), x.data(), ct.data(), st.data(), N, T, H, hd);
+        return dot(out, w);
+    };
+    f();
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < half; i++) {
+                // (x1 + i x2) * exp(i t theta^(-2i/hd)) written independently
+                double a = (n % T) * std::exp(-std::log(theta) * (2.0 * i / hd));
+                size_t base = (size_t)(n * H + h) * hd;
+                double x1 = x[base + i], x2 = x[base + i + half];
+                CHECK(out[base + i] == Approx(x1 * std::cos(a) - x2 * std::sin(a)).margin(1e-12));
+                CHECK(out[base + i + half] == Approx(x2 * std::cos(a) + x1 * std::sin(a)).margin(1e-12));
+            }
+    Vec dx(N * H * hd, 0.0);
+    rope_backward(dx.data(), w.data(), ct.data(), st.data(), N, T, H, hd);
+    CHECK_GRAD("x", gradcheck::check(f, x.data(), dx.data(), N * H * hd, 1 << 30, 1));
+}
+
+namespace {
+// Naive causal GQA attention, written independently of ops.cpp.
+Vec naive_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int nh, int nkv, int hd) {
+    Vec out((size_t)B * T * nh * hd, 0.0);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / (nh / nkv);
+            for (int t = 0; t < T; t++) {
+                std::vector<double> s(t + 1);
+                double mx = -1e300;
+                for (int u = 0; u <= t; u++) {
+                    double acc = 0;
+                    for (int i = 0; i < hd; i++)
+                        acc += q[((size_t)(b * T + t) * nh + h) * hd + i] *
+                               k[((size_t)(b * T + u) * nkv + kh) * hd + i];
+                    s[u] = acc / std::sqrt((double)hd);
+                    mx = std::max(mx, s[u]);
+                }
+                double z = 0;
+                for (int u = 0; u <= t; u++) z += std::exp(s[u] - mx);
+                for (int u = 0; u <= t; u++)
+                    for (int i = 0; i < hd; i++)
+                        out[((size_t)(b * T + t) * nh + h) * hd + i] +=
+                            std::exp(s[u] - mx) / z * v[((size_t)(b * T + u) * nkv + kh) * hd + i];
+            }
+        }
+    return out;
+}
+}  // namespace
+
+TEST_CASE("causal GQA attention: forward vs naive, backward vs finite differences", "[ops]") {
+    struct Shape { int B, T, nh, nkv, hd; };
+    // GQA (nkv < nh), MQA (nkv = 1), MHA, odd T and a T spanning several 64-row blocks.
+    for (Shape s : {Shape{2, 7, 4, 2, 6}, Shape{1, 5, 3, 1, 4}, Shape{1, 6, 2, 2, 8}, Shape{1, 70, 2, 1, 4}}) {
+        const int N = s.B * s.T, qd = s.nh * s.hd, kvd = s.nkv * s.hd;
+        Vec q = randn(N * qd, 40), k = randn(N * kvd, 41), v = randn(N * kvd, 42),
+            w = randn(N * qd, 43), out(N * qd), att((size_t)s.B * s.nh * s.T * s.T);
+        auto f = [&]() {
+            attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.nh,
+                              s.nkv, s.hd);
+            return dot(out, w);
+        };
+        f();
+        Vec ref = naive_attention(q, k, v, s.B, s.T, s.nh, s.nkv, s.hd);
+        double maxd = 0;
+        for (size_t i = 0; i < ref.size(); i++) maxd = std::max(maxd, std::fabs(ref[i] - out[i]));
+        INFO("shape B=" << s.B << " T=" << s.T << " nh=" << s.nh << " nkv=" << s.nkv << " hd=" << s.hd);
+        CHECK(maxd < 1e-12);
+        Vec dq(N * qd, 0.0), dk(N * kvd, 0.0), dv(N * kvd, 0.0);
+        attention_backward(dq.data(), dk.data(), dv.data(), w.data(), att.data(), q.data(), k.data(),
+                           v.data(), s.B, s.T, s.nh, s.nkv, s.hd);
+        const int64_t cnt = s.T > 20 ? 150 : (1 << 30);
+        CHECK_GRAD("q", gradcheck::check(f, q.data(), dq.data(), N * qd, cnt, 1));
+        CHECK_GRAD("k", gradcheck::check(f, k.data(), dk.data(), N * kvd, cnt, 2));
+        CHECK_GRAD("v", gradcheck::check(f, v.data(), dv.data(), N * kvd, cnt, 3));
+    }
+}
+
+TEST_CASE("SwiGLU gate backward", "[ops]") {
+    const int n = 37;
+    Vec h1 = randn(n, 50, 2.0), h3 = randn(n, 51), w = randn(n, 52), a(n);
+    auto f = [&]() {
+        swiglu_forward(a.data(), h1.data(), h3.data(), n);
+        return dot(a, w);
+    };
+    f();
+    for (int i = 0; i < n; i++) CHECK(a[i] == Approx(h1[i] / (1 + std::exp(-h1[i])) * h3[i]).epsilon(1e-13));
+    Vec d1(n, 0.0), d3(n, 0.0);
+    swiglu_backward(d1.data(), d3.data(), w.data(), h1.data(), h3.data(), n);
+    CHECK_GRAD("h1", gradcheck::check(f, h1.data(), d1.data(), n, 1 << 30, 1));
+    CHECK_GRAD("h3", gradcheck::check(f, h3.data(), d3.data(), n, 1 << 30, 2));
+}
+
+TEST_CASE("cross-entropy over the real V of padded logits", "[ops]") {
+    const int N = 4, V = 11, Vp = 16;
+    Vec logits = randn(N * Vp, 60, 3.0), lse(N);
+    std::vector<int32_t> tgt = {0, 10, 5, 5};
+    auto f = [&]() { return cross_entropy_forward(lse.data(), logits.data(), tgt.data(), N, V, Vp); };
+    double loss = f();
+    double ref = 0;  // independent: -log softmax over the first V columns
+    for (int n = 0; n < N; n++) {
+        double z = 0;
+        for (int v = 0; v < V; v++) z += std::exp(logits[n * Vp + v]);
+        ref += -(logits[n * Vp + tgt[n]] - std::log(z));
+    }
+    CHECK(loss == Approx(ref / N).epsilon(1e-13));
+    // Padded columns do not matter.
+    for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) logits[n * Vp + v] = 1e3;
+    CHECK(f() == loss);
+    Vec d(N * Vp, 0.0);
+    cross_entropy_backward(d.data(), logits.data(), lse.data(), tgt.data(), N, V, Vp, 1.0 / N);
+    for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) CHECK(d[n * Vp + v] == 0.0);
+    CHECK_GRAD("logits", gradcheck::check(f, logits.data(), d.data(), N * Vp, 1 << 30, 1));
+}
+
+TEST_CASE("gemm stats count FLOPs", "[ops]") {
+    reset_gemm_stats();
+    Vec a = randn(6 * 4, 1), b = randn(4 * 5, 2), c(6 * 5, 0.0);
+    gemm<double>(false, false, 6, 5, 4, 1.0, a.data(), 4, b.data(), 5, 0.0, c.data(), 5);
+    GemmStats s = gemm_stats();
+    CHECK(s.calls == 1);
+    CHECK(s.flops == 2.0 * 6 * 5 * 4);
+    CHECK(s.seconds >= 0);
+    CHECK(c[0] == Approx(a[0] * b[0] + a[1] * b[5] + a[2] * b[10] + a[3] * b[15]).epsilon(1e-14));
+}
