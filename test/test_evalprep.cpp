@@ -172,6 +172,33 @@ ldm::EvalTokenizerInfo tinfo(uint32_t vocab, uint32_t eot) {
   return t;
 }
 
+// Recomputes every LAMBADA example independently from the jsonl text: the last word is what
+// follows the last ' '; target must equal tok(" " + word) and context + target must equal
+// tok(text). Returns the number of multi-token targets.
+size_t check_lambada_against_text(const ldm::LambadaSet& L, const ldm::Tokenizer& tok, const std::string& in) {
+  std::ifstream f(in);
+  std::string line;
+  size_t i = 0, bad_target = 0, bad_whole = 0, multi = 0;
+  while (std::getline(f, line)) {
+    REQUIRE(i < L.examples.size());
+    std::string text = nlohmann::json::parse(line)["text"].get<std::string>();
+    size_t sp = text.find_last_of(' ');
+    REQUIRE(sp != std::string::npos);
+    std::vector<uint32_t> want_target = tok.encode(" " + text.substr(sp + 1));
+    const auto& e = L.examples[i];
+    bad_target += e.target != want_target;
+    std::vector<uint32_t> whole = e.context;
+    whole.insert(whole.end(), e.target.begin(), e.target.end());
+    bad_whole += whole != tok.encode(text);
+    multi += e.target.size() > 1;
+    i++;
+  }
+  CHECK(i == L.examples.size());
+  CHECK(bad_target == 0);
+  CHECK(bad_whole == 0);
+  return multi;
+}
+
 }  // namespace
 
 // ============================================================================ file format
@@ -444,6 +471,9 @@ TEST_CASE("Python str/re semantics: C++ helpers agree with CPython on hand-made 
       "[header] How to do it [title] Step one [step] do  this.", "Foo [title] bar", "  [x] y [z]  ",
       "[title] Clean [step] the  floor", "a [b\nc] d", " = Title = \n x \n = = Sub = = \n y \n = T2 = \n z",
       " \n = A = \n\n = B = \n \n", "= A =\n= B =", "no titles at all",
+      // Python's Unicode \s inside the bracket/quote regexes
+      "( \xC2\xA0" "a\xC2\x85 )", "' \xE3\x80\x80" "x\x1c '", "[\x1f" "b\xE2\x80\xAF]", "{\xE2\x80\x8B" "c}",
+      "\" \xEF\xBB\xBF" "d \"", " = T = \r\n x \x1c\n = U = \n y",
   };
   nlohmann::json j = xs;
   write_text(dir + "/in.json", j.dump());
@@ -569,29 +599,38 @@ TEST_CASE("LAMBADA binary: 5153 examples, target == tok(\" \" + last word), cont
   auto L = ldm::read_lambada(out);
   REQUIRE(L.examples.size() == 5153);
   ldm::Tokenizer tok = ldm::Tokenizer::load(tokdir);
-  std::ifstream f(in);
-  std::string line;
-  size_t i = 0, bad_target = 0, bad_whole = 0, multi = 0;
-  while (std::getline(f, line)) {
-    REQUIRE(i < L.examples.size());
-    std::string text = nlohmann::json::parse(line)["text"].get<std::string>();
-    // independent split: the last word is what follows the last ' '
-    size_t sp = text.find_last_of(' ');
-    REQUIRE(sp != std::string::npos);
-    std::vector<uint32_t> want_target = tok.encode(" " + text.substr(sp + 1));
-    const auto& e = L.examples[i];
-    bad_target += e.target != want_target;
-    std::vector<uint32_t> whole = e.context;
-    whole.insert(whole.end(), e.target.begin(), e.target.end());
-    bad_whole += whole != tok.encode(text);
-    multi += e.target.size() > 1;
-    i++;
-  }
-  CHECK(i == 5153);
-  CHECK(bad_target == 0);
-  CHECK(bad_whole == 0);
+  size_t multi = check_lambada_against_text(L, tok, in);
   CHECK(multi > 0);  // some words are several tokens: the acc needs every position
   CHECK(L.tok.eot_id == 50256);
+  // Deterministic: one thread gives the same bytes as all threads.
+  std::string out1 = dir + "/lambada_1thread.bin";
+  REQUIRE(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", in, "--out", out1, "--threads", "1"}) == 0);
+  CHECK(ldm::read_file(out1) == ldm::read_file(out));
+}
+
+TEST_CASE("LAMBADA binary with the OLMo tokenizer.json: the tool's assertions hold, header records it",
+          "[evalprep][data]") {
+  std::string data = data_dir_or_skip("LAMBADA eval binary (OLMo tokenizer)");
+  if (data.empty()) return;
+  std::string tj = data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json";
+  if (!ldm::file_exists(tj)) {
+    WARN("SKIP: no OLMo tokenizer in the data directory");
+    return;
+  }
+  std::string dir = scratch_dir("evalprep_lambada_olmo");
+  std::string out = dir + "/lambada_olmo.bin";
+  REQUIRE(call(cmd_lambada, {"lambada", "--tokenizer", tj, "--input", data + "/lambada/lambada_test.jsonl", "--out", out}) == 0);
+  auto L = ldm::read_lambada(out);
+  CHECK(L.examples.size() == 5153);
+  CHECK(L.tok.eot_id == 50279);
+  CHECK(L.tok.vocab_size == 50280);
+  CHECK(L.tok.name == "allenai_gpt-neox-olmo-dolma-v1_5.json");
+  ldm::Tokenizer tok = ldm::Tokenizer::load(tj);
+  CHECK(L.tok.fingerprint == ep::tokenizer_fingerprint(tok));
+  CHECK(L.tok.fingerprint != ep::tokenizer_fingerprint(ldm::Tokenizer::load(data + "/gpt2_tokenizer")));
+  std::string b = ldm::read_file(out);
+  CHECK(le(b, 16, 4) == 2);  // 50,280 ids fit uint16
+  CHECK(check_lambada_against_text(L, tok, data + "/lambada/lambada_test.jsonl") > 0);
 }
 
 TEST_CASE("HellaSwag binary from the bz2 copy: 10042 items, labels, endings, and the plain .txt",
