@@ -250,6 +250,49 @@ struct AddedToken {
     uint32_t id;
 };
 
+// Leftmost-longest matcher for a small set of added tokens (HF AddedVocabulary semantics:
+// Aho-Corasick MatchKind::LeftmostLongest). A 1-byte and a 2-byte prefix filter skip most
+// positions; candidates are tried longest first.
+struct AddedMatcher {
+    std::vector<AddedToken> toks;  // sorted by length, longest first
+    bool one[256] = {};
+    std::vector<uint64_t> two = std::vector<uint64_t>(1024, 0);  // bit (b0 | b1 << 8)
+    void build() {
+        std::stable_sort(toks.begin(), toks.end(), [](const AddedToken& a, const AddedToken& b) {
+            return a.content.size() > b.content.size();
+        });
+        for (const auto& t : toks) {
+            if (t.content.size() == 1) {
+                one[(unsigned char)t.content[0]] = true;
+            } else {
+                unsigned k = (unsigned char)t.content[0] | (unsigned((unsigned char)t.content[1]) << 8);
+                two[k >> 6] |= 1ull << (k & 63);
+            }
+        }
+    }
+    bool empty() const { return toks.empty(); }
+    // Position of the leftmost match in s[from..] (longest there) or npos.
+    size_t find(std::string_view s, size_t from, const AddedToken** hit) const {
+        const unsigned char* p = reinterpret_cast<const unsigned char*>(s.data());
+        size_t n = s.size();
+        for (size_t i = from; i < n; i++) {
+            bool cand = one[p[i]];
+            if (!cand && i + 1 < n) {
+                unsigned k = p[i] | (unsigned(p[i + 1]) << 8);
+                cand = (two[k >> 6] >> (k & 63)) & 1;
+            }
+            if (!cand) continue;
+            for (const auto& t : toks) {
+                if (t.content.size() <= n - i && std::memcmp(p + i, t.content.data(), t.content.size()) == 0) {
+                    *hit = &t;
+                    return i;
+                }
+            }
+        }
+        return std::string_view::npos;
+    }
+};
+
 struct TokenizerImpl {
     bool hf = false;                      // false: GPT-2 / tiktoken semantics
     std::vector<std::string> id_to_bytes; // decode table (empty string + !has for gaps)
@@ -260,8 +303,8 @@ struct TokenizerImpl {
     uint32_t eot = 0, nvocab = 0;
     uint64_t uid = 0;                     // identifies this table for the per-thread caches
     // HF only
-    std::vector<AddedToken> added_raw;    // normalized=false, matched on raw text
-    std::vector<AddedToken> added_norm;   // normalized=true, matched on normalized text
+    AddedMatcher added_raw;               // normalized=false, matched on raw text
+    AddedMatcher added_norm;              // normalized=true, matched on normalized text
     std::string normalizer;               // "" | NFC | NFD | NFKC | NFKD (applied in order)
     std::vector<std::string> normalizers;
     bool add_prefix_space = false, use_regex = true;
@@ -277,12 +320,58 @@ struct TokenizerImpl {
 namespace {
 std::atomic<uint64_t> g_uid{1};
 
-// Per-thread cache of pre-token -> ids, one per tokenizer table.
+// Per-thread cache of pre-token -> ids, one per tokenizer table: open addressing on a 64-bit
+// hash, words and ids stored in flat arenas; emptied when half full.
+uint64_t hash_bytes(const char* p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xff51afd7ed558ccdull);
+    while (n >= 8) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        h = (h ^ w) * 0x9FB21C651E98DF25ull;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        std::memcpy(&w, p, n);
+        h = (h ^ w) * 0x9FB21C651E98DF25ull;
+        h ^= h >> 29;
+    }
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 32);
+}
+
 struct WordCache {
+    struct Slot {
+        uint64_t h = 0;
+        uint32_t woff = 0, ioff = 0;
+        uint16_t wlen = 0, nids = 0;
+        bool used = false;
+    };
     uint64_t uid = 0;
-    std::unordered_map<std::string, std::vector<uint32_t>> map;
+    std::vector<Slot> slots;
+    std::string words;
+    std::vector<uint32_t> ids;
+    size_t count = 0;
+    static constexpr size_t kSlots = size_t(1) << 17;
+    void clear() {
+        slots.assign(kSlots, Slot());
+        words.clear();
+        ids.clear();
+        count = 0;
+    }
+    // returns the slot holding `w` (used) or the empty slot where it belongs
+    Slot* find(std::string_view w, uint64_t h) {
+        size_t mask = slots.size() - 1;
+        for (size_t i = h & mask;; i = (i + 1) & mask) {
+            Slot& s = slots[i];
+            if (!s.used) return &s;
+            if (s.h == h && s.wlen == w.size() && std::memcmp(words.data() + s.woff, w.data(), w.size()) == 0)
+                return &s;
+        }
+    }
 };
-constexpr size_t kCacheMax = 1 << 18;
 constexpr size_t kCacheWordMax = 256;  // longer words are not cached
 
 WordCache& thread_cache(uint64_t uid) {
@@ -292,25 +381,10 @@ WordCache& thread_cache(uint64_t uid) {
         if (c.uid == uid) return c;
     WordCache& c = caches[next++ % 4];
     c.uid = uid;
-    c.map.clear();
+    c.clear();
     return c;
 }
 
-// Leftmost-longest search of `toks` in s[from..]; returns the position or npos.
-size_t find_added(std::string_view s, size_t from, const std::vector<AddedToken>& toks,
-                  const bool* first_byte, const AddedToken** hit) {
-    for (size_t i = from; i < s.size(); i++) {
-        if (!first_byte[(unsigned char)s[i]]) continue;
-        const AddedToken* best = nullptr;
-        for (const auto& t : toks) {
-            if (t.content.size() <= s.size() - i && (!best || t.content.size() > best->content.size()) &&
-                std::memcmp(s.data() + i, t.content.data(), t.content.size()) == 0)
-                best = &t;
-        }
-        if (best) { *hit = best; return i; }
-    }
-    return std::string_view::npos;
-}
 }  // namespace
 
 // Byte-pair merging of one pre-token (raw bytes). Repeatedly merges the adjacent pair with the
@@ -358,20 +432,30 @@ void TokenizerImpl::bpe(std::string_view word, std::vector<uint32_t>& out) const
 }
 
 void TokenizerImpl::encode_pretoken(std::string_view word, std::vector<uint32_t>& out) const {
-    if (word.size() > kCacheWordMax) { bpe(word, out); return; }
     if (word.size() == 1) { out.push_back(uint32_t(byte_id[(unsigned char)word[0]])); return; }
+    if (word.size() > kCacheWordMax) { bpe(word, out); return; }
     WordCache& c = thread_cache(uid);
-    thread_local std::string key;
-    key.assign(word.data(), word.size());
-    auto it = c.map.find(key);
-    if (it != c.map.end()) {
-        out.insert(out.end(), it->second.begin(), it->second.end());
+    uint64_t h = hash_bytes(word.data(), word.size());
+    WordCache::Slot* s = c.find(word, h);
+    if (s->used) {
+        out.insert(out.end(), c.ids.begin() + s->ioff, c.ids.begin() + s->ioff + s->nids);
         return;
     }
     size_t start = out.size();
     bpe(word, out);
-    if (c.map.size() >= kCacheMax) c.map.clear();
-    c.map.emplace(key, std::vector<uint32_t>(out.begin() + start, out.end()));
+    if (c.count * 2 >= c.slots.size() || c.ids.size() > (1u << 30)) {
+        c.clear();
+        s = c.find(word, h);
+    }
+    s->used = true;
+    s->h = h;
+    s->woff = uint32_t(c.words.size());
+    s->wlen = uint16_t(word.size());
+    s->ioff = uint32_t(c.ids.size());
+    s->nids = uint16_t(out.size() - start);
+    c.words.append(word.data(), word.size());
+    c.ids.insert(c.ids.end(), out.begin() + start, out.end());
+    c.count++;
 }
 
 void TokenizerImpl::encode_ordinary(std::string_view text, std::vector<uint32_t>& out) const {
@@ -386,11 +470,14 @@ std::string TokenizerImpl::normalize(std::string_view s) const {
         else if (nm == "NFD") opts |= UTF8PROC_DECOMPOSE;
         else if (nm == "NFKC") opts |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
         else if (nm == "NFKD") opts |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-        // ASCII-only text is invariant under all four forms
-        bool ascii = true;
+        // ASCII-only text is invariant under all four forms; text whose code points are all
+        // below U+0300 (no UTF-8 lead byte >= 0xCC) is invariant under NFC: no combining marks,
+        // no Hangul jamo, no singleton or excluded decompositions there.
+        unsigned char limit = nm == "NFC" ? 0xCC : 0x80;
+        bool invariant = true;
         for (char ch : cur)
-            if ((unsigned char)ch >= 0x80) { ascii = false; break; }
-        if (ascii) continue;
+            if ((unsigned char)ch >= limit) { invariant = false; break; }
+        if (invariant) continue;
         utf8proc_uint8_t* res = nullptr;
         utf8proc_ssize_t r = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(cur.data()),
                                           utf8proc_ssize_t(cur.size()), &res,
@@ -403,9 +490,6 @@ std::string TokenizerImpl::normalize(std::string_view s) const {
 }
 
 void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out) const {
-    bool fb_raw[256] = {}, fb_norm[256] = {};
-    for (const auto& t : added_raw) fb_raw[(unsigned char)t.content[0]] = true;
-    for (const auto& t : added_norm) fb_norm[(unsigned char)t.content[0]] = true;
     auto pretokenize = [&](std::string_view piece) {
         if (piece.empty()) return;
         std::string tmp;
@@ -426,7 +510,7 @@ void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out)
         while (pos < s.size()) {
             const AddedToken* hit = nullptr;
             size_t at = added_norm.empty() ? std::string_view::npos
-                                           : find_added(s, pos, added_norm, fb_norm, &hit);
+                                           : added_norm.find(s, pos, &hit);
             if (at == std::string_view::npos) { pretokenize(s.substr(pos)); break; }
             pretokenize(s.substr(pos, at - pos));
             out.push_back(hit->id);
@@ -437,7 +521,7 @@ void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out)
     while (pos < text.size()) {
         const AddedToken* hit = nullptr;
         size_t at = added_raw.empty() ? std::string_view::npos
-                                      : find_added(text, pos, added_raw, fb_raw, &hit);
+                                      : added_raw.find(text, pos, &hit);
         if (at == std::string_view::npos) { normalized_piece(text.substr(pos)); break; }
         normalized_piece(text.substr(pos, at - pos));
         out.push_back(hit->id);
@@ -541,7 +625,7 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json, const std::strin
     if (nmerge == 0) throw Error(vocab_bpe + ": no merges");
     // tiktoken semantics: any adjacent pair whose concatenation is a token merges, with the
     // rank (= id) of that token. Enumerate every split of every token.
-    T->pairs.init(T->bytes_to_id.size() * 8);
+    std::vector<std::pair<uint64_t, uint64_t>> splits;
     for (const auto& kv : T->bytes_to_id) {
         const std::string& t = kv.first;
         for (size_t k = 1; k < t.size(); k++) {
@@ -549,9 +633,11 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json, const std::strin
             if (l == T->bytes_to_id.end()) continue;
             auto r = T->bytes_to_id.find(t.substr(k));
             if (r == T->bytes_to_id.end()) continue;
-            T->pairs.insert(pair_key(l->second, r->second), (uint64_t(kv.second) << 32) | kv.second);
+            splits.push_back({pair_key(l->second, r->second), (uint64_t(kv.second) << 32) | kv.second});
         }
     }
+    T->pairs.init(splits.size());
+    for (const auto& p : splits) T->pairs.insert(p.first, p.second);
     T->finish(encoder_json);
     for (int c = 0; c < 256; c++)
         if (T->byte_id[c] < 0) throw Error(strprintf("%s: byte 0x%02X has no token", encoder_json.c_str(), c));
@@ -669,8 +755,8 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
                     throw Error(path + ": added token content is not valid UTF-8");
                 bool normalized = at.value("normalized", !at.value("special", false));
                 set_token(*T, id, content, path);
-                if (normalized) T->added_norm.push_back({T->normalize(content), id});
-                else T->added_raw.push_back({content, id});
+                if (normalized) T->added_norm.toks.push_back({T->normalize(content), id});
+                else T->added_raw.toks.push_back({content, id});
                 if (content == "<|endoftext|>") T->eot = id;
             }
         }
@@ -678,8 +764,10 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
         throw Error(path + ": unexpected tokenizer.json structure: " + e.what());
     }
     bool have_eot = false;
-    for (const auto& t : T->added_raw) have_eot |= t.content == "<|endoftext|>";
-    for (const auto& t : T->added_norm) have_eot |= t.content == "<|endoftext|>";
+    for (const auto& t : T->added_raw.toks) have_eot |= t.content == "<|endoftext|>";
+    for (const auto& t : T->added_norm.toks) have_eot |= t.content == "<|endoftext|>";
+    T->added_raw.build();
+    T->added_norm.build();
     if (!have_eot) throw Error(path + ": no \"<|endoftext|>\" added token");
     T->nvocab = uint32_t(T->id_to_bytes.size());
     T->finish(path);
