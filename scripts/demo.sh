@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# README command 1 (`make demo` runs scripts/install_deps.sh and builds first): trains the
+# `small` model on the CPU on the FineWeb-Edu sample and shows that it learns.
+#   1. finds the FineWeb-Edu sample: $LDM_DATA_DIR, else ../shared/data, else downloads it
+#      (scripts/download_data.sh) into $LDM_DATA_DIR or ../shared/data;
+#   2. tokenizes it (GPT-2) into shards with build/ldm_data: the first 15 documents are the
+#      validation shard, the rest the training shard;
+#   3. trains `small` (29M parameters, 25.8M of them in the untied embedding/LM head) for
+#      DEMO_STEPS steps of B x T tokens on all cores (~5 minutes on 2 cores);
+#   4. prints the validation loss next to the unigram baseline (cross-entropy of the same val
+#      tokens under an add-one unigram model fitted on the train tokens) and a text sample, and
+#      fails (exit 1) unless the model is clearly (>= 0.5 nats) below the baseline.
+# Output (checkpoint, JSONL log, console log) in $DEMO_OUT (default demo_out/).
+# Environment: BUILD (build dir, default build), DEMO_OUT, DEMO_STEPS, DEMO_B, DEMO_T, DEMO_LR,
+# DEMO_THREADS (0 = all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+OUT=${DEMO_OUT:-demo_out}
+STEPS=${DEMO_STEPS:-200}
+B=${DEMO_B:-8}
+T=${DEMO_T:-128}
+LR=${DEMO_LR:-3e-3}
+THREADS=${DEMO_THREADS:-0}
+
+for bin in "$BUILD/ldm_data" "$BUILD/train_cpu"; do
+  [ -x "$bin" ] || { echo "demo: $bin missing; run 'make' (or 'make demo') first" >&2; exit 1; }
+done
+
+# 1. data
+DATA=""
+for d in "${LDM_DATA_DIR:-}" ../shared/data; do
+  if [ -n "$d" ] && [ -f "$d/fineweb_edu_sample/fineweb_edu_sample.jsonl" ] && [ -f "$d/gpt2_tokenizer/encoder.json" ]; then
+    DATA=$d; break
+  fi
+done
+if [ -n "$DATA" ]; then
+  INPUT="$DATA/fineweb_edu_sample/fineweb_edu_sample.jsonl"
+else
+  DATA=${LDM_DATA_DIR:-../shared/data}
+  echo "demo: no FineWeb-Edu sample found; downloading into $DATA (scripts/download_data.sh)"
+  mkdir -p "$DATA"
+  bash scripts/download_data.sh gpt2-tokenizer fineweb-edu --max-files 1 --out "$DATA"
+  INPUT="$DATA/fineweb_edu_10BT/*.jsonl"
+fi
+echo "demo: data from $INPUT"
+
+# 2. shards
+mkdir -p "$OUT"
+rm -rf "$OUT/data"
+"$BUILD/ldm_data" shards --tokenizer "$DATA/gpt2_tokenizer" --input "$INPUT" \
+  --out-dir "$OUT/data" --name fineweb --val-docs 15 --quiet
+
+# 3. train
+rm -rf "$OUT/run"
+mkdir -p "$OUT/run"
+start=$(date +%s)
+"$BUILD/train_cpu" --preset small -B "$B" -T "$T" --steps "$STEPS" --lr "$LR" --warmup-steps 20 \
+  --schedule cosine --min-lr-ratio 0.1 --weight-decay 0.1 --threads "$THREADS" \
+  --train-data "$OUT/data/fineweb_train_*.bin" --val-data "$OUT/data/fineweb_val_*.bin" \
+  --tokenizer "$DATA/gpt2_tokenizer" --val-every 50 --val-batches 9 --unigram-baseline \
+  --sample-every 0 --sample-tokens 64 --quiet --seed 1337 \
+  --out-dir "$OUT/run" --log "$OUT/run/log.jsonl" | tee "$OUT/run/console.txt"
+secs=$(( $(date +%s) - start ))
+
+# 4. verdict, from the JSONL log
+read -r val uni < <(grep '"type":"val"' "$OUT/run/log.jsonl" | tail -1 | \
+  sed -E 's/.*"unigram_loss":([-0-9.e+]+).*"val_loss":([-0-9.e+]+).*/\2 \1/')
+echo
+echo "demo: trained small for $STEPS steps of $((B*T)) tokens in ${secs} s"
+echo "demo: validation loss  $val nats/token"
+echo "demo: unigram entropy  $uni nats/token (add-one unigram of the train tokens, on the same val tokens)"
+echo "demo: checkpoint and log in $OUT/run/ (ckpt_$(printf %06d "$STEPS").model/.state, log.jsonl)"
+if awk -v v="$val" -v u="$uni" 'BEGIN { exit !(v + 0.5 <= u) }'; then
+  echo "demo: PASS: validation loss is $(awk -v v="$val" -v u="$uni" 'BEGIN{printf "%.3f", u - v}') nats below the unigram entropy"
+else
+  echo "demo: FAIL: validation loss is not clearly below the unigram entropy" >&2
+  exit 1
+fi
