@@ -365,3 +365,45 @@ TEST_CASE("encode, decode and info subcommands", "[data_tool]") {
     REQUIRE(r.rc == 1);
     REQUIRE(r.err.find("wrong magic") != std::string::npos);
 }
+
+TEST_CASE("a vocabulary over 65536 ids gives uint32 shards end to end", "[data_tool]") {
+    std::string data = data_dir_or_skip("uint32 shards");
+    if (data.empty()) return;
+    // A synthetic HF tokenizer: the OLMo tokenizer plus filler vocab entries up to id 69999 and a
+    // special added token <|big|> = 70000, so vocab_size = 70001 > 65536.
+    nlohmann::json j =
+        nlohmann::json::parse(ldm::read_file(data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json"));
+    for (int id = 50280; id < 70000; id++) j["model"]["vocab"][ldm::strprintf("zzfill%d", id)] = id;
+    j["added_tokens"].push_back({{"id", 70000}, {"content", "<|big|>"}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    std::string d = scratch_dir("tool_u32");
+    std::string tj = j.dump();
+    ldm::write_file_atomic(d + "/big.json", tj.data(), tj.size());
+    ldm::Tokenizer tok = ldm::Tokenizer::load(d + "/big.json");
+    REQUIRE(tok.vocab_size() == 70001);
+    std::vector<std::string> docs = {"Hello<|big|> world", "second <|big|><|big|> doc", "third"};
+    std::string jsonl;
+    std::vector<uint32_t> expect;
+    for (auto& s : docs) {
+        jsonl += nlohmann::json({{"text", s}}).dump() + "\n";
+        auto ids = with_eot(tok, s);
+        expect.insert(expect.end(), ids.begin(), ids.end());
+    }
+    REQUIRE(std::count(expect.begin(), expect.end(), 70000u) == 3);
+    ldm::write_file_atomic(d + "/in.jsonl", jsonl.data(), jsonl.size());
+    RunResult r = run("shards --tokenizer '" + d + "/big.json' --input '" + d + "/in.jsonl' --out-dir '" + d +
+                          "/out' --name big --val-tokens 0 --quiet",
+                      d);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("uint32") != std::string::npos);
+    ldm::ShardInfo info = ldm::read_shard_info(d + "/out/big_train_000001.bin");
+    REQUIRE(info.magic == 20240801);
+    REQUIRE(info.version == 7);
+    REQUIRE(info.token_bytes == 4);
+    REQUIRE(ldm::read_shard(info.path) == expect);
+    check_with_loader(info.path, {expect}, 4, 70001);
+    ldm::DataLoader small(info.path, 1, 4, 0, 1, false, 0, 70000);  // id 70000 >= vocab: error on load
+    std::vector<int32_t> x(4), y(4);
+    REQUIRE_THROWS_AS(small.next_batch(x.data(), y.data()), Error);
+}
