@@ -65,7 +65,9 @@ bool is_visible_ascii(unsigned char c) { return c >= 0x21 && c <= 0x7E; }
 
 class Reader {
  public:
-    Reader(const std::vector<std::string>& files, const ShardsOptions& o) : files_(files), o_(o) {}
+    // split_docs: cutting long plain-text documents into pieces is allowed (see line_cuts_are_safe).
+    Reader(const std::vector<std::string>& files, const ShardsOptions& o, bool split_docs)
+        : files_(files), o_(o), split_(split_docs) {}
     ~Reader() {
         if (f_) std::fclose(f_);
         std::free(line_);
@@ -139,7 +141,7 @@ class Reader {
         // A cut between the previous line and this one is safe for byte-level BPE pre-tokenizers
         // when the previous line ends "<visible ASCII>\n" and this one starts with visible ASCII:
         // no pre-token spans such a line break (see doc/formats.md).
-        if (piece_.size() >= o_.piece_bytes && piece_.size() >= 2 && piece_.back() == '\n' &&
+        if (split_ && piece_.size() >= o_.piece_bytes && piece_.size() >= 2 && piece_.back() == '\n' &&
             is_visible_ascii((unsigned char)piece_[piece_.size() - 2]) && is_visible_ascii((unsigned char)L[0]))
             emit_piece(false);
         if (piece_.empty()) piece_off_ = line_off;
@@ -170,6 +172,7 @@ class Reader {
 
     const std::vector<std::string>& files_;
     const ShardsOptions& o_;
+    bool split_;
     size_t fi_ = 0;
     FILE* f_ = nullptr;
     char* line_ = nullptr;
@@ -180,6 +183,35 @@ class Reader {
     bool doc_emitted_ = false, in_doc_ = false;
     std::deque<Unit> ready_;
 };
+
+// Whether cutting a document between "<visible ASCII>\n" and "<visible ASCII>" leaves its tokens
+// unchanged for the tokenizer at `path`: true for GPT-2 (encoder.json + vocab.bpe) and for HF
+// ByteLevel pre-tokenizers that split with the regex (use_regex true) and add no prefix space.
+// Anything else, or an unknown path, -> false (documents are then encoded whole).
+bool line_cuts_are_safe(const std::string& path, const Tokenizer& tok) {
+    if (path.empty()) return false;
+    std::string json_path = path;
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+        if (file_exists(path + "/encoder.json") && file_exists(path + "/vocab.bpe")) return true;
+        json_path = path + "/tokenizer.json";
+    }
+    try {
+        nlohmann::json j = nlohmann::json::parse(read_file(json_path));
+        const nlohmann::json& p = j.at("pre_tokenizer");
+        if (p.value("type", std::string()) != "ByteLevel") return false;
+        if (p.contains("use_regex") && !p["use_regex"].get<bool>()) return false;
+        if (p.contains("add_prefix_space") && p["add_prefix_space"].get<bool>()) return false;
+    } catch (const std::exception&) {
+        return false;
+    }
+    // and a direct probe of the property
+    const char* probe = "Hello world.\nThe end: 42 x\n";
+    std::vector<uint32_t> whole = tok.encode(probe), a = tok.encode("Hello world.\n"),
+                          b = tok.encode("The end: 42 x\n");
+    a.insert(a.end(), b.begin(), b.end());
+    return a == whole;
+}
 
 // Encodes one unit; returns the tokens (EOT first for a document start).
 std::vector<uint32_t> encode_unit(const Unit& u, const std::vector<std::string>& files, const ShardsOptions& o,
@@ -351,7 +383,7 @@ ShardsSummary prepare_shards(const ShardsOptions& o, const Tokenizer* tok_in) {
     const size_t batch_bytes = o.batch_bytes ? o.batch_bytes : size_t(4 << 20) * size_t(threads);
     const bool tty = ::isatty(2);
 
-    Reader reader(files, o);
+    Reader reader(files, o, o.format == "text" && line_cuts_are_safe(o.tokenizer, tok));
     Output out(o, sum.uint32_tokens, sum);
     auto t0 = Clock::now();
     double last_report = 0;
@@ -380,6 +412,7 @@ ShardsSummary prepare_shards(const ShardsOptions& o, const Tokenizer* tok_in) {
             batch.push_back(std::move(u));
         }
         if (batch.empty()) break;
+        sum.pieces += batch.size();
         results.assign(batch.size(), {});
         errors.assign(batch.size(), {});
         const long nb = long(batch.size());

@@ -37,6 +37,8 @@ struct ShardsOptions {
     bool progress = true;               // progress line on stderr
     size_t piece_bytes = 1 << 18;       // plain text: split long documents at safe line breaks
                                         // into pieces of about this size for parallel encoding
+                                        // (only for tokenizers where that is exact: GPT-2 and HF
+                                        // ByteLevel with use_regex and no add_prefix_space)
     size_t batch_bytes = 0;             // bytes read per parallel batch (0 = 4 MiB * threads)
 };
 
@@ -45,6 +47,7 @@ struct ShardsSummary {
     uint64_t val_docs = 0, val_tokens = 0;  // in NAME_val_000000.bin
     uint64_t train_docs = 0, train_tokens = 0;
     uint64_t input_bytes = 0;
+    uint64_t pieces = 0;                    // units encoded separately (> docs when text was split)
     double seconds = 0;
     bool uint32_tokens = false;
     std::vector<std::string> shards;        // paths written, in order (val first)
@@ -54,8 +57,9 @@ struct ShardsSummary {
 std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);
 
 // Builds the shards. `tok` may be given to reuse a loaded tokenizer (else opt.tokenizer is
-// loaded). Memory: one batch of input (batch_bytes) plus the longest single jsonl line / text
-// line; tokens are streamed to the shard files. Throws ldm::Error on any bad input; shards are
+// loaded; opt.tokenizer should still name its path, which decides whether long plain-text
+// documents may be split for the threads). Memory: one batch of input (batch_bytes) plus the
+// longest single jsonl line / text line; tokens are streamed to the shard files. Throws ldm::Error on any bad input; shards are
 // written to temp names and renamed when complete; stale NAME_{val,train}_*.bin files of an
 // earlier run that this run did not write are removed at the end.
 ShardsSummary prepare_shards(const ShardsOptions& opt, const Tokenizer* tok = nullptr);

@@ -181,15 +181,27 @@ TEST_CASE("tiny Shakespeare as text: split into pieces for threads, same tokens 
     std::string d = scratch_dir("tool_shakespeare");
     struct Tk {
         const char* name;
+        std::string path;
         ldm::Tokenizer tok;
+        bool splits;
     };
-    std::vector<Tk> toks = {{"gpt2", gpt2(data)},
-                            {"olmo", ldm::Tokenizer::load(data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json")}};
+    // A variant of the OLMo tokenizer with add_prefix_space: cutting a document would change its
+    // tokens (each piece would get a prefix space), so the tool must encode documents whole.
+    nlohmann::json j =
+        nlohmann::json::parse(ldm::read_file(data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json"));
+    j["pre_tokenizer"]["add_prefix_space"] = true;
+    std::string tj = j.dump();
+    ldm::write_file_atomic(d + "/prefix.json", tj.data(), tj.size());
+    std::string olmo = data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json";
+    std::vector<Tk> toks = {{"gpt2", data + "/gpt2_tokenizer", gpt2(data), true},
+                            {"olmo", olmo, ldm::Tokenizer::load(olmo), true},
+                            {"prefix", d + "/prefix.json", ldm::Tokenizer::load(d + "/prefix.json"), false}};
     for (auto& tk : toks) {
         std::vector<uint32_t> expect = with_eot(tk.tok, text);
         for (size_t piece : {size_t(1000), size_t(1 << 18)}) {
             ldm::ShardsOptions o;
             o.inputs = {data + "/tinyshakespeare/input.txt"};
+            o.tokenizer = tk.path;
             o.format = "text";
             o.out_dir = d;
             o.name = std::string("ts_") + tk.name;
@@ -202,6 +214,8 @@ TEST_CASE("tiny Shakespeare as text: split into pieces for threads, same tokens 
             INFO(tk.name << " piece " << piece);
             REQUIRE(s.docs == 1);
             REQUIRE(s.shards.size() == 1);
+            if (tk.splits) REQUIRE(s.pieces >= text.size() / piece / 2);  // really cut into pieces
+            else REQUIRE(s.pieces == 1);
             REQUIRE(ldm::read_shard(s.shards[0]) == expect);
             if (std::string(tk.name) == "gpt2") REQUIRE(expect.size() == 338025 + 1);
             check_with_loader(s.shards[0], {expect}, 1024, tk.tok.vocab_size());
