@@ -354,9 +354,9 @@ struct WordCache {
     std::string words;
     std::vector<uint32_t> ids;
     size_t count = 0;
-    static constexpr size_t kSlots = size_t(1) << 17;
+    static constexpr size_t kMinSlots = size_t(1) << 12, kMaxSlots = size_t(1) << 18;
     void clear() {
-        slots.assign(kSlots, Slot());
+        slots.assign(kMinSlots, Slot());
         words.clear();
         ids.clear();
         count = 0;
@@ -369,6 +369,18 @@ struct WordCache {
             if (!s.used) return &s;
             if (s.h == h && s.wlen == w.size() && std::memcmp(words.data() + s.woff, w.data(), w.size()) == 0)
                 return &s;
+        }
+    }
+    // doubles the table (small tables stay in cache; they grow with the vocabulary in use)
+    void grow() {
+        std::vector<Slot> old(slots.size() * 2);
+        old.swap(slots);
+        size_t mask = slots.size() - 1;
+        for (const Slot& s : old) {
+            if (!s.used) continue;
+            size_t i = s.h & mask;
+            while (slots[i].used) i = (i + 1) & mask;
+            slots[i] = s;
         }
     }
 };
@@ -444,7 +456,8 @@ void TokenizerImpl::encode_pretoken(std::string_view word, std::vector<uint32_t>
     size_t start = out.size();
     bpe(word, out);
     if (c.count * 2 >= c.slots.size() || c.ids.size() > (1u << 30)) {
-        c.clear();
+        if (c.slots.size() < WordCache::kMaxSlots && c.ids.size() <= (1u << 30)) c.grow();
+        else c.clear();
         s = c.find(word, h);
     }
     s->used = true;
@@ -462,29 +475,45 @@ void TokenizerImpl::encode_ordinary(std::string_view text, std::vector<uint32_t>
     split_gpt2(text, [&](size_t b, size_t e) { encode_pretoken(text.substr(b, e - b), out); });
 }
 
+// Applies the normalizers. Normalization forms act independently on the segments before an
+// ASCII character (an ASCII character is a starter that never composes with what precedes it and
+// blocks reordering), so only the segments around "suspicious" characters go through utf8proc:
+// for NFC any code point >= U+0300 (UTF-8 lead byte >= 0xCC; below it there are no combining
+// marks, jamo, singletons or composition exclusions), for the other forms any non-ASCII byte.
 std::string TokenizerImpl::normalize(std::string_view s) const {
-    std::string cur(s);
+    std::string cur(s), next;
     for (const auto& nm : normalizers) {
         int opts = UTF8PROC_STABLE;
         if (nm == "NFC") opts |= UTF8PROC_COMPOSE;
         else if (nm == "NFD") opts |= UTF8PROC_DECOMPOSE;
         else if (nm == "NFKC") opts |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
         else if (nm == "NFKD") opts |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-        // ASCII-only text is invariant under all four forms; text whose code points are all
-        // below U+0300 (no UTF-8 lead byte >= 0xCC) is invariant under NFC: no combining marks,
-        // no Hangul jamo, no singleton or excluded decompositions there.
-        unsigned char limit = nm == "NFC" ? 0xCC : 0x80;
-        bool invariant = true;
-        for (char ch : cur)
-            if ((unsigned char)ch >= limit) { invariant = false; break; }
-        if (invariant) continue;
-        utf8proc_uint8_t* res = nullptr;
-        utf8proc_ssize_t r = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(cur.data()),
-                                          utf8proc_ssize_t(cur.size()), &res,
-                                          utf8proc_option_t(opts));
-        if (r < 0) throw Error(std::string("tokenizer: normalization failed: ") + utf8proc_errmsg(r));
-        cur.assign(reinterpret_cast<char*>(res), size_t(r));
-        std::free(res);
+        const unsigned char limit = nm == "NFC" ? 0xCC : 0x80;
+        const unsigned char* p = reinterpret_cast<const unsigned char*>(cur.data());
+        size_t n = cur.size(), pos = 0;
+        size_t i = 0;
+        while (i < n && p[i] < limit) i++;
+        if (i == n) continue;  // invariant
+        next.clear();
+        while (i < n) {
+            size_t b = i;
+            while (b > pos && p[b - 1] >= 0x80) b--;  // back to the segment start
+            if (b > pos) b--;                         // include the ASCII starter before it
+            if (b < pos) b = pos;
+            size_t e = i + 1;
+            while (e < n && p[e] >= 0x80) e++;        // up to the next ASCII character
+            next.append(cur, pos, b - pos);
+            utf8proc_uint8_t* res = nullptr;
+            utf8proc_ssize_t r = utf8proc_map(p + b, utf8proc_ssize_t(e - b), &res, utf8proc_option_t(opts));
+            if (r < 0) throw Error(std::string("tokenizer: normalization failed: ") + utf8proc_errmsg(r));
+            next.append(reinterpret_cast<char*>(res), size_t(r));
+            std::free(res);
+            pos = e;
+            i = e;
+            while (i < n && p[i] < limit) i++;
+        }
+        next.append(cur, pos, n - pos);
+        cur.swap(next);
     }
     return cur;
 }
