@@ -316,7 +316,8 @@ void remove_stale(const ShardsOptions& o, const std::vector<std::string>& writte
             std::string pre = o.name + split;
             if (n.size() == pre.size() + 10 && n.compare(0, pre.size(), pre) == 0 &&
                 n.compare(n.size() - 4, 4, ".bin") == 0 &&
-                std::all_of(n.begin() + long(pre.size()), n.end() - 4, ::isdigit)) {
+                std::all_of(n.begin() + long(pre.size()), n.end() - 4,
+                            [](char c) { return c >= '0' && c <= '9'; })) {
                 std::string p = o.out_dir + "/" + n;
                 if (std::find(written.begin(), written.end(), p) == written.end()) stale.push_back(p);
             }

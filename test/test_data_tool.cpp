@@ -80,10 +80,10 @@ uint64_t check_with_loader(const std::string& pattern, const std::vector<std::ve
         uint64_t windows = st.size() >= 1 ? (st.size() - 1) / uint64_t(T) : 0;
         for (uint64_t w = 0; w < windows; w++) {
             dl.next_batch(x.data(), y.data());
-            for (int i = 0; i < T; i++) {
-                REQUIRE(uint32_t(x[size_t(i)]) == st[w * uint64_t(T) + uint64_t(i)]);
-                REQUIRE(uint32_t(y[size_t(i)]) == st[w * uint64_t(T) + uint64_t(i) + 1]);
-            }
+            std::vector<int32_t> wx(st.begin() + long(w * uint64_t(T)), st.begin() + long(w * uint64_t(T) + T)),
+                wy(st.begin() + long(w * uint64_t(T) + 1), st.begin() + long(w * uint64_t(T) + T + 1));
+            REQUIRE(x == wx);
+            REQUIRE(y == wy);
             checked++;
         }
     }
