@@ -1,13 +1,14 @@
 // dev/bench_tokenizer.cpp — encoding throughput of ldm::Tokenizer (issue #2, Performance).
 //
-//   build/bench_tokenizer [--tokenizer PATH] [--threads N] [--reps R] [--js-input DIR] NAME=FILE...
+//   build/bench_tokenizer [--tokenizer PATH] [--threads N] [--reps R] [--js-input DIR] [--tsv] NAME=FILE...
 //
 // FILE is .jsonl (one document per line, field "text") or plain text (one document per line
 // group: split at blank lines, like WikiText-2's paragraphs; tiny files are one document).
 // For each file prints cold (fresh per-thread caches) and warm MB/s on 1 thread and on N threads
 // (OpenMP over documents, default: all cores). --js-input DIR also writes DIR/NAME.bin in the
 // input format of test/js/encode.mjs so scripts/bench_tokenizer.sh can time js-tiktoken on the
-// very same documents. Exit status 1 with "error: ..." on failure.
+// very same documents; --tsv prints one tab-separated line per file instead of the table
+// (name, MB, docs, tokens, threads, MB/s 1-thread cold, warm, N-thread cold, warm). Exit status 1 with "error: ..." on failure.
 #include <omp.h>
 
 #include <chrono>
@@ -74,6 +75,7 @@ double run(const ldm::Tokenizer& tok, const std::vector<std::string>& docs, int 
 int main(int argc, char** argv) {
     try {
         std::string tokpath, jsdir;
+        bool tsv = false;
         int threads = omp_get_num_procs(), reps = 3;
         std::vector<std::pair<std::string, std::string>> files;
         for (int i = 1; i < argc; i++) {
@@ -86,8 +88,9 @@ int main(int argc, char** argv) {
             else if (a == "--threads") threads = std::atoi(need().c_str());
             else if (a == "--reps") reps = std::atoi(need().c_str());
             else if (a == "--js-input") jsdir = need();
+            else if (a == "--tsv") tsv = true;
             else if (a == "-h" || a == "--help") {
-                std::printf("usage: bench_tokenizer [--tokenizer PATH] [--threads N] [--reps R] [--js-input DIR] NAME=FILE...\n");
+                std::printf("usage: bench_tokenizer [--tokenizer PATH] [--threads N] [--reps R] [--js-input DIR] [--tsv] NAME=FILE...\n");
                 return 0;
             } else if (a.find('=') != std::string::npos && a[0] != '-') {
                 files.push_back({a.substr(0, a.find('=')), a.substr(a.find('=') + 1)});
@@ -102,7 +105,7 @@ int main(int argc, char** argv) {
             tokpath = d + "/gpt2_tokenizer";
         }
         if (files.empty()) throw ldm::Error("no NAME=FILE given");
-        std::printf("%-10s %8s %7s %9s | %-22s | %-22s\n", "file", "MB", "docs", "tokens",
+        if (!tsv) std::printf("%-10s %8s %7s %9s | %-22s | %-22s\n", "file", "MB", "docs", "tokens",
                     "1 thread MB/s cold/warm", ("" + std::to_string(threads) + " threads MB/s cold/warm").c_str());
         for (const auto& nf : files) {
             auto docs = load_docs(nf.second);
@@ -127,6 +130,10 @@ int main(int argc, char** argv) {
                 for (int r = 0; r < reps; r++) best = std::min(best, run(tok, docs, tcount[k], &ntok));
                 res[k][1] = mb / best;
             }
+            if (tsv)  // name MB docs tokens threads 1t-cold 1t-warm Nt-cold Nt-warm (MB/s)
+                std::printf("%s\t%.6f\t%zu\t%zu\t%d\t%.3f\t%.3f\t%.3f\t%.3f\n", nf.first.c_str(), mb,
+                            docs.size(), ntok, threads, res[0][0], res[0][1], res[1][0], res[1][1]);
+            else
             std::printf("%-10s %8.3f %7zu %9zu | %9.2f / %9.2f  | %9.2f / %9.2f\n", nf.first.c_str(), mb,
                         docs.size(), ntok, res[0][0], res[0][1], res[1][0], res[1][1]);
         }
