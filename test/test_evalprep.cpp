@@ -832,3 +832,36 @@ TEST_CASE("eval subcommands: --help, usage errors and bad inputs give non-zero e
   std::string bz = ldm::read_file(data + "/hellaswag/hellaswag_val_full.txt.bz2");
   CHECK(run_on(cmd_hellaswag, "hellaswag", "cut.txt.bz2", bz.substr(0, 5000)) == 1);
 }
+
+TEST_CASE("encode_pair: lm-eval-harness _encode_pair rules (empty context, trailing whitespace, prefix check)",
+          "[evalprep][data]") {
+  std::string data = data_dir_or_skip("encode_pair");
+  if (data.empty()) return;
+  ldm::Tokenizer tok = ldm::Tokenizer::load(data + "/gpt2_tokenizer");
+  std::vector<uint32_t> ctx, cont;
+  // Empty context: the harness scores the continuation after [eot].
+  ep::encode_pair(tok, "", " hello world", ctx, cont, "t", true);
+  CHECK(ctx == std::vector<uint32_t>{50256});
+  CHECK(cont == tok.encode(" hello world"));
+  // Whitespace-only context is empty after rstrip; its whitespace joins the continuation.
+  ep::encode_pair(tok, " \t", " hi", ctx, cont, "t", true);
+  CHECK(ctx == std::vector<uint32_t>{50256});
+  CHECK(cont == tok.encode(" \t hi"));
+  // Trailing whitespace moves: context "The cat  " + " sat" -> "The cat" + "   sat".
+  ep::encode_pair(tok, "The cat  ", " sat", ctx, cont, "t", true);
+  CHECK(ctx == tok.encode("The cat"));
+  std::vector<uint32_t> whole = tok.encode("The cat   sat");
+  CHECK(cont == std::vector<uint32_t>(whole.begin() + long(ctx.size()), whole.end()));
+  CHECK(tok.decode(cont) == "   sat");
+  // Ordinary case: cont = tok(ctx + cont)[len(tok(ctx)):]
+  ep::encode_pair(tok, "It was a", " dog", ctx, cont, "t", true);
+  CHECK(ctx == tok.encode("It was a"));
+  CHECK(cont == tok.encode(" dog"));
+  // A continuation that merges into the context's last pre-token breaks the prefix property.
+  expect_error([&] { ep::encode_pair(tok, "hello", "world", ctx, cont, "ex 7", true); },
+               {"ex 7", "not a prefix"});
+  ep::encode_pair(tok, "hello", "world", ctx, cont, "ex 7", false);  // harness semantics: allowed
+  CHECK(ctx == tok.encode("hello"));
+  whole = tok.encode("helloworld");
+  CHECK(cont == std::vector<uint32_t>(whole.begin() + std::min<long>(long(ctx.size()), long(whole.size())), whole.end()));
+}
