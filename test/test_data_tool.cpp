@@ -6,6 +6,7 @@
 #include <climits>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -420,4 +421,46 @@ TEST_CASE("a vocabulary over 65536 ids gives uint32 shards end to end", "[data_t
     ldm::DataLoader small(info.path, 1, 4, 0, 1, false, 0, 70000);  // id 70000 >= vocab: error on load
     std::vector<int32_t> x(4), y(4);
     REQUIRE_THROWS_AS(small.next_batch(x.data(), y.data()), Error);
+}
+
+TEST_CASE("streaming: peak memory does not grow with the input size", "[data_tool]") {
+    std::string data = data_dir_or_skip("streaming memory");
+    if (data.empty()) return;
+    std::string d = scratch_dir("tool_stream");
+    std::string sample = ldm::read_file(data + "/fineweb_edu_sample/fineweb_edu_sample.jsonl");
+    {
+        std::string small, big;
+        for (int i = 0; i < 4; i++) small += sample;  // 1.7 MB
+        for (int i = 0; i < 48; i++) big += sample;   // 20 MB
+        ldm::write_file_atomic(d + "/small.jsonl", small.data(), small.size());
+        ldm::write_file_atomic(d + "/big.jsonl", big.data(), big.size());
+    }
+    // Runs the tool as a direct child and returns that child's own peak RSS (wait4).
+    auto peak_kb = [&](const std::string& in) {
+        std::vector<std::string> args = {tool(), "shards", "--tokenizer", data + "/gpt2_tokenizer", "--input",
+                                         d + "/" + in, "--out-dir", d + "/out", "--name", "s", "--val-docs", "10",
+                                         "--shard-tokens", "1000000", "--threads", "1", "--quiet"};
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(&a[0]);
+        argv.push_back(nullptr);
+        pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            if (!std::freopen("/dev/null", "w", stdout)) _exit(126);
+            ::execv(argv[0], argv.data());
+            _exit(127);
+        }
+        int status = 0;
+        struct rusage ru;
+        REQUIRE(::wait4(pid, &status, 0, &ru) == pid);
+        REQUIRE(WIFEXITED(status));
+        REQUIRE(WEXITSTATUS(status) == 0);
+        return long(ru.ru_maxrss);
+    };
+    long small_kb = peak_kb("small.jsonl");
+    long big_kb = peak_kb("big.jsonl");
+    INFO("peak RSS small input " << small_kb << " kB, 12x larger input " << big_kb << " kB");
+    // Holding the extra 18 MB of input, or its ~4M tokens, would add >= 16 MB.
+    REQUIRE(big_kb - small_kb < 8 * 1024);
+    REQUIRE(ldm::read_shard_info(d + "/out/s_train_000004.bin").num_tokens == 1000000);
 }
