@@ -244,16 +244,18 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
     c.validate();
     const int64_t d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), F = c.ffn, Vp = c.padded_vocab,
                   nh = c.n_head, nkv = c.n_kv_head, D = c.n_sublayers();
-    // Saved per attention sublayer (names as in dev/cpu/model.h): x, rstd, ln, q, k, v,
-    // (qk-norm: qn, kn, their rstd), qr, kr (after RoPE), att probabilities, attention output.
+    // Saved per attention sublayer (names as in dev/cpu/model.cpp LayerAct): x, rstd, ln, q, k, v,
+    // qr, kr (after QK-norm and RoPE), att probabilities (a full T x T square per head), ao;
+    // with QK-norm also the per-head rstd of q and k.
     int64_t attn = d + 1 + d + qd + 2 * kvd + qd + kvd + nh * (int64_t)T + qd;
-    if (c.qk_norm) attn += qd + kvd + nh + nkv;
+    if (c.qk_norm) attn += nh + nkv;
     // Saved per MLP sublayer: x, rstd, ln, h1 = W1 ln, h3 = W3 ln, a = silu(h1)*h3.
     int64_t mlp = d + 1 + d + 3 * F;
-    // Head: readout y, rstd, normalised y, logits, dlogits, log-sum-exp.
+    // Head: readout y, rstd, normalised y, logits, probs/dlogits, log-sum-exp.
     int64_t head = d + 1 + d + 2 * Vp + 1;
-    // Scratch reused across layers (forward o and the backward buffers), counted once.
-    int64_t scratch = 4 * d + 2 * qd + 2 * kvd + 3 * F + (c.qk_norm ? qd + kvd : 0) + d;
+    // Buffers shared by all layers: emb, o and the backward scratch (dyn, dy, d_o, dln, dx,
+    // dao, dq, dqr, dk, dv, dkr, dh1, dh3, da).
+    int64_t scratch = 7 * d + 3 * qd + 3 * kvd + 3 * F;
     // Scheme state per token (estimates for the later schemes, in their `store` form).
     int64_t scheme = 2 * d;  // PreLN: h and dh
     if (c.scheme == "hc" || c.scheme == "mhc") scheme = (D + 1) * c.hc_streams * d + 2 * c.hc_streams * d;

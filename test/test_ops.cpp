@@ -253,6 +253,16 @@ TEST_CASE("cross-entropy over the real V of padded logits", "[ops]") {
     for (int n = 0; n < N; n++)
         for (int v = V; v < Vp; v++) CHECK(d[n * Vp + v] == 0.0);
     CHECK_GRAD("logits", gradcheck::check(f, logits.data(), d.data(), N * Vp, 1 << 30, 1));
+    // Fused path of the model: probs from the forward, turned into dlogits in place.
+    Vec probs(N * Vp, 0.0);
+    CHECK(cross_entropy_forward(lse.data(), logits.data(), tgt.data(), N, V, Vp, probs.data()) == loss);
+    for (int n = 0; n < N; n++) {
+        double z = 0;
+        for (int v = 0; v < V; v++) z += probs[n * Vp + v];
+        CHECK(z == Approx(1.0).epsilon(1e-14));
+    }
+    cross_entropy_backward_inplace(probs.data(), tgt.data(), N, V, Vp, 1.0 / N);
+    for (int i = 0; i < N * Vp; i++) CHECK(probs[i] == Approx(d[i]).margin(1e-16).epsilon(1e-13));
 }
 
 TEST_CASE("gemm stats count FLOPs", "[ops]") {

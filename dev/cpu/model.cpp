@@ -43,7 +43,7 @@ struct Model<R>::Impl {
     R *wte, *final_norm, *lm_head, *g_wte, *g_final_norm, *g_lm_head;
     // activations
     int B = 0, T = 0, N = 0;
-    bool have_targets = false;
+    bool have_targets = false, backward_done = false;
     std::vector<int32_t> tokens, targets;
     std::vector<R> cos_t, sin_t;
     std::vector<LayerAct<R>> L;
@@ -151,6 +151,22 @@ const R* Model<R>::logits() const {
 }
 
 template <typename R>
+int64_t Model<R>::activation_values() const {
+    const Impl& I = *impl_;
+    int64_t n = 0;
+    for (const auto& a : I.L)
+        for (const std::vector<R>* v :
+             {&a.x_att, &a.rstd_att, &a.ln_att, &a.q, &a.k, &a.v, &a.rstd_q, &a.rstd_k, &a.qr, &a.kr,
+              &a.att, &a.ao, &a.x_mlp, &a.rstd_mlp, &a.ln_mlp, &a.h1, &a.h3, &a.a})
+            n += (int64_t)v->size();
+    for (const std::vector<R>* v :
+         {&I.emb, &I.o, &I.y, &I.rstd_f, &I.yn, &I.logits, &I.lse, &I.dlogits, &I.dyn, &I.dy, &I.d_o,
+          &I.dln, &I.dx, &I.dao, &I.dq, &I.dk, &I.dv, &I.dqr, &I.dkr, &I.dh1, &I.dh3, &I.da})
+        n += (int64_t)v->size();
+    return n + (int64_t)I.N * I.scheme->state_values_per_token();
+}
+
+template <typename R>
 double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
     Impl& I = *impl_;
     const ModelConfig& c = cfg;
@@ -214,6 +230,7 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
     }
     I.tokens.assign(tokens, tokens + N);
     I.have_targets = targets != nullptr;
+    I.backward_done = false;
     if (targets) I.targets.assign(targets, targets + N);
     B_ = B;
     T_ = T;
@@ -259,7 +276,9 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
     rmsnorm_forward(I.yn.data(), I.rstd_f.data(), I.y.data(), I.final_norm, N, d, eps);
     // LM head over the real V rows only (ld = Vp); columns >= V are never written.
     matmul_forward(I.logits.data(), I.yn.data(), I.lm_head, (const R*)nullptr, N, d, V, Vp);
-    double loss = cross_entropy_forward(I.lse.data(), I.logits.data(), targets, N, V, Vp);
+    // Softmax probabilities go straight into the dlogits buffer; backward turns them into dlogits.
+    double loss = cross_entropy_forward(I.lse.data(), I.logits.data(), targets, N, V, Vp,
+                                        targets ? I.dlogits.data() : (R*)nullptr);
     return targets ? loss : std::numeric_limits<double>::quiet_NaN();
 }
 
@@ -276,9 +295,10 @@ void Model<R>::backward(double scale) {
     const int32_t* tokens = I.tokens.data();
 
     // Head: dlogits = scale/N (softmax - onehot) over the real V; then the LM head and RMSNorm_f.
-    zero(I.dlogits);
-    cross_entropy_backward(I.dlogits.data(), I.logits.data(), I.lse.data(), I.targets.data(), N, V,
-                           Vp, (R)(scale / N));
+    if (I.backward_done)
+        throw Error("Model::backward: called twice after one forward (run forward again)");
+    I.backward_done = true;
+    cross_entropy_backward_inplace(I.dlogits.data(), I.targets.data(), N, V, Vp, (R)(scale / N));
     zero(I.dyn);
     matmul_backward(I.dyn.data(), I.g_lm_head, (R*)nullptr, I.dlogits.data(), I.yn.data(),
                     I.lm_head, N, d, V, Vp);

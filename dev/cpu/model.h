@@ -40,13 +40,18 @@ struct Model {
     // [B*T, Vp] logits of the last forward; columns >= V are 0 (never computed, no gradient).
     const R* logits() const;
     void zero_grad();
-    // grads += scale * d(mean loss)/d(params). Needs a forward with targets (ldm::Error else).
+    // grads += scale * d(mean loss)/d(params). Needs a forward with targets, and at most one
+    // backward per forward (ldm::Error else). Gradient accumulation: forward/backward(1/k) k times.
     void backward(double scale = 1.0);
 
     // Lookup of one tensor by its param_specs name (ldm::Error if absent).
     const ParamSpec& spec(const std::string& name) const;
     R* param(const std::string& name) { return params.data() + spec(name).offset; }
     R* grad(const std::string& name) { return grads.data() + spec(name).offset; }
+
+    // Values held in activation and scratch buffers for the last (B, T) (params/grads excluded);
+    // equals B*T*activation_values_per_token(cfg, T) (core/config.h), which the dry-run uses.
+    int64_t activation_values() const;
 
     int last_B() const { return B_; }
     int last_T() const { return T_; }

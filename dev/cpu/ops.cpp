@@ -31,34 +31,55 @@ inline void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int 
     cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// Runs OpenBLAS single-threaded while alive (used around OpenMP regions that call gemm from
-// several threads at once: the pthread OpenBLAS would otherwise oversubscribe the cores).
-struct BlasSingleThread {
-    int prev = 0;
-    bool on;
-    explicit BlasSingleThread(bool enable) : on(enable) {
-        if (on) {
-            prev = openblas_get_num_threads();
-            openblas_set_num_threads(1);
+// OpenBLAS always runs single-threaded (set once, process-wide): all parallelism comes from one
+// OpenMP pool. Large GEMMs are split here into one BLAS call per thread along M or N, so a
+// pthread BLAS pool never competes with spinning OpenMP threads for the cores.
+void blas_single_threaded_once() {
+    static std::once_flag once;
+    std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+template <typename R>
+void gemm_split(bool trans_a, bool trans_b, int M, int N, int K, R alpha, const R* A, int lda,
+                const R* B, int ldb, R beta, R* C, int ldc) {
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+    const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const double flops = 2.0 * M * N * K;
+    if (nt <= 1 || flops < 4e6 || (M < 32 && N < 32)) {
+        blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const bool split_m = M >= N;
+    const int len = split_m ? M : N;
+    int chunk = (len + nt - 1) / nt;
+    chunk = (chunk + 15) / 16 * 16;  // keep kernel-friendly widths
+    const int nchunks = (len + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static, 1) num_threads(nt)
+    for (int c = 0; c < nchunks; c++) {
+        const int i0 = c * chunk, n = std::min(chunk, len - i0);
+        if (split_m) {
+            const R* Ac = trans_a ? A + i0 : A + (size_t)i0 * lda;
+            blas_gemm(ta, tb, n, N, K, alpha, Ac, lda, B, ldb, beta, C + (size_t)i0 * ldc, ldc);
+        } else {
+            const R* Bc = trans_b ? B + (size_t)i0 * ldb : B + i0;
+            blas_gemm(ta, tb, M, n, K, alpha, A, lda, Bc, ldb, beta, C + i0, ldc);
         }
     }
-    ~BlasSingleThread() {
-        if (on) openblas_set_num_threads(prev);
-    }
-};
+}
 }  // namespace
 
 template <typename R>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, R alpha, const R* A, int lda,
           const R* B, int ldb, R beta, R* C, int ldc) {
     if (M <= 0 || N <= 0) return;
+    blas_single_threaded_once();
     double t0 = omp_get_wtime();
     if (K <= 0) {  // BLAS would only scale C; do it ourselves for clarity
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= beta;
     } else {
-        blas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N,
-                  K, alpha, A, lda, B, ldb, beta, C, ldc);
+        gemm_split(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
     double dt = omp_get_wtime() - t0;
     if (omp_in_parallel()) dt /= omp_get_num_threads();
@@ -230,7 +251,6 @@ void attention_forward(R* out, R* att, const R* q, const R* k, const R* v, int B
                        int nkv, int hd) {
     const int qd = nh * hd, kvd = nkv * hd, G = nh / nkv;
     const R scale = R(1) / ldm_sqrt(R(hd));
-    BlasSingleThread single((int64_t)B * nh * T * T * hd >= kParMin);
 #pragma omp parallel for schedule(dynamic, 1) LDM_PAR((int64_t)B * nh * T * T * hd)
     for (int bh = 0; bh < B * nh; bh++) {
         const int b = bh / nh, h = bh % nh, kh = h / G;
@@ -267,7 +287,6 @@ void attention_backward(R* dq, R* dk, R* dv, const R* dout, const R* att, const 
                         const R* v, int B, int T, int nh, int nkv, int hd) {
     const int qd = nh * hd, kvd = nkv * hd, G = nh / nkv;
     const R scale = R(1) / ldm_sqrt(R(hd));
-    BlasSingleThread single((int64_t)B * nh * T * T * hd >= kParMin);
     // One task per (b, kv head): the G query heads sharing dk/dv run in order (no races).
 #pragma omp parallel LDM_PAR((int64_t)B * nh * T * T * hd)
     {
@@ -332,15 +351,28 @@ void swiglu_backward(R* dh1, R* dh3, const R* da, const R* h1, const R* h3, int6
 
 // ---- cross-entropy ---------------------------------------------------------------------------
 template <typename R>
-double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, int N, int V, int Vp) {
+double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, int N, int V, int Vp,
+                             R* probs) {
     std::vector<double> loss(N);
 #pragma omp parallel for schedule(static) LDM_PAR((int64_t)N * V)
     for (int n = 0; n < N; n++) {
         const R* l = logits + (size_t)n * Vp;
         R mx = l[0];
+#pragma omp simd reduction(max : mx)
         for (int v = 1; v < V; v++) mx = std::max(mx, l[v]);
         double sum = 0;
-        for (int v = 0; v < V; v++) sum += (double)ldm_exp(l[v] - mx);
+        if (probs) {
+            R* p = probs + (size_t)n * Vp;
+            for (int v = 0; v < V; v++) {
+                p[v] = ldm_exp(l[v] - mx);
+                sum += (double)p[v];
+            }
+            const R inv = (R)(1.0 / sum);
+#pragma omp simd
+            for (int v = 0; v < V; v++) p[v] *= inv;
+        } else {
+            for (int v = 0; v < V; v++) sum += (double)ldm_exp(l[v] - mx);
+        }
         double ls = (double)mx + std::log(sum);
         lse[n] = (R)ls;
         loss[n] = targets ? ls - (double)l[targets[n]] : 0.0;
@@ -348,6 +380,17 @@ double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, in
     double total = 0;
     for (int n = 0; n < N; n++) total += loss[n];
     return total / N;
+}
+
+template <typename R>
+void cross_entropy_backward_inplace(R* probs, const int32_t* targets, int N, int V, int Vp, R scale) {
+#pragma omp parallel for schedule(static) LDM_PAR((int64_t)N * V)
+    for (int n = 0; n < N; n++) {
+        R* p = probs + (size_t)n * Vp;
+#pragma omp simd
+        for (int v = 0; v < V; v++) p[v] *= scale;
+        p[targets[n]] -= scale;
+    }
 }
 
 template <typename R>
@@ -380,7 +423,8 @@ void cross_entropy_backward(R* dlogits, const R* logits, const R* lse, const int
                                         const R*, int, int, int, int, int);                      \
     template void swiglu_forward<R>(R*, const R*, const R*, int64_t);                            \
     template void swiglu_backward<R>(R*, R*, const R*, const R*, const R*, int64_t);             \
-    template double cross_entropy_forward<R>(R*, const R*, const int32_t*, int, int, int);       \
+    template double cross_entropy_forward<R>(R*, const R*, const int32_t*, int, int, int, R*);   \
+    template void cross_entropy_backward_inplace<R>(R*, const int32_t*, int, int, int, R);       \
     template void cross_entropy_backward<R>(R*, const R*, const R*, const int32_t*, int, int, int, R);
 LDM_INSTANTIATE(float)
 LDM_INSTANTIATE(double)

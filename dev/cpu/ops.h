@@ -91,9 +91,16 @@ void swiglu_backward(R* dh1, R* dh3, const R* da, const R* h1, const R* h3, int6
 
 // ---- cross-entropy over the real V of padded logits [N, Vp] -----------------------------
 // lse[n] = log sum_{v<V} exp(logits[n, v]); returns mean_n (lse[n] - logits[n, targets[n]])
-// (accumulated in double).
+// (accumulated in double; 0 when targets is nullptr). When probs [N, Vp] is given, it receives
+// softmax(logits[n]) over columns < V (columns >= V untouched).
 template <typename R>
-double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, int N, int V, int Vp);
+double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, int N, int V, int Vp,
+                             R* probs = nullptr);
+// The fused form used by the model: turns the probs of cross_entropy_forward into
+// dlogits = scale * (probs - onehot(target)) IN PLACE (an exception to the += convention;
+// saves a second exp pass and a zero-fill of the [N, Vp] buffer).
+template <typename R>
+void cross_entropy_backward_inplace(R* probs, const int32_t* targets, int N, int V, int Vp, R scale);
 // dlogits[n, v] += scale * (softmax(logits[n])_v - [v == targets[n]]) for v < V; columns >= V
 // untouched. `scale` is the per-token weight (e.g. loss scale / N).
 template <typename R>
