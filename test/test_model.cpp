@@ -166,6 +166,26 @@ TEST_CASE("gradient accumulation: one batch of 4 == two batches of 2 with scale 
     CHECK(dmax <= 1e-12 * gmax);
 }
 
+TEST_CASE("forward/backward are bit-reproducible (fp32, two runs)", "[model]") {
+    ModelConfig c = tiny_cfg();
+    c.d_model = 128;  // large enough for the OpenMP paths to engage
+    c.seq_len = 128;
+    const int B = 4, T = 128;
+    auto tok = rand_tokens(B * T, c.vocab_size, 81), tgt = rand_tokens(B * T, c.vocab_size, 82);
+    std::vector<float> g[2];
+    double loss[2];
+    for (int r = 0; r < 2; r++) {
+        Model<float> m(c);
+        m.init(9);
+        m.zero_grad();
+        loss[r] = m.forward(tok.data(), tgt.data(), B, T);
+        m.backward();
+        g[r] = m.grads;
+    }
+    CHECK(loss[0] == loss[1]);
+    CHECK(g[0] == g[1]);
+}
+
 TEST_CASE("causality: logits at position t depend only on tokens <= t", "[model]") {
     ModelConfig c = tiny_cfg(false, false, true);
     c.seq_len = 128;

@@ -151,6 +151,11 @@ const R* Model<R>::logits() const {
 }
 
 template <typename R>
+std::vector<std::pair<std::string, double>> Model<R>::scheme_metrics() const {
+    return impl_->scheme->metrics();
+}
+
+template <typename R>
 int64_t Model<R>::activation_values() const {
     const Impl& I = *impl_;
     int64_t n = 0;

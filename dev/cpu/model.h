@@ -53,6 +53,9 @@ struct Model {
     // equals B*T*activation_values_per_token(cfg, T) (core/config.h), which the dry-run uses.
     int64_t activation_values() const;
 
+    // The scheme's health numbers of the last step (Scheme::metrics; empty for PreLN).
+    std::vector<std::pair<std::string, double>> scheme_metrics() const;
+
     int last_B() const { return B_; }
     int last_T() const { return T_; }
 

@@ -17,6 +17,8 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -47,6 +49,9 @@ struct Scheme {
     virtual void begin_backward(R* de) = 0;              // writes (=) dL/de
     // Values stored per token (for memory estimates / tests).
     virtual int64_t state_values_per_token() const = 0;
+    // Health numbers of the last step for the training log, e.g. LDM's unwind drift
+    // {"ldm_drift_S", ...}; empty for PreLN.
+    virtual std::vector<std::pair<std::string, double>> metrics() const { return {}; }
 };
 
 // Factory: the scheme named by cfg.scheme. Throws ldm::Error for schemes not yet implemented on
