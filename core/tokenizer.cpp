@@ -310,6 +310,8 @@ struct TokenizerImpl {
     bool add_prefix_space = false, use_regex = true;
 
     void bpe(std::string_view word, std::vector<uint32_t>& out) const;
+    void bpe_long(std::vector<uint32_t>& sym, std::vector<uint32_t>& out) const;
+    static constexpr size_t kLongWord = 96;  // longer words use the O(n log n) merge loop
     void encode_pretoken(std::string_view word, std::vector<uint32_t>& out) const;
     void encode_ordinary(std::string_view text, std::vector<uint32_t>& out) const;
     void encode_hf(std::string_view text, std::vector<uint32_t>& out) const;
@@ -420,6 +422,7 @@ void TokenizerImpl::bpe(std::string_view word, std::vector<uint32_t>& out) const
                                   unsigned((unsigned char)word[i])));
         sym[i] = uint32_t(id);
     }
+    if (n > kLongWord) { bpe_long(sym, out); return; }
     auto rank_of = [&](size_t i) -> uint32_t {
         const uint64_t* v = pairs.find(pair_key(sym[i], sym[i + 1]));
         return v ? uint32_t(*v >> 32) : kNone;
@@ -441,6 +444,58 @@ void TokenizerImpl::bpe(std::string_view word, std::vector<uint32_t>& out) const
         if (bi > 0) rank[bi - 1] = rank_of(bi - 1);
     }
     out.insert(out.end(), sym.begin(), sym.begin() + m);
+}
+
+// The same merge rule for long words in O(n log n): a doubly linked list of symbols and a
+// min-heap of (rank, left position) pairs. Stale entries are skipped: an entry is current when its
+// left symbol is alive and the pair now at that position still has the entry's rank (a different
+// pair has a different rank: ranks are unique per pair in both rank schemes). Ties in rank pop
+// the leftmost position first, as in the quadratic loop.
+void TokenizerImpl::bpe_long(std::vector<uint32_t>& sym, std::vector<uint32_t>& out) const {
+    constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+    const size_t n = sym.size();
+    std::vector<uint32_t> next(n), prev(n);
+    std::vector<uint8_t> alive(n, 1);
+    for (size_t i = 0; i < n; i++) {
+        next[i] = i + 1 < n ? uint32_t(i + 1) : kNone;
+        prev[i] = i > 0 ? uint32_t(i - 1) : kNone;
+    }
+    auto lookup = [&](uint32_t l, uint64_t* val) -> bool {
+        if (next[l] == kNone) return false;
+        const uint64_t* v = pairs.find(pair_key(sym[l], sym[next[l]]));
+        if (!v) return false;
+        *val = *v;
+        return true;
+    };
+    using Entry = std::pair<uint32_t, uint32_t>;  // (rank, left position)
+    std::vector<Entry> heap;
+    heap.reserve(n);
+    auto cmp = [](const Entry& a, const Entry& b) { return a > b; };  // min-heap
+    uint64_t v;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (lookup(uint32_t(i), &v)) heap.push_back({uint32_t(v >> 32), uint32_t(i)});
+    std::make_heap(heap.begin(), heap.end(), cmp);
+    while (!heap.empty()) {
+        std::pop_heap(heap.begin(), heap.end(), cmp);
+        Entry e = heap.back();
+        heap.pop_back();
+        uint32_t l = e.second;
+        if (!alive[l] || !lookup(l, &v) || uint32_t(v >> 32) != e.first) continue;
+        uint32_t r = next[l];
+        sym[l] = uint32_t(v & 0xffffffffu);
+        alive[r] = 0;
+        next[l] = next[r];
+        if (next[r] != kNone) prev[next[r]] = l;
+        if (prev[l] != kNone && lookup(prev[l], &v)) {
+            heap.push_back({uint32_t(v >> 32), prev[l]});
+            std::push_heap(heap.begin(), heap.end(), cmp);
+        }
+        if (lookup(l, &v)) {
+            heap.push_back({uint32_t(v >> 32), l});
+            std::push_heap(heap.begin(), heap.end(), cmp);
+        }
+    }
+    for (uint32_t i = 0; i != kNone; i = next[i]) out.push_back(sym[i]);
 }
 
 void TokenizerImpl::encode_pretoken(std::string_view word, std::vector<uint32_t>& out) const {

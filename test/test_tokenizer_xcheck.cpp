@@ -237,6 +237,20 @@ std::vector<Corpus> corpora(const std::string& d) {
     REQUIRE(c[4].texts.size() == 150);
     c.push_back({"hard strings", hard_strings()});
     c.push_back({"random strings", random_strings(400, 12345)});
+    {
+        // long words (> 96 bytes take the heap-based merge loop) from letters that merge a lot
+        Corpus k{"random long words", {}};
+        std::mt19937_64 rng(777);
+        const std::vector<std::string> alpha = {"a", "a", "e", "e", "i", "o", "n", "n", "r", "s", "t",
+                                                "t", "h", "l", "d", "c", "u", "m", "\xC3\xA9"};
+        for (int i = 0; i < 60; i++) {
+            std::string w = (i % 2) ? " " : "";
+            size_t len = 90 + rng() % 600;
+            while (w.size() < len) w += alpha[rng() % alpha.size()];
+            k.texts.push_back(w);
+        }
+        c.push_back(std::move(k));
+    }
     return c;
 }
 
