@@ -136,7 +136,10 @@ void Model<R>::init(uint64_t seed) {
         }
     }
     std::vector<ParamSpec> ss = scheme_param_specs(cfg);
-    if (!ss.empty()) impl_->scheme->init_params(params.data() + spec(ss.front().name).offset, seed);
+    if (!ss.empty()) {
+        uint64_t first = specs.size() - ss.size();
+        impl_->scheme->init_params(params.data() + specs[first].offset, seed, first);
+    }
 }
 
 template <typename R>
@@ -189,15 +192,16 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
             throw Error(strprintf("Model::forward: target id %d at position %d is outside [0, %d)",
                                   targets[n], n, V));
     }
-    // (Re)size activations when (B, T) changes.
+    // (Re)size activations when (B, T) changes. resize() keeps the capacity, so alternating
+    // shapes (training batches and B=1 sampling) do not reallocate every time.
     if (B != I.B || T != I.T) {
         I.B = B;
         I.T = T;
         I.N = N;
-        I.cos_t.assign((size_t)T * hd / 2, R(0));
-        I.sin_t.assign((size_t)T * hd / 2, R(0));
+        I.cos_t.resize((size_t)T * hd / 2);
+        I.sin_t.resize((size_t)T * hd / 2);
         rope_tables(I.cos_t.data(), I.sin_t.data(), T, hd, c.rope_theta);
-        I.L.assign(c.n_layer, LayerAct<R>());
+        I.L.resize(c.n_layer);
         for (auto& a : I.L) {
             a.x_att.resize((size_t)N * d);
             a.rstd_att.resize(N);
@@ -220,14 +224,14 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
             a.h3.resize((size_t)N * F);
             a.a.resize((size_t)N * F);
         }
-        I.emb.assign((size_t)N * d, R(0));
-        I.o.assign((size_t)N * d, R(0));
-        I.y.assign((size_t)N * d, R(0));
-        I.rstd_f.assign(N, R(0));
-        I.yn.assign((size_t)N * d, R(0));
-        I.logits.assign((size_t)N * Vp, R(0));  // columns >= V stay 0 forever
-        I.lse.assign(N, R(0));
-        I.dlogits.assign((size_t)N * Vp, R(0));
+        I.emb.resize((size_t)N * d);
+        I.o.resize((size_t)N * d);
+        I.y.resize((size_t)N * d);
+        I.rstd_f.resize(N);
+        I.yn.resize((size_t)N * d);
+        I.logits.resize((size_t)N * Vp);  // columns >= V stay 0 forever
+        I.lse.resize(N);
+        I.dlogits.resize((size_t)N * Vp);
         for (auto* v : {&I.dyn, &I.dy, &I.d_o, &I.dln, &I.dx}) v->assign((size_t)N * d, R(0));
         for (auto* v : {&I.dao, &I.dq, &I.dqr}) v->assign((size_t)N * qd, R(0));
         for (auto* v : {&I.dk, &I.dv, &I.dkr}) v->assign((size_t)N * kvd, R(0));

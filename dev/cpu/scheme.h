@@ -33,8 +33,10 @@ struct Scheme {
     // (nullptr when the scheme has no parameters). Called once by the model after allocation.
     virtual void bind(const R* params, R* grads) = 0;
     // Spec init of the scheme's parameters (its block of the flat array), deterministic from
-    // seed with the same RNG as the backbone (dev/cpu/rng.h). Called from Model::init.
-    virtual void init_params(R* params, uint64_t seed) = 0;
+    // seed with the same RNG as the backbone (dev/cpu/rng.h): scheme tensor k (in
+    // scheme_param_specs order) draws from init_stream(seed, first_index + k), first_index being
+    // its position in param_specs. Called from Model::init.
+    virtual void init_params(R* params, uint64_t seed, uint64_t first_index) = 0;
     // Sizes the state for N tokens (B sequences of T); called before each forward.
     virtual void resize(int B, int T) = 0;
     // Forward.
@@ -66,7 +68,7 @@ template <typename R>
 struct PreLN final : Scheme<R> {
     explicit PreLN(const ModelConfig& cfg) : d_(cfg.d_model) {}
     void bind(const R*, R*) override {}
-    void init_params(R*, uint64_t) override {}
+    void init_params(R*, uint64_t, uint64_t) override {}
     void resize(int B, int T) override;
     void begin(const R* e) override;
     void input(int j, R* x) override;
