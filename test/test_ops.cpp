@@ -275,3 +275,33 @@ TEST_CASE("gemm stats count FLOPs", "[ops]") {
     CHECK(s.seconds >= 0);
     CHECK(c[0] == Approx(a[0] * b[0] + a[1] * b[5] + a[2] * b[10] + a[3] * b[15]).epsilon(1e-14));
 }
+
+TEST_CASE("gemm: all transpose combinations, split across threads, strided, vs naive", "[ops]") {
+    // 2*M*N*K = 6.4e6 FLOPs: above the threshold where gemm() splits the product over threads.
+    const int M = 200, N = 160, K = 100;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int mbig = 0; mbig < 2; mbig++) {
+                const int m = mbig ? M : N, n = mbig ? N : M;  // split along M, then along N
+                const int lda = (ta ? m : K) + 3, ldb = (tb ? K : n) + 5, ldc = n + 7;
+                Vec A = randn((size_t)(ta ? K : m) * lda, 100 + ta), B = randn((size_t)(tb ? n : K) * ldb, 200 + tb),
+                    C = randn((size_t)m * ldc, 300), C0 = C;
+                const double alpha = 0.7, beta = -0.4;
+                gemm<double>(ta, tb, m, n, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+                double maxd = 0;
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < n; j++) {
+                        double s = 0;
+                        for (int k = 0; k < K; k++)
+                            s += (ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                                 (tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+                        double ref = alpha * s + beta * C0[(size_t)i * ldc + j];
+                        maxd = std::max(maxd, std::fabs(ref - C[(size_t)i * ldc + j]));
+                    }
+                INFO("trans_a=" << ta << " trans_b=" << tb << " m=" << m << " n=" << n);
+                CHECK(maxd < 1e-11);
+                // Padding columns of C untouched.
+                for (int i = 0; i < m; i++)
+                    for (int j = n; j < ldc; j++) REQUIRE(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
+            }
+}
