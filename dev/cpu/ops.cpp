@@ -31,12 +31,13 @@ inline void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int 
     cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// OpenBLAS always runs single-threaded (set once, process-wide): all parallelism comes from one
+// OpenBLAS always runs single-threaded (process-wide): all parallelism comes from one
 // OpenMP pool. Large GEMMs are split here into one BLAS call per thread along M or N, so a
 // pthread BLAS pool never competes with spinning OpenMP threads for the cores.
-void blas_single_threaded_once() {
-    static std::once_flag once;
-    std::call_once(once, [] { openblas_set_num_threads(1); });
+// Checked on every gemm() outside parallel regions (a global read), so a later
+// openblas_set_num_threads(n) elsewhere cannot re-enable nested BLAS threads.
+void ensure_blas_single_threaded() {
+    if (!omp_in_parallel() && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
 template <typename R>
@@ -73,7 +74,7 @@ template <typename R>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, R alpha, const R* A, int lda,
           const R* B, int ldb, R beta, R* C, int ldc) {
     if (M <= 0 || N <= 0) return;
-    blas_single_threaded_once();
+    ensure_blas_single_threaded();
     double t0 = omp_get_wtime();
     if (K <= 0) {  // BLAS would only scale C; do it ourselves for clarity
         for (int i = 0; i < M; i++)
