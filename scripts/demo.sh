@@ -20,7 +20,7 @@ OUT=${DEMO_OUT:-demo_out}
 STEPS=${DEMO_STEPS:-200}
 B=${DEMO_B:-8}
 T=${DEMO_T:-128}
-LR=${DEMO_LR:-3e-3}
+LR=${DEMO_LR:-2e-3}
 THREADS=${DEMO_THREADS:-0}
 
 for bin in "$BUILD/ldm_data" "$BUILD/train_cpu"; do
