@@ -68,8 +68,8 @@ read -r val uni < <(grep '"type":"val"' "$OUT/run/log.jsonl" | tail -1 | \
   sed -E 's/.*"unigram_loss":([-0-9.e+]+).*"val_loss":([-0-9.e+]+).*/\2 \1/')
 echo
 echo "demo: trained small for $STEPS steps of $((B*T)) tokens in ${secs} s"
-echo "demo: validation loss  $val nats/token"
-echo "demo: unigram entropy  $uni nats/token (add-one unigram of the train tokens, on the same val tokens)"
+printf "demo: validation loss  %.4f nats/token\n" "$val"
+printf "demo: unigram entropy  %.4f nats/token (add-one unigram of the train tokens, on the same val tokens)\n" "$uni"
 echo "demo: checkpoint and log in $OUT/run/ (ckpt_$(printf %06d "$STEPS").model/.state, log.jsonl)"
 if awk -v v="$val" -v u="$uni" 'BEGIN { exit !(v + 0.5 <= u) }'; then
   echo "demo: PASS: validation loss is $(awk -v v="$val" -v u="$uni" 'BEGIN{printf "%.3f", u - v}') nats below the unigram entropy"
