@@ -305,3 +305,20 @@ TEST_CASE("gemm: all transpose combinations, split across threads, strided, vs n
                     for (int j = n; j < ldc; j++) REQUIRE(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
             }
 }
+
+TEST_CASE("exp_fast (float) against libm exp in double", "[ops]") {
+    double worst = 0, at = 0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + 175.0f * (float)i / 2000000.0f;  // [-87, 88]
+        double ref = std::exp((double)x);
+        double e = std::fabs((double)exp_fast(x) - ref) / ref;
+        if (e > worst) { worst = e; at = x; }
+    }
+    INFO("worst relative error " << worst << " at x = " << at);
+    CHECK(worst < 2.5e-7);  // ~2 ulp of float
+    CHECK(exp_fast(0.0f) == 1.0f);
+    CHECK(exp_fast(-1000.0f) > 0.0f);          // clamped to ~FLT_MIN, never 0/NaN
+    CHECK(exp_fast(-1000.0f) < 1.2e-38f);
+    CHECK(std::isfinite(exp_fast(1000.0f)));
+    CHECK(exp_fast(1.5) == std::exp(1.5));     // double overload is libm
+}

@@ -267,13 +267,16 @@ void attention_forward(R* out, R* att, const R* q, const R* k, const R* v, int B
             for (int t = t0; t < t1; t++) {
                 R* row = P + (size_t)t * T;
                 R mx = row[0];
+#pragma omp simd reduction(max : mx)
                 for (int s = 1; s <= t; s++) mx = std::max(mx, row[s]);
                 R sum = 0;
+#pragma omp simd reduction(+ : sum)
                 for (int s = 0; s <= t; s++) {
-                    row[s] = ldm_exp(row[s] - mx);
+                    row[s] = exp_fast(row[s] - mx);
                     sum += row[s];
                 }
                 R inv = R(1) / sum;
+#pragma omp simd
                 for (int s = 0; s <= t; s++) row[s] *= inv;
                 for (int s = t + 1; s < T; s++) row[s] = R(0);
             }
@@ -319,7 +322,9 @@ void attention_backward(R* dq, R* dk, R* dv, const R* dout, const R* att, const 
                         const R* pr = P + (size_t)t * T;
                         R* dr = dS.data() + (size_t)(t - t0) * T;
                         R dot = 0;
+#pragma omp simd reduction(+ : dot)
                         for (int s = 0; s <= t; s++) dot += pr[s] * dr[s];
+#pragma omp simd
                         for (int s = 0; s <= t; s++) dr[s] = pr[s] * (dr[s] - dot) * scale;
                         for (int s = t + 1; s < L; s++) dr[s] = R(0);
                     }
@@ -364,15 +369,17 @@ double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, in
         double sum = 0;
         if (probs) {
             R* p = probs + (size_t)n * Vp;
+#pragma omp simd reduction(+ : sum)
             for (int v = 0; v < V; v++) {
-                p[v] = ldm_exp(l[v] - mx);
+                p[v] = exp_fast(l[v] - mx);
                 sum += (double)p[v];
             }
             const R inv = (R)(1.0 / sum);
 #pragma omp simd
             for (int v = 0; v < V; v++) p[v] *= inv;
         } else {
-            for (int v = 0; v < V; v++) sum += (double)ldm_exp(l[v] - mx);
+#pragma omp simd reduction(+ : sum)
+            for (int v = 0; v < V; v++) sum += (double)exp_fast(l[v] - mx);
         }
         double ls = (double)mx + std::log(sum);
         lse[n] = (R)ls;
@@ -402,7 +409,7 @@ void cross_entropy_backward(R* dlogits, const R* logits, const R* lse, const int
         const R* l = logits + (size_t)n * Vp;
         R* d = dlogits + (size_t)n * Vp;
         const R m = lse[n];
-        for (int v = 0; v < V; v++) d[v] += scale * ldm_exp(l[v] - m);
+        for (int v = 0; v < V; v++) d[v] += scale * exp_fast(l[v] - m);
         d[targets[n]] -= scale;
     }
 }
