@@ -4,6 +4,9 @@
 #include <algorithm>
 
 #include "core/common.h"
+#include "dev/cpu/scheme_ldm.h"
+#include "dev/cpu/scheme_attnres.h"
+#include "dev/cpu/scheme_hc.h"
 
 namespace ldm {
 namespace cpu {
@@ -11,8 +14,13 @@ namespace cpu {
 template <typename R>
 std::unique_ptr<Scheme<R>> make_scheme(const ModelConfig& cfg) {
     if (cfg.scheme == "preln") return std::make_unique<PreLN<R>>(cfg);
+    if (cfg.scheme == "ldm") return std::make_unique<LDMScheme<R>>(cfg);
+    if (cfg.scheme == "hc") return std::make_unique<HC<R>>(cfg);
+    if (cfg.scheme == "mhc") return std::make_unique<MHC<R>>(cfg);
+    if (cfg.scheme == "attnres-full") return std::make_unique<AttnRes<R>>(cfg, false);
+    if (cfg.scheme == "attnres-block") return std::make_unique<AttnRes<R>>(cfg, true);
     throw Error("scheme '" + cfg.scheme +
-                "' is not implemented in the CPU reference yet (available: preln)");
+                "' is not implemented in the CPU reference yet (available: preln, hc, mhc, attnres-full, attnres-block)");
 }
 
 template <typename R>
