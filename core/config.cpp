@@ -258,9 +258,17 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
     int64_t scratch = 7 * d + 3 * qd + 3 * kvd + 3 * F;
     // Scheme state per token (estimates for the later schemes, in their `store` form).
     int64_t scheme = 2 * d;  // PreLN: h and dh
-    if (c.scheme == "hc" || c.scheme == "mhc") scheme = (D + 1) * c.hc_streams * d + 2 * c.hc_streams * d;
-    else if (c.scheme == "attnres-full") scheme = (D + 1) * d + 2 * d;
-    else if (c.scheme == "attnres-block") scheme = (std::min<int64_t>(c.attnres_blocks, D) + 2) * d + 2 * d;
+    // HC / mHC / AttnRes: exactly what dev/cpu/scheme_hc.cpp / scheme_attnres.cpp allocate.
+    const int64_t n = c.hc_streams, m = 2 * n + n * n;
+    if (c.scheme == "hc")
+        scheme = (D + 1) * n * d + D * d + D * n + D * n * (n + 2) + 4 * n * d + 2 * n * (n + 2);
+    else if (c.scheme == "mhc")
+        scheme = (D + 1) * n * d + D * d + D + D * m + 4 * n * d + m;
+    else if (c.scheme == "attnres-full" || c.scheme == "attnres-block") {
+        const bool blk = c.scheme == "attnres-block";
+        const int64_t K = (blk ? std::min<int64_t>(c.attnres_blocks, D) : D) + 1;
+        scheme = 2 * K * d + K + (blk ? D * d + D + 2 * d : 0);
+    }
     else if (c.scheme == "ldm") {
         int64_t dv = d / c.ldm_heads, dk = c.ldm_dk;
         scheme = (D + 1) * c.ldm_heads * (dv * dk + dk * dk) + 2 * d;
