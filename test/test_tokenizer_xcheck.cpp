@@ -191,6 +191,8 @@ Texts hard_strings() {
         "!!!???...", "...\n", "--", "—", "«quotes» „de“", "https://example.com/path?q=1&r=2#frag",
         "john.doe@example.com", "for (int i = 0; i < n; i++) {\n    x += y;\n}", "# Title\n\n* item\n",
         "&nbsp;&amp;", "C++ && C#", "$100.00 (USD)", "@user #tag", "\x01\x02\x7f", std::string("a\0b", 3),
+        // U+001C..U+001F: Python str.isspace() says yes, White_Space (and JS \s) says no
+        "a\x1c b\x1d\x1e\x1f c \x1f", "x" + U(0x180E) + "y " + U(0x2060) + U(0xFFFE),
     };
     return t;
 }
