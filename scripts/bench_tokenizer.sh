@@ -4,6 +4,8 @@
 # core, on the same documents in the same run: WikiText-2 test (paragraphs) and the FineWeb-Edu
 # sample (documents). MB = 10^6 bytes of UTF-8 input. C++ "cold" = first pass with empty word
 # caches, "warm" = best of 3 further passes; JS = mean of 3 passes after one warm-up pass.
+# MB/CPU-s = the same rate per CPU-second (C++: the encoding thread; JS: the node process), which a
+# loaded machine distorts less than wall-clock MB/s.
 #
 #   scripts/bench_tokenizer.sh [--threads N] [--no-hf]
 # Env: BUILD (build dir, default build), LDM_DATA_DIR (data dir, default ../shared/data).
@@ -38,10 +40,10 @@ run_pair() {  # label, C++ tokenizer path, js mode args...
   "$BUILD/bench_tokenizer" --tsv --threads "$THREADS" --tokenizer "$tok" --js-input "$TMP" "${FILES[@]}" > "$TMP/cpp.tsv"
   node test/js/encode.mjs "$@" "$TMP/wikitext2.bin" "$TMP/fineweb.bin" > "$TMP/js.txt"
   paste "$TMP/cpp.tsv" "$TMP/js.txt" | awk -v label="$label" -F'[\t ]' '
-    { name=$1; mb=$2; ntok=$4; th=$5; c1c=$6; c1w=$7; cnc=$8; cnw=$9; jsb=$11; jss=$12; jstok=$13;
-      js=jsb/1e6/jss;
-      printf "%-22s %-10s %6.2f MB %8d tok | C++ 1 core %7.2f MB/s (cold %6.2f) | C++ %2d cores %7.2f MB/s (cold %6.2f) | JS 1 core %6.2f MB/s | C++/JS per core %5.1fx%s\n",
-        label, name, mb, ntok, c1w, c1c, th, cnw, cnc, js, c1w/js, (ntok==jstok ? "" : "  TOKEN COUNT DIFFERS: JS " jstok) }'
+    { name=$1; mb=$2; ntok=$4; th=$5; c1c=$6; c1w=$7; cnc=$8; cnw=$9; ccpu=$10; jsb=$12; jss=$13; jstok=$14; jscpu=$15;
+      js=jsb/1e6/jss; jsc=jsb/1e6/jscpu;
+      printf "%-22s %-10s %6.2f MB %7d tok | C++ 1 core %6.2f MB/s (cold %5.2f; %6.2f MB/CPU-s) | C++ %2d cores %6.2f MB/s (cold %5.2f) | JS 1 core %5.2f MB/s (%5.2f MB/CPU-s) | C++/JS per core %5.1fx wall, %5.1fx CPU%s\n",
+        label, name, mb, ntok, c1w, c1c, ccpu, th, cnw, cnc, js, jsc, c1w/js, ccpu/jsc, (ntok==jstok ? "" : "  TOKEN COUNT DIFFERS: JS " jstok) }'
 }
 
 echo "tokenizer benchmark: $(date -u +%FT%TZ), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load average $(cut -d' ' -f1-3 /proc/loadavg)"

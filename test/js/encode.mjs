@@ -59,7 +59,8 @@ function main() {
     writeIds(out, readTexts(inp).map((t) => enc(t)));
   } else if (mode === "bench-gpt2" || mode === "bench-hf") {
     // Encodes each file's texts (IN format) once to warm up, then times `reps` passes.
-    // Prints one line per file: "<file> <bytes> <seconds per pass> <tokens>".
+    // Prints one line per file: "<file> <bytes> <seconds per pass> <tokens> <CPU seconds per pass>"
+    // (CPU = process user+system time, which includes V8's helper threads, e.g. the GC).
     const enc = mode === "bench-gpt2" ? makeGpt2() : makeHf(args.shift());
     for (const f of args) {
       const texts = readTexts(f);
@@ -69,9 +70,12 @@ function main() {
       for (const t of texts) ntok += enc(t).length;
       const reps = 3;
       const t0 = process.hrtime.bigint();
+      const c0 = process.cpuUsage();
       for (let r = 0; r < reps; r++) for (const t of texts) enc(t);
       const sec = Number(process.hrtime.bigint() - t0) / 1e9 / reps;
-      console.log(`${f} ${bytes} ${sec} ${ntok}`);
+      const c = process.cpuUsage(c0);
+      const cpu = (c.user + c.system) / 1e6 / reps;
+      console.log(`${f} ${bytes} ${sec} ${ntok} ${cpu}`);
     }
   } else {
     throw new Error("usage: encode.mjs gpt2 IN OUT | hf TOKENIZER_JSON IN OUT | bench-gpt2 IN... | bench-hf TOKENIZER_JSON IN...");
