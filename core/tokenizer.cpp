@@ -133,10 +133,18 @@ bool byte_level_to_bytes(const std::string& s, std::string* out) {
 // ---------------------------------------------------------------------------------------------
 // The GPT-2 pre-tokenization pattern with `\s` written out as Unicode White_Space (what Rust
 // regex in tiktoken and Oniguruma in HF tokenizers use); PCRE2's UCP `\s` would miss U+0085.
+// \p{L} and \p{N} are completed to Unicode 15.0 (utf8proc 2.8's tables): PCRE2 10.42 has Unicode
+// 14.0 tables, and these are the letters/digits added in 15.0 (Kawi, Nag Mundari, Kaktovik
+// numerals, CJK Ext. H, ...). With a newer PCRE2 the extra ranges are redundant.
 #define LDM_WS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define LDM_L15 "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}\\x{13441}-\\x{13446}" \
+    "\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{2B739}\\x{31350}-\\x{323AF}"
+#define LDM_N15 "\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}"
 const char* kGpt2Pattern =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" LDM_WS "\\p{L}\\p{N}]+|[" LDM_WS
-    "]+(?![^" LDM_WS "])|[" LDM_WS "]+";
+    "'s|'t|'re|'ve|'m|'ll|'d| ?[\\p{L}" LDM_L15 "]+| ?[\\p{N}" LDM_N15 "]+| ?[^" LDM_WS "\\p{L}\\p{N}" LDM_L15
+    LDM_N15 "]+|[" LDM_WS "]+(?![^" LDM_WS "])|[" LDM_WS "]+";
+#undef LDM_L15
+#undef LDM_N15
 #undef LDM_WS
 
 struct Regex {

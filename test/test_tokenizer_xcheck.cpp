@@ -192,7 +192,10 @@ Texts hard_strings() {
         "john.doe@example.com", "for (int i = 0; i < n; i++) {\n    x += y;\n}", "# Title\n\n* item\n",
         "&nbsp;&amp;", "C++ && C#", "$100.00 (USD)", "@user #tag", "\x01\x02\x7f", std::string("a\0b", 3),
         // U+001C..U+001F: Python str.isspace() says yes, White_Space (and JS \s) says no
-        "a\x1c b\x1d\x1e\x1f c \x1f", "x" + U(0x180E) + "y " + U(0x2060) + U(0xFFFE),
+        "a\x1c b\x1d\x1e\x1f c \x1f",
+        // letters and digits new in Unicode 15.0 (PCRE2 10.42 has 14.0 tables; see tokenizer.cpp)
+        "a" + U(0x31350) + U(0x31351) + "b " + U(0x31352) + "!", "n" + U(0x1D2C0) + "12 " + U(0x1E4F0) + "x",
+        " " + U(0x11F04) + U(0x11F05) + "." + U(0x1E4D0) + "a" + U(0x1E030), "x" + U(0x180E) + "y " + U(0x2060) + U(0xFFFE),
     };
     return t;
 }
