@@ -53,7 +53,7 @@ void write_dump(const std::string& path, const ModelConfig& cfg, const std::vect
 TEST_CASE("PyTorch reference agrees with the C++ reference on tiny variants", "[torch]") {
     std::string dd = data_dir_or_skip("torch comparison needs real tokens");
     if (dd.empty()) return;
-    const std::string dir = scratch_dir("torch_ref");
+    const std::string dir = train_scratch("torch_ref");
     REQUIRE(make_fineweb_shards(dir, dd, 20));
     std::vector<uint32_t> toks = read_shard(dir + "/train.bin");
     REQUIRE(toks.size() > 1000);

@@ -46,7 +46,7 @@ TEST_CASE("train_cpu: N straight steps == K steps + checkpoint + resume + N-K st
     if (shards.empty()) return;
     for (std::string dtype : {"fp32", "fp64"}) {
         SECTION("dtype " + dtype) {
-            const std::string dir = scratch_dir("train_resume_" + dtype);
+            const std::string dir = train_scratch("train_resume_" + dtype);
             const std::string cmd = base_cmd(shards) + " --dtype " + dtype +
                                     " --steps 6 --lr 3e-3 --warmup-steps 2 --val-every 2 --sample-every 2 --sample-tokens 6";
             RunResult c = run_cmd(cmd + " --out-dir " + dir + "/C --log " + dir + "/C/log.jsonl");
@@ -99,7 +99,7 @@ TEST_CASE("train_cpu: N straight steps == K steps + checkpoint + resume + N-K st
 TEST_CASE("train_cpu: JSONL log has a config header and per-step fields", "[train]") {
     std::string shards = shards_or_skip();
     if (shards.empty()) return;
-    const std::string dir = scratch_dir("train_log");
+    const std::string dir = train_scratch("train_log");
     RunResult r = run_cmd(base_cmd(shards) + " --steps 3 --total-batch-tokens 128 --log " + dir + "/log.jsonl");
     INFO(r.out);
     REQUIRE(r.status == 0);
@@ -147,7 +147,7 @@ TEST_CASE("train_cpu: --dry-run for every preset prints the parameter count with
 TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]") {
     std::string shards = shards_or_skip();
     if (shards.empty()) return;
-    const std::string dir = scratch_dir("train_bad");
+    const std::string dir = train_scratch("train_bad");
     const std::string tr = trainer_path();
     const std::string data = " --train-data '" + shards + "/train.bin'";
     expect_fail(tr + " --preset gpt5" + data, "gpt5");

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -27,6 +28,15 @@ inline std::string build_dir_of_test() {
 }
 
 inline std::string trainer_path() { return build_dir_of_test() + "/train_cpu"; }
+
+// A scratch directory <build dir of this test>/test_tmp/<name>, emptied on creation. (Per build
+// dir, so engineers building in separate build dirs can run these tests at the same time.)
+inline std::string train_scratch(const std::string& name) {
+    std::string d = build_dir_of_test() + "/test_tmp/" + name;
+    std::string cmd = "rm -rf '" + d + "' && mkdir -p '" + d + "'";
+    if (std::system(cmd.c_str()) != 0) throw ldm::Error("cannot create scratch dir " + d);
+    return d;
+}
 
 // Writes train.bin (first ~90% of the documents) and val.bin (the rest) into dir: the FineWeb-Edu
 // sample (documents joined by <|endoftext|>), GPT-2 tokens. Returns false (with a SKIP) when the
