@@ -47,7 +47,17 @@ void ModelConfig::validate() const {
         if (d_model % ldm_heads != 0)
             fail(strprintf("ldm_heads %d does not divide d_model %d", ldm_heads, d_model));
         if (!(ldm_delta > 0)) fail("ldm_delta must be > 0");
-        if (!(ldm_lambda_min > 0 && ldm_lambda_min <= 1)) fail("ldm_lambda_min must be in (0, 1]");
+        if (!(ldm_lambda_min > 0 && ldm_lambda_min <= 1))
+            fail(strprintf("ldm_lambda_min must be in (0, 1], got %g", ldm_lambda_min));
+        if (ldm_mode != "store" && ldm_mode != "unwind" && ldm_mode != "window")
+            fail("unknown ldm_mode '" + ldm_mode + "' (valid: store, unwind, window)");
+        if (ldm_window < 1) fail(strprintf("ldm_window must be >= 1, got %d", ldm_window));
+        if (ldm_checkpoint_every < 0)
+            fail(strprintf("ldm_checkpoint_every must be >= 0, got %d", ldm_checkpoint_every));
+        if (!(ldm_drift_tol > 0)) fail("ldm_drift_tol must be > 0");
+        if (ldm_rule == "delta" && ldm_mode != "store")
+            fail("ldm_mode '" + ldm_mode + "' is not available for the delta rule (its write is "
+                 "not invertible): use --ldm-mode store, optionally with --ldm-checkpoint-every c");
     }
 }
 
@@ -270,8 +280,15 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
         scheme = 2 * K * d + K + (blk ? D * d + D + 2 * d : 0);
     }
     else if (c.scheme == "ldm") {
-        int64_t dv = d / c.ldm_heads, dk = c.ldm_dk;
-        scheme = (D + 1) * c.ldm_heads * (dv * dk + dk * dk) + 2 * d;
+        // Same count as ldm_scheme_values_per_token (dev/cpu/scheme_ldm.cpp; tested equal):
+        // h, v of every write, normalised q/k + norms (+ beta), live state, kept states, dS,
+        // dh, tmp, projection scratch.
+        const int64_t dv = d / c.ldm_heads, dk = c.ldm_dk, Hm = c.ldm_heads, HK = Hm * dk,
+                      W = D + 1, ST = Hm * (dv * dk + (c.ldm_rule == "rls" ? dk * dk : 0)),
+                      ce = c.ldm_checkpoint_every,
+                      kept = ce > 0 ? (W + ce - 1) / ce : (c.ldm_mode == "unwind" ? 0 : W);
+        scheme = d + W * d + 2 * W * HK + 2 * W * Hm + (c.ldm_rule == "delta" ? W * Hm : 0) + ST +
+                 kept * ST + ST + 2 * d + 2 * HK + Hm;
     }
     return c.n_layer * (attn + mlp) + head + scratch + scheme;
 }

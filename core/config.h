@@ -27,6 +27,14 @@ struct ModelConfig {
     int hc_streams = 4, sinkhorn_iters = 20, attnres_blocks = 8;              // later issues
     std::string ldm_rule = "rls"; bool ldm_residual = true, ldm_forget = true; // later issues
     int ldm_heads = 4, ldm_dk = 8; double ldm_delta = 0.1, ldm_lambda_min = 0.95;
+    // LDM training options (spec §2.5 "Training implementation modes"). NOT part of the model's
+    // identity: a checkpoint trained in one mode loads in another, so config_to_json (and with it
+    // the resume compatibility check) leaves these out on purpose.
+    //   ldm_mode: store | unwind | window; ldm_window: w (window mode, >= 1);
+    //   ldm_checkpoint_every: c > 0 keeps every c-th state and unwinds inside segments (0 = off);
+    //   ldm_drift_tol: unwind drift above which the scheme falls back to checkpointed segments.
+    std::string ldm_mode = "store"; int ldm_window = 2, ldm_checkpoint_every = 0;
+    double ldm_drift_tol = 1e-3;
 
     int n_sublayers() const { return 2 * n_layer; }  // D (spec §2)
     int q_dim() const { return n_head * head_dim; }   // rows of W_q (need not equal d_model)

@@ -1,0 +1,285 @@
+// dev/cpu/ldm_math.h — per token-head math of Linear Depth Memory (spec §2.5), shared by the CPU
+// reference (dev/cpu/scheme_ldm.cpp) and, later, the CUDA kernels. Every function is an inline
+// template marked LDM_HD; no allocation, no exceptions; scratch comes from the caller.
+//
+// Layouts (one token, one memory head): memory S [dv, dk] row-major (S[a*dk + b]); inverse
+// covariance P [dk, dk] row-major, symmetric positive definite; key k [dk], query q [dk],
+// value v [dv]; R = float or double (the state has the precision of the build, spec §2.5).
+//
+// VJP convention: "dS, dP" on entry hold dL/d(state after the step), on exit dL/d(state before
+// the step) (overwritten in place); dk, dv, dq, dlam, dbeta are ACCUMULATED (+=).
+#pragma once
+#include <math.h>
+
+#include "dev/cpu/elementwise.h"
+
+namespace ldm {
+
+// ---- L2n(x) = x / sqrt(sum x^2 + 1e-6) (spec notation) --------------------------------------
+// y [n] = L2n(x); returns the norm sqrt(sum x^2 + 1e-6) (kept for the backward). y may alias x.
+template <typename R>
+LDM_HD inline R l2n_forward(const R* x, R* y, int n) {
+    R s = 0;
+    for (int i = 0; i < n; i++) s += x[i] * x[i];
+    R nrm = ldm_sqrt(s + R(1e-6));
+    R inv = R(1) / nrm;
+    for (int i = 0; i < n; i++) y[i] = x[i] * inv;
+    return nrm;
+}
+// dx [n] = (dy - y (y.dy)) / nrm  (overwrites dx; dx may alias dy).
+template <typename R>
+LDM_HD inline void l2n_backward(const R* y, R nrm, const R* dy, R* dx, int n) {
+    R yd = 0;
+    for (int i = 0; i < n; i++) yd += y[i] * dy[i];
+    R inv = R(1) / nrm;
+    for (int i = 0; i < n; i++) dx[i] = (dy[i] - y[i] * yd) * inv;
+}
+
+// ---- initial state: S = 0, P = I / delta ------------------------------------------------------
+template <typename R>
+LDM_HD inline void ldm_init_state(R* S, R* P, int dv, int dk, R delta) {
+    for (int i = 0; i < dv * dk; i++) S[i] = R(0);
+    if (P)
+        for (int a = 0; a < dk; a++)
+            for (int b = 0; b < dk; b++) P[a * dk + b] = a == b ? R(1) / delta : R(0);
+}
+
+// ---- read: r [dv] = S q ; its VJP: dS += dr q^T, dq += S^T dr -------------------------------
+template <typename R>
+LDM_HD inline void ldm_read(const R* S, const R* q, R* r, int dv, int dk) {
+    for (int a = 0; a < dv; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += S[a * dk + b] * q[b];
+        r[a] = s;
+    }
+}
+template <typename R>
+LDM_HD inline void ldm_read_vjp(const R* S, const R* q, const R* dr, R* dS, R* dq, int dv, int dk) {
+    for (int a = 0; a < dv; a++) {
+        const R g = dr[a];
+        for (int b = 0; b < dk; b++) {
+            dS[a * dk + b] += g * q[b];
+            dq[b] += S[a * dk + b] * g;
+        }
+    }
+}
+
+// ---- RLS write (spec §2.5, symmetric form) ----------------------------------------------------
+//   u = P k;  gamma = lam + k.u;  g = u / gamma;  e = v - S k;  S += e g^T;  P = (P - u u^T/gamma)/lam
+// scratch: dk values.
+template <typename R>
+LDM_HD inline void rls_write(R* S, R* P, const R* k, const R* v, R lam, int dv, int dk, R* u) {
+    R kv = 0;
+    for (int a = 0; a < dk; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += P[a * dk + b] * k[b];
+        u[a] = s;
+        kv += k[a] * s;
+    }
+    const R gamma = lam + kv, ig = R(1) / gamma, il = R(1) / lam;
+    for (int a = 0; a < dv; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += S[a * dk + b] * k[b];
+        const R e = v[a] - s;
+        for (int b = 0; b < dk; b++) S[a * dk + b] += e * (u[b] * ig);
+    }
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) P[a * dk + b] = (P[a * dk + b] - u[a] * u[b] * ig) * il;
+}
+
+// Exact inverse of rls_write (spec §2.5 "unwind"): from the state after the write and (k, v, lam)
+//   g = P k;  a = k.g;  gamma = lam / (1 - a);  P_prev = lam P + gamma g g^T;
+//   e' = v - S k;  S_prev = S - (gamma/lam) e' g^T.
+// scratch: dk values.
+template <typename R>
+LDM_HD inline void rls_unwind(R* S, R* P, const R* k, const R* v, R lam, int dv, int dk, R* g) {
+    R a_ = 0;
+    for (int a = 0; a < dk; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += P[a * dk + b] * k[b];
+        g[a] = s;
+        a_ += k[a] * s;
+    }
+    const R gamma = lam / (R(1) - a_), gl = gamma / lam;
+    for (int a = 0; a < dv; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += S[a * dk + b] * k[b];
+        const R e = (v[a] - s) * gl;
+        for (int b = 0; b < dk; b++) S[a * dk + b] -= e * g[b];
+    }
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * g[a] * g[b];
+}
+
+// VJP of rls_write at the state BEFORE the write (S, P): dS/dP in (after) -> out (before);
+// dk [dk], dv [dv], *dlam accumulated. scratch: 4*dk + 2*dv values.
+template <typename R>
+LDM_HD inline void rls_write_vjp(const R* S, const R* P, const R* k, const R* v, R lam, R* dS,
+                                 R* dP, R* dk_, R* dv_, R* dlam, int dv, int dk, R* scratch) {
+    R* u = scratch;
+    R* g = u + dk;
+    R* dg = g + dk;
+    R* du = dg + dk;
+    R* e = du + dk;
+    R* de = e + dv;
+    R ku = 0;
+    for (int a = 0; a < dk; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += P[a * dk + b] * k[b];
+        u[a] = s;
+        ku += k[a] * s;
+    }
+    const R gamma = lam + ku, ig = R(1) / gamma, il = R(1) / lam;
+    for (int b = 0; b < dk; b++) {
+        g[b] = u[b] * ig;
+        dg[b] = 0;
+    }
+    // S' = S + e g^T,  e = v - S k
+    for (int a = 0; a < dv; a++) {
+        R s = 0, t = 0;
+        for (int b = 0; b < dk; b++) {
+            s += S[a * dk + b] * k[b];
+            t += dS[a * dk + b] * g[b];
+        }
+        e[a] = v[a] - s;
+        de[a] = t;
+        for (int b = 0; b < dk; b++) dg[b] += dS[a * dk + b] * e[a];
+    }
+    // P' = (P - u u^T/gamma)/lam.  With Dp = dP'/lam:
+    //   dlam = -sum(dP' . P')/lam;  du = -(Dp + Dp^T) u/gamma;  dgamma = u^T Dp u/gamma^2
+    R dl = 0, uDu = 0;
+    for (int a = 0; a < dk; a++) du[a] = 0;
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) {
+            const R Dp = dP[a * dk + b] * il;
+            const R Pn = (P[a * dk + b] - u[a] * u[b] * ig) * il;
+            dl -= dP[a * dk + b] * Pn * il;
+            du[a] -= Dp * u[b] * ig;
+            du[b] -= Dp * u[a] * ig;
+            uDu += u[a] * Dp * u[b];
+        }
+    R dgamma = uDu * ig * ig;
+    // g = u/gamma
+    R dgu = 0;
+    for (int a = 0; a < dk; a++) {
+        du[a] += dg[a] * ig;
+        dgu += dg[a] * u[a];
+    }
+    dgamma -= dgu * ig * ig;
+    // gamma = lam + k.u
+    dl += dgamma;
+    for (int a = 0; a < dk; a++) {
+        dk_[a] += dgamma * u[a];
+        du[a] += dgamma * k[a];
+    }
+    *dlam += dl;
+    // dP_prev = dP'/lam + du k^T;  dk += P^T du
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) {
+            dP[a * dk + b] = dP[a * dk + b] * il + du[a] * k[b];
+            dk_[b] += P[a * dk + b] * du[a];
+        }
+    // e = v - S k: dv += de; dS_prev = dS' - de k^T; dk -= S^T de
+    for (int a = 0; a < dv; a++) {
+        dv_[a] += de[a];
+        for (int b = 0; b < dk; b++) {
+            dk_[b] -= S[a * dk + b] * de[a];
+            dS[a * dk + b] -= de[a] * k[b];
+        }
+    }
+}
+
+// ---- delta rule: S += beta (v - S k) k^T (spec §2.5 `delta`) ------------------------------------
+template <typename R>
+LDM_HD inline void delta_write(R* S, const R* k, const R* v, R beta, int dv, int dk) {
+    for (int a = 0; a < dv; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += S[a * dk + b] * k[b];
+        const R e = beta * (v[a] - s);
+        for (int b = 0; b < dk; b++) S[a * dk + b] += e * k[b];
+    }
+}
+// VJP at the state before the write; dS in/out; dk, dv, *dbeta accumulated.
+template <typename R>
+LDM_HD inline void delta_write_vjp(const R* S, const R* k, const R* v, R beta, R* dS, R* dk_,
+                                   R* dv_, R* dbeta, int dv, int dk) {
+    R db = 0;
+    for (int a = 0; a < dv; a++) {
+        R s = 0, t = 0;
+        for (int b = 0; b < dk; b++) {
+            s += S[a * dk + b] * k[b];
+            t += dS[a * dk + b] * k[b];
+        }
+        const R e = v[a] - s;
+        db += e * t;  // dbeta = e^T dS' k
+        const R de = beta * t;
+        dv_[a] += de;
+        for (int b = 0; b < dk; b++) {
+            dk_[b] += beta * dS[a * dk + b] * e - S[a * dk + b] * de;
+            dS[a * dk + b] -= de * k[b];
+        }
+    }
+    *dbeta += db;
+}
+
+// ---- outer product: S = lam S + v k^T (spec §2.5 `outer`) ---------------------------------------
+template <typename R>
+LDM_HD inline void outer_write(R* S, const R* k, const R* v, R lam, int dv, int dk) {
+    for (int a = 0; a < dv; a++)
+        for (int b = 0; b < dk; b++) S[a * dk + b] = lam * S[a * dk + b] + v[a] * k[b];
+}
+// Exact inverse: S_prev = (S - v k^T) / lam.
+template <typename R>
+LDM_HD inline void outer_unwind(R* S, const R* k, const R* v, R lam, int dv, int dk) {
+    const R il = R(1) / lam;
+    for (int a = 0; a < dv; a++)
+        for (int b = 0; b < dk; b++) S[a * dk + b] = (S[a * dk + b] - v[a] * k[b]) * il;
+}
+template <typename R>
+LDM_HD inline void outer_write_vjp(const R* S, const R* k, const R* v, R lam, R* dS, R* dk_, R* dv_,
+                                   R* dlam, int dv, int dk) {
+    R dl = 0;
+    for (int a = 0; a < dv; a++) {
+        R t = 0;
+        for (int b = 0; b < dk; b++) {
+            const R G = dS[a * dk + b];
+            dl += G * S[a * dk + b];
+            t += G * k[b];
+            dk_[b] += G * v[a];
+            dS[a * dk + b] = lam * G;
+        }
+        dv_[a] += t;
+    }
+    *dlam += dl;
+}
+
+// ---- forgetting and delta gates -------------------------------------------------------------
+// lam = lam_min + (1 - lam_min) sigmoid(theta); d lam / d theta = (1 - lam_min) s (1 - s).
+template <typename R>
+LDM_HD inline R ldm_lambda(R theta, R lam_min) { return lam_min + (R(1) - lam_min) * sigmoid(theta); }
+template <typename R>
+LDM_HD inline R ldm_lambda_grad(R theta, R lam_min) {
+    R s = sigmoid(theta);
+    return (R(1) - lam_min) * s * (R(1) - s);
+}
+
+// ---- small Cholesky (window mode): A = L L^T, L lower, in place over the lower triangle --------
+// Returns false if a pivot is not positive. n x n row-major.
+template <typename R>
+LDM_HD inline bool cholesky_inplace(R* A, int n) {
+    for (int j = 0; j < n; j++) {
+        R s = A[j * n + j];
+        for (int p = 0; p < j; p++) s -= A[j * n + p] * A[j * n + p];
+        if (!(s > R(0))) return false;
+        const R l = ldm_sqrt(s);
+        A[j * n + j] = l;
+        for (int i = j + 1; i < n; i++) {
+            R t = A[i * n + j];
+            for (int p = 0; p < j; p++) t -= A[i * n + p] * A[j * n + p];
+            A[i * n + j] = t / l;
+        }
+    }
+    return true;
+}
+
+}  // namespace ldm
