@@ -32,6 +32,7 @@
 #include "core/tokenizer.h"
 #include "dev/cpu/model.h"
 #include "dev/cpu/ops.h"
+#include "dev/cpu/scheme_ldm.h"
 
 using namespace ldm;
 using nlohmann::json;
@@ -43,6 +44,11 @@ struct Options {
     std::string preset = "tiny";
     int n_layer = 0, d_model = 0, n_head = 0, n_kv_head = 0, head_dim = 0, ffn = 0;
     std::string scheme = "preln";
+    // LDM (spec §2.5; used with --scheme ldm)
+    std::string ldm_rule = "rls", ldm_mode = "store";
+    bool ldm_no_residual = false, ldm_no_forget = false;
+    int ldm_heads = 4, ldm_dk = 8, ldm_window = 2, ldm_checkpoint_every = 0;
+    double ldm_delta = 0.1, ldm_lambda_min = 0.95, ldm_drift_tol = 1e-3;
     // data
     std::string train_data, val_data, tokenizer;
     int B = 4, T = 64;
@@ -294,6 +300,19 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
                 cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T, (long long)accum,
                 (long long)o.total_batch_tokens, (long long)o.steps, omp_get_max_threads());
 
+    if (cfg.scheme == "ldm") {
+        const int64_t sp = count_params_detailed(cfg).scheme;
+        const double es = sizeof(R);
+        std::printf("ldm: rule %s, residual %d, forget %d, H_m %d, d_k %d, delta %g, lambda_min %g: %lld extra "
+                    "parameters | mode %s, checkpoint every %d: state %.0f B/token, kept for backward %.0f B/token "
+                    "(store %.0f, unwind %.0f)\n",
+                    cfg.ldm_rule.c_str(), (int)cfg.ldm_residual, (int)cfg.ldm_forget, cfg.ldm_heads, cfg.ldm_dk,
+                    cfg.ldm_delta, cfg.ldm_lambda_min, (long long)sp, cfg.ldm_mode.c_str(), cfg.ldm_checkpoint_every,
+                    es * double(cpu::ldm_state_size(cfg)), es * double(cpu::ldm_backward_state_values(cfg)),
+                    es * double(cfg.n_sublayers() + 2) * double(cpu::ldm_state_size(cfg)),
+                    es * double(cpu::ldm_state_size(cfg)));
+    }
+
     // Unigram baseline over exactly the val targets the validation loss uses.
     double unigram = NAN;
     if (o.unigram_baseline && val) {
@@ -370,9 +389,19 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
         if (!o.quiet || last || step % 10 == 0)
             std::printf("step %6lld/%lld | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s\n",
                         (long long)(step + 1), (long long)o.steps, loss, lr, gnorm, ms, tps);
+        json jstep{{"type", "step"}, {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"ms", ms},
+                   {"tokens_per_s", tps}, {"tokens", (step + 1) * o.total_batch_tokens}};
+        const auto sm = model.scheme_metrics();  // LDM unwind drift, every step
+        if (!sm.empty()) {
+            std::string line;
+            for (const auto& kv : sm) {
+                jstep[kv.first] = kv.second;
+                line += strprintf(" %s %.3g", kv.first.c_str(), kv.second);
+            }
+            std::printf("step %6lld | scheme:%s\n", (long long)(step + 1), line.c_str());
+        }
         std::fflush(stdout);
-        logger.log({{"type", "step"}, {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"ms", ms},
-                    {"tokens_per_s", tps}, {"tokens", (step + 1) * o.total_batch_tokens}});
+        logger.log(jstep);
         if (o.bench > 0 && step - start_step >= 2) {  // skip 2 warm-up steps
             const cpu::GemmStats gs = cpu::gemm_stats();
             bench_ms += ms;
@@ -438,6 +467,20 @@ int main(int argc, char** argv) {
         ap.add("--head-dim", &o.head_dim, "override: head dimension (0 = preset)");
         ap.add("--ffn", &o.ffn, "override: SwiGLU hidden size (0 = preset)");
         ap.add("--scheme", &o.scheme, "depth-aggregation scheme (spec §2; the CPU model implements preln)");
+        ap.add("--ldm-rule", &o.ldm_rule, "LDM write rule: rls | delta | outer");
+        ap.add("--no-residual", &o.ldm_no_residual, "LDM without the residual stream h (x_j = r_j)");
+        ap.add("--ldm-heads", &o.ldm_heads, "LDM memory heads H_m (must divide d)");
+        ap.add("--ldm-dk", &o.ldm_dk, "LDM key size d_k");
+        ap.add("--ldm-delta", &o.ldm_delta, "LDM ridge delta (> 0; initial P = I/delta)");
+        ap.add("--ldm-lambda-min", &o.ldm_lambda_min, "LDM forgetting floor lambda_min in (0, 1]");
+        ap.add("--ldm-no-forget", &o.ldm_no_forget, "LDM with fixed lambda = 1 (no theta)");
+        ap.add("--ldm-mode", &o.ldm_mode,
+               "LDM training mode: store | unwind | window (not part of the model; window not on the CPU yet)");
+        ap.add("--ldm-window", &o.ldm_window, "LDM window w for --ldm-mode window (>= 1)");
+        ap.add("--ldm-checkpoint-every", &o.ldm_checkpoint_every,
+               "LDM: keep every c-th state and unwind inside segments (0 = off)");
+        ap.add("--ldm-drift-tol", &o.ldm_drift_tol,
+               "LDM unwind drift above which training falls back to checkpointed segments");
         ap.section("Data");
         ap.add("--train-data", &o.train_data, "glob of training token shards (required)");
         ap.add("--val-data", &o.val_data, "glob of validation token shards (optional)");
@@ -522,6 +565,17 @@ int main(int argc, char** argv) {
         if (o.ffn) cfg.ffn = o.ffn;
         cfg.seq_len = o.T;
         cfg.scheme = o.scheme;
+        cfg.ldm_rule = o.ldm_rule;
+        cfg.ldm_residual = !o.ldm_no_residual;
+        cfg.ldm_forget = !o.ldm_no_forget;
+        cfg.ldm_heads = o.ldm_heads;
+        cfg.ldm_dk = o.ldm_dk;
+        cfg.ldm_delta = o.ldm_delta;
+        cfg.ldm_lambda_min = o.ldm_lambda_min;
+        cfg.ldm_mode = o.ldm_mode;
+        cfg.ldm_window = o.ldm_window;
+        cfg.ldm_checkpoint_every = o.ldm_checkpoint_every;
+        cfg.ldm_drift_tol = o.ldm_drift_tol;
         cfg.validate();
 
         if (o.dry_run) {
