@@ -44,6 +44,7 @@ struct Options {
     std::string preset = "tiny";
     int n_layer = 0, d_model = 0, n_head = 0, n_kv_head = 0, head_dim = 0, ffn = 0;
     std::string scheme = "preln";
+    int hc_streams = 4, sinkhorn_iters = 20, attnres_blocks = 8;  // HC, mHC, AttnRes (spec §2.2-2.4)
     // LDM (spec §2.5; used with --scheme ldm)
     std::string ldm_rule = "rls", ldm_mode = "store";
     bool ldm_no_residual = false, ldm_no_forget = false;
@@ -299,6 +300,18 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
     std::printf("model %s (%s, %s): %lld parameters | B=%d T=%d accum=%lld -> %lld tokens/step | %lld steps | %d threads\n",
                 cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T, (long long)accum,
                 (long long)o.total_batch_tokens, (long long)o.steps, omp_get_max_threads());
+    if (cfg.scheme == "hc" || cfg.scheme == "mhc" || cfg.scheme == "attnres-full" || cfg.scheme == "attnres-block") {
+        // Live cross-layer state per token, and what the CPU reference keeps for backward.
+        const int64_t d = cfg.d_model, D = cfg.n_sublayers();
+        int64_t live = (int64_t)cfg.hc_streams * d;  // HC / mHC: n streams
+        if (cfg.scheme == "attnres-full") live = (D + 1) * d;  // all sources v_0..v_D
+        if (cfg.scheme == "attnres-block") live = (std::min<int64_t>(cfg.attnres_blocks, D) + 2) * d;  // b_0..b_N, p
+        std::printf("scheme %s (n=%d, sinkhorn_iters=%d, attnres_blocks=%d): %lld extra parameters | cross-layer "
+                    "state %lld B/token, kept for backward %lld B/token\n",
+                    cfg.scheme.c_str(), cfg.hc_streams, cfg.sinkhorn_iters, cfg.attnres_blocks,
+                    (long long)count_params_detailed(cfg).scheme, (long long)(live * (int64_t)sizeof(R)),
+                    (long long)(cpu::make_scheme<R>(cfg)->state_values_per_token() * (int64_t)sizeof(R)));
+    }
 
     if (cfg.scheme == "ldm") {
         const int64_t sp = count_params_detailed(cfg).scheme;
@@ -466,7 +479,10 @@ int main(int argc, char** argv) {
         ap.add("--n-kv-head", &o.n_kv_head, "override: key/value heads, must divide n_head (0 = preset)");
         ap.add("--head-dim", &o.head_dim, "override: head dimension (0 = preset)");
         ap.add("--ffn", &o.ffn, "override: SwiGLU hidden size (0 = preset)");
-        ap.add("--scheme", &o.scheme, "depth-aggregation scheme (spec §2; the CPU model implements preln)");
+        ap.add("--scheme", &o.scheme, "depth-aggregation scheme (spec §2): preln | hc | mhc | attnres-full | attnres-block | ldm");
+        ap.add("--hc-streams", &o.hc_streams, "HC/mHC: number of residual streams n");
+        ap.add("--sinkhorn-iters", &o.sinkhorn_iters, "mHC: Sinkhorn-Knopp iterations t_max");
+        ap.add("--attnres-blocks", &o.attnres_blocks, "Block AttnRes: number of blocks N (N >= D is Full)");
         ap.add("--ldm-rule", &o.ldm_rule, "LDM write rule: rls | delta | outer");
         ap.add("--no-residual", &o.ldm_no_residual, "LDM without the residual stream h (x_j = r_j)");
         ap.add("--ldm-heads", &o.ldm_heads, "LDM memory heads H_m (must divide d)");
@@ -565,6 +581,9 @@ int main(int argc, char** argv) {
         if (o.ffn) cfg.ffn = o.ffn;
         cfg.seq_len = o.T;
         cfg.scheme = o.scheme;
+        cfg.hc_streams = o.hc_streams;
+        cfg.sinkhorn_iters = o.sinkhorn_iters;
+        cfg.attnres_blocks = o.attnres_blocks;
         cfg.ldm_rule = o.ldm_rule;
         cfg.ldm_residual = !o.ldm_no_residual;
         cfg.ldm_forget = !o.ldm_no_forget;
