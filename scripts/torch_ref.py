@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent PyTorch reference of the spec §1 backbone (PreLN), checked against a debug-state dump.
+"""Independent PyTorch reference of the spec §1 backbone (PreLN, or LDM of §2.5), checked against a debug-state dump.
 
 Usage:  /usr/bin/python3 scripts/torch_ref.py DUMP [DUMP ...] [--tol 1e-4] [--dtype float64|float32]
 
@@ -92,19 +92,82 @@ def rope(x, T, theta):
     return x * cos + rot * sin
 
 
+def l2n(x):
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
+class LdmMemory:
+    """Linear Depth Memory (spec §2.5), written from the spec: autograd through the plain
+    recurrence (state after every write kept by autograd), per token and memory head.
+    S [B, T, Hm, dv, dk], P [B, T, Hm, dk, dk]. input(j) for j = 1..D returns x_j; input(D+1) is
+    the readout y; output(j, o) applies the residual update and write j."""
+
+    def __init__(self, cfg, P, e):
+        self.P_, self.cfg = P, cfg
+        B, T, d = e.shape
+        self.Hm, self.dk = cfg["ldm_heads"], cfg["ldm_dk"]
+        self.dv = d // self.Hm
+        self.rule, self.res = cfg["ldm_rule"], cfg["ldm_residual"]
+        self.forget = cfg["ldm_forget"] and self.rule != "delta"
+        self.D = 2 * cfg["n_layer"]
+        self.S = torch.zeros(B, T, self.Hm, self.dv, self.dk, dtype=e.dtype)
+        eye = torch.eye(self.dk, dtype=e.dtype) / cfg["ldm_delta"]
+        self.Pm = eye.expand(B, T, self.Hm, self.dk, self.dk).clone()
+        self.src = e
+        self.write(0, e)
+
+    def lam(self, i):
+        if not self.forget:
+            return 1.0
+        lm = self.cfg["ldm_lambda_min"]
+        return (lm + (1 - lm) * torch.sigmoid(self.P_["scheme.ldm.theta"][i]))[:, None, None]  # [Hm,1,1]
+
+    def write(self, i, o):
+        B, T, d = o.shape
+        k = l2n((o @ self.P_["scheme.ldm.wk.%d" % i].T).view(B, T, self.Hm, self.dk))
+        v = o.view(B, T, self.Hm, self.dv)
+        Sk = (self.S @ k[..., None])[..., 0]  # [B,T,Hm,dv]
+        if self.rule == "rls":
+            lam = self.lam(i)
+            u = (self.Pm @ k[..., None])[..., 0]  # [B,T,Hm,dk]
+            gamma = (k * u).sum(-1, keepdim=True) + (lam[..., 0] if torch.is_tensor(lam) else lam)
+            g = u / gamma
+            self.S = self.S + (v - Sk)[..., :, None] * g[..., None, :]
+            self.Pm = (self.Pm - u[..., :, None] * u[..., None, :] / gamma[..., None]) / lam
+        elif self.rule == "delta":
+            z = o @ self.P_["scheme.ldm.wbeta.%d" % i].T + self.P_["scheme.ldm.bbeta.%d" % i]
+            beta = 0.95 * torch.sigmoid(z)  # [B,T,Hm]
+            self.S = self.S + beta[..., None, None] * (v - Sk)[..., :, None] * k[..., None, :]
+        else:  # outer
+            self.S = self.lam(i) * self.S + v[..., :, None] * k[..., None, :]
+
+    def input(self, j):
+        name = str(j) if j <= self.D else "f"
+        B, T, d = self.src.shape
+        q = l2n((self.src @ self.P_["scheme.ldm.wq." + name].T).view(B, T, self.Hm, self.dk))
+        r = (self.S @ q[..., None])[..., 0].reshape(B, T, d)
+        return self.src + self.P_["scheme.ldm.a." + name] * r if self.res else r
+
+    def output(self, j, o):
+        self.src = self.src + o if self.res else o
+        self.write(j, o)
+
+
 def forward(cfg, P, tokens, targets):
     B, T = tokens.shape
     d, nh, nkv, hd = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
     V, eps, theta = cfg["vocab_size"], cfg["norm_eps"], cfg["rope_theta"]
-    if cfg.get("scheme", "preln") != "preln":
-        raise ValueError("torch_ref implements the preln scheme only, dump has %s" % cfg["scheme"])
+    scheme = cfg.get("scheme", "preln")
+    if scheme not in ("preln", "ldm"):
+        raise ValueError("torch_ref implements the preln and ldm schemes only, dump has %s" % scheme)
     h = P["wte"][tokens]  # [B, T, d], no scaling
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     group = nh // nkv
+    mem = LdmMemory(cfg, P, h) if scheme == "ldm" else None
     for l in range(cfg["n_layer"]):
         p = "blocks.%d." % l
         # attention sublayer
-        x = rmsnorm(h, P[p + "attn_norm.w"], eps)
+        x = rmsnorm(mem.input(2 * l + 1) if mem else h, P[p + "attn_norm.w"], eps)
         q = x @ P[p + "attn.wq"].T
         k = x @ P[p + "attn.wk"].T
         v = x @ P[p + "attn.wv"].T
@@ -126,12 +189,18 @@ def forward(cfg, P, tokens, targets):
         s = s.masked_fill(~mask, float("-inf"))
         a = torch.softmax(s, dim=-1) @ v  # [B, nh, T, hd]
         a = a.transpose(1, 2).reshape(B, T, nh * hd)
-        h = h + a @ P[p + "attn.wo"].T
+        if mem:
+            mem.output(2 * l + 1, a @ P[p + "attn.wo"].T)
+        else:
+            h = h + a @ P[p + "attn.wo"].T
         # MLP sublayer (SwiGLU)
-        x = rmsnorm(h, P[p + "mlp_norm.w"], eps)
+        x = rmsnorm(mem.input(2 * l + 2) if mem else h, P[p + "mlp_norm.w"], eps)
         g = torch.nn.functional.silu(x @ P[p + "mlp.w1"].T) * (x @ P[p + "mlp.w3"].T)
-        h = h + g @ P[p + "mlp.w2"].T
-    y = rmsnorm(h, P["final_norm.w"], eps)
+        if mem:
+            mem.output(2 * l + 2, g @ P[p + "mlp.w2"].T)
+        else:
+            h = h + g @ P[p + "mlp.w2"].T
+    y = rmsnorm(mem.input(2 * cfg["n_layer"] + 1) if mem else h, P["final_norm.w"], eps)
     W = P["wte"] if cfg["tied"] else P["lm_head"]
     logits = y @ W.T  # [B, T, Vp]
     lv = logits[..., :V]  # softmax and loss over the real V only

@@ -32,8 +32,11 @@ void write_dump(const std::string& path, const ModelConfig& cfg, const std::vect
         R* p = m.params.data() + s.offset;
         const bool vec = s.shape.size() == 1;
         const bool norm = s.name.find("norm") != std::string::npos;
+        const bool ldm_gate = s.name.rfind("scheme.ldm.a.", 0) == 0, ldm_theta = s.name == "scheme.ldm.theta";
         for (int64_t i = 0; i < s.numel; i++) {
-            if (norm) p[i] = R(1 + 0.1 * nd(rng));
+            if (norm || ldm_gate) p[i] = R(1 + 0.1 * nd(rng));  // LDM gates a_j near their init 1
+            else if (ldm_theta) p[i] = R(1 + 1.5 * nd(rng));     // lambda spread over [lambda_min, 1]
+            else if (s.name.rfind("scheme.ldm.w", 0) == 0) p[i] = R(5 * p[i]);  // varied keys/queries
             else if (vec) p[i] = R(0.05 * nd(rng));
             else p[i] += R(0.01 * nd(rng));
         }
@@ -126,4 +129,50 @@ TEST_CASE("PyTorch reference agrees with the C++ reference on tiny variants", "[
     INFO(bad.out);
     CHECK(bad.status == 1);
     CHECK_THAT(bad.out, Catch::Contains("blocks.1.mlp.w3") && Catch::Contains("FAIL"));
+}
+
+TEST_CASE("PyTorch reference agrees with the C++ reference on LDM variants", "[torch][ldm]") {
+    std::string dd = data_dir_or_skip("torch comparison needs real tokens");
+    if (dd.empty()) return;
+    const std::string dir = train_scratch("torch_ref_ldm");
+    REQUIRE(make_fineweb_shards(dir, dd, 20));
+    std::vector<uint32_t> toks = read_shard(dir + "/train.bin");
+    REQUIRE(toks.size() > 1000);
+    ModelConfig base = preset_config("tiny", 50257);
+    base.seq_len = 64;
+    base.scheme = "ldm";
+    struct V {
+        const char* name;
+        const char* rule;
+        bool residual, forget, fp64;
+    };
+    const V variants[] = {
+        {"ldm_rls", "rls", true, true, false},        {"ldm_delta", "delta", true, true, false},
+        {"ldm_outer", "outer", true, true, false},    {"ldm_rls_nores", "rls", false, true, false},
+        {"ldm_rls_noforget", "rls", true, false, false}, {"ldm_delta_nores", "delta", false, true, false},
+        {"ldm_outer_fp64", "outer", true, true, true},  {"ldm_rls_fp64", "rls", true, true, true},
+    };
+    std::vector<std::string> dumps;
+    uint64_t seed = 31;
+    for (const auto& v : variants) {
+        ModelConfig c = base;
+        c.preset = v.name;
+        c.ldm_rule = v.rule;
+        c.ldm_residual = v.residual;
+        c.ldm_forget = v.forget;
+        std::string p = dir + "/" + v.name + ".dbg";
+        if (v.fp64) write_dump<double>(p, c, toks, 2, 16, seed++);
+        else write_dump<float>(p, c, toks, 3, 16, seed++);
+        dumps.push_back(p);
+    }
+    std::string cmd = std::string(kPython) + " " + script();
+    for (const auto& d : dumps) cmd += " " + d;
+    RunResult t = run_cmd(cmd);
+    INFO(t.out);
+    CHECK(t.status == 0);
+    CHECK_THAT(t.out, Catch::Contains("torch_ref: PASS"));
+    CHECK_THAT(t.out, !Catch::Contains("FAIL"));
+    CHECK_THAT(t.out, Catch::Contains("scheme.ldm.theta") && Catch::Contains("scheme.ldm.wbeta.4") &&
+                          Catch::Contains("scheme.ldm.a.f"));
+    std::printf("%s\n", t.out.c_str());
 }
