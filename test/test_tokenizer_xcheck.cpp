@@ -17,6 +17,9 @@
 
 #include <cstring>
 #include <fstream>
+#include <future>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -40,8 +43,7 @@ std::string repo_dir() {
 
 void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
 
-// Runs the JS reference encoder on `texts`. `mode` is "gpt2" or "hf <tokenizer.json>".
-IdLists js_encode(const std::string& mode, const Texts& texts, const std::string& tag) {
+void require_node() {
     std::string js = repo_dir() + "/test/js";
     if (!ldm::file_exists(js + "/node_modules/js-tiktoken") ||
         !ldm::file_exists(js + "/node_modules/@huggingface/tokenizers"))
@@ -49,29 +51,50 @@ IdLists js_encode(const std::string& mode, const Texts& texts, const std::string
              "(npm ci in test/js); the cross-check cannot run without them");
     if (std::system("node --version > /dev/null 2>&1") != 0)
         FAIL("node is not installed: run scripts/install_deps.sh");
-    std::string dir = scratch_dir("tokenizer_xcheck_" + tag);
-    std::string in = dir + "/in.bin", out = dir + "/out.bin", err = dir + "/err.txt";
-    std::string buf;
+}
+
+// Writes `texts` in the input format of test/js/encode.mjs; returns the path.
+std::string write_texts(const Texts& texts, const std::string& dir) {
+    std::string in = dir + "/in.bin", buf;
     put_u32(buf, uint32_t(texts.size()));
     for (const auto& t : texts) {
         put_u32(buf, uint32_t(t.size()));
         buf += t;
     }
     ldm::write_file_atomic(in, buf.data(), buf.size());
-    std::string cmd = "node '" + js + "/encode.mjs' " + mode + " '" + in + "' '" + out + "' 2> '" + err + "'";
-    int rc = std::system(cmd.c_str());
-    if (rc != 0) FAIL("reference encoder failed (" << cmd << "): " << ldm::read_file(err));
-    std::string o = ldm::read_file(out);
+    return in;
+}
+
+// One run of the JS reference encoder (in the background). `mode` is "gpt2" or "hf <json>".
+struct JsJob {
+    std::string cmd, out, err;
+    std::shared_future<int> rc;
+};
+
+JsJob launch_js(const std::string& mode, const std::string& in, const std::string& tag) {
+    std::string dir = scratch_dir("tokenizer_xcheck_" + tag);
+    JsJob j;
+    j.out = dir + "/out.bin";
+    j.err = dir + "/err.txt";
+    j.cmd = "node '" + repo_dir() + "/test/js/encode.mjs' " + mode + " '" + in + "' '" + j.out + "' 2> '" + j.err + "'";
+    std::string cmd = j.cmd;
+    j.rc = std::async(std::launch::async, [cmd] { return std::system(cmd.c_str()); }).share();
+    return j;
+}
+
+IdLists collect_js(const JsJob& j, size_t ntexts) {
+    if (j.rc.get() != 0) FAIL("reference encoder failed (" << j.cmd << "): " << ldm::read_file(j.err));
+    std::string o = ldm::read_file(j.out);
     IdLists res;
     size_t p = 0;
     auto get = [&]() {
-        if (p + 4 > o.size()) FAIL("reference output " << out << " is truncated");
+        if (p + 4 > o.size()) FAIL("reference output " << j.out << " is truncated");
         uint32_t v;
         std::memcpy(&v, o.data() + p, 4);
         p += 4;
         return v;
     };
-    for (size_t i = 0; i < texts.size(); i++) {
+    for (size_t i = 0; i < ntexts; i++) {
         uint32_t n = get();
         std::vector<uint32_t> ids(n);
         for (auto& x : ids) x = get();
@@ -79,6 +102,13 @@ IdLists js_encode(const std::string& mode, const Texts& texts, const std::string
     }
     REQUIRE(p == o.size());
     return res;
+}
+
+// Runs the JS reference encoder on `texts` and waits for it.
+IdLists js_encode(const std::string& mode, const Texts& texts, const std::string& tag) {
+    require_node();
+    std::string in = write_texts(texts, scratch_dir("tokenizer_xcheck_in_" + tag));
+    return collect_js(launch_js(mode, in, tag), texts.size());
 }
 
 std::string escape(const std::string& s, size_t max = 160) {
@@ -259,15 +289,40 @@ std::vector<Corpus> corpora(const std::string& d) {
     return c;
 }
 
-void xcheck(const ldm::Tokenizer& tok, const std::string& mode, const std::string& tag,
-            const std::string& d) {
-    auto cs = corpora(d);
-    // one node run for everything
-    Texts all;
-    for (const auto& c : cs) all.insert(all.end(), c.texts.begin(), c.texts.end());
-    IdLists ref = js_encode(mode, all, tag);
+const char* kOlmoJson = "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json";
+const char* kNeoxJson = "/gpt_neox_20b_tokenizer/20B_tokenizer.json";
+
+// The corpora and, started together on first use so that they overlap, the three reference runs
+// on them (tags "gpt2", "olmo", "neox20b").
+struct Reference {
+    std::vector<Corpus> corpora;
+    size_t ntexts = 0;
+    std::map<std::string, JsJob> jobs;
+};
+
+Reference& reference(const std::string& d) {
+    static std::unique_ptr<Reference> ref;
+    if (!ref) {
+        require_node();
+        auto r = std::make_unique<Reference>();
+        r->corpora = corpora(d);
+        Texts all;
+        for (const auto& c : r->corpora) all.insert(all.end(), c.texts.begin(), c.texts.end());
+        r->ntexts = all.size();
+        std::string in = write_texts(all, scratch_dir("tokenizer_xcheck_in"));
+        r->jobs["gpt2"] = launch_js("gpt2", in, "gpt2");
+        r->jobs["olmo"] = launch_js("hf '" + d + kOlmoJson + "'", in, "olmo");
+        r->jobs["neox20b"] = launch_js("hf '" + d + kNeoxJson + "'", in, "neox20b");
+        ref = std::move(r);
+    }
+    return *ref;
+}
+
+void xcheck(const ldm::Tokenizer& tok, const std::string& tag, const std::string& d) {
+    Reference& R = reference(d);
+    IdLists ref = collect_js(R.jobs.at(tag), R.ntexts);
     size_t at = 0;
-    for (const auto& c : cs) {
+    for (const auto& c : R.corpora) {
         IdLists r(ref.begin() + at, ref.begin() + at + c.texts.size());
         at += c.texts.size();
         size_t ntok = 0;
@@ -317,7 +372,7 @@ void piecewise_check(const ldm::Tokenizer& tok, const std::string& mode, const s
         all.push_back(c.text);
         for (const auto& p : c.pieces) all.push_back(p);
     }
-    IdLists ref = js_encode(mode, all, tag + "_piecewise");
+    IdLists ref = js_encode(mode, all, tag + "_pw");
     size_t at = 0, js_disagrees = 0;
     for (const auto& c : cases) {
         const auto& js_whole = ref[at++];
@@ -339,28 +394,25 @@ void piecewise_check(const ldm::Tokenizer& tok, const std::string& mode, const s
 TEST_CASE("GPT-2 encodes exactly like js-tiktoken on all data and hard strings", "[tokenizer][xcheck]") {
     std::string d = data_dir_or_skip("tokenizer cross-check");
     if (d.empty()) return;
-    auto tok = ldm::Tokenizer::load(d + "/gpt2_tokenizer");
-    xcheck(tok, "gpt2", "gpt2", d);
+    xcheck(ldm::Tokenizer::load(d + "/gpt2_tokenizer"), "gpt2", d);
 }
 
 TEST_CASE("OLMo tokenizer.json encodes exactly like tokenizers.js", "[tokenizer][xcheck]") {
     std::string d = data_dir_or_skip("tokenizer cross-check");
     if (d.empty()) return;
-    std::string f = d + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json";
-    xcheck(ldm::Tokenizer::load(f), "hf '" + f + "'", "olmo", d);
+    xcheck(ldm::Tokenizer::load(d + kOlmoJson), "olmo", d);
 }
 
 TEST_CASE("GPT-NeoX-20B tokenizer.json encodes exactly like tokenizers.js", "[tokenizer][xcheck]") {
     std::string d = data_dir_or_skip("tokenizer cross-check");
     if (d.empty()) return;
-    std::string f = d + "/gpt_neox_20b_tokenizer/20B_tokenizer.json";
-    xcheck(ldm::Tokenizer::load(f), "hf '" + f + "'", "neox20b", d);
+    xcheck(ldm::Tokenizer::load(d + kNeoxJson), "neox20b", d);
 }
 
 TEST_CASE("U+0085 and U+FEFF follow White_Space (tiktoken/Oniguruma), not JS \\s", "[tokenizer][xcheck]") {
     std::string d = data_dir_or_skip("tokenizer cross-check");
     if (d.empty()) return;
     piecewise_check(ldm::Tokenizer::load(d + "/gpt2_tokenizer"), "gpt2", "gpt2");
-    std::string f = d + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json";
-    piecewise_check(ldm::Tokenizer::load(f), "hf '" + f + "'", "olmo");
+    std::string f = d + kOlmoJson;
+    piecewise_check(ldm::Tokenizer::load(f), "hf '" + f + "'", "olmo_piecewise");
 }
