@@ -11,7 +11,6 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unordered_map>
@@ -303,8 +302,8 @@ struct AddedMatcher {
 
 struct TokenizerImpl {
     bool hf = false;                      // false: GPT-2 / tiktoken semantics
-    std::vector<std::string> id_to_bytes; // decode table (empty string + !has for gaps)
-    std::vector<uint8_t> id_present;
+    std::vector<std::string> id_to_bytes; // decode table: id -> raw bytes
+    std::vector<uint8_t> id_present;      // 0 for ids no token has (decode error)
     std::unordered_map<std::string, uint32_t> bytes_to_id;  // BPE vocab (raw bytes)
     int32_t byte_id[256];                 // id of each single-byte token, -1 if absent
     PairMap pairs;                        // (left id, right id) -> rank << 32 | merged id
@@ -313,8 +312,7 @@ struct TokenizerImpl {
     // HF only
     AddedMatcher added_raw;               // normalized=false, matched on raw text
     AddedMatcher added_norm;              // normalized=true, matched on normalized text
-    std::string normalizer;               // "" | NFC | NFD | NFKC | NFKD (applied in order)
-    std::vector<std::string> normalizers;
+    std::vector<std::string> normalizers; // NFC | NFD | NFKC | NFKD, applied in order
     bool add_prefix_space = false, use_regex = true;
 
     void bpe(std::string_view word, std::vector<uint32_t>& out) const;
@@ -324,14 +322,15 @@ struct TokenizerImpl {
     void encode_ordinary(std::string_view text, std::vector<uint32_t>& out) const;
     void encode_hf(std::string_view text, std::vector<uint32_t>& out) const;
     std::string normalize(std::string_view s) const;
-    void finish(const std::string& what);
+    void finish();
 };
 
 namespace {
 std::atomic<uint64_t> g_uid{1};
 
 // Per-thread cache of pre-token -> ids, one per tokenizer table: open addressing on a 64-bit
-// hash, words and ids stored in flat arenas; emptied when half full.
+// hash, words and ids stored in flat arenas; starts at 2^12 slots, doubles when half full up to
+// 2^18 slots, then is emptied.
 uint64_t hash_bytes(const char* p, size_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xff51afd7ed558ccdull);
     while (n >= 8) {
@@ -507,7 +506,10 @@ void TokenizerImpl::bpe_long(std::vector<uint32_t>& sym, std::vector<uint32_t>& 
 }
 
 void TokenizerImpl::encode_pretoken(std::string_view word, std::vector<uint32_t>& out) const {
-    if (word.size() == 1) { out.push_back(uint32_t(byte_id[(unsigned char)word[0]])); return; }
+    if (word.size() == 1 && byte_id[(unsigned char)word[0]] >= 0) {
+        out.push_back(uint32_t(byte_id[(unsigned char)word[0]]));
+        return;
+    }
     if (word.size() > kCacheWordMax) { bpe(word, out); return; }
     WordCache& c = thread_cache(uid);
     uint64_t h = hash_bytes(word.data(), word.size());
@@ -621,8 +623,8 @@ void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out)
     }
 }
 
-// Fills the decode table and single-byte ids; checks that every byte has a token (GPT-2) .
-void TokenizerImpl::finish(const std::string& what) {
+// Fills the single-byte ids and gives the table its cache identity.
+void TokenizerImpl::finish() {
     for (int b = 0; b < 256; b++) {
         auto it = bytes_to_id.find(std::string(1, char(b)));
         byte_id[b] = it == bytes_to_id.end() ? -1 : int32_t(it->second);
@@ -730,7 +732,7 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json, const std::strin
     }
     T->pairs.init(splits.size());
     for (const auto& p : splits) T->pairs.insert(p.first, p.second);
-    T->finish(encoder_json);
+    T->finish();
     for (int c = 0; c < 256; c++)
         if (T->byte_id[c] < 0) throw Error(strprintf("%s: byte 0x%02X has no token", encoder_json.c_str(), c));
     Tokenizer tok;
@@ -862,7 +864,7 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
     T->added_norm.build();
     if (!have_eot) throw Error(path + ": no \"<|endoftext|>\" added token");
     T->nvocab = uint32_t(T->id_to_bytes.size());
-    T->finish(path);
+    T->finish();
     Tokenizer tok;
     tok.impl_ = T;
     return tok;
