@@ -27,6 +27,7 @@ int64_t ldm_state_size(const ModelConfig& c) {
 
 static int64_t kept_states(const ModelConfig& c, int ckpt, bool unwind) {
     const int64_t W = c.n_sublayers() + 1;  // writes 0..D
+    if (c.ldm_mode == "window") return (W + c.ldm_window - 1) / c.ldm_window;  // one per window start
     if (ckpt > 0) return (W + ckpt - 1) / ckpt;
     return unwind ? 0 : W;
 }
@@ -48,15 +49,19 @@ int64_t ldm_scheme_values_per_token(const ModelConfig& c) {
     n += ST;                                // dS (and dP)
     n += 2 * d;                             // dsrc, tmp
     n += 2 * HK + Hm;                       // raw, draw, dtok
+    if (c.ldm_mode == "window") {           // pending keys, errors and Cholesky factor
+        const int64_t w = c.ldm_window, dv = d / c.ldm_heads;
+        n += Hm * (w * c.ldm_dk + w * dv + w * w);
+    }
     return n;
 }
 
 template <typename R>
 LDMScheme<R>::LDMScheme(const ModelConfig& cfg) : cfg_(cfg) {
     cfg.validate();
-    if (cfg.ldm_mode == "window")
-        throw Error("ldm_mode 'window' is not implemented in the CPU reference yet "
-                    "(use --ldm-mode store or unwind, optionally --ldm-checkpoint-every c)");
+    if (cfg.ldm_mode == "window" && cfg.ldm_rule != "rls")
+        throw Error("ldm_mode 'window' (Woodbury form) is implemented for the rls rule only, not '" +
+                    cfg.ldm_rule + "' (use --ldm-mode store)");
     d_ = cfg.d_model;
     D_ = cfg.n_sublayers();
     Hm_ = cfg.ldm_heads;
@@ -73,6 +78,9 @@ LDMScheme<R>::LDMScheme(const ModelConfig& cfg) : cfg_(cfg) {
     forget_ = cfg.ldm_forget && !delta_;
     unwind_ = cfg.ldm_mode == "unwind";
     ckpt_ = cfg.ldm_checkpoint_every;
+    window_ = cfg.ldm_mode == "window";
+    w_ = cfg.ldm_window;
+    if (window_) ckpt_ = 0;  // window mode keeps its own per-window states
     lam_.assign((size_t)(D_ + 1) * Hm_, R(1));
 }
 
@@ -157,7 +165,12 @@ void LDMScheme<R>::resize(int B, int T) {
     raw_.assign(N * HK_, R(0));
     draw_.assign(N * HK_, R(0));
     dtok_.assign(N * Hm_, R(0));
-    scratch_.assign((size_t)omp_get_max_threads() * (4 * dk_ + 2 * dv_), R(0));
+    scratch_.assign((size_t)omp_get_max_threads() * scr_size(), R(0));
+    if (window_) {
+        Kt_.assign(N * Hm_ * w_ * dk_, R(0));
+        Et_.assign(N * Hm_ * w_ * dv_, R(0));
+        Lc_.assign(N * Hm_ * w_ * w_, R(0));
+    }
 }
 
 // ---- forward ----------------------------------------------------------------------------------
@@ -174,13 +187,15 @@ void LDMScheme<R>::write_forward(int i, const R* o) {
     const R* lam = lam_.data() + (size_t)i * Hm;
 #pragma omp parallel for schedule(static) if (N >= kParN)
     for (int n = 0; n < N; n++) {
-        R* u = scratch_.data() + (size_t)omp_get_thread_num() * (4 * dk + 2 * dv);
+        R* u = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
         for (int h = 0; h < Hm; h++) {
             const size_t kh = (size_t)n * HK + h * dk;
             Knrm[(size_t)n * Hm + h] = l2n_forward(raw_.data() + kh, Kn + kh, dk);
             const R* v = Oi + (size_t)n * d + h * dv;
             R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-            if (rls_) {
+            if (window_) {
+                window_append(n, h, i, Kn + kh, v, u);
+            } else if (rls_) {
                 rls_write(S, S + SS_, Kn + kh, v, lam[h], dv, dk, u);
             } else if (outer_) {
                 outer_write(S, Kn + kh, v, lam[h], dv, dk);
@@ -196,11 +211,129 @@ void LDMScheme<R>::write_forward(int i, const R* o) {
         }
     }
     const size_t st = (size_t)N * ST_;
-    if (ckpt_ > 0) {
+    if (window_) {
+        if ((i + 1) % w_ == 0 || i == D_) {
+#pragma omp parallel for schedule(static) if (N >= kParN)
+            for (int n = 0; n < N; n++)
+                for (int h = 0; h < Hm; h++)
+                    window_flush(n, h, i, scratch_.data() + (size_t)omp_get_thread_num() * scr_size());
+            if (i < D_)
+                std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)((i + 1) / w_) * st);
+        }
+    } else if (ckpt_ > 0) {
         if (i % ckpt_ == 0) std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)(i / ckpt_) * st);
     } else if (!unwind_) {
         std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)i * st);
     }
+}
+
+// ---- window mode (spec §2.5 "window w"): per token-head pending writes of the current window.
+// Kt [w, dk]: k~_m = k_m / sqrt(c_m); Et [w, dv]: e~_m = (v_m - S k_m) / sqrt(c_m) = v~_m - S k~_m;
+// Lc [w, w]: Cholesky factor of C = I + K~^T P K~, grown one row per write; c_m = prod of the
+// window's lambdas up to and including write m. S, P in cur_ stay at the window start.
+template <typename R>
+void LDMScheme<R>::window_append(int n, int h, int i, const R* k, const R* v, R* u) {
+    const int dk = dk_, dv = dv_, w = w_, m = i % w_, s = i - m;
+    R c = 1;
+    for (int t = s; t <= i; t++) c *= lam_[(size_t)t * Hm_ + h];
+    const R isc = R(1) / ldm_sqrt(c);
+    const size_t th = (size_t)n * Hm_ + h;
+    R* Kt = Kt_.data() + th * w * dk;
+    R* Et = Et_.data() + th * w * dv;
+    R* L = Lc_.data() + th * w * w;
+    const R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
+    const R* P = S + SS_;
+    for (int b = 0; b < dk; b++) Kt[m * dk + b] = k[b] * isc;
+    for (int a = 0; a < dv; a++) {
+        R sk = 0;
+        for (int b = 0; b < dk; b++) sk += S[a * dk + b] * k[b];
+        Et[m * dv + a] = (v[a] - sk) * isc;
+    }
+    // u = P k~_m; row m of C: C[m][b] = k~_b^T u + [b == m]; append the Cholesky row.
+    for (int a = 0; a < dk; a++) {
+        R t = 0;
+        for (int b = 0; b < dk; b++) t += P[a * dk + b] * Kt[m * dk + b];
+        u[a] = t;
+    }
+    for (int b = 0; b <= m; b++) {
+        R cmb = b == m ? R(1) : R(0);
+        for (int a = 0; a < dk; a++) cmb += Kt[b * dk + a] * u[a];
+        for (int p = 0; p < b; p++) cmb -= L[m * w + p] * L[b * w + p];
+        L[m * w + b] = b == m ? ldm_sqrt(cmb) : cmb / L[b * w + b];
+    }
+}
+
+// r += E~_m^T C_m^-1 K~_m^T P q for the m pending writes (r already holds S q).
+template <typename R>
+void LDMScheme<R>::window_read(int n, int h, int m, const R* q, R* r, R* scr) {
+    const int dk = dk_, dv = dv_, w = w_;
+    const size_t th = (size_t)n * Hm_ + h;
+    const R* Kt = Kt_.data() + th * w * dk;
+    const R* Et = Et_.data() + th * w * dv;
+    const R* L = Lc_.data() + th * w * w;
+    const R* P = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_) + SS_;
+    R* t = scr;       // P q [dk]
+    R* z = scr + dk;  // [m]
+    for (int a = 0; a < dk; a++) {
+        R x = 0;
+        for (int b = 0; b < dk; b++) x += P[a * dk + b] * q[b];
+        t[a] = x;
+    }
+    for (int a = 0; a < m; a++) {  // forward substitution L z = K~^T t
+        R x = 0;
+        for (int b = 0; b < dk; b++) x += Kt[a * dk + b] * t[b];
+        for (int p = 0; p < a; p++) x -= L[a * w + p] * z[p];
+        z[a] = x / L[a * w + a];
+    }
+    for (int a = m - 1; a >= 0; a--) {  // back substitution L^T z' = z
+        R x = z[a];
+        for (int p = a + 1; p < m; p++) x -= L[p * w + a] * z[p];
+        z[a] = x / L[a * w + a];
+    }
+    for (int a = 0; a < m; a++)
+        for (int c = 0; c < dv; c++) r[c] += z[a] * Et[a * dv + c];
+}
+
+// Applies the window's m = i - s + 1 writes at once: U = P K~, X = L^-1 U^T, P <- (P - X^T X)/c,
+// G^T = L^-T X, S <- S + E~^T G^T.
+template <typename R>
+void LDMScheme<R>::window_flush(int n, int h, int i, R* scr) {
+    const int dk = dk_, dv = dv_, w = w_, m = i % w_ + 1, s = i + 1 - m;
+    R c = 1;
+    for (int t = s; t <= i; t++) c *= lam_[(size_t)t * Hm_ + h];
+    const size_t th = (size_t)n * Hm_ + h;
+    const R* Kt = Kt_.data() + th * w * dk;
+    const R* Et = Et_.data() + th * w * dv;
+    const R* L = Lc_.data() + th * w * w;
+    R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
+    R* P = S + SS_;
+    R* X = scr;  // [m, dk]
+    for (int a = 0; a < m; a++)
+        for (int b = 0; b < dk; b++) {
+            R u = 0;
+            for (int e = 0; e < dk; e++) u += P[b * dk + e] * Kt[a * dk + e];
+            for (int p = 0; p < a; p++) u -= L[a * w + p] * X[p * dk + b];
+            X[a * dk + b] = u / L[a * w + a];
+        }
+    const R ic = R(1) / c;
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) {
+            R x = 0;
+            for (int p = 0; p < m; p++) x += X[p * dk + a] * X[p * dk + b];
+            P[a * dk + b] = (P[a * dk + b] - x) * ic;
+        }
+    for (int a = m - 1; a >= 0; a--)  // X <- L^-T X (in place, rows from the bottom)
+        for (int b = 0; b < dk; b++) {
+            R x = X[a * dk + b];
+            for (int p = a + 1; p < m; p++) x -= L[p * w + a] * X[p * dk + b];
+            X[a * dk + b] = x / L[a * w + a];
+        }
+    for (int a = 0; a < dv; a++)
+        for (int b = 0; b < dk; b++) {
+            R x = 0;
+            for (int p = 0; p < m; p++) x += Et[p * dv + a] * X[p * dk + b];
+            S[a * dk + b] += x;
+        }
 }
 
 template <typename R>
@@ -216,6 +349,10 @@ void LDMScheme<R>::read_forward(int j, const R* src, R* r) {
             Qnrm[(size_t)n * Hm + h] = l2n_forward(raw_.data() + qh, Qn + qh, dk);
             const R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
             ldm_read(S, Qn + qh, r + (size_t)n * d + h * dv, dv, dk);
+            const int pending = window_ && j <= D_ ? j % w_ : 0;  // writes 0..j-1 done
+            if (pending > 0)
+                window_read(n, h, pending, Qn + qh, r + (size_t)n * d + h * dv,
+                            scratch_.data() + (size_t)omp_get_thread_num() * scr_size());
         }
 }
 
@@ -232,6 +369,7 @@ void LDMScheme<R>::begin(const R* e) {
             R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
             ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv_, dk_, (R)cfg_.ldm_delta);
         }
+    if (window_) std::copy(cur_.begin(), cur_.end(), stored_.begin());  // state before write 0
     write_forward(0, e);
 }
 
@@ -326,7 +464,7 @@ void LDMScheme<R>::prev_state(int i) {
         const R* lam = lam_.data() + (size_t)w * Hm;
 #pragma omp parallel for schedule(static) if (N >= kParN)
         for (int n = 0; n < N; n++) {
-            R* g = scratch_.data() + (size_t)omp_get_thread_num() * (4 * dk + 2 * dv);
+            R* g = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
             for (int h = 0; h < Hm; h++) {
                 R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
                 const R* k = Kn + (size_t)n * HK + h * dk;
@@ -343,6 +481,25 @@ void LDMScheme<R>::prev_state(int i) {
                 ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv, dk, (R)cfg_.ldm_delta);
             }
     };
+    if (window_) {  // recompute from the state kept at the start of write i's window
+        const int s = i / w_ * w_;
+        std::copy(stored_.begin() + (size_t)(i / w_) * st, stored_.begin() + (size_t)(i / w_ + 1) * st,
+                  cur_.begin());
+        for (int w = s; w < i; w++) {
+            const R* Kn = Kn_.data() + (size_t)w * N * HK;
+            const R* Ow = O_.data() + (size_t)w * N * d;
+            const R* lam = lam_.data() + (size_t)w * Hm;
+#pragma omp parallel for schedule(static) if (N >= kParN)
+            for (int n = 0; n < N; n++) {
+                R* u = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
+                for (int h = 0; h < Hm; h++) {
+                    R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
+                    rls_write(S, S + SS_, Kn + (size_t)n * HK + h * dk, Ow + (size_t)n * d + h * dv, lam[h], dv, dk, u);
+                }
+            }
+        }
+        return;
+    }
     const bool keep_all = ckpt_ == 0 && !unwind_;
     if (keep_all) {
         if (i == 0) set_init();
@@ -400,7 +557,7 @@ void LDMScheme<R>::write_backward(int i, R* d_o) {
     std::fill(dtok_.begin(), dtok_.end(), R(0));
 #pragma omp parallel for schedule(static) if (N >= kParN)
     for (int n = 0; n < N; n++) {
-        R* scr = scratch_.data() + (size_t)omp_get_thread_num() * (4 * dk + 2 * dv);
+        R* scr = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
         for (int h = 0; h < Hm; h++) {
             const size_t kh = (size_t)n * HK + h * dk, so = (size_t)n * ST_ + h * (SS_ + PP_);
             const R* S = cur_.data() + so;

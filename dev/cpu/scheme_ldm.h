@@ -19,8 +19,13 @@
 //              0, c, 2c, ... and unwinds inside segments (rls, outer) or recomputes the segment
 //              forward from its checkpoint (delta); drift = max deviation of an unwound state
 //              from the stored checkpoint it reaches;
-//   window w   not implemented in this reference yet (ldm::Error).
+//   window w   (rls only) forward applies w writes at once (Woodbury, spec §2.5) and gives reads
+//              inside a window the pending writes exactly through the Cholesky factor of C, grown
+//              one row per write; keeps the state at each window start; backward recomputes the
+//              states inside a window from its start by sequential writes (exact) and applies the
+//              per-write VJPs. ldm_checkpoint_every is ignored in window mode.
 #pragma once
+#include <algorithm>
 #include <string>
 
 #include "dev/cpu/scheme.h"
@@ -40,7 +45,7 @@ int64_t ldm_scheme_values_per_token(const ModelConfig& c);
 
 template <typename R>
 struct LDMScheme final : Scheme<R> {
-    explicit LDMScheme(const ModelConfig& cfg);  // ldm::Error for window mode (not implemented)
+    explicit LDMScheme(const ModelConfig& cfg);  // ldm::Error for window mode with delta/outer
     void bind(const R* params, R* grads) override;
     void init_params(R* params, uint64_t seed, uint64_t first_index) override;
     void resize(int B, int T) override;
@@ -71,12 +76,17 @@ struct LDMScheme final : Scheme<R> {
     void read_backward(int j, const R* src, const R* dr, R* dsrc);
     void prev_state(int i);                      // cur_: state after write i -> before write i
     void record_drift(const R* ref, bool init);  // compares cur_ with ref (or the init state)
-    const R* param_or_null(const std::string& name) const;
+    void window_append(int n, int h, int i, const R* k, const R* v, R* u);
+    void window_read(int n, int h, int m, const R* q, R* r, R* scr);
+    void window_flush(int n, int h, int i, R* scr);
+    size_t scr_size() const { return (size_t)std::max(4 * dk_ + 2 * dv_, w_ * dk_ + dk_ + w_); }
 
     ModelConfig cfg_;
     int d_, D_, Hm_, dk_, dv_, HK_, SS_, PP_, ST_;
     bool rls_, delta_, outer_, residual_, forget_;
     bool unwind_;      // unwind (vs store) in the configured mode
+    bool window_ = false;
+    int w_ = 1;
     int ckpt_;         // checkpoint interval in use (0 = none)
     bool warned_ = false, fell_back_ = false;
     double drift_S_ = 0, drift_P_ = 0;
@@ -89,6 +99,7 @@ struct LDMScheme final : Scheme<R> {
     // activations
     int N_ = 0;
     std::vector<R> src_, O_, Qn_, Qnrm_, Kn_, Knrm_, beta_;
+    std::vector<R> Kt_, Et_, Lc_;  // window mode: pending writes per token-head
     std::vector<R> cur_, stored_, dS_, dsrc_, tmp_, raw_, draw_, dtok_, scratch_;
 };
 
