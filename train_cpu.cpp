@@ -491,7 +491,7 @@ int main(int argc, char** argv) {
         ap.add("--ldm-lambda-min", &o.ldm_lambda_min, "LDM forgetting floor lambda_min in (0, 1]");
         ap.add("--ldm-no-forget", &o.ldm_no_forget, "LDM with fixed lambda = 1 (no theta)");
         ap.add("--ldm-mode", &o.ldm_mode,
-               "LDM training mode: store | unwind | window (not part of the model; window not on the CPU yet)");
+               "LDM training mode: store | unwind | window (not part of the model identity)");
         ap.add("--ldm-window", &o.ldm_window, "LDM window w for --ldm-mode window (>= 1)");
         ap.add("--ldm-checkpoint-every", &o.ldm_checkpoint_every,
                "LDM: keep every c-th state and unwind inside segments (0 = off)");
