@@ -27,6 +27,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/dataloader.h"
+#include "core/eval.h"
 #include "core/logger.h"
 #include "core/optim.h"
 #include "core/tokenizer.h"
@@ -64,6 +65,8 @@ struct Options {
     // evaluation, sampling, output
     int64_t val_every = 0;
     int val_batches = 20;
+    int64_t eval_every = 0, eval_max_examples = 0;  // in-training evals (core/eval.h)
+    std::string eval_lambada, eval_wikitext, eval_hellaswag;
     int64_t sample_every = 0;
     int sample_tokens = 64;
     int64_t ckpt_every = 0;
@@ -297,6 +300,24 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
                         {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()}});
     }
 
+    // In-training evaluation (core/eval.h, doc/evaluation.md): binaries loaded and checked once.
+    EvalSuite esuite;
+    esuite.lambada = o.eval_lambada;
+    esuite.wikitext = o.eval_wikitext;
+    esuite.hellaswag = o.eval_hellaswag;
+    esuite.max_examples = esuite.max_docs = o.eval_max_examples;
+    esuite.expected_eot = tok ? int64_t(tok->eot_id()) : -1;
+    esuite.print_progress = !o.quiet;
+    const bool do_evals = !(o.eval_lambada.empty() && o.eval_wikitext.empty() && o.eval_hellaswag.empty());
+    LoadedEvalSets esets;
+    if (do_evals) esets = load_eval_sets(esuite, V);
+    std::unique_ptr<ScoringModel> scorer = make_cpu_scoring_model(model);
+    auto run_evals = [&](int64_t step) {
+        json r = run_eval_suite(*scorer, esuite, esets);
+        std::printf("step %6lld | eval\n%s", (long long)step, format_results_table(r).c_str());
+        logger.log({{"type", "eval"}, {"step", step}, {"results", r}});
+    };
+
     std::printf("model %s (%s, %s): %lld parameters | B=%d T=%d accum=%lld -> %lld tokens/step | %lld steps | %d threads\n",
                 cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T, (long long)accum,
                 (long long)o.total_batch_tokens, (long long)o.steps, omp_get_max_threads());
@@ -378,6 +399,7 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
             std::printf("step %6lld | val loss %.4f\n", (long long)step, last_val);
             logger.log({{"type", "val"}, {"step", step}, {"val_loss", last_val}});
         }
+        if (do_evals && o.eval_every > 0 && step > 0 && step % o.eval_every == 0) run_evals(step);
         if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) {
             std::string s = sample_text(model, tok, eot, o.sample_tokens, T, rng);
             std::printf("step %6lld | sample: %s\n", (long long)step, s.c_str());
@@ -431,6 +453,7 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
         std::printf("\n");
         logger.log({{"type", "val"}, {"step", o.steps}, {"val_loss", last_val}, {"unigram_loss", unigram}});
     }
+    if (do_evals && o.steps > start_step) run_evals(o.steps);
     if (o.sample_every >= 0 && o.sample_tokens > 0 && tok && o.steps > start_step && o.bench == 0) {
         std::string s = sample_text(model, tok, eot, o.sample_tokens, T, rng);
         std::printf("sample: %s\n", s.c_str());
@@ -522,6 +545,12 @@ int main(int argc, char** argv) {
         ap.section("Evaluation, sampling, output");
         ap.add("--val-every", &o.val_every, "validation loss every N steps (0 = only at the end)");
         ap.add("--val-batches", &o.val_batches, "batches of B x T per validation");
+        ap.add("--eval-every", &o.eval_every, "run the --eval-* evaluations every N steps (0 = only at the end)");
+        ap.add("--eval-lambada", &o.eval_lambada, "LAMBADA eval binary: ppl and acc logged as {\"type\":\"eval\"}");
+        ap.add("--eval-wikitext", &o.eval_wikitext, "WikiText-2 eval binary: word/byte ppl, bits per byte (window T)");
+        ap.add("--eval-hellaswag", &o.eval_hellaswag, "HellaSwag eval binary: acc and acc_norm");
+        ap.add("--eval-max-examples", &o.eval_max_examples,
+               "cap on LAMBADA examples / HellaSwag items / WikiText documents per evaluation (0 = all)");
         ap.add("--unigram-baseline", &o.unigram_baseline,
                "print the val cross-entropy of an add-one unigram model fitted on the train shards");
         ap.add("--sample-every", &o.sample_every, "print a text sample every N steps (0 = only at the end; -1 never)");
@@ -551,6 +580,9 @@ int main(int argc, char** argv) {
         if (o.bench > 0) o.steps = o.bench + 2;
         if (o.steps < 1) throw Error("--steps must be >= 1");
         if (o.val_batches < 1) throw Error("--val-batches must be >= 1");
+        if (o.eval_every < 0 || o.eval_max_examples < 0) throw Error("--eval-every and --eval-max-examples must be >= 0");
+        if (o.eval_every > 0 && o.eval_lambada.empty() && o.eval_wikitext.empty() && o.eval_hellaswag.empty())
+            throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
 
         if (o.threads < 0) throw Error("--threads must be >= 0");
         const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
