@@ -153,17 +153,99 @@ class LdmMemory:
         self.write(j, o)
 
 
+class HyperStreams:
+    """HC (spec §2.2) and mHC (spec §2.3), written from the spec with autograd for the backward.
+    H [B, T, n, d]: n streams, H_0 = n copies of e. input(j) returns x_j (j = D+1: the readout,
+    the mean of the streams); output(j, o) updates the streams with the mixing of sublayer j."""
+
+    def __init__(self, cfg, P, e, manifold):
+        self.P_, self.cfg, self.manifold = P, cfg, manifold
+        self.n, self.D, self.eps = cfg["hc_streams"], 2 * cfg["n_layer"], cfg["norm_eps"]
+        self.H = e[:, :, None, :].expand(e.shape[0], e.shape[1], self.n, e.shape[2])
+
+    def input(self, j):
+        H, n = self.H, self.n
+        if j > self.D:
+            return H.mean(dim=2)
+        if not self.manifold:
+            p = "scheme.hc.%d." % j
+            Hb = H * torch.rsqrt(H.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # rms0 per stream
+            s_a, s_b = self.P_[p + "s_a"], self.P_[p + "s_b"]
+            a_m = s_a * torch.tanh(Hb @ self.P_[p + "w_m"].T)[..., 0] + self.P_[p + "a_m0"]  # [B,T,n]
+            self.a_r = s_a * torch.tanh(Hb @ self.P_[p + "w_r"].T) + self.P_[p + "a_r0"]  # [B,T,i,k]
+            self.b = s_b * torch.tanh(Hb @ self.P_[p + "w_b"].T)[..., 0] + self.P_[p + "b0"]  # [B,T,n]
+            return (a_m[..., None] * H).sum(dim=2)
+        p = "scheme.mhc.%d." % j
+        B, T = H.shape[0], H.shape[1]
+        z = H.reshape(B, T, -1)
+        zh = z * torch.rsqrt(z.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        pre = torch.sigmoid(self.P_[p + "a_pre"] * (zh @ self.P_[p + "phi_pre"].T) + self.P_[p + "b_pre"])
+        self.post = 2 * torch.sigmoid(self.P_[p + "a_post"] * (zh @ self.P_[p + "phi_post"].T) + self.P_[p + "b_post"])
+        Rt = self.P_[p + "a_res"] * (zh @ self.P_[p + "phi_res"].T).view(B, T, n, n) + self.P_[p + "b_res"]
+        M = torch.exp(Rt - Rt.amax(dim=(-2, -1), keepdim=True))
+        for _ in range(self.cfg["sinkhorn_iters"]):  # columns, then rows (the last step)
+            M = M / M.sum(dim=-2, keepdim=True)
+            M = M / M.sum(dim=-1, keepdim=True)
+        self.res = M  # [B,T,k,i]: row k = output stream
+        return (pre[..., None] * H).sum(dim=2)
+
+    def output(self, j, o):
+        if not self.manifold:
+            self.H = torch.einsum("btik,btid->btkd", self.a_r, self.H) + self.b[..., None] * o[:, :, None, :]
+        else:
+            self.H = torch.einsum("btki,btid->btkd", self.res, self.H) + self.post[..., None] * o[:, :, None, :]
+
+
+class AttnResidual:
+    """AttnRes Full and Block (spec §2.4), from the spec's equations, autograd backward.
+    Full: sources v_0 = e, v_j = o_j. Block: N = min(attnres_blocks, D) blocks of S = D // N
+    sublayers (the last takes the remainder); sources b_0..b_{n-1} plus the partial sum p when the
+    sublayer is not the first of its block; b_n = p at the block end. input(D+1) is the readout."""
+
+    def __init__(self, cfg, P, e, block):
+        self.P_, self.eps, self.D, self.block = P, cfg["norm_eps"], 2 * cfg["n_layer"], block
+        self.N = min(cfg["attnres_blocks"], self.D) if block else self.D
+        self.S = self.D // self.N
+        self.src, self.p = [e], None
+
+    def agg(self, j, srcs):
+        name = str(j) if j <= self.D else "f"
+        w, g = self.P_["scheme.attnres.%s.w" % name], self.P_["scheme.attnres.%s.g" % name]
+        U = torch.stack(srcs, dim=2)  # [B,T,K,d]
+        alpha = torch.softmax((rmsnorm(U, g, self.eps) * w).sum(dim=-1), dim=-1)
+        return (alpha[..., None] * U).sum(dim=2)
+
+    def input(self, j):
+        if j > self.D or not self.block:
+            return self.agg(j, list(self.src))
+        return self.agg(j, list(self.src) + ([self.p] if self.p is not None else []))
+
+    def output(self, j, o):
+        if not self.block:
+            self.src.append(o)
+            return
+        self.p = o if self.p is None else self.p + o
+        n = min((j - 1) // self.S + 1, self.N)
+        if (j == n * self.S) if n < self.N else (j == self.D):
+            self.src.append(self.p)
+            self.p = None
+
+
 def forward(cfg, P, tokens, targets):
     B, T = tokens.shape
     d, nh, nkv, hd = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
     V, eps, theta = cfg["vocab_size"], cfg["norm_eps"], cfg["rope_theta"]
     scheme = cfg.get("scheme", "preln")
-    if scheme not in ("preln", "ldm"):
-        raise ValueError("torch_ref implements the preln and ldm schemes only, dump has %s" % scheme)
+    if scheme not in ("preln", "ldm", "hc", "mhc", "attnres-full", "attnres-block"):
+        raise ValueError("torch_ref implements preln, ldm, hc, mhc, attnres-full and attnres-block; dump has %s" % scheme)
     h = P["wte"][tokens]  # [B, T, d], no scaling
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     group = nh // nkv
     mem = LdmMemory(cfg, P, h) if scheme == "ldm" else None
+    if scheme in ("hc", "mhc"):
+        mem = HyperStreams(cfg, P, h, scheme == "mhc")
+    elif scheme in ("attnres-full", "attnres-block"):
+        mem = AttnResidual(cfg, P, h, scheme == "attnres-block")
     for l in range(cfg["n_layer"]):
         p = "blocks.%d." % l
         # attention sublayer
@@ -245,12 +327,19 @@ def check_dump(path, args):
     pad_ok = bool(np.all(cl[..., V:] == 0)) if Vp > V else True
     rows.append(("logits[:, :V]", str([B, T, V]), "max|d| %.3e" % m, r, r <= tol and pad_ok))
     gflat = ts["grads"]
+    # Noise floor for tensors whose gradient is tiny next to the model's (e.g. mHC's H_res of
+    # sublayer 1, exactly 0 since all streams are equal, or of the last sublayer, whose readout
+    # only sees column sums ~1): such a tensor also passes when max|d| <= tol * 1e-3 * max|g|
+    # over all gradients (marked "floor"); its relative error is rounding noise.
+    gfloor = tol * 1e-3 * float(np.max(np.abs(np.asarray(gflat, dtype=np.float64))))
     for s in header["param_specs"]:
         g = gflat[s["offset"]:s["offset"] + s["numel"]].reshape(s["shape"])
         gt = P[s["name"]].grad
         gt = np.zeros(s["shape"]) if gt is None else gt.numpy()
         r, m = rel_err(g, gt)
-        rows.append((s["name"], str(s["shape"]), "max|d| %.3e" % m, r, r <= tol))
+        floor = r > tol and m <= gfloor
+        rows.append((s["name"], str(s["shape"]), "max|d| %.3e%s" % (m, " floor" if floor else ""), r,
+                     r <= tol or floor))
     ok = all(row[4] for row in rows)
     flags = ",".join(k for k in ("tied", "qkv_bias", "qk_norm") if cfg[k]) or "untied"
     print("torch_ref: %s | %s d=%d L=%d nh=%d nkv=%d hd=%d %s theta=%g | dump %s | torch %s %s | B=%d T=%d | "

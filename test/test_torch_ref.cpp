@@ -176,3 +176,44 @@ TEST_CASE("PyTorch reference agrees with the C++ reference on LDM variants", "[t
                           Catch::Contains("scheme.ldm.a.f"));
     std::printf("%s\n", t.out.c_str());
 }
+
+TEST_CASE("PyTorch reference agrees with the C++ reference on HC, mHC, AttnRes Full/Block", "[torch]") {
+    std::string dd = data_dir_or_skip("torch comparison needs real tokens");
+    if (dd.empty()) return;
+    const std::string dir = train_scratch("torch_ref_baselines");
+    REQUIRE(make_fineweb_shards(dir, dd, 20));
+    std::vector<uint32_t> toks = read_shard(dir + "/train.bin");
+    REQUIRE(toks.size() > 1000);
+    ModelConfig base = preset_config("tiny", 50257);
+    base.seq_len = 64;
+    // fp32 (tolerance 1e-4) for every scheme; Block with N = 3 over D = 4 exercises the partial sum
+    // p and the remainder block; one float64 HC and mHC dump.
+    struct V { const char* name; const char* scheme; int streams; bool fp64; };
+    const V variants[] = {{"hc", "hc", 4, false},           {"hc3", "hc", 3, false},
+                          {"mhc", "mhc", 4, false},         {"attnres_full", "attnres-full", 4, false},
+                          {"attnres_block", "attnres-block", 4, false}, {"hc_fp64", "hc", 4, true},
+                          {"mhc_fp64", "mhc", 4, true}};
+    std::vector<std::string> dumps;
+    uint64_t seed = 51;
+    for (const auto& v : variants) {
+        ModelConfig c = base;
+        c.preset = v.name;
+        c.scheme = v.scheme;
+        c.hc_streams = v.streams;
+        c.attnres_blocks = 3;
+        std::string p = dir + "/" + v.name + ".dbg";
+        if (v.fp64) write_dump<double>(p, c, toks, 2, 16, seed++);
+        else write_dump<float>(p, c, toks, 3, 16, seed++);
+        dumps.push_back(p);
+    }
+    std::string cmd = std::string(kPython) + " " + script();
+    for (const auto& d : dumps) cmd += " " + d;
+    RunResult t = run_cmd(cmd);
+    INFO(t.out);
+    CHECK(t.status == 0);
+    CHECK_THAT(t.out, Catch::Contains("torch_ref: PASS"));
+    CHECK_THAT(t.out, !Catch::Contains("FAIL"));
+    CHECK_THAT(t.out, Catch::Contains("scheme.hc.4.w_r") && Catch::Contains("scheme.mhc.4.phi_res") &&
+                          Catch::Contains("scheme.attnres.f.g"));
+    std::printf("%s\n", t.out.c_str());
+}
