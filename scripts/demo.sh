@@ -10,9 +10,12 @@
 #   4. prints the validation loss next to the unigram baseline (cross-entropy of the same val
 #      tokens under an add-one unigram model fitted on the train tokens) and a text sample, and
 #      fails (exit 1) unless the model is clearly (>= 0.2 nats) below the baseline.
-# Output (checkpoint, JSONL log, console log) in $DEMO_OUT (default demo_out/).
+#   5. builds the LAMBADA, WikiText-2 and HellaSwag eval binaries and evaluates the final
+#      checkpoint with build/eval_cpu on the first DEMO_EVAL_EXAMPLES examples of each
+#      (WikiText-2: the first 3 documents), printing the table and writing eval.json.
+# Output (checkpoint, JSONL log, console log, eval.json) in $DEMO_OUT (default demo_out/).
 # Environment: BUILD (build dir, default build), DEMO_OUT, DEMO_STEPS, DEMO_B, DEMO_T, DEMO_LR,
-# DEMO_THREADS (0 = all cores).
+# DEMO_THREADS (0 = all cores), DEMO_EVAL_EXAMPLES (default 200; 0 skips step 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -22,8 +25,11 @@ B=${DEMO_B:-8}
 T=${DEMO_T:-128}
 LR=${DEMO_LR:-2e-3}
 THREADS=${DEMO_THREADS:-0}
+EVAL_EXAMPLES=${DEMO_EVAL_EXAMPLES:-200}
+# idle OpenMP threads sleep instead of spinning (much faster when cores are shared)
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
-for bin in "$BUILD/ldm_data" "$BUILD/train_cpu"; do
+for bin in "$BUILD/ldm_data" "$BUILD/train_cpu" "$BUILD/eval_cpu"; do
   [ -x "$bin" ] || { echo "demo: $bin missing; run 'make' (or 'make demo') first" >&2; exit 1; }
 done
 
@@ -72,8 +78,31 @@ printf "demo: validation loss  %.4f nats/token\n" "$val"
 printf "demo: unigram entropy  %.4f nats/token (add-one unigram of the train tokens, on the same val tokens)\n" "$uni"
 echo "demo: checkpoint and log in $OUT/run/ (ckpt_$(printf %06d "$STEPS").model/.state, log.jsonl)"
 if awk -v v="$val" -v u="$uni" 'BEGIN { exit !(v + 0.2 <= u) }'; then
-  echo "demo: PASS: validation loss is $(awk -v v="$val" -v u="$uni" 'BEGIN{printf "%.3f", u - v}') nats below the unigram entropy"
+  verdict="PASS: validation loss is $(awk -v v="$val" -v u="$uni" 'BEGIN{printf "%.3f", u - v}') nats below the unigram entropy"
+  ok=1
 else
-  echo "demo: FAIL: validation loss is not clearly below the unigram entropy" >&2
-  exit 1
+  verdict="FAIL: validation loss is not clearly below the unigram entropy"
+  ok=0
 fi
+
+# 5. evaluation of the final checkpoint on the standard benchmarks (subsets: CPU time)
+if [ "$EVAL_EXAMPLES" -gt 0 ] && [ -f "$DATA/lambada/lambada_test.jsonl" ]; then
+  mkdir -p "$OUT/eval"
+  TOK="$DATA/gpt2_tokenizer"
+  "$BUILD/ldm_data" lambada --tokenizer "$TOK" --input "$DATA/lambada/lambada_test.jsonl" --out "$OUT/eval/lambada.bin" >/dev/null
+  "$BUILD/ldm_data" wikitext --tokenizer "$TOK" --input "$DATA/wikitext2/wiki.test.raw" --out "$OUT/eval/wikitext2.bin" >/dev/null
+  hs=()
+  if [ -f "$DATA/hellaswag/hellaswag_val_full.txt.bz2" ]; then
+    "$BUILD/ldm_data" hellaswag --tokenizer "$TOK" --input "$DATA/hellaswag/hellaswag_val_full.txt.bz2" --out "$OUT/eval/hellaswag.bin" >/dev/null
+    hs=(--hellaswag "$OUT/eval/hellaswag.bin")
+  fi
+  echo
+  echo "demo: evaluating the checkpoint (first $EVAL_EXAMPLES LAMBADA examples / HellaSwag items, first 3 WikiText-2 documents)"
+  "$BUILD/eval_cpu" --checkpoint "$OUT/run/ckpt_$(printf %06d "$STEPS").model" --tokenizer "$TOK" \
+    --val-data "$OUT/data/fineweb_val_*.bin" --lambada "$OUT/eval/lambada.bin" \
+    --wikitext "$OUT/eval/wikitext2.bin" --max-docs 3 "${hs[@]}" --max-examples "$EVAL_EXAMPLES" \
+    --threads "$THREADS" --out "$OUT/run/eval.json"
+fi
+echo
+echo "demo: $verdict"
+[ "$ok" = 1 ] || exit 1
