@@ -24,8 +24,8 @@ struct ModelConfig {
     bool tied = false, qkv_bias = false, qk_norm = false;
     double rope_theta = 1e4, norm_eps = 1e-5;
     std::string scheme = "preln";  // preln | hc | mhc | attnres-full | attnres-block | ldm
-    int hc_streams = 4, sinkhorn_iters = 20, attnres_blocks = 8;              // later issues
-    std::string ldm_rule = "rls"; bool ldm_residual = true, ldm_forget = true; // later issues
+    int hc_streams = 4, sinkhorn_iters = 20, attnres_blocks = 8;              // HC/mHC/AttnRes (spec §2.2-2.4)
+    std::string ldm_rule = "rls"; bool ldm_residual = true, ldm_forget = true; // LDM (spec §2.5)
     int ldm_heads = 4, ldm_dk = 8; double ldm_delta = 0.1, ldm_lambda_min = 0.95;
     // LDM training options (spec §2.5 "Training implementation modes"). NOT part of the model's
     // identity: a checkpoint trained in one mode loads in another, so config_to_json (and with it

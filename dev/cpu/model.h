@@ -19,7 +19,7 @@ namespace cpu {
 template <typename R>
 struct Model {
     // Validates cfg (ldm::Error) and allocates params and grads (flat, param_specs order, zero).
-    // Throws ldm::Error for schemes not implemented on the CPU yet.
+    // Throws ldm::Error for an unknown scheme name.
     explicit Model(const ModelConfig& cfg);
     ~Model();
     Model(const Model&) = delete;

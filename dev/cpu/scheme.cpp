@@ -20,7 +20,7 @@ std::unique_ptr<Scheme<R>> make_scheme(const ModelConfig& cfg) {
     if (cfg.scheme == "attnres-full") return std::make_unique<AttnRes<R>>(cfg, false);
     if (cfg.scheme == "attnres-block") return std::make_unique<AttnRes<R>>(cfg, true);
     throw Error("scheme '" + cfg.scheme +
-                "' is not implemented in the CPU reference yet (available: preln, hc, mhc, attnres-full, attnres-block)");
+                "' is unknown (available: preln, hc, mhc, attnres-full, attnres-block, ldm)");
 }
 
 template <typename R>
