@@ -72,12 +72,27 @@ cols = ["scheme", "params", "val ppl", "WikiText-2 ppl", "LAMBADA ppl", "LAMBADA
 rows, srcs = [], []
 def get(r, sec, key, fmt):
     return fmt % r[sec][key] if sec in r and r[sec].get(key) is not None else "-"
+def label(j):
+    # the scheme with the variant options that distinguish runs of one scheme
+    c = j.get("config", {})
+    s = j["scheme"]
+    if s == "ldm":
+        s += " " + c.get("ldm_rule", "")
+        if c.get("ldm_residual") is False: s += " no-res"
+        if c.get("ldm_forget") is False: s += " no-forget"
+        if c.get("ldm_dk") not in (None, 8): s += " dk=%d" % c["ldm_dk"]
+    elif s == "attnres-block":
+        n = min(c.get("attnres_blocks", 8), 2 * c.get("n_layer", 1 << 30))
+        s += " N=%d" % n
+    elif s in ("hc", "mhc") and c.get("hc_streams", 4) != 4:
+        s += " n=%d" % c["hc_streams"]
+    return s
 for f in files:
     j = json.load(open(f))
     r = j["results"]
     p = j["params"]
     ps = "%.1fM" % (p / 1e6) if p < 1e9 else "%.2fB" % (p / 1e9)
-    rows.append([j["scheme"], ps, get(r, "val", "ppl", "%.2f"), get(r, "wikitext", "word_perplexity", "%.2f"),
+    rows.append([label(j), ps, get(r, "val", "ppl", "%.2f"), get(r, "wikitext", "word_perplexity", "%.2f"),
                  get(r, "lambada", "ppl", "%.2f"), get(r, "lambada", "acc", "%.4f"),
                  get(r, "hellaswag", "acc_norm", "%.4f")])
     srcs.append("%s (%s, step %d, %d params)" % (j["checkpoint"], j["preset"], j["step"], p))
