@@ -38,6 +38,29 @@ int64_t HC<R>::state_values_per_token() const {
     return (D + 1) * n * d + D * d + D * n + D * n * (n + 2) + 4 * n * d + 2 * n * (n + 2);
 }
 
+// Readout of HC and mHC (spec §2.2, §2.3): y_t = (1/n) sum_i H_{t,i}. H [N, n, d], y [N, d].
+template <typename R>
+static void stream_mean(const R* H, int N, int n, int d, R* y) {
+    const R inv = R(1) / (R)n;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        R* yt = y + (size_t)t * d;
+        std::fill(yt, yt + d, R(0));
+        for (int i = 0; i < n; i++) axpy(yt, R(1), H + ((size_t)t * n + i) * d, d);
+        for (int c = 0; c < d; c++) yt[c] *= inv;
+    }
+}
+
+// Its backward: dH_{t,i} = dy_t / n (written, not accumulated). dy [N, d], dH [N, n, d].
+template <typename R>
+static void stream_mean_backward(const R* dy, int N, int n, int d, R* dH) {
+    const R inv = R(1) / (R)n;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++)
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < d; c++) dH[((size_t)t * n + i) * d + c] = dy[(size_t)t * d + c] * inv;
+}
+
 template <typename R>
 void HC<R>::init_params(R* params, uint64_t, uint64_t) {
     const int n = n_, d = d_;
@@ -147,27 +170,12 @@ void HC<R>::output(int j, const R* o) {
 
 template <typename R>
 void HC<R>::readout(R* y) {
-    const int n = n_, d = d_;
-    const R* HD = H(D_);
-    const R inv = R(1) / (R)n;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N_; t++) {
-        R* yt = y + (size_t)t * d;
-        std::fill(yt, yt + d, R(0));
-        for (int i = 0; i < n; i++) axpy(yt, R(1), HD + ((size_t)t * n + i) * d, d);
-        for (int c = 0; c < d; c++) yt[c] *= inv;
-    }
+    stream_mean(H(D_), N_, n_, d_, y);
 }
 
 template <typename R>
 void HC<R>::readout_backward(const R* dy) {
-    const int n = n_, d = d_;
-    const R inv = R(1) / (R)n;
-    R* dH = dH_.data();
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N_; t++)
-        for (int i = 0; i < n; i++)
-            for (int c = 0; c < d; c++) dH[((size_t)t * n + i) * d + c] = dy[(size_t)t * d + c] * inv;
+    stream_mean_backward(dy, N_, n_, d_, dH_.data());
 }
 
 template <typename R>
@@ -423,27 +431,12 @@ void MHC<R>::output(int j, const R* o) {
 
 template <typename R>
 void MHC<R>::readout(R* y) {
-    const int n = n_, d = d_;
-    const R* HD = H(D_);
-    const R inv = R(1) / (R)n;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N_; t++) {
-        R* yt = y + (size_t)t * d;
-        std::fill(yt, yt + d, R(0));
-        for (int i = 0; i < n; i++) axpy(yt, R(1), HD + ((size_t)t * n + i) * d, d);
-        for (int c = 0; c < d; c++) yt[c] *= inv;
-    }
+    stream_mean(H(D_), N_, n_, d_, y);
 }
 
 template <typename R>
 void MHC<R>::readout_backward(const R* dy) {
-    const int n = n_, d = d_;
-    const R inv = R(1) / (R)n;
-    R* dH = dH_.data();
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N_; t++)
-        for (int i = 0; i < n; i++)
-            for (int c = 0; c < d; c++) dH[((size_t)t * n + i) * d + c] = dy[(size_t)t * d + c] * inv;
+    stream_mean_backward(dy, N_, n_, d_, dH_.data());
 }
 
 template <typename R>
