@@ -8,7 +8,8 @@
 #   make deps           install Debian/npm dependencies (idempotent; root when missing)
 #   make cuda           only the CUDA targets (needs nvcc)
 #   make clean
-# Variables: CUDA_ARCH (default "90", PTX is embedded too), CXX, NVCC, OPT, DEBUG=1.
+# Variables: CUDA_ARCH (default "90": sm_90 code + PTX), CUDA_PORTABLE_ARCH (default "80": PTX
+# for any GPU from sm_80 on, so the binaries also run on Ampere/Ada), CXX, NVCC, OPT, DEBUG=1.
 
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
@@ -39,9 +40,12 @@ TEST_COMMON := $(BUILD)/test/catch_main.o $(BUILD)/test/helpers.o
 
 # CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists.
 CUDA_ARCH ?= 90
-NVCCFLAGS ?= -O3 -std=c++17 --use_fast_math -lineinfo -I. \
+CUDA_PORTABLE_ARCH ?= 80
+NVCC_OPT ?= -O3
+NVCCFLAGS ?= $(NVCC_OPT) -std=c++17 -lineinfo -I. -MMD -MP \
              -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
-             -gencode arch=compute_$(CUDA_ARCH),code=compute_$(CUDA_ARCH) \
+             -gencode arch=compute_$(CUDA_PORTABLE_ARCH),code=compute_$(CUDA_PORTABLE_ARCH) \
+             --Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror \
              -Xcompiler -fopenmp -DLDM_SOURCE_DIR=\"$(CURDIR)\"
 CUDA_LIBS ?= -lcublasLt -lcublas
 CU_SRCS  := $(wildcard train_*.cu) $(wildcard dev/cuda/*.cu)
@@ -83,7 +87,7 @@ deps:
 # The test command of the README. Builds everything the tests exercise, then runs every test
 # binary and prints "tests: N passed, N failed".
 test: deps
-	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests
+	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests $(if $(NVCC),cuda)
 	@bash scripts/run_tests.sh $(TESTS)
 
 demo: deps

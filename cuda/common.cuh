@@ -1,0 +1,230 @@
+// cuda/common.cuh — shared CUDA infrastructure for the GPU trainers and the dev/cuda workbench:
+// error checking, the bf16 type and fp32 conversions, RAII device buffers with 64-bit sizes,
+// GPU detection and CUDA-event timing. Conventions: doc/cuda.md.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+#include "dev/cpu/elementwise.h"
+
+namespace ldm {
+namespace gpu {
+
+using bf16 = __nv_bfloat16;
+
+// Throws ldm::Error("file:line: CUDA error <name>: <text> in <expr>") when a CUDA runtime call fails.
+#define CUDA_CHECK(expr)                                                                         \
+    do {                                                                                         \
+        cudaError_t err_ = (expr);                                                               \
+        if (err_ != cudaSuccess)                                                                 \
+            throw ::ldm::Error(::ldm::strprintf("%s:%d: CUDA error %s: %s in %s", __FILE__,      \
+                                                __LINE__, cudaGetErrorName(err_),                \
+                                                cudaGetErrorString(err_), #expr));               \
+    } while (0)
+
+// Same for cuBLAS / cuBLASLt status codes.
+#define CUBLAS_CHECK(expr)                                                                       \
+    do {                                                                                         \
+        cublasStatus_t st_ = (expr);                                                             \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+            throw ::ldm::Error(::ldm::strprintf("%s:%d: cuBLAS error %d (%s) in %s", __FILE__,   \
+                                                __LINE__, (int)st_, cublasGetStatusString(st_),  \
+                                                #expr));                                         \
+    } while (0)
+
+// After every kernel launch: catches bad launch configurations immediately (asynchronous faults
+// surface at the next synchronising call, which is checked too).
+#define LDM_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// fp32 <-> activation type. Arithmetic is always fp32; T is float or bf16 (round to nearest even).
+LDM_HD inline float to_f(float x) { return x; }
+LDM_HD inline float to_f(bf16 x) { return __bfloat162float(x); }
+template <typename T>
+LDM_HD inline T from_f(float x);
+template <>
+LDM_HD inline float from_f<float>(float x) { return x; }
+template <>
+LDM_HD inline bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// Name of the activation type for logs and tables.
+template <typename T>
+inline const char* dtype_name();
+template <>
+inline const char* dtype_name<float>() { return "fp32"; }
+template <>
+inline const char* dtype_name<bf16>() { return "bf16"; }
+
+// Ceil division for grid sizes (64-bit safe).
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// True when at least one CUDA device is usable (driver present, device count > 0). Never throws;
+// clears the sticky error state of a failed probe.
+inline bool gpu_available() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+}
+
+// Workbench / test entry: when no GPU is usable prints "skipped: no GPU" and exits 0.
+inline void exit_if_no_gpu(const char* program) {
+    if (!gpu_available()) {
+        std::printf("%s: skipped: no GPU\n", program);
+        std::exit(0);
+    }
+}
+
+// One-line description of device 0: "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB".
+inline std::string device_description(int dev = 0) {
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    return strprintf("%s, sm_%d%d, %d SMs, %.1f GiB", p.name, p.major, p.minor,
+                     p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
+}
+
+// Owning device allocation of n elements of E (cudaMalloc; no managed memory). Move-only.
+template <typename E>
+struct DeviceBuffer {
+    E* ptr = nullptr;
+    int64_t n = 0;
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(int64_t count) { alloc(count); }
+    ~DeviceBuffer() { release(); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        if (this != &o) {
+            release();
+            ptr = o.ptr; n = o.n;
+            o.ptr = nullptr; o.n = 0;
+        }
+        return *this;
+    }
+    // (Re)allocates when count differs; contents are undefined afterwards.
+    void alloc(int64_t count) {
+        if (count == n && ptr) return;
+        release();
+        if (count > 0) CUDA_CHECK(cudaMalloc((void**)&ptr, (size_t)count * sizeof(E)));
+        n = count;
+    }
+    void release() {
+        if (ptr) cudaFree(ptr);
+        ptr = nullptr;
+        n = 0;
+    }
+    int64_t bytes() const { return n * (int64_t)sizeof(E); }
+    E* get() const { return ptr; }
+};
+
+// Host fp32/fp64/any -> device T, converting through fp32 (blocking).
+template <typename T, typename H>
+inline void upload(T* dst, const H* src, int64_t n) {
+    std::vector<T> tmp((size_t)n);
+    for (int64_t i = 0; i < n; i++) tmp[(size_t)i] = from_f<T>((float)src[i]);
+    CUDA_CHECK(cudaMemcpy(dst, tmp.data(), (size_t)n * sizeof(T), cudaMemcpyHostToDevice));
+}
+// Device T -> host float (blocking).
+template <typename T>
+inline std::vector<float> download(const T* src, int64_t n) {
+    std::vector<T> tmp((size_t)n);
+    CUDA_CHECK(cudaMemcpy(tmp.data(), src, (size_t)n * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<float> out((size_t)n);
+    for (int64_t i = 0; i < n; i++) out[(size_t)i] = to_f(tmp[(size_t)i]);
+    return out;
+}
+
+// Fills n device values with a constant (e.g. NaN poison before a kernel writes them).
+template <typename T>
+void fill(T* dst, int64_t n, float value, cudaStream_t s);
+
+template <typename T>
+__global__ void fill_kernel(T* dst, int64_t n, T v) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = v;
+}
+template <typename T>
+void fill(T* dst, int64_t n, float value, cudaStream_t s) {
+    if (n <= 0) return;
+    int64_t blocks = ceil_div(n, 256);
+    if (blocks > 65535 * 8) blocks = 65535 * 8;
+    fill_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(dst, n, from_f<T>(value));
+    LDM_LAUNCH_CHECK();
+}
+
+// Elapsed-time measurement with CUDA events on one stream (milliseconds).
+struct Timer {
+    cudaEvent_t a = nullptr, b = nullptr;
+    Timer() {
+        CUDA_CHECK(cudaEventCreate(&a));
+        CUDA_CHECK(cudaEventCreate(&b));
+    }
+    ~Timer() {
+        if (a) cudaEventDestroy(a);
+        if (b) cudaEventDestroy(b);
+    }
+    Timer(const Timer&) = delete;
+    Timer& operator=(const Timer&) = delete;
+    void start(cudaStream_t s = 0) { CUDA_CHECK(cudaEventRecord(a, s)); }
+    float stop_ms(cudaStream_t s = 0) {
+        CUDA_CHECK(cudaEventRecord(b, s));
+        CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        return ms;
+    }
+};
+
+// Median of the per-call times (ms) of fn() over `reps` calls after `warmup` calls, timed with
+// events on stream s. fn must enqueue its work on s.
+template <typename F>
+inline float time_median_ms(F&& fn, int warmup, int reps, cudaStream_t s = 0) {
+    for (int i = 0; i < warmup; i++) fn();
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<float> t;
+    Timer tm;
+    for (int i = 0; i < reps; i++) {
+        tm.start(s);
+        fn();
+        t.push_back(tm.stop_ms(s));
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// Relative error ||a - b|| / max(||b||, tiny) in double, and whether any value is non-finite.
+struct Compare {
+    double rel = 0, max_abs = 0;
+    bool finite = true;
+};
+inline Compare compare(const float* a, const float* b, int64_t n) {
+    Compare c;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = a[i], y = b[i];
+        if (!std::isfinite(x) || !std::isfinite(y)) c.finite = false;
+        num += (x - y) * (x - y);
+        den += y * y;
+        c.max_abs = std::max(c.max_abs, std::fabs(x - y));
+    }
+    c.rel = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+    return c;
+}
+
+}  // namespace gpu
+}  // namespace ldm
