@@ -1,0 +1,139 @@
+// dev/cpu/infer.h — inference on the CPU reference: prefill and incremental decode with a KV
+// cache, and sampling (greedy, temperature, top-k, top-p). Spec: ../shared/spec/model.md §1-§2
+// (the same forward as Model<R>), ../shared/spec/performance.md ("inference: prefill tokens/s
+// and per-token decode latency"). Walkthrough: doc/benchmarks.md "Inference".
+//
+// Why a cache of attention keys/values is all that is needed: every depth-aggregation scheme
+// (PreLN, HC, mHC, AttnRes Full/Block, LDM) keeps its state per token and mixes only across the
+// depth of that token (dev/cpu/scheme_*.cpp index everything by the token row n < N = B*T and
+// never look at another row; resize() only uses B*T). So the scheme simply runs on the rows of
+// the new tokens; only causal attention looks back in time, through the cache.
+//
+// The weights are read from the Model's flat params at every call (they may change between
+// calls, e.g. sampling during training); the model itself is never touched (its activations,
+// grads and scheme are left alone), so training stays bit-identical.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "dev/cpu/model.h"
+#include "dev/cpu/scheme.h"
+
+namespace ldm {
+namespace cpu {
+
+// Keys (after QK-norm and RoPE) and values of every layer for B sequences that advance in
+// lockstep (all have `len` positions). k, v: [n_layer, B, max_T, kv_dim] row-major.
+template <typename R>
+struct KVCache {
+    int n_layer = 0, B = 0, max_T = 0, kvd = 0;
+    int len = 0;  // positions filled, the same for every sequence
+    std::vector<R> k, v;
+    void allocate(const ModelConfig& c, int B, int max_T);  // zeroed, len = 0
+    R* K(int l, int b) { return k.data() + ((size_t)l * B + b) * (size_t)max_T * kvd; }
+    R* V(int l, int b) { return v.data() + ((size_t)l * B + b) * (size_t)max_T * kvd; }
+    int64_t bytes() const { return (int64_t)(k.size() + v.size()) * (int64_t)sizeof(R); }
+};
+
+// Prefill + decode over a model's current parameters. Not thread-safe (one instance per caller);
+// uses OpenMP/BLAS threads inside like the model.
+template <typename R>
+class Inference {
+   public:
+    // B sequences of at most max_T positions; max_T in [1, cfg.seq_len] (ldm::Error else). The
+    // model must outlive this object; its params are read on every call.
+    Inference(const Model<R>& model, int B, int max_T);
+    ~Inference();
+    Inference(const Inference&) = delete;
+    Inference& operator=(const Inference&) = delete;
+
+    // Empties the cache (len = 0).
+    void reset();
+    // Runs n >= 1 new tokens per sequence at positions len .. len+n-1 and appends their keys and
+    // values to the cache. tokens: [B, n] row-major, ids in [0, V) (ldm::Error else, also when
+    // len + n > max_T). Returns the logits: all_logits ? [B*n, Vp] in (b, t) order : [B, Vp]
+    // for each sequence's last new position. Columns >= V are 0. Valid until the next call.
+    const R* step(const int32_t* tokens, int n, bool all_logits);
+    // reset() then step(tokens [B, P], P, all_logits).
+    const R* prefill(const int32_t* tokens, int P, bool all_logits = false);
+    // One new token per sequence (tokens [B]); returns [B, Vp].
+    const R* decode_step(const int32_t* tokens) { return step(tokens, 1, false); }
+
+    int pos() const { return cache_.len; }
+    int batch() const { return B_; }
+    int max_len() const { return max_T_; }
+    int vocab_size() const { return cfg_.vocab_size; }
+    const KVCache<R>& cache() const { return cache_; }
+
+   private:
+    const Model<R>& model_;
+    const ModelConfig& cfg_;
+    int B_, max_T_;
+    KVCache<R> cache_;
+    std::unique_ptr<Scheme<R>> scheme_;
+    std::map<std::string, int64_t> off_;  // param_specs name -> offset in model.params
+    std::vector<R> scheme_grads_;  // unused gradient block the scheme binds to
+    std::vector<R> cos_t_, sin_t_;  // RoPE tables [max_T, hd/2]
+    // per-step buffers (sized for the largest n seen)
+    std::vector<R> emb_, x_, ln_, q_, k_, v_, qn_, kn_, rstd_, ao_, o_, h1_, h3_, a_, y_, yn_,
+        ysel_, logits_, scores_;
+};
+
+// Sampling settings. greedy (or temperature <= 0, or top_k == 1) picks the argmax. Otherwise the
+// logits over the real V are divided by the temperature, softmaxed (in double), restricted to
+// the top_k most probable tokens (0 = all) and then to the nucleus: the smallest prefix of the
+// tokens sorted by descending probability (ties: lower id first) whose mass reaches top_p
+// (1 = all); the kept probabilities are renormalised.
+struct SamplingParams {
+    bool greedy = false;
+    double temperature = 1.0;
+    int top_k = 0;
+    double top_p = 1.0;
+};
+
+// First index of the maximum of logits[0..V).
+template <typename R>
+int32_t argmax_token(const R* logits, int V);
+
+// The distribution sample_token draws from: ids sorted by descending probability (ties: lower id
+// first) and their renormalised probabilities (sum 1). Greedy: the argmax with probability 1.
+// ldm::Error for top_k < 0, top_p outside (0, 1], or a NaN logit.
+template <typename R>
+void sampling_distribution(const R* logits, int V, const SamplingParams& sp, std::vector<int32_t>* ids,
+                           std::vector<double>* probs);
+
+// Draws one token from sampling_distribution with u uniform in [0, 1) (inverse CDF).
+template <typename R>
+int32_t sample_token(const R* logits, int V, const SamplingParams& sp, double u);
+
+// Timing of one generate() call (wall clock).
+struct GenerateStats {
+    int prompt_tokens = 0, new_tokens = 0;
+    double prefill_s = 0;              // prefill of the prompt (including its last-row logits)
+    std::vector<double> decode_ms;     // one entry per decode_step (new tokens after the first)
+    double prefill_tokens_per_s() const { return prefill_s > 0 ? prompt_tokens / prefill_s : 0; }
+    double mean_decode_ms() const;     // 0 when no decode step ran
+    double median_decode_ms() const;
+};
+
+// Autoregressive generation for one sequence (the Inference must have B == 1): prefill of the
+// prompt (>= 1 token), then up to max_new tokens, each sampled from the last logits; decoding
+// stops early after a token equal to stop_token (>= 0; included in the result) or when the cache
+// is full (prompt + generated - 1 == max_len). Sampling uses the splitmix64 stream of `seed`
+// (dev/cpu/rng.h: draw i is stream_uniform(init_stream(seed, 0), i)). Returns the new tokens.
+template <typename R>
+std::vector<int32_t> generate(Inference<R>& inf, const std::vector<int32_t>& prompt, int max_new,
+                              const SamplingParams& sp, uint64_t seed, int32_t stop_token = -1,
+                              GenerateStats* stats = nullptr);
+
+extern template struct KVCache<float>;
+extern template struct KVCache<double>;
+extern template class Inference<float>;
+extern template class Inference<double>;
+
+}  // namespace cpu
+}  // namespace ldm
