@@ -1,0 +1,108 @@
+// dev/cuda/ka_workbench.cuh — helpers for the matmul / embedding / rmsnorm / rope / swiglu
+// workbenches: random inputs, rounding to the activation type, CHECK / BENCH lines in the
+// format of doc/cuda.md (workbench output convention), and a failure count for the exit code.
+#pragma once
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/common.cuh"
+
+namespace ldm {
+namespace gpu {
+namespace wb {
+
+// Deterministic xorshift generator; uniform() in [-1, 1).
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+    uint64_t next() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        return s;
+    }
+    float uniform() { return (float)((next() >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f; }
+};
+
+// n values offset + scale·u, u uniform in [-1, 1); never exactly 0 when offset == 0.
+inline std::vector<float> random_vec(Rng& r, int64_t n, float scale = 1.f, float offset = 0.f) {
+    std::vector<float> v((size_t)n);
+    for (auto& x : v) {
+        float u = r.uniform();
+        if (offset == 0.f && u == 0.f) u = 0.5f;
+        x = offset + scale * u;
+    }
+    return v;
+}
+
+// The values T would hold (round to nearest even for bf16), back in fp32.
+template <typename T>
+inline std::vector<float> round_to(const std::vector<float>& v) {
+    std::vector<float> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = to_f(from_f<T>(v[i]));
+    return o;
+}
+
+// Device buffer of T holding v (rounded to T).
+template <typename T>
+inline DeviceBuffer<T> to_device(const std::vector<float>& v) {
+    DeviceBuffer<T> b((int64_t)v.size());
+    if (!v.empty()) upload(b.get(), v.data(), (int64_t)v.size());
+    return b;
+}
+
+// Tolerance on the relative error ||got - ref|| / ||ref||: fp32 tight, bf16 loose.
+template <typename T>
+inline double tol();
+template <>
+inline double tol<float>() { return 1e-4; }
+template <>
+inline double tol<bf16>() { return 2e-2; }
+
+struct Report {
+    int checks = 0, fails = 0;
+    // Prints a CHECK line comparing got with ref; counts failures (also on non-finite values or
+    // size mismatch).
+    bool check(const char* family, const std::string& variant, const char* dtype,
+               const std::string& shape, const std::vector<float>& got,
+               const std::vector<float>& ref, double tolerance) {
+        Compare c;
+        bool ok = got.size() == ref.size();
+        if (ok) c = compare(got.data(), ref.data(), (int64_t)got.size());
+        ok = ok && c.finite && c.rel <= tolerance;
+        std::printf("CHECK %s %s %s %s rel=%.3e max_abs=%.3e %s\n", family, variant.c_str(), dtype,
+                    shape.c_str(), c.rel, c.max_abs, ok ? "PASS" : "FAIL");
+        std::fflush(stdout);
+        checks++;
+        if (!ok) fails++;
+        return ok;
+    }
+    // Prints a BENCH line; bytes / flops <= 0 print "-".
+    void bench(const char* family, const std::string& variant, const char* dtype,
+               const std::string& shape, float ms, double bytes, double flops) {
+        char gbs[32] = "-", tfs[32] = "-";
+        if (bytes > 0) std::snprintf(gbs, sizeof gbs, "%.1f", bytes / (ms * 1e-3) / 1e9);
+        if (flops > 0) std::snprintf(tfs, sizeof tfs, "%.1f", flops / (ms * 1e-3) / 1e12);
+        std::printf("BENCH %s %s %s %s ms=%.4f GB/s=%s TFLOP/s=%s\n", family, variant.c_str(),
+                    dtype, shape.c_str(), ms, gbs, tfs);
+        std::fflush(stdout);
+    }
+    int finish(const char* family) const {
+        std::printf("%s: %d checks, %d failed\n", family, checks, fails);
+        return fails ? 1 : 0;
+    }
+};
+
+inline bool has_flag(int argc, char** argv, const char* flag) {
+    for (int i = 1; i < argc; i++)
+        if (std::strcmp(argv[i], flag) == 0) return true;
+    return false;
+}
+
+// Timing defaults: median of 20 after 3 warm-up calls (doc/cuda.md convention).
+constexpr int kWarmup = 3, kReps = 20;
+
+}  // namespace wb
+}  // namespace gpu
+}  // namespace ldm
