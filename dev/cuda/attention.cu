@@ -1,0 +1,221 @@
+// dev/cuda/attention.cu — workbench for cuda/attention.cuh (doc/cuda.md, spec §1).
+// Checks every variant of attention_forward (out, lse) and attention_backward (dqkv) against the
+// CPU reference cpu::attention_forward / attention_backward in double (q, k, v split from the
+// packed qkv on the host; lse recomputed in double), for float and bf16, at small odd shapes,
+// with NaN-poisoned outputs; checks that two backward runs are bit-identical; then times forward
+// and forward+backward at B·T = 16384 tokens (T=2048 llama-400m heads, T=8192 qwen3-1.7b-like).
+// Output: CHECK/BENCH lines (doc/cuda.md workbench convention). Exit code 1 if a CHECK failed.
+// Usage: attention [--quick]   (--quick: checks only, no timing)
+#include <cstring>
+
+#include "cuda/attention.cuh"
+#include "dev/cpu/ops.h"
+#include "dev/cpu/rng.h"
+
+using namespace ldm;
+using namespace ldm::gpu;
+
+namespace {
+
+struct Shape {
+    int B, T, nh, nkv, hd;
+    std::string str() const {
+        return strprintf("B=%d,T=%d,nh=%d,nkv=%d,hd=%d", B, T, nh, nkv, hd);
+    }
+    int64_t N() const { return (int64_t)B * T; }
+    int64_t C3() const { return (int64_t)(nh + 2 * nkv) * hd; }
+};
+
+int g_failures = 0;
+
+void report(const char* what, int variant, const char* dtype, const Shape& sh, const Compare& c,
+            double tol) {
+    const bool ok = c.finite && c.rel <= tol;
+    if (!ok) g_failures++;
+    std::printf("CHECK attention %d %s %s:%s rel=%.3e max_abs=%.3e %s\n", variant, dtype,
+                sh.str().c_str(), what, c.rel, c.max_abs, ok ? "PASS" : "FAIL");
+    std::fflush(stdout);
+}
+
+// Values rounded through T (so the CPU sees exactly what the GPU sees).
+template <typename T>
+std::vector<float> random_values(int64_t n, uint64_t seed, double sd) {
+    std::vector<float> v((size_t)n);
+    const uint64_t s0 = init_stream(seed, 0);
+    for (int64_t i = 0; i < n; i++) v[(size_t)i] = to_f(from_f<T>((float)(sd * stream_normal(s0, (uint64_t)i))));
+    return v;
+}
+
+struct Reference {
+    std::vector<float> out, lse, dqkv;
+};
+
+// CPU reference in double from the packed host qkv.
+Reference cpu_reference(const Shape& sh, const std::vector<float>& qkv, const std::vector<float>& dout) {
+    const int64_t N = sh.N(), C3 = sh.C3();
+    const int qd = sh.nh * sh.hd, kvd = sh.nkv * sh.hd;
+    std::vector<double> q((size_t)(N * qd)), k((size_t)(N * kvd)), v((size_t)(N * kvd));
+    for (int64_t n = 0; n < N; n++) {
+        const float* r = qkv.data() + n * C3;
+        for (int c = 0; c < qd; c++) q[(size_t)(n * qd + c)] = r[c];
+        for (int c = 0; c < kvd; c++) {
+            k[(size_t)(n * kvd + c)] = r[qd + c];
+            v[(size_t)(n * kvd + c)] = r[qd + kvd + c];
+        }
+    }
+    std::vector<double> out((size_t)(N * qd)), att((size_t)sh.B * sh.nh * sh.T * sh.T);
+    cpu::attention_forward<double>(out.data(), att.data(), q.data(), k.data(), v.data(), sh.B, sh.T,
+                                   sh.nh, sh.nkv, sh.hd);
+    Reference ref;
+    ref.out.assign(out.begin(), out.end());
+    // lse[b, h, t] = log Σ_{j<=t} exp(scale q_t·k_j), in double with the max subtracted.
+    const double scale = 1.0 / std::sqrt((double)sh.hd);
+    const int G = sh.nh / sh.nkv;
+    ref.lse.resize((size_t)sh.B * sh.nh * sh.T);
+    std::vector<double> sc((size_t)sh.T);
+    for (int b = 0; b < sh.B; b++)
+        for (int h = 0; h < sh.nh; h++)
+            for (int t = 0; t < sh.T; t++) {
+                const double* qr = q.data() + ((int64_t)b * sh.T + t) * qd + (int64_t)h * sh.hd;
+                double mx = -INFINITY;
+                for (int j = 0; j <= t; j++) {
+                    const double* kr = k.data() + ((int64_t)b * sh.T + j) * kvd + (int64_t)(h / G) * sh.hd;
+                    double s = 0;
+                    for (int d = 0; d < sh.hd; d++) s += qr[d] * kr[d];
+                    sc[(size_t)j] = scale * s;
+                    mx = std::max(mx, sc[(size_t)j]);
+                }
+                double sum = 0;
+                for (int j = 0; j <= t; j++) sum += std::exp(sc[(size_t)j] - mx);
+                ref.lse[((size_t)b * sh.nh + h) * sh.T + t] = (float)(mx + std::log(sum));
+            }
+    std::vector<double> dO(dout.begin(), dout.end());
+    std::vector<double> dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
+    cpu::attention_backward<double>(dq.data(), dk.data(), dv.data(), dO.data(), att.data(), q.data(),
+                                    k.data(), v.data(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd);
+    ref.dqkv.resize((size_t)(N * C3));
+    for (int64_t n = 0; n < N; n++) {
+        float* r = ref.dqkv.data() + n * C3;
+        for (int c = 0; c < qd; c++) r[c] = (float)dq[(size_t)(n * qd + c)];
+        for (int c = 0; c < kvd; c++) {
+            r[qd + c] = (float)dk[(size_t)(n * kvd + c)];
+            r[qd + kvd + c] = (float)dv[(size_t)(n * kvd + c)];
+        }
+    }
+    return ref;
+}
+
+template <typename T>
+void check_shape_dtype(const Shape& sh, const std::vector<int>& variants, uint64_t seed) {
+    const int64_t N = sh.N(), C3 = sh.C3(), OC = (int64_t)sh.nh * sh.hd;
+    const int64_t nlse = (int64_t)sh.B * sh.nh * sh.T;
+    std::vector<float> qkv_h = random_values<T>(N * C3, seed, 1.0);
+    std::vector<float> dout_h = random_values<T>(N * OC, seed + 1, 1.0);
+    Reference ref = cpu_reference(sh, qkv_h, dout_h);
+    const bool is_f32 = std::is_same<T, float>::value;
+    const double tol = is_f32 ? 1e-4 : 2e-2, tol_lse = is_f32 ? 1e-5 : 1e-4;
+
+    DeviceBuffer<T> qkv(N * C3), dout(N * OC), out(N * OC), dqkv(N * C3);
+    DeviceBuffer<float> lse(nlse), scratch(attention_backward_scratch(sh.B, sh.T, sh.nh, sh.nkv, sh.hd));
+    upload(qkv.get(), qkv_h.data(), N * C3);
+    upload(dout.get(), dout_h.data(), N * OC);
+    for (int v : variants) {
+        if (!attn_detail::variant_supported<T>(v, sh.hd)) continue;
+        fill(out.get(), out.n, NAN, 0);
+        fill(lse.get(), lse.n, NAN, 0);
+        fill(dqkv.get(), dqkv.n, NAN, 0);
+        fill(scratch.get(), scratch.n, NAN, 0);
+        attention_forward<T>(out.get(), lse.get(), qkv.get(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, v);
+        attention_backward<T>(dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(),
+                              sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, v);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> o = download(out.get(), out.n), l = download(lse.get(), lse.n);
+        std::vector<float> d1 = download(dqkv.get(), dqkv.n);
+        report("out", v, dtype_name<T>(), sh, compare(o.data(), ref.out.data(), out.n), tol);
+        report("lse", v, dtype_name<T>(), sh, compare(l.data(), ref.lse.data(), lse.n), tol_lse);
+        report("dqkv", v, dtype_name<T>(), sh, compare(d1.data(), ref.dqkv.data(), dqkv.n), tol);
+        // Determinism: a second backward (after re-poisoning) must be bit-identical.
+        fill(dqkv.get(), dqkv.n, NAN, 0);
+        fill(scratch.get(), scratch.n, NAN, 0);
+        attention_backward<T>(dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(),
+                              sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, v);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> d2 = download(dqkv.get(), dqkv.n);
+        Compare c = compare(d2.data(), d1.data(), dqkv.n);
+        const bool same = std::memcmp(d1.data(), d2.data(), d1.size() * sizeof(float)) == 0;
+        report("dqkv_rerun_bitwise", v, dtype_name<T>(), sh, c, same ? 1.0 : -1.0);
+    }
+}
+
+template <typename T>
+void bench(const Shape& sh, int variant, int warmup, int reps) {
+    if (!attn_detail::variant_supported<T>(variant, sh.hd)) return;
+    const int64_t N = sh.N(), C3 = sh.C3(), OC = (int64_t)sh.nh * sh.hd;
+    DeviceBuffer<T> qkv(N * C3), dout(N * OC), out(N * OC), dqkv(N * C3);
+    DeviceBuffer<float> lse((int64_t)sh.B * sh.nh * sh.T),
+        scratch(attention_backward_scratch(sh.B, sh.T, sh.nh, sh.nkv, sh.hd));
+    // Random inputs generated on the host once (a few hundred MB at most).
+    {
+        std::vector<float> h = random_values<T>(N * C3, 7, 1.0);
+        upload(qkv.get(), h.data(), N * C3);
+        h = random_values<T>(N * OC, 8, 1.0);
+        upload(dout.get(), h.data(), N * OC);
+    }
+    const double fwd_flops = 2.0 * 2.0 * sh.B * sh.nh * (double)sh.T * sh.T * sh.hd / 2.0;
+    auto fwd = [&] {
+        attention_forward<T>(out.get(), lse.get(), qkv.get(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0,
+                             variant);
+    };
+    auto fwdbwd = [&] {
+        fwd();
+        attention_backward<T>(dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(),
+                              sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, variant);
+    };
+    float ms = time_median_ms(fwd, warmup, reps);
+    std::printf("BENCH attention %d %s %s:fwd ms=%.3f GB/s=- TFLOP/s=%.1f\n", variant,
+                dtype_name<T>(), sh.str().c_str(), ms, fwd_flops / (ms * 1e-3) / 1e12);
+    std::fflush(stdout);
+    ms = time_median_ms(fwdbwd, warmup, reps);
+    std::printf("BENCH attention %d %s %s:fwd+bwd ms=%.3f GB/s=- TFLOP/s=%.1f\n", variant,
+                dtype_name<T>(), sh.str().c_str(), ms, 3.5 * fwd_flops / (ms * 1e-3) / 1e12);
+    std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("attention");
+    bool quick = false;
+    for (int i = 1; i < argc; i++)
+        if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    try {
+        std::printf("device: %s\n", device_description().c_str());
+        const std::vector<int> variants = {1, 2};
+        std::vector<Shape> shapes = {
+            {1, 1, 2, 1, 64},    {2, 37, 4, 2, 16},    {1, 130, 4, 4, 64},  {2, 257, 8, 2, 128},
+            {1, 64, 2, 2, 64},   {3, 100, 6, 2, 128},  {1, 65, 3, 1, 6},    {1, 200, 2, 1, 256},
+            {2, 129, 4, 1, 64},  {1, 1, 4, 2, 128},
+        };
+        if (quick) shapes.resize(4);
+        uint64_t seed = 1000;
+        for (const Shape& sh : shapes) {
+            check_shape_dtype<float>(sh, variants, seed++);
+            check_shape_dtype<bf16>(sh, variants, seed++);
+        }
+        if (!quick) {
+            const Shape llama{8, 2048, 16, 16, 64}, qwen{2, 8192, 16, 8, 128};
+            bench<float>(llama, 1, 1, 3);
+            bench<bf16>(llama, 1, 1, 3);
+            for (int v : variants)
+                if (v != 1) {
+                    bench<bf16>(llama, v, 3, 20);
+                    bench<bf16>(qwen, v, 3, 20);
+                }
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "attention: %s\n", e.what());
+        return 1;
+    }
+    std::printf("attention: %d failed checks\n", g_failures);
+    return g_failures ? 1 : 0;
+}
