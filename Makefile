@@ -30,7 +30,8 @@ LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 LIB      := $(BUILD)/libldm.a
 
 # Tools and trainers: one main() each.
-TOOL_SRCS := $(wildcard data/ldm_*.cpp) $(wildcard train_*.cpp) $(wildcard eval_*.cpp) $(wildcard dev/bench_*.cpp)
+TOOL_SRCS := $(wildcard data/ldm_*.cpp) $(wildcard train_*.cpp) $(wildcard eval_*.cpp) $(wildcard dev/bench_*.cpp) \
+             $(wildcard generate_*.cpp)
 TOOLS     := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))
 
 # Tests: each test/test_*.cpp is its own Catch2 binary (so one broken file does not stop the rest).

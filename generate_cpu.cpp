@@ -1,0 +1,205 @@
+// generate_cpu.cpp — text generation on the CPU (build/generate_cpu): loads a model checkpoint
+// (or builds a randomly initialised preset, for timing), encodes --prompt with the tokenizer,
+// runs a prefill and incremental decode with the KV cache of dev/cpu/infer.h, samples greedily
+// or with temperature / top-k / top-p, prints the text and the timing: prefill tokens/s and the
+// per-token decode latency (spec performance.md, "inference"), plus one machine-readable line
+//   GENERATE {"prompt_tokens":..,"new_tokens":..,"prefill_tokens_per_s":..,"decode_ms_mean":..,...}
+//
+//   build/generate_cpu --checkpoint runs/ldm/ckpt_000200.model --prompt "The meaning of" --max-new-tokens 64 --top-p 0.9 --temperature 0.8 --seed 1
+//   build/generate_cpu --preset small --scheme ldm --prompt-len 256 --max-new-tokens 32 --greedy
+//
+// Errors (bad flags, missing/corrupt checkpoint, tokenizer mismatch) print "error: ..." and exit 1.
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint.h"
+#include "core/cli.h"
+#include "core/common.h"
+#include "core/config.h"
+#include "core/tokenizer.h"
+#include "dev/cpu/infer.h"
+#include "dev/cpu/model.h"
+#include "dev/cpu/rng.h"
+
+using namespace ldm;
+using nlohmann::json;
+
+namespace {
+
+struct Options {
+    std::string checkpoint, tokenizer, prompt, dtype = "fp32";
+    // random-init model (no --checkpoint)
+    std::string preset, scheme = "preln", ldm_rule = "rls";
+    bool ldm_no_residual = false;
+    int seq_len = 1024, init_seed = 1;
+    // generation
+    int max_new = 64, top_k = 0, threads = 0, prompt_len = 0, max_len = 0;
+    double top_p = 1.0, temperature = 1.0;
+    bool greedy = false, stop_at_eot = false, quiet = false;
+    int64_t seed = 1;
+};
+
+template <typename R>
+int run(const Options& o, const ModelConfig& cfg, const std::vector<float>* ck_params, const Tokenizer* tok) {
+    cpu::Model<R> model(cfg);
+    if (ck_params) {
+        for (size_t i = 0; i < model.params.size(); i++) model.params[i] = R((*ck_params)[i]);
+    } else {
+        model.init((uint64_t)o.init_seed);
+    }
+    const int V = cfg.vocab_size;
+    std::vector<int32_t> prompt;
+    if (o.prompt_len > 0) {  // synthetic prompt of random ids (timing)
+        const uint64_t s0 = init_stream((uint64_t)o.seed, 7);
+        for (int i = 0; i < o.prompt_len; i++) prompt.push_back(int32_t(stream_uniform(s0, (uint64_t)i) * V));
+    } else {
+        std::vector<uint32_t> ids = tok->encode(o.prompt, "--prompt");
+        if (ids.empty()) ids.push_back(tok->eot_id());  // empty prompt: start from <|endoftext|>
+        for (uint32_t id : ids) {
+            if (id >= (uint32_t)V)
+                throw Error(strprintf("--prompt: token id %u is outside the model's vocabulary (%d)", id, V));
+            prompt.push_back((int32_t)id);
+        }
+    }
+    const int ctx = o.max_len > 0 ? o.max_len : cfg.seq_len;
+    if (ctx > cfg.seq_len)
+        throw Error(strprintf("--max-len %d exceeds the model's seq_len %d", ctx, cfg.seq_len));
+    if ((int)prompt.size() > ctx)
+        throw Error(strprintf("the prompt has %zu tokens, more than the context of %d", prompt.size(), ctx));
+    cpu::Inference<R> inf(model, 1, ctx);
+    cpu::SamplingParams sp;
+    sp.greedy = o.greedy;
+    sp.temperature = o.temperature;
+    sp.top_k = o.top_k;
+    sp.top_p = o.top_p;
+    const int32_t stop = (o.stop_at_eot && tok) ? (int32_t)tok->eot_id() : -1;
+    cpu::GenerateStats st;
+    std::vector<int32_t> out = cpu::generate(inf, prompt, o.max_new, sp, (uint64_t)o.seed, stop, &st);
+
+    if (!o.quiet) {
+        if (tok) {
+            std::vector<uint32_t> p(prompt.begin(), prompt.end()), g(out.begin(), out.end());
+            if (o.prompt_len == 0) std::printf("%s", tok->decode(p).c_str());
+            std::printf("%s%s\n", o.prompt_len == 0 ? "" : "[random prompt] ", tok->decode(g).c_str());
+        } else {
+            for (int32_t t : out) std::printf("%d ", t);
+            std::printf("\n");
+        }
+        std::printf("---\n");
+    }
+    const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
+    std::printf("prefill: %d tokens in %.2f ms (%.1f tokens/s) | decode: %zu steps, %.3f ms/token mean, "
+                "%.3f ms median (%.1f tokens/s) | KV cache %.2f MiB (%s, %d threads)\n",
+                st.prompt_tokens, st.prefill_s * 1e3, st.prefill_tokens_per_s(), st.decode_ms.size(), dmean,
+                dmed, dmean > 0 ? 1e3 / dmean : 0.0, double(inf.cache().bytes()) / (1 << 20), o.dtype.c_str(),
+                omp_get_max_threads());
+    json r{{"scheme", cfg.scheme},
+           {"prompt_tokens", st.prompt_tokens},
+           {"new_tokens", st.new_tokens},
+           {"prefill_ms", st.prefill_s * 1e3},
+           {"prefill_tokens_per_s", st.prefill_tokens_per_s()},
+           {"decode_steps", (int64_t)st.decode_ms.size()},
+           {"decode_ms_mean", dmean},
+           {"decode_ms_median", dmed},
+           {"decode_tokens_per_s", dmean > 0 ? 1e3 / dmean : 0.0},
+           {"kv_cache_bytes", inf.cache().bytes()},
+           {"dtype", o.dtype},
+           {"threads", omp_get_max_threads()}};
+    std::printf("GENERATE %s\n", r.dump().c_str());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        Options o;
+        ArgParser ap("generate_cpu",
+                     "Generate text on the CPU with a KV cache (prefill + incremental decode); prints prefill "
+                     "tokens/s and per-token decode latency. See doc/benchmarks.md.");
+        ap.section("Model");
+        ap.add("--checkpoint", &o.checkpoint, "model checkpoint (.model) to load");
+        ap.add("--preset", &o.preset, "without --checkpoint: a randomly initialised preset (timing only)");
+        ap.add("--scheme", &o.scheme, "random-init model: preln|hc|mhc|attnres-full|attnres-block|ldm");
+        ap.add("--ldm-rule", &o.ldm_rule, "random-init model: rls|delta|outer");
+        ap.add("--ldm-no-residual", &o.ldm_no_residual, "random-init model: LDM without the residual");
+        ap.add("--seq-len", &o.seq_len, "random-init model: context length");
+        ap.add("--init-seed", &o.init_seed, "random-init model: init seed");
+        ap.add("--dtype", &o.dtype, "fp32|fp64");
+        ap.section("Prompt and sampling");
+        ap.add("--tokenizer", &o.tokenizer,
+               "tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json (\"\" = <data dir>/gpt2_tokenizer)");
+        ap.add("--prompt", &o.prompt, "prompt text (\"\" = start from <|endoftext|>)");
+        ap.add("--prompt-len", &o.prompt_len, "instead of --prompt: N random token ids (timing)");
+        ap.add("--max-new-tokens", &o.max_new, "tokens to generate");
+        ap.add("--max-len", &o.max_len, "context (KV cache) length; 0 = the model's seq_len");
+        ap.add("--greedy", &o.greedy, "argmax decoding (same as --temperature 0 or --top-k 1)");
+        ap.add("--temperature", &o.temperature, "softmax temperature (<= 0: greedy)");
+        ap.add("--top-k", &o.top_k, "sample among the k most probable tokens (0 = all)");
+        ap.add("--top-p", &o.top_p, "nucleus sampling: smallest set with this probability mass (1 = all)");
+        ap.add("--seed", &o.seed, "sampling seed (and of --prompt-len ids)");
+        ap.add("--stop-at-eot", &o.stop_at_eot, "stop after generating <|endoftext|>");
+        ap.section("Run");
+        ap.add("--threads", &o.threads, "OpenMP and BLAS threads (0 = all cores)");
+        ap.add("--quiet", &o.quiet, "print only the timing lines");
+        if (!ap.parse(argc, argv)) return 0;
+
+        if (o.dtype != "fp32" && o.dtype != "fp64") throw Error("--dtype must be fp32 or fp64, got '" + o.dtype + "'");
+        if (o.max_new < 1) throw Error("--max-new-tokens must be >= 1");
+        if (o.top_k < 0) throw Error("--top-k must be >= 0");
+        if (!(o.top_p > 0 && o.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
+        if (o.prompt_len < 0) throw Error("--prompt-len must be >= 0");
+        if (o.threads < 0) throw Error("--threads must be >= 0");
+        if (o.checkpoint.empty() == o.preset.empty()) throw Error("give exactly one of --checkpoint and --preset");
+        const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+
+        std::unique_ptr<Tokenizer> tok;
+        std::string tpath = o.tokenizer;
+        if (tpath.empty()) {
+            std::string dd = find_data_dir();
+            if (!dd.empty() && file_exists(dd + "/gpt2_tokenizer/encoder.json")) tpath = dd + "/gpt2_tokenizer";
+        }
+        if (!tpath.empty()) {
+            if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
+            tok.reset(new Tokenizer(Tokenizer::load(tpath)));
+        } else if (o.prompt_len == 0) {
+            throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory (or use --prompt-len)");
+        }
+
+        ModelConfig cfg;
+        ModelCheckpoint ck;
+        if (!o.checkpoint.empty()) {
+            if (!file_exists(o.checkpoint)) throw Error("--checkpoint: " + o.checkpoint + " does not exist");
+            ck = load_model(o.checkpoint);
+            cfg = ck.cfg;
+            if (tok && tok->vocab_size() != (uint32_t)cfg.vocab_size)
+                throw Error(strprintf("--tokenizer %s has %u ids but the model has vocab_size %d: tokenizer mismatch",
+                                      tpath.c_str(), tok->vocab_size(), cfg.vocab_size));
+        } else {
+            cfg = preset_config(o.preset, tok ? (int)tok->vocab_size() : 50257);
+            cfg.seq_len = o.seq_len;
+            cfg.scheme = o.scheme;
+            cfg.ldm_rule = o.ldm_rule;
+            cfg.ldm_residual = !o.ldm_no_residual;
+            cfg.validate();
+        }
+        if (!o.quiet)
+            std::printf("generate_cpu: %s | %s | %lld parameters | seq_len %d | %s | %d threads\n",
+                        o.checkpoint.empty() ? ("random " + o.preset).c_str() : o.checkpoint.c_str(),
+                        cfg.scheme.c_str(), (long long)count_params(cfg), cfg.seq_len, o.dtype.c_str(), threads);
+        const std::vector<float>* p = o.checkpoint.empty() ? nullptr : &ck.params;
+        return o.dtype == "fp64" ? run<double>(o, cfg, p, tok.get()) : run<float>(o, cfg, p, tok.get());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
