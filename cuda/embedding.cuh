@@ -1,0 +1,156 @@
+// cuda/embedding.cuh — token embedding (spec §1: e = E[token], no scaling), forward and a
+// deterministic backward without atomics (tokens bucketed by id on the host). Contract:
+// doc/cuda.md (embedding.cuh). CPU reference: cpu::embedding_forward / embedding_backward.
+#pragma once
+#include <algorithm>
+#include <numeric>
+
+#include "cuda/common.cuh"
+#include "cuda/pack16.cuh"
+
+namespace ldm {
+namespace gpu {
+
+// ---- forward: out[N, C] = wte[tokens[n], :], wte [Vp, C]; token ids must lie in [0, Vp) ----
+// v1: one thread per element.
+template <typename T>
+__global__ void embedding_forward_v1_kernel(T* out, const int32_t* tokens, const T* wte, int64_t N,
+                                            int C) {
+    const int64_t total = N * C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t n = i / C;
+        const int c = (int)(i - n * C);
+        out[i] = wte[(int64_t)tokens[n] * C + c];
+    }
+}
+// v2: one warp per row, 16-byte packs (needs C % Pack<T>::n == 0 and 16-byte aligned bases).
+template <typename T>
+__global__ void embedding_forward_v2_kernel(T* out, const int32_t* tokens, const T* wte, int64_t N,
+                                            int C) {
+    const int64_t n = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const int4* src = reinterpret_cast<const int4*>(wte + (int64_t)tokens[n] * C);
+    int4* dst = reinterpret_cast<int4*>(out + n * C);
+    const int packs = C / Pack<T>::n;
+    for (int p = lane; p < packs; p += 32) dst[p] = src[p];
+}
+
+// variant: 1 = v1, 2 = v2, -1 = best (v2 when the layout allows it, else v1).
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t N, int C,
+                       cudaStream_t s, int variant = -1) {
+    if (N <= 0 || C <= 0) return;
+    const bool vec_ok = C % Pack<T>::n == 0 && aligned16(out) && aligned16(wte);
+    if (variant == 2 && !vec_ok) variant = 1;
+    if (variant == -1) variant = vec_ok ? 2 : 1;
+    if (variant == 2) {
+        const int warps = 8;
+        embedding_forward_v2_kernel<T><<<(unsigned)ceil_div(N, warps), warps * 32, 0, s>>>(
+            out, tokens, wte, N, C);
+    } else {
+        int64_t blocks = std::min<int64_t>(ceil_div(N * C, 256), 65535LL * 16);
+        embedding_forward_v1_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(out, tokens, wte, N, C);
+    }
+    LDM_LAUNCH_CHECK();
+}
+
+// ---- backward -----------------------------------------------------------------------------
+// Buckets of the batch's token ids, built on the host: uniq [U] the distinct ids (increasing),
+// start [U+1] CSR offsets into pos, pos [N] the positions n of each id in increasing n.
+struct EmbeddingBuckets {
+    std::vector<int32_t> uniq, start, pos;
+    static EmbeddingBuckets build(const int32_t* tokens_host, int64_t N) {
+        EmbeddingBuckets b;
+        b.pos.resize((size_t)N);
+        std::iota(b.pos.begin(), b.pos.end(), 0);
+        std::stable_sort(b.pos.begin(), b.pos.end(), [&](int32_t x, int32_t y) {
+            return tokens_host[x] < tokens_host[y];
+        });
+        b.start.push_back(0);
+        for (int64_t i = 0; i < N; i++) {
+            const int32_t id = tokens_host[b.pos[(size_t)i]];
+            if (i == 0 || id != b.uniq.back()) {
+                if (i > 0) b.start.push_back((int32_t)i);
+                b.uniq.push_back(id);
+            }
+        }
+        if (N > 0) b.start.push_back((int32_t)N);
+        return b;
+    }
+    int U() const { return (int)uniq.size(); }
+};
+
+// v1: one thread per (bucket, column), positions summed in increasing n.
+template <typename T>
+__global__ void embedding_backward_v1_kernel(float* dwte, const T* dout, const int32_t* uniq,
+                                             const int32_t* start, const int32_t* pos, int U,
+                                             int C) {
+    const int64_t total = (int64_t)U * C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int u = (int)(i / C);
+        const int c = (int)(i - (int64_t)u * C);
+        float acc = 0.f;
+        for (int j = start[u]; j < start[u + 1]; j++) acc += to_f(dout[(int64_t)pos[j] * C + c]);
+        dwte[(int64_t)uniq[u] * C + c] += acc;
+    }
+}
+// v2: one block per bucket; each thread owns Pack<T>::n consecutive columns (16-byte loads of
+// dout, fp32 accumulation in registers, float4 read-modify-write of dwte). Needs
+// C % Pack<T>::n == 0 and 16-byte aligned bases.
+template <typename T>
+__global__ void embedding_backward_v2_kernel(float* dwte, const T* dout, const int32_t* uniq,
+                                             const int32_t* start, const int32_t* pos, int C) {
+    constexpr int P = Pack<T>::n;
+    const int u = blockIdx.x;
+    const int j0 = start[u], j1 = start[u + 1];
+    float* drow = dwte + (int64_t)uniq[u] * C;
+    for (int c0 = threadIdx.x * P; c0 < C; c0 += blockDim.x * P) {
+        float acc[P];
+#pragma unroll
+        for (int k = 0; k < P; k++) acc[k] = 0.f;
+        for (int j = j0; j < j1; j++) {
+            float v[P];
+            load_pack(v, dout + (int64_t)pos[j] * C + c0);
+#pragma unroll
+            for (int k = 0; k < P; k++) acc[k] += v[k];
+        }
+#pragma unroll
+        for (int k = 0; k < P; k += 4) {
+            float4 d = *reinterpret_cast<float4*>(drow + c0 + k);
+            d.x += acc[k];
+            d.y += acc[k + 1];
+            d.z += acc[k + 2];
+            d.w += acc[k + 3];
+            *reinterpret_cast<float4*>(drow + c0 + k) = d;
+        }
+    }
+}
+
+// dwte[uniq[u]] += Σ_{n in bucket u, increasing n} dout[n] (fp32; deterministic, no atomics;
+// rows of ids not in the batch untouched). dout [N, C]; uniq/start/pos on the device, from
+// EmbeddingBuckets::build. variant: 1, 2, -1 = best.
+template <typename T>
+void embedding_backward(float* dwte, const T* dout, const int32_t* uniq_dev,
+                        const int32_t* start_dev, const int32_t* pos_dev, int U, int C,
+                        cudaStream_t s, int variant = -1) {
+    if (U <= 0 || C <= 0) return;
+    const bool vec_ok = C % Pack<T>::n == 0 && aligned16(dout) && aligned16(dwte);
+    if (variant == 2 && !vec_ok) variant = 1;
+    if (variant == -1) variant = vec_ok ? 2 : 1;
+    if (variant == 2) {
+        int threads = (int)std::min<int64_t>(256, ceil_div(ceil_div(C, Pack<T>::n), 32) * 32);
+        embedding_backward_v2_kernel<T><<<(unsigned)U, threads, 0, s>>>(dwte, dout, uniq_dev,
+                                                                       start_dev, pos_dev, C);
+    } else {
+        int64_t blocks = std::min<int64_t>(ceil_div((int64_t)U * C, 256), 65535LL * 16);
+        embedding_backward_v1_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(
+            dwte, dout, uniq_dev, start_dev, pos_dev, U, C);
+    }
+    LDM_LAUNCH_CHECK();
+}
+
+}  // namespace gpu
+}  // namespace ldm

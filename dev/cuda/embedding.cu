@@ -1,0 +1,133 @@
+// dev/cuda/embedding.cu — workbench for cuda/embedding.cuh: embedding_forward (v1 thread per
+// element, v2 warp per row with 16-byte packs) and embedding_backward (v1 thread per
+// (bucket, column), v2 block per bucket with packs) against cpu::embedding_forward /
+// embedding_backward, then timing on a llama-400m-like batch (N = 8·2048, C = 1024, Vp = 50304).
+// Usage: build/cuda/embedding [--quick]. Output format: doc/cuda.md.
+#include <chrono>
+
+#include "cuda/embedding.cuh"
+#include "dev/cpu/ops.h"
+#include "dev/cuda/ka_workbench.cuh"
+
+using namespace ldm;
+using namespace ldm::gpu;
+using wb::Report;
+using wb::Rng;
+
+// Token ids in [0, Vp) with many repeats: a quarter of them from the first 8 ids.
+static std::vector<int32_t> random_tokens(Rng& rng, int64_t N, int Vp) {
+    std::vector<int32_t> t((size_t)N);
+    for (auto& x : t) {
+        uint64_t r = rng.next();
+        x = (r & 3) == 0 ? (int32_t)((r >> 8) % std::min(8, Vp)) : (int32_t)((r >> 8) % Vp);
+    }
+    return t;
+}
+
+template <typename T>
+static void check(Report& R, Rng& rng, int N, int C, int Vp) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = strprintf("N=%d,C=%d,Vp=%d", N, C, Vp);
+    std::vector<int32_t> tok = random_tokens(rng, N, Vp);
+    std::vector<float> wte = wb::round_to<T>(wb::random_vec(rng, (int64_t)Vp * C));
+    std::vector<float> dout = wb::round_to<T>(wb::random_vec(rng, (int64_t)N * C));
+    std::vector<float> dwte0 = wb::random_vec(rng, (int64_t)Vp * C);
+    std::vector<float> ref_out((size_t)N * C), ref_dwte = dwte0;
+    cpu::embedding_forward<float>(ref_out.data(), tok.data(), wte.data(), N, C);
+    cpu::embedding_backward<float>(ref_dwte.data(), dout.data(), tok.data(), N, C);
+
+    DeviceBuffer<int32_t> d_tok(N);
+    CUDA_CHECK(cudaMemcpy(d_tok.get(), tok.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+    auto d_wte = wb::to_device<T>(wte);
+    auto d_dout = wb::to_device<T>(dout);
+    DeviceBuffer<T> out((int64_t)N * C);
+    const bool vec_ok = C % Pack<T>::n == 0;
+    for (int v = 1; v <= 2; v++) {
+        if (v == 2 && !vec_ok) continue;
+        fill(out.get(), out.n, NAN, 0);
+        embedding_forward<T>(out.get(), d_tok.get(), d_wte.get(), N, C, 0, v);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        R.check("embedding", strprintf("forward_v%d", v), dt, shape, download(out.get(), out.n),
+                ref_out, 0.0);  // a copy: exact
+    }
+    EmbeddingBuckets b = EmbeddingBuckets::build(tok.data(), N);
+    DeviceBuffer<int32_t> d_uniq(b.U()), d_start(b.U() + 1), d_pos(N);
+    CUDA_CHECK(cudaMemcpy(d_uniq.get(), b.uniq.data(), b.uniq.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_start.get(), b.start.data(), b.start.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_pos.get(), b.pos.data(), b.pos.size() * 4, cudaMemcpyHostToDevice));
+    for (int v = 1; v <= 2; v++) {
+        if (v == 2 && !vec_ok) continue;
+        auto dwte = wb::to_device<float>(dwte0);
+        embedding_backward<T>(dwte.get(), d_dout.get(), d_uniq.get(), d_start.get(), d_pos.get(),
+                              b.U(), C, 0, v);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        R.check("embedding", strprintf("backward_v%d", v), dt, shape, download(dwte.get(), dwte.n),
+                ref_dwte, wb::tol<float>());
+    }
+}
+
+template <typename T>
+static void bench(Report& R, Rng& rng, int N, int C, int Vp) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = strprintf("N=%d,C=%d,Vp=%d", N, C, Vp);
+    std::vector<int32_t> tok = random_tokens(rng, N, Vp);
+    DeviceBuffer<int32_t> d_tok(N);
+    CUDA_CHECK(cudaMemcpy(d_tok.get(), tok.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+    DeviceBuffer<T> wte((int64_t)Vp * C), out((int64_t)N * C), dout((int64_t)N * C);
+    DeviceBuffer<float> dwte((int64_t)Vp * C);
+    fill(wte.get(), wte.n, 0.5f, 0);
+    fill(dout.get(), dout.n, 0.5f, 0);
+    fill(dwte.get(), dwte.n, 0.f, 0);
+    EmbeddingBuckets b = EmbeddingBuckets::build(tok.data(), N);
+    DeviceBuffer<int32_t> d_uniq(b.U()), d_start(b.U() + 1), d_pos(N);
+    CUDA_CHECK(cudaMemcpy(d_uniq.get(), b.uniq.data(), b.uniq.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_start.get(), b.start.data(), b.start.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_pos.get(), b.pos.data(), b.pos.size() * 4, cudaMemcpyHostToDevice));
+    for (int v = 1; v <= 2; v++) {
+        float ms = time_median_ms([&] { embedding_forward<T>(out.get(), d_tok.get(), wte.get(), N,
+                                                             C, 0, v); },
+                                  wb::kWarmup, wb::kReps);
+        R.bench("embedding", strprintf("forward_v%d", v), dt, shape, ms,
+                2.0 * N * C * sizeof(T), -1);
+    }
+    for (int v = 1; v <= 2; v++) {
+        float ms = time_median_ms(
+            [&] { embedding_backward<T>(dwte.get(), dout.get(), d_uniq.get(), d_start.get(),
+                                        d_pos.get(), b.U(), C, 0, v); },
+            wb::kWarmup, wb::kReps);
+        R.bench("embedding", strprintf("backward_v%d", v), dt, shape + strprintf(",U=%d", b.U()),
+                ms, (double)N * C * sizeof(T) + 2.0 * b.U() * C * sizeof(float), -1);
+    }
+    float ms = 0;
+    {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 5; i++) b = EmbeddingBuckets::build(tok.data(), N);
+        ms = (float)std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                 .count() / 5;
+    }
+    R.bench("embedding", "buckets_build_host", "-", strprintf("N=%d", N), ms, -1, -1);
+}
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("embedding");
+    const bool quick = wb::has_flag(argc, argv, "--quick");
+    try {
+        std::printf("embedding: %s\n", device_description().c_str());
+        Report R;
+        Rng rng(99);
+        check<float>(R, rng, 77, 37, 53);
+        check<bf16>(R, rng, 77, 37, 53);
+        check<float>(R, rng, 300, 64, 100);
+        check<bf16>(R, rng, 300, 64, 100);
+        if (!quick) {
+            check<float>(R, rng, 4099, 1024, 517);
+            check<bf16>(R, rng, 4099, 1024, 517);
+        }
+        bench<bf16>(R, rng, 16384, 1024, 50304);
+        if (!quick) bench<float>(R, rng, 16384, 1024, 50304);
+        return R.finish("embedding");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "embedding: error: %s\n", e.what());
+        return 1;
+    }
+}

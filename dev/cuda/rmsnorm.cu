@@ -1,0 +1,156 @@
+// dev/cuda/rmsnorm.cu — workbench for cuda/rmsnorm.cuh: rmsnorm_forward, residual_rmsnorm_forward
+// (also with h_out aliasing h_in) and rmsnorm_backward (overwrite and accumulate), variants v1
+// (thread per row) and v2 (warp per row, 16-byte packs), against cpu::rmsnorm_forward /
+// rmsnorm_backward; then timing at N = 8·2048, C = 1024 and the QK-norm view [N·16, 64].
+// Usage: build/cuda/rmsnorm [--quick]. Output format: doc/cuda.md.
+#include "cuda/rmsnorm.cuh"
+#include "dev/cpu/ops.h"
+#include "dev/cuda/ka_workbench.cuh"
+
+using namespace ldm;
+using namespace ldm::gpu;
+using wb::Report;
+using wb::Rng;
+
+template <typename T>
+static void check(Report& R, Rng& rng, int N, int C) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = strprintf("N=%d,C=%d", N, C);
+    const float eps = 1e-5f;
+    const int64_t NC = (int64_t)N * C;
+    std::vector<float> x = wb::round_to<T>(wb::random_vec(rng, NC));
+    std::vector<float> o = wb::round_to<T>(wb::random_vec(rng, NC, 0.5f));
+    std::vector<float> w = wb::round_to<T>(wb::random_vec(rng, C, 0.2f, 1.f));
+    auto d_x = wb::to_device<T>(x);
+    auto d_o = wb::to_device<T>(o);
+    auto d_w = wb::to_device<T>(w);
+    DeviceBuffer<T> out(NC), h(NC);
+    DeviceBuffer<float> rstd(N);
+
+    // forward
+    std::vector<float> ref_out(NC), ref_rstd(N);
+    cpu::rmsnorm_forward<float>(ref_out.data(), ref_rstd.data(), x.data(), w.data(), N, C, eps);
+    for (int v = 1; v <= 2; v++) {
+        fill(out.get(), NC, NAN, 0);
+        fill(rstd.get(), N, NAN, 0);
+        rmsnorm_forward<T>(out.get(), rstd.get(), d_x.get(), d_w.get(), N, C, eps, 0, v);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::string var = strprintf("forward_v%d", v);
+        R.check("rmsnorm", var, dt, shape, download(out.get(), NC), ref_out, wb::tol<T>());
+        R.check("rmsnorm", var + "_rstd", dt, shape, download(rstd.get(), N), ref_rstd,
+                wb::tol<float>());
+    }
+    // residual + norm: h = round_T(x + o), out = RMSNorm(h); separate output and aliased
+    std::vector<float> hr(NC);
+    for (int64_t i = 0; i < NC; i++) hr[i] = to_f(from_f<T>(x[i] + o[i]));
+    std::vector<float> ref_rout(NC), ref_rrstd(N);
+    cpu::rmsnorm_forward<float>(ref_rout.data(), ref_rrstd.data(), hr.data(), w.data(), N, C, eps);
+    for (int v = 1; v <= 2; v++)
+        for (int alias = 0; alias <= 1; alias++) {
+            fill(out.get(), NC, NAN, 0);
+            fill(rstd.get(), N, NAN, 0);
+            T* h_out = h.get();
+            if (alias)
+                upload(h.get(), x.data(), NC);
+            else
+                fill(h.get(), NC, NAN, 0);
+            const T* h_in = alias ? h.get() : d_x.get();
+            residual_rmsnorm_forward<T>(h_out, out.get(), rstd.get(), h_in, d_o.get(), d_w.get(), N,
+                                        C, eps, 0, v);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string var = strprintf("residual_forward_v%d%s", v, alias ? "_alias" : "");
+            R.check("rmsnorm", var + "_h", dt, shape, download(h.get(), NC), hr, 0.0);
+            R.check("rmsnorm", var, dt, shape, download(out.get(), NC), ref_rout, wb::tol<T>());
+            R.check("rmsnorm", var + "_rstd", dt, shape, download(rstd.get(), N), ref_rrstd,
+                    wb::tol<float>());
+        }
+    // backward (rstd from the CPU forward, uploaded)
+    std::vector<float> dout = wb::round_to<T>(wb::random_vec(rng, NC));
+    std::vector<float> dx0 = wb::round_to<T>(wb::random_vec(rng, NC));
+    std::vector<float> dw0 = wb::random_vec(rng, C);
+    auto d_dout = wb::to_device<T>(dout);
+    upload(rstd.get(), ref_rstd.data(), N);
+    DeviceBuffer<float> scratch(rmsnorm_backward_scratch(N, C));
+    for (int acc = 0; acc <= 1; acc++) {
+        std::vector<float> rdx = acc ? dx0 : std::vector<float>(NC, 0.f), rdw = dw0;
+        cpu::rmsnorm_backward<float>(rdx.data(), rdw.data(), dout.data(), x.data(), w.data(),
+                                     ref_rstd.data(), N, C);
+        for (int v = 1; v <= 2; v++) {
+            DeviceBuffer<T> dx(NC);
+            if (acc)
+                upload(dx.get(), dx0.data(), NC);
+            else
+                fill(dx.get(), NC, NAN, 0);
+            auto dw = wb::to_device<float>(dw0);
+            rmsnorm_backward<T>(dx.get(), dw.get(), scratch.get(), d_dout.get(), d_x.get(),
+                                d_w.get(), rstd.get(), N, C, acc != 0, 0, v);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string var = strprintf("backward_v%d", v);
+            const std::string sh = shape + (acc ? ",acc" : ",set");
+            R.check("rmsnorm", var + "_dx", dt, sh, download(dx.get(), NC), rdx, wb::tol<T>());
+            R.check("rmsnorm", var + "_dw", dt, sh, download(dw.get(), C), rdw, wb::tol<T>());
+        }
+    }
+}
+
+template <typename T>
+static void bench(Report& R, int N, int C) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = strprintf("N=%d,C=%d", N, C);
+    const int64_t NC = (int64_t)N * C;
+    DeviceBuffer<T> x(NC), o(NC), w(C), out(NC), h(NC), dout(NC), dx(NC);
+    DeviceBuffer<float> rstd(N), dw(C), scratch(rmsnorm_backward_scratch(N, C));
+    fill(x.get(), NC, 0.5f, 0);
+    fill(o.get(), NC, 0.25f, 0);
+    fill(w.get(), C, 1.f, 0);
+    fill(dout.get(), NC, 0.1f, 0);
+    fill(dw.get(), C, 0.f, 0);
+    const double e = sizeof(T);
+    for (int v = 1; v <= 2; v++) {
+        float ms = time_median_ms([&] { rmsnorm_forward<T>(out.get(), rstd.get(), x.get(), w.get(),
+                                                           N, C, 1e-5f, 0, v); },
+                                  wb::kWarmup, wb::kReps);
+        R.bench("rmsnorm", strprintf("forward_v%d", v), dt, shape, ms, 2.0 * NC * e + 4.0 * N, -1);
+        ms = time_median_ms([&] { residual_rmsnorm_forward<T>(h.get(), out.get(), rstd.get(),
+                                                              x.get(), o.get(), w.get(), N, C,
+                                                              1e-5f, 0, v); },
+                            wb::kWarmup, wb::kReps);
+        R.bench("rmsnorm", strprintf("residual_forward_v%d", v), dt, shape, ms,
+                4.0 * NC * e + 4.0 * N, -1);
+        ms = time_median_ms([&] { rmsnorm_backward<T>(dx.get(), dw.get(), scratch.get(), dout.get(),
+                                                      x.get(), w.get(), rstd.get(), N, C, false, 0,
+                                                      v); },
+                            wb::kWarmup, wb::kReps);
+        // minimum traffic: read dout, x; write dx (the dw pass re-reads dout and x)
+        R.bench("rmsnorm", strprintf("backward_v%d", v), dt, shape, ms, 3.0 * NC * e + 4.0 * N, -1);
+    }
+}
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("rmsnorm");
+    const bool quick = wb::has_flag(argc, argv, "--quick");
+    try {
+        std::printf("rmsnorm: %s\n", device_description().c_str());
+        Report R;
+        Rng rng(7);
+        check<float>(R, rng, 77, 37);
+        check<bf16>(R, rng, 77, 37);
+        check<float>(R, rng, 130, 64);
+        check<bf16>(R, rng, 130, 64);
+        if (!quick) {
+            check<float>(R, rng, 1001, 1024);
+            check<bf16>(R, rng, 1001, 1024);
+            check<float>(R, rng, 4099, 128);
+            check<bf16>(R, rng, 4099, 128);
+        }
+        bench<bf16>(R, 16384, 1024);
+        if (!quick) {
+            bench<float>(R, 16384, 1024);
+            bench<bf16>(R, 16384 * 16, 64);
+        }
+        return R.finish("rmsnorm");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "rmsnorm: error: %s\n", e.what());
+        return 1;
+    }
+}
