@@ -1,0 +1,202 @@
+// dev/cuda/rope.cu — workbench for cuda/rope.cuh: qknorm_rope_forward / qknorm_rope_backward
+// (v1 thread per head, v2 warp per head), with and without QK-norm, also in place, against the
+// CPU path of dev/cpu/model.cpp (cpu::rmsnorm_forward/backward on the [N·heads, hd] view, then
+// cpu::rope_forward/backward, tables from cpu::rope_tables); then timing on llama-400m-like
+// (nh = nkv = 16, hd = 64, no norm) and qwen3-like (nh 16, nkv 8, hd 128, QK-norm) batches.
+// Usage: build/cuda/rope [--quick]. Output format: doc/cuda.md.
+#include "cuda/rope.cuh"
+#include "dev/cpu/ops.h"
+#include "dev/cuda/ka_workbench.cuh"
+
+using namespace ldm;
+using namespace ldm::gpu;
+using wb::Report;
+using wb::Rng;
+
+struct Shape {
+    int B, T, nh, nkv, hd;
+    int64_t N() const { return (int64_t)B * T; }
+    int W() const { return (nh + 2 * nkv) * hd; }
+    std::string str(bool norm) const {
+        return strprintf("B=%d,T=%d,nh=%d,nkv=%d,hd=%d,qknorm=%d", B, T, nh, nkv, hd, (int)norm);
+    }
+};
+
+// Columns [c0, c0 + cols) of each row of a [N, W] matrix.
+static std::vector<float> cols_of(const std::vector<float>& m, int64_t N, int W, int c0, int cols) {
+    std::vector<float> o((size_t)(N * cols));
+    for (int64_t n = 0; n < N; n++)
+        for (int c = 0; c < cols; c++) o[(size_t)(n * cols + c)] = m[(size_t)(n * W + c0 + c)];
+    return o;
+}
+static void put_cols(std::vector<float>& m, const std::vector<float>& src, int64_t N, int W, int c0,
+                     int cols) {
+    for (int64_t n = 0; n < N; n++)
+        for (int c = 0; c < cols; c++) m[(size_t)(n * W + c0 + c)] = src[(size_t)(n * cols + c)];
+}
+
+template <typename T>
+static void check(Report& R, Rng& rng, const Shape& S, bool norm) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = S.str(norm);
+    const int64_t N = S.N();
+    const int W = S.W(), qd = S.nh * S.hd, kvd = S.nkv * S.hd, Hr = S.nh + S.nkv, half = S.hd / 2;
+    const float eps = 1e-6f;
+    std::vector<float> cos_t((size_t)S.T * half), sin_t((size_t)S.T * half);
+    cpu::rope_tables<float>(cos_t.data(), sin_t.data(), S.T, S.hd, 1e4);
+    std::vector<float> in = wb::round_to<T>(wb::random_vec(rng, N * W));
+    std::vector<float> qw = wb::round_to<T>(wb::random_vec(rng, S.hd, 0.2f, 1.f));
+    std::vector<float> kw = wb::round_to<T>(wb::random_vec(rng, S.hd, 0.2f, 1.f));
+
+    // CPU forward (model.cpp order)
+    std::vector<float> q = cols_of(in, N, W, 0, qd), k = cols_of(in, N, W, qd, kvd);
+    std::vector<float> qn = q, kn = k, rq((size_t)N * S.nh, 1.f), rk((size_t)N * S.nkv, 1.f);
+    if (norm) {
+        cpu::rmsnorm_forward<float>(qn.data(), rq.data(), q.data(), qw.data(), (int)(N * S.nh), S.hd,
+                                    eps);
+        cpu::rmsnorm_forward<float>(kn.data(), rk.data(), k.data(), kw.data(), (int)(N * S.nkv),
+                                    S.hd, eps);
+    }
+    std::vector<float> qr(qn.size()), kr(kn.size());
+    cpu::rope_forward<float>(qr.data(), qn.data(), cos_t.data(), sin_t.data(), (int)N, S.T, S.nh,
+                             S.hd);
+    cpu::rope_forward<float>(kr.data(), kn.data(), cos_t.data(), sin_t.data(), (int)N, S.T, S.nkv,
+                             S.hd);
+    std::vector<float> ref_out = in, ref_rstd((size_t)N * Hr);
+    put_cols(ref_out, qr, N, W, 0, qd);
+    put_cols(ref_out, kr, N, W, qd, kvd);
+    for (int64_t n = 0; n < N; n++)
+        for (int h = 0; h < Hr; h++)
+            ref_rstd[(size_t)(n * Hr + h)] =
+                h < S.nh ? rq[(size_t)(n * S.nh + h)] : rk[(size_t)(n * S.nkv + h - S.nh)];
+
+    auto d_in = wb::to_device<T>(in);
+    auto d_qw = wb::to_device<T>(qw);
+    auto d_kw = wb::to_device<T>(kw);
+    auto d_cos = wb::to_device<float>(cos_t);
+    auto d_sin = wb::to_device<float>(sin_t);
+    DeviceBuffer<T> out(N * W);
+    DeviceBuffer<float> rstd(N * Hr);
+    for (int v = 1; v <= 2; v++)
+        for (int inplace = 0; inplace <= (norm ? 0 : 1); inplace++) {
+            if (inplace)
+                upload(out.get(), in.data(), N * W);
+            else
+                fill(out.get(), N * W, NAN, 0);
+            fill(rstd.get(), N * Hr, NAN, 0);
+            qknorm_rope_forward<T>(out.get(), norm ? rstd.get() : nullptr,
+                                   inplace ? out.get() : d_in.get(), norm ? d_qw.get() : nullptr,
+                                   norm ? d_kw.get() : nullptr, d_cos.get(), d_sin.get(), N, S.T,
+                                   S.nh, S.nkv, S.hd, eps, 0, v);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string var = strprintf("forward_v%d%s", v, inplace ? "_inplace" : "");
+            R.check("rope", var, dt, shape, download(out.get(), N * W), ref_out, wb::tol<T>());
+            if (norm)
+                R.check("rope", var + "_rstd", dt, shape, download(rstd.get(), N * Hr), ref_rstd,
+                        wb::tol<float>());
+        }
+
+    // CPU backward
+    std::vector<float> dout = wb::round_to<T>(wb::random_vec(rng, N * W));
+    std::vector<float> dqw0 = wb::random_vec(rng, S.hd), dkw0 = wb::random_vec(rng, S.hd);
+    std::vector<float> dqr = cols_of(dout, N, W, 0, qd), dkr = cols_of(dout, N, W, qd, kvd);
+    std::vector<float> dqn(q.size(), 0.f), dkn(k.size(), 0.f);
+    cpu::rope_backward<float>(dqn.data(), dqr.data(), cos_t.data(), sin_t.data(), (int)N, S.T, S.nh,
+                              S.hd);
+    cpu::rope_backward<float>(dkn.data(), dkr.data(), cos_t.data(), sin_t.data(), (int)N, S.T,
+                              S.nkv, S.hd);
+    std::vector<float> dq = dqn, dk = dkn, rdqw = dqw0, rdkw = dkw0;
+    if (norm) {
+        std::fill(dq.begin(), dq.end(), 0.f);
+        std::fill(dk.begin(), dk.end(), 0.f);
+        cpu::rmsnorm_backward<float>(dq.data(), rdqw.data(), dqn.data(), q.data(), qw.data(),
+                                     rq.data(), (int)(N * S.nh), S.hd);
+        cpu::rmsnorm_backward<float>(dk.data(), rdkw.data(), dkn.data(), k.data(), kw.data(),
+                                     rk.data(), (int)(N * S.nkv), S.hd);
+    }
+    std::vector<float> ref_din = dout;
+    put_cols(ref_din, dq, N, W, 0, qd);
+    put_cols(ref_din, dk, N, W, qd, kvd);
+
+    auto d_dout = wb::to_device<T>(dout);
+    upload(rstd.get(), ref_rstd.data(), N * Hr);
+    DeviceBuffer<T> din(N * W);
+    DeviceBuffer<float> scratch(qknorm_rope_backward_scratch(N, S.nh, S.nkv, S.hd));
+    for (int v = 1; v <= 2; v++) {
+        fill(din.get(), N * W, NAN, 0);
+        auto dqw = wb::to_device<float>(dqw0);
+        auto dkw = wb::to_device<float>(dkw0);
+        qknorm_rope_backward<T>(din.get(), dqw.get(), dkw.get(), scratch.get(), d_dout.get(),
+                                d_in.get(), norm ? rstd.get() : nullptr,
+                                norm ? d_qw.get() : nullptr, norm ? d_kw.get() : nullptr,
+                                d_cos.get(), d_sin.get(), N, S.T, S.nh, S.nkv, S.hd, 0, v);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::string var = strprintf("backward_v%d", v);
+        R.check("rope", var + "_din", dt, shape, download(din.get(), N * W), ref_din, wb::tol<T>());
+        if (norm) {
+            R.check("rope", var + "_dq_w", dt, shape, download(dqw.get(), S.hd), rdqw, wb::tol<T>());
+            R.check("rope", var + "_dk_w", dt, shape, download(dkw.get(), S.hd), rdkw, wb::tol<T>());
+        }
+    }
+}
+
+template <typename T>
+static void bench(Report& R, const Shape& S, bool norm) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = S.str(norm);
+    const int64_t N = S.N();
+    const int W = S.W(), Hr = S.nh + S.nkv, half = S.hd / 2;
+    DeviceBuffer<T> in(N * W), out(N * W), dout(N * W), din(N * W), qw(S.hd), kw(S.hd);
+    DeviceBuffer<float> rstd(N * Hr), cs((int64_t)S.T * half), sn((int64_t)S.T * half), dqw(S.hd),
+        dkw(S.hd), scratch(qknorm_rope_backward_scratch(N, S.nh, S.nkv, S.hd));
+    fill(in.get(), in.n, 0.5f, 0);
+    fill(dout.get(), dout.n, 0.1f, 0);
+    fill(qw.get(), qw.n, 1.f, 0);
+    fill(kw.get(), kw.n, 1.f, 0);
+    fill(cs.get(), cs.n, 0.6f, 0);
+    fill(sn.get(), sn.n, 0.8f, 0);
+    fill(rstd.get(), rstd.n, 1.f, 0);
+    fill(dqw.get(), dqw.n, 0.f, 0);
+    fill(dkw.get(), dkw.n, 0.f, 0);
+    const double bytes = 2.0 * N * W * sizeof(T);
+    for (int v = 1; v <= 2; v++) {
+        float ms = time_median_ms(
+            [&] { qknorm_rope_forward<T>(out.get(), rstd.get(), in.get(), norm ? qw.get() : nullptr,
+                                         kw.get(), cs.get(), sn.get(), N, S.T, S.nh, S.nkv, S.hd,
+                                         1e-6f, 0, v); },
+            wb::kWarmup, wb::kReps);
+        R.bench("rope", strprintf("forward_v%d", v), dt, shape, ms, bytes, -1);
+        ms = time_median_ms(
+            [&] { qknorm_rope_backward<T>(din.get(), dqw.get(), dkw.get(), scratch.get(), dout.get(),
+                                          in.get(), rstd.get(), norm ? qw.get() : nullptr, kw.get(),
+                                          cs.get(), sn.get(), N, S.T, S.nh, S.nkv, S.hd, 0, v); },
+            wb::kWarmup, wb::kReps);
+        R.bench("rope", strprintf("backward_v%d", v), dt, shape, ms,
+                bytes * (norm ? 1.5 : 1.0), -1);
+    }
+}
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("rope");
+    const bool quick = wb::has_flag(argc, argv, "--quick");
+    try {
+        std::printf("rope: %s\n", device_description().c_str());
+        Report R;
+        Rng rng(5);
+        const Shape small[] = {{2, 13, 4, 2, 8}, {3, 37, 3, 1, 6}, {2, 64, 16, 8, 128}};
+        for (int i = 0; i < (quick ? 2 : 3); i++)
+            for (int norm = 0; norm <= 1; norm++) {
+                check<float>(R, rng, small[i], norm != 0);
+                check<bf16>(R, rng, small[i], norm != 0);
+            }
+        bench<bf16>(R, {8, 2048, 16, 16, 64}, false);
+        if (!quick) {
+            bench<float>(R, {8, 2048, 16, 16, 64}, false);
+            bench<bf16>(R, {8, 2048, 16, 8, 128}, true);
+        }
+        return R.finish("rope");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "rope: error: %s\n", e.what());
+        return 1;
+    }
+}

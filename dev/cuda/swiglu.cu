@@ -1,0 +1,93 @@
+// dev/cuda/swiglu.cu — workbench for cuda/swiglu.cuh: swiglu_forward / swiglu_backward on the
+// packed h13 layout (v1 thread per element, v2 thread per 16-byte pack) against
+// cpu::swiglu_forward / swiglu_backward on the split h1 / h3; then timing at N = 8·2048,
+// F = 2816 (llama-400m). Usage: build/cuda/swiglu [--quick]. Output format: doc/cuda.md.
+#include "cuda/swiglu.cuh"
+#include "dev/cpu/ops.h"
+#include "dev/cuda/ka_workbench.cuh"
+
+using namespace ldm;
+using namespace ldm::gpu;
+using wb::Report;
+using wb::Rng;
+
+template <typename T>
+static void check(Report& R, Rng& rng, int64_t N, int F) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = strprintf("N=%lld,F=%d", (long long)N, F);
+    const int64_t NF = N * F;
+    std::vector<float> h13 = wb::round_to<T>(wb::random_vec(rng, 2 * NF, 3.f));
+    std::vector<float> da = wb::round_to<T>(wb::random_vec(rng, NF));
+    std::vector<float> h1(NF), h3(NF);
+    for (int64_t n = 0; n < N; n++)
+        for (int c = 0; c < F; c++) {
+            h1[n * F + c] = h13[n * 2 * F + c];
+            h3[n * F + c] = h13[n * 2 * F + F + c];
+        }
+    std::vector<float> ref_a(NF), dh1(NF, 0.f), dh3(NF, 0.f), ref_dh13(2 * NF);
+    cpu::swiglu_forward<float>(ref_a.data(), h1.data(), h3.data(), NF);
+    cpu::swiglu_backward<float>(dh1.data(), dh3.data(), da.data(), h1.data(), h3.data(), NF);
+    for (int64_t n = 0; n < N; n++)
+        for (int c = 0; c < F; c++) {
+            ref_dh13[n * 2 * F + c] = dh1[n * F + c];
+            ref_dh13[n * 2 * F + F + c] = dh3[n * F + c];
+        }
+    auto d_h13 = wb::to_device<T>(h13);
+    auto d_da = wb::to_device<T>(da);
+    DeviceBuffer<T> a(NF), dh13(2 * NF);
+    for (int v = 1; v <= 2; v++) {
+        if (v == 2 && F % Pack<T>::n != 0) continue;  // v2 would fall back to v1
+        fill(a.get(), NF, NAN, 0);
+        fill(dh13.get(), 2 * NF, NAN, 0);
+        swiglu_forward<T>(a.get(), d_h13.get(), N, F, 0, v);
+        swiglu_backward<T>(dh13.get(), d_da.get(), d_h13.get(), N, F, 0, v);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        R.check("swiglu", strprintf("forward_v%d", v), dt, shape, download(a.get(), NF), ref_a,
+                wb::tol<T>());
+        R.check("swiglu", strprintf("backward_v%d", v), dt, shape, download(dh13.get(), 2 * NF),
+                ref_dh13, wb::tol<T>());
+    }
+}
+
+template <typename T>
+static void bench(Report& R, int64_t N, int F) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = strprintf("N=%lld,F=%d", (long long)N, F);
+    const int64_t NF = N * F;
+    DeviceBuffer<T> h13(2 * NF), a(NF), da(NF), dh13(2 * NF);
+    fill(h13.get(), h13.n, 0.5f, 0);
+    fill(da.get(), da.n, 0.1f, 0);
+    const double e = sizeof(T);
+    for (int v = 1; v <= 2; v++) {
+        float ms = time_median_ms([&] { swiglu_forward<T>(a.get(), h13.get(), N, F, 0, v); },
+                                  wb::kWarmup, wb::kReps);
+        R.bench("swiglu", strprintf("forward_v%d", v), dt, shape, ms, 3.0 * NF * e, -1);
+        ms = time_median_ms([&] { swiglu_backward<T>(dh13.get(), da.get(), h13.get(), N, F, 0, v); },
+                            wb::kWarmup, wb::kReps);
+        R.bench("swiglu", strprintf("backward_v%d", v), dt, shape, ms, 5.0 * NF * e, -1);
+    }
+}
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("swiglu");
+    const bool quick = wb::has_flag(argc, argv, "--quick");
+    try {
+        std::printf("swiglu: %s\n", device_description().c_str());
+        Report R;
+        Rng rng(3);
+        check<float>(R, rng, 77, 37);
+        check<bf16>(R, rng, 77, 37);
+        check<float>(R, rng, 130, 64);
+        check<bf16>(R, rng, 130, 64);
+        if (!quick) {
+            check<float>(R, rng, 1001, 2816);
+            check<bf16>(R, rng, 1001, 2816);
+        }
+        bench<bf16>(R, 16384, 2816);
+        if (!quick) bench<float>(R, 16384, 2816);
+        return R.finish("swiglu");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "swiglu: error: %s\n", e.what());
+        return 1;
+    }
+}
