@@ -22,6 +22,7 @@
 // Unsupported (variant, dtype, hd) combinations throw ldm::Error.
 #pragma once
 #include <cstdlib>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 
@@ -275,10 +276,459 @@ attn_bwd_dq_v1(T* dqkv, const T* dout, const float* lse, const float* D, const T
     }
 }
 
+// ================================ variant 2: bf16 tensor cores ==================================
+// mma.sync.m16n8k16 (row.col, bf16 in, fp32 accumulate), PTX ISA fragment layout, with
+// gr = lane / 4 and tg = lane % 4:
+//   A 16x16 (row-major): a0 = A[gr][2tg, 2tg+1], a1 = A[gr+8][2tg..], a2 = A[gr][2tg+8..],
+//                        a3 = A[gr+8][2tg+8..]       (two bf16 per register, lower column low)
+//   B 16x8  (k x n):     b0 = B[2tg, 2tg+1][gr], b1 = B[2tg+8, 2tg+9][gr]
+//   C 16x8  (fp32):      c0, c1 = C[gr][2tg, 2tg+1], c2, c3 = C[gr+8][2tg, 2tg+1]
+// So the C fragments of two adjacent n-tiles (columns 16k..16k+15) are, packed to bf16, exactly
+// the A fragment of k-tile k: the P (or dS) of one mma feeds the next one from registers.
+// Tiles: 64 rows x HD in shared memory with rows padded by 8 bf16 (16 bytes).
+constexpr int kV2Rows = 64;      // query rows per block (fwd, dQ) = keys per tile
+constexpr int kV2Threads = 128;  // 4 warps, 16 rows each
+constexpr int kV2Pad = 8;
+
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
+}
+
+// Two consecutive bf16 of shared memory (even element index) as one register.
+__device__ __forceinline__ uint32_t ld_pair(const bf16* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+// Two bf16 (lo in the low half) from separate addresses.
+__device__ __forceinline__ uint32_t pack_bf16(bf16 lo, bf16 hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ uint32_t pack_f32(float lo, float hi) {
+    return pack_bf16(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
+}
+
+// Copies rows [r0, r0 + ROWS) x [0, HD) of a strided global bf16 matrix (row stride `ld`
+// elements, base already at column 0 of the head) into shared memory (row stride HD + kV2Pad);
+// rows >= T_ are zero-filled. 16-byte vector loads (HD % 8 == 0, 16-byte aligned rows).
+template <int HD, int ROWS>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int r0, int T_, int64_t ld) {
+    constexpr int LDS = HD + kV2Pad, CH = HD / 8;
+    for (int idx = threadIdx.x; idx < ROWS * CH; idx += kV2Threads) {
+        const int r = idx / CH, c = (idx % CH) * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r0 + r < T_) v = *reinterpret_cast<const uint4*>(src + (int64_t)(r0 + r) * ld + c);
+        *reinterpret_cast<uint4*>(dst + r * LDS + c) = v;
+    }
+}
+
+// A fragment of rows [row0, row0+16) x columns [col0, col0+16) of a row-major smem tile.
+template <int LDS>
+__device__ __forceinline__ void frag_a(uint32_t a[4], const bf16* tile, int row0, int col0,
+                                       int gr, int tg) {
+    const bf16* p = tile + (row0 + gr) * LDS + col0 + 2 * tg;
+    a[0] = ld_pair(p);
+    a[1] = ld_pair(p + 8 * LDS);
+    a[2] = ld_pair(p + 8);
+    a[3] = ld_pair(p + 8 * LDS + 8);
+}
+// B fragment where B[k][n] = tile[n0 + n][k0 + k] (B = tileᵀ: e.g. Kᵀ for Q Kᵀ).
+template <int LDS>
+__device__ __forceinline__ void frag_b_trans(uint32_t b[2], const bf16* tile, int n0, int k0,
+                                             int gr, int tg) {
+    const bf16* p = tile + (n0 + gr) * LDS + k0 + 2 * tg;
+    b[0] = ld_pair(p);
+    b[1] = ld_pair(p + 8);
+}
+// B fragment where B[k][n] = tile[k0 + k][n0 + n] (B = the tile itself: e.g. V for P V).
+template <int LDS>
+__device__ __forceinline__ void frag_b(uint32_t b[2], const bf16* tile, int k0, int n0, int gr,
+                                       int tg) {
+    const bf16* p = tile + (k0 + 2 * tg) * LDS + n0 + gr;
+    b[0] = pack_bf16(p[0], p[LDS]);
+    b[1] = pack_bf16(p[8 * LDS], p[9 * LDS]);
+}
+// A fragment of k-tile kk from the fp32 C fragments of n-tiles 2kk and 2kk+1 (rounded to bf16).
+__device__ __forceinline__ void frag_a_from_c(uint32_t a[4], const float c0[4], const float c1[4]) {
+    a[0] = pack_f32(c0[0], c0[1]);
+    a[1] = pack_f32(c0[2], c0[3]);
+    a[2] = pack_f32(c1[0], c1[1]);
+    a[3] = pack_f32(c1[2], c1[3]);
+}
+
+template <int HD>
+constexpr int v2_fwd_smem() { return 3 * kV2Rows * (HD + kV2Pad) * 2; }
+
+// Forward. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h (the longest
+// rows first), warp w = rows 16w..16w+15. Loops over the key tiles 0..(last query)/64: S = Q Kᵀ
+// (tensor cores), scaled to log2 units, causal / length mask, online softmax in fp32, O += P V.
+template <int HD>
+__global__ void __launch_bounds__(kV2Threads)
+attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, float scale_log2) {
+    constexpr int LDS = HD + kV2Pad, NT_D = HD / 8, NT_K = kV2Rows / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+    bf16* Ks = Qs + kV2Rows * LDS;
+    bf16* Vs = Ks + kV2Rows * LDS;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int g = h / (nh / nkv);
+    const int64_t C3 = (int64_t)(nh + 2 * nkv) * HD;
+    const bf16* base = qkv + (int64_t)b * T_ * C3;
+    const int q0 = qt * kV2Rows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+    const int wr = warp * 16;                               // warp's first row in the tile
+    load_tile<HD, kV2Rows>(Qs, base + (int64_t)h * HD, q0, T_, C3);
+
+    float o[NT_D][4];
+#pragma unroll
+    for (int i = 0; i < NT_D; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};   // rows gr, gr + 8 (log2 units)
+    const int row_lo = q0 + wr + gr;                          // query index of rows gr, gr+8
+    const int n_kt = (min(q0 + kV2Rows, T_) - 1) / kV2Rows + 1;
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int k0 = kt * kV2Rows;
+        __syncthreads();                                      // previous K/V tile consumed
+        load_tile<HD, kV2Rows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
+        load_tile<HD, kV2Rows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
+        __syncthreads();
+        float s[NT_K][4];
+#pragma unroll
+        for (int i = 0; i < NT_K; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t a[4];
+            frag_a<LDS>(a, Qs, wr, kk * 16, gr, tg);
+#pragma unroll
+            for (int nt = 0; nt < NT_K; nt++) {
+                uint32_t bb[2];
+                frag_b_trans<LDS>(bb, Ks, nt * 8, kk * 16, gr, tg);
+                mma_16816(s[nt], a, bb);
+            }
+        }
+        // Scale to log2 units and mask (key > query, or key >= T) to -inf.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < NT_K; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row_lo + ((e >> 1) << 3);
+                const int col = k0 + nt * 8 + 2 * tg + (e & 1);
+                const float x = (col > row || col >= T_) ? -INFINITY : s[nt][e] * scale_log2;
+                s[nt][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        float alpha[2], mu[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float m_new = fmaxf(m[r], mx[r]);
+            mu[r] = (m_new == -INFINITY) ? 0.f : m_new;     // all masked so far: keep p = 0
+            alpha[r] = exp2f(m[r] - mu[r]);                  // 0 while m = -inf
+            m[r] = m_new;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT_K; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[nt][e] - mu[e >> 1]);
+                s[nt][e] = p;
+                l[e >> 1] += p;                              // this thread's columns only
+            }
+#pragma unroll
+        for (int i = 0; i < NT_D; i++) {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        }
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < kV2Rows / 16; kk++) {
+            uint32_t a[4];
+            frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int nt = 0; nt < NT_D; nt++) {
+                uint32_t bb[2];
+                frag_b<LDS>(bb, Vs, kk * 16, nt * 8, gr, tg);
+                mma_16816(o[nt], a, bb);
+            }
+        }
+    }
+    // Row sums over the quad (the 4 threads sharing a row), then write.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const int row = row_lo + 8 * r;
+        if (row >= T_) continue;
+        const float inv = 1.f / l[r];
+        bf16* orow = out + ((int64_t)b * T_ + row) * nh * HD + (int64_t)h * HD;
+#pragma unroll
+        for (int nt = 0; nt < NT_D; nt++) {
+            __nv_bfloat162 v2 = __floats2bfloat162_rn(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+            *reinterpret_cast<__nv_bfloat162*>(orow + nt * 8 + 2 * tg) = v2;
+        }
+        if (tg == 0) lse[((int64_t)b * nh + h) * T_ + row] = (m[r] + log2f(l[r])) * kLn2;
+    }
+}
+
+template <int HD>
+constexpr int v2_dq_smem() { return 4 * kV2Rows * (HD + kV2Pad) * 2; }
+
+// dQ. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h, warp = 16 rows.
+// Per key tile: S = Q Kᵀ, P = exp2(S·scale·log2e − lse·log2e) (masked to 0), dP = dO Vᵀ,
+// dS = P (dP − D), dQ += dS K; dQ·scale written once at the end.
+template <int HD>
+__global__ void __launch_bounds__(kV2Threads)
+attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
+               int T_, int nh, int nkv, float scale, float scale_log2) {
+    constexpr int LDS = HD + kV2Pad, NT_D = HD / 8, NT_K = kV2Rows / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+    bf16* dOs = Qs + kV2Rows * LDS;
+    bf16* Ks = dOs + kV2Rows * LDS;
+    bf16* Vs = Ks + kV2Rows * LDS;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int g = h / (nh / nkv);
+    const int64_t C3 = (int64_t)(nh + 2 * nkv) * HD, OC = (int64_t)nh * HD;
+    const bf16* base = qkv + (int64_t)b * T_ * C3;
+    const int q0 = qt * kV2Rows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+    const int wr = warp * 16;
+    load_tile<HD, kV2Rows>(Qs, base + (int64_t)h * HD, q0, T_, C3);
+    load_tile<HD, kV2Rows>(dOs, dout + (int64_t)b * T_ * OC + (int64_t)h * HD, q0, T_, OC);
+    const int row_lo = q0 + wr + gr;
+    float lse2[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_lo + 8 * r;
+        const int64_t idx = ((int64_t)b * nh + h) * T_ + row;
+        lse2[r] = row < T_ ? lse[idx] * kLog2e : 0.f;
+        Dr[r] = row < T_ ? D[idx] : 0.f;
+    }
+    float dq[NT_D][4];
+#pragma unroll
+    for (int i = 0; i < NT_D; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+    const int n_kt = (min(q0 + kV2Rows, T_) - 1) / kV2Rows + 1;
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int k0 = kt * kV2Rows;
+        __syncthreads();
+        load_tile<HD, kV2Rows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
+        load_tile<HD, kV2Rows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
+        __syncthreads();
+        float s[NT_K][4], dp[NT_K][4];
+#pragma unroll
+        for (int i = 0; i < NT_K; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t a[4], ad[4];
+            frag_a<LDS>(a, Qs, wr, kk * 16, gr, tg);
+            frag_a<LDS>(ad, dOs, wr, kk * 16, gr, tg);
+#pragma unroll
+            for (int nt = 0; nt < NT_K; nt++) {
+                uint32_t bb[2];
+                frag_b_trans<LDS>(bb, Ks, nt * 8, kk * 16, gr, tg);
+                mma_16816(s[nt], a, bb);
+                frag_b_trans<LDS>(bb, Vs, nt * 8, kk * 16, gr, tg);
+                mma_16816(dp[nt], ad, bb);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT_K; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const int row = row_lo + 8 * r;
+                const int col = k0 + nt * 8 + 2 * tg + (e & 1);
+                const float p = (col > row || col >= T_)
+                                    ? 0.f
+                                    : exp2f(fmaf(s[nt][e], scale_log2, -lse2[r]));
+                s[nt][e] = p * (dp[nt][e] - Dr[r]);         // dS (unscaled)
+            }
+        // dQ += dS K
+#pragma unroll
+        for (int kk = 0; kk < kV2Rows / 16; kk++) {
+            uint32_t a[4];
+            frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int nt = 0; nt < NT_D; nt++) {
+                uint32_t bb[2];
+                frag_b<LDS>(bb, Ks, kk * 16, nt * 8, gr, tg);
+                mma_16816(dq[nt], a, bb);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_lo + 8 * r;
+        if (row >= T_) continue;
+        bf16* drow = dqkv + ((int64_t)b * T_ + row) * C3 + (int64_t)h * HD;
+#pragma unroll
+        for (int nt = 0; nt < NT_D; nt++)
+            *reinterpret_cast<__nv_bfloat162*>(drow + nt * 8 + 2 * tg) =
+                __floats2bfloat162_rn(dq[nt][2 * r] * scale, dq[nt][2 * r + 1] * scale);
+    }
+}
+
+// Query rows per step of the dK/dV kernel (fewer for hd 128 to keep the accumulators in registers).
+template <int HD>
+__host__ __device__ constexpr int v2_dkdv_bq() { return HD <= 64 ? 64 : 32; }
+template <int HD>
+constexpr int v2_dkdv_smem() {
+    return (2 * kV2Rows + 2 * v2_dkdv_bq<HD>()) * (HD + kV2Pad) * 2 + 2 * v2_dkdv_bq<HD>() * 4;
+}
+
+// dK, dV. Grid (ceil(T/64), nkv, B), 128 threads; block = 64 keys of kv head g (K, V tiles stay in
+// shared memory), warp = 16 keys. Loops over the query heads of the group and the query tiles
+// from the key tile on (BQ rows each): Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) masked,
+// dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ − D); dV += Pᵀ dO, dK += dSᵀ Q; written once (dK·scale) at the end.
+template <int HD>
+__global__ void __launch_bounds__(kV2Threads)
+attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
+                 int T_, int nh, int nkv, float scale, float scale_log2) {
+    constexpr int LDS = HD + kV2Pad, NT_D = HD / 8, BQ = v2_dkdv_bq<HD>(), NT_Q = BQ / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
+    bf16* Vs = Ks + kV2Rows * LDS;
+    bf16* Qs = Vs + kV2Rows * LDS;
+    bf16* dOs = Qs + BQ * LDS;
+    float* lse2s = reinterpret_cast<float*>(dOs + BQ * LDS);
+    float* Ds = lse2s + BQ;
+    const int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+    const int G = nh / nkv;
+    const int64_t C3 = (int64_t)(nh + 2 * nkv) * HD, OC = (int64_t)nh * HD;
+    const bf16* base = qkv + (int64_t)b * T_ * C3;
+    const int k0 = kt * kV2Rows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+    const int wr = warp * 16;
+    const int key_lo = k0 + wr + gr;                         // key index of rows gr, gr+8
+    load_tile<HD, kV2Rows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
+    load_tile<HD, kV2Rows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
+    float dk[NT_D][4], dv[NT_D][4];
+#pragma unroll
+    for (int i = 0; i < NT_D; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
+    for (int hh = 0; hh < G; hh++) {
+        const int h = g * G + hh;
+        const float* lse_r = lse + ((int64_t)b * nh + h) * T_;
+        const float* D_r = D + ((int64_t)b * nh + h) * T_;
+        for (int q0 = k0; q0 < T_; q0 += BQ) {
+            __syncthreads();                                 // previous Q/dO tile consumed
+            load_tile<HD, BQ>(Qs, base + (int64_t)h * HD, q0, T_, C3);
+            load_tile<HD, BQ>(dOs, dout + (int64_t)b * T_ * OC + (int64_t)h * HD, q0, T_, OC);
+            for (int i = threadIdx.x; i < BQ; i += kV2Threads) {
+                const bool ok = q0 + i < T_;
+                lse2s[i] = ok ? lse_r[q0 + i] * kLog2e : 0.f;
+                Ds[i] = ok ? D_r[q0 + i] : 0.f;
+            }
+            __syncthreads();
+            float st[NT_Q][4], dpt[NT_Q][4];
+#pragma unroll
+            for (int i = 0; i < NT_Q; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t a[4], av[4];
+                frag_a<LDS>(a, Ks, wr, kk * 16, gr, tg);
+                frag_a<LDS>(av, Vs, wr, kk * 16, gr, tg);
+#pragma unroll
+                for (int nt = 0; nt < NT_Q; nt++) {
+                    uint32_t bb[2];
+                    frag_b_trans<LDS>(bb, Qs, nt * 8, kk * 16, gr, tg);
+                    mma_16816(st[nt], a, bb);
+                    frag_b_trans<LDS>(bb, dOs, nt * 8, kk * 16, gr, tg);
+                    mma_16816(dpt[nt], av, bb);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT_Q; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = key_lo + ((e >> 1) << 3);
+                    const int qi = nt * 8 + 2 * tg + (e & 1);
+                    const int q = q0 + qi;
+                    const float p = (q < key || q >= T_)
+                                        ? 0.f
+                                        : exp2f(fmaf(st[nt][e], scale_log2, -lse2s[qi]));
+                    st[nt][e] = p;
+                    dpt[nt][e] = p * (dpt[nt][e] - Ds[qi]);
+                }
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                uint32_t ap[4], as[4];
+                frag_a_from_c(ap, st[2 * kk], st[2 * kk + 1]);
+                frag_a_from_c(as, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+                for (int nt = 0; nt < NT_D; nt++) {
+                    uint32_t bb[2];
+                    frag_b<LDS>(bb, dOs, kk * 16, nt * 8, gr, tg);
+                    mma_16816(dv[nt], ap, bb);
+                    frag_b<LDS>(bb, Qs, kk * 16, nt * 8, gr, tg);
+                    mma_16816(dk[nt], as, bb);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key_lo + 8 * r;
+        if (key >= T_) continue;
+        bf16* krow = dqkv + ((int64_t)b * T_ + key) * C3 + (int64_t)(nh + g) * HD;
+        bf16* vrow = dqkv + ((int64_t)b * T_ + key) * C3 + (int64_t)(nh + nkv + g) * HD;
+#pragma unroll
+        for (int nt = 0; nt < NT_D; nt++) {
+            *reinterpret_cast<__nv_bfloat162*>(krow + nt * 8 + 2 * tg) =
+                __floats2bfloat162_rn(dk[nt][2 * r] * scale, dk[nt][2 * r + 1] * scale);
+            *reinterpret_cast<__nv_bfloat162*>(vrow + nt * 8 + 2 * tg) =
+                __floats2bfloat162_rn(dv[nt][2 * r], dv[nt][2 * r + 1]);
+        }
+    }
+}
+
+template <int HD>
+inline void v2_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_, int nh, int nkv,
+                       float scale, cudaStream_t s) {
+    constexpr int smem = v2_fwd_smem<HD>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_v2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dim3 grid((unsigned)ceil_div(T_, kV2Rows), (unsigned)nh, (unsigned)B);
+    attn_fwd_v2<HD><<<grid, kV2Threads, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
+    LDM_LAUNCH_CHECK();
+}
+
+template <int HD>
+inline void v2_backward(bf16* dqkv, const float* D, const bf16* dout, const float* lse,
+                        const bf16* qkv, int B, int T_, int nh, int nkv, float scale,
+                        cudaStream_t s) {
+    constexpr int smem_kv = v2_dkdv_smem<HD>(), smem_q = v2_dq_smem<HD>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_v2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_v2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+    dim3 gkv((unsigned)ceil_div(T_, kV2Rows), (unsigned)nkv, (unsigned)B);
+    attn_bwd_dkdv_v2<HD><<<gkv, kV2Threads, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv,
+                                                          scale, scale * kLog2e);
+    LDM_LAUNCH_CHECK();
+    dim3 gq((unsigned)ceil_div(T_, kV2Rows), (unsigned)nh, (unsigned)B);
+    attn_bwd_dq_v2<HD><<<gq, kV2Threads, smem_q, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv, scale,
+                                                      scale * kLog2e);
+    LDM_LAUNCH_CHECK();
+}
+
 // ---- variant selection -------------------------------------------------------------------------
 template <typename T>
 inline bool variant_supported(int variant, int hd) {
     if (variant == 1) return hd >= 2 && hd <= kV1MaxHd && hd % 2 == 0;
+    if (variant == 2) return std::is_same<T, bf16>::value && (hd == 64 || hd == 128);
     return false;
 }
 
@@ -331,6 +781,11 @@ void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int nh, 
         attn_fwd_v1<T><<<(unsigned)ceil_div(rows, kV1Warps), kV1Warps * 32, 0, s>>>(
             out, lse, qkv, B, T_, nh, nkv, hd, scale);
         LDM_LAUNCH_CHECK();
+    } else if (v == 2) {
+        if constexpr (std::is_same<T, bf16>::value) {
+            if (hd == 64) v2_forward<64>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+            else v2_forward<128>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        }
     }
 }
 
@@ -356,6 +811,11 @@ void attention_backward(T* dqkv, float* scratch, const T* dout, const T* out, co
         attn_bwd_dq_v1<T><<<(unsigned)ceil_div(qrows, kV1Warps), kV1Warps * 32, 0, s>>>(
             dqkv, dout, lse, D, qkv, B, T_, nh, nkv, hd, scale);
         LDM_LAUNCH_CHECK();
+    } else if (v == 2) {
+        if constexpr (std::is_same<T, bf16>::value) {
+            if (hd == 64) v2_backward<64>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+            else v2_backward<128>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        }
     }
 }
 
