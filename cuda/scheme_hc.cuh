@@ -1,0 +1,706 @@
+// cuda/scheme_hc.cuh — HC (dynamic hyper-connections, spec §2.2) and mHC (manifold-constrained
+// hyper-connections, spec §2.3) on the GPU, forward and backward. CPU reference: dev/cpu/scheme_hc.*
+// (the per-element math is the same LDM_HD code: hc_coef, mhc_gate, sinkhorn_forward/backward).
+//
+// State: n streams H_j [N, n, d] (type T, token-major, stream rows of d) for j = 0..D, the
+// sublayer outputs o_j [N, d] (T) and, per sublayer, the raw coefficient projection
+// P_j = H_{j-1}·W_jᵀ (fp32; HC: [N·n, n+2] = n²+2n per token, mHC: [N, 2n+n²]) and the inverse
+// RMS of H_{j-1} (fp32; HC per stream row [N, n], mHC per token [N]). The RMS normalisation of
+// the projection input is folded into the coefficients: u = rstd·P (HC rows, mHC whole vec(H)),
+// so the GEMM reads H directly and no normalised copy is ever written.
+//
+// Per sublayer j, forward (4 launches):
+//   input_norm : GEMM P_j = H_{j-1} W_jᵀ (Matmul; HC over [N·n, d] rows, mHC over the flattened
+//                [N, n·d]); per-token coefficients in fp32 (HC: A_m, A_r, B via tanh; mHC: sigmoid
+//                gates and Sinkhorn-Knopp of Rt) into a scratch; fused pre-mix + RMSNorm_j:
+//                x_j = Σ_i a_i H_i, xn = w ⊙ x_j · rstd.
+//   output     : fused post-mix H_j[k] = Σ_i Mix[k,i] H_i + b_k o_j (each stream read and written
+//                once), o_j stored, inverse RMS of the new rows for sublayer j+1.
+// Backward (recomputes the coefficients, Sinkhorn included, from the stored P_j; never stores the
+// Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products;
+// input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
+// reduces the small parameter gradients deterministically (per-token partials, fixed-order column
+// sums), accumulates dW_j += dPᵀ·H_{j-1} and dZ = dP·W_j (Matmul), and one fused kernel writes
+// dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i (the RMS backward's projection term
+// β_i is a per-row scalar computed from dP and P, no d-sized pass).
+//
+// Parameters: the GEMM matrices (HC W_j [(n+2), d], mHC Φ_j [(2n+n²), n·d]) are read from the
+// working copy (type T, like every backbone weight); the small controller parameters (HC s_a, s_b,
+// A_m0, A_r0, B0; mHC a_*, b_*) from the fp32 master array, and all coefficient / Sinkhorn
+// arithmetic is fp32 (spec §2.3: "φ, a, b and the mixing arithmetic stay fp32" — φ's master and
+// its update are fp32; its GEMM operand is the T working copy, accumulation fp32).
+// Gradients are fp32 and accumulate (+=); no atomics anywhere (bit-identical run to run).
+// Supported stream counts: n ∈ {1, 2, 3, 4, 8} (ldm::Error otherwise).
+#pragma once
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "core/config.h"
+#include "cuda/common.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/scheme.cuh"
+#include "dev/cpu/scheme_hc.h"
+#include "dev/cpu/sinkhorn.h"
+
+namespace ldm {
+namespace gpu {
+namespace hc_detail {
+
+constexpr int kThreads = 256;  // threads of the per-token kernels (one block per token)
+
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Block-wide sums of V per-thread values; every thread gets the totals in v. smem >= 32·V floats.
+// Fixed reduction order (deterministic). Contains two __syncthreads.
+template <int V>
+__device__ inline void block_sums(float (&v)[V], float* smem) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        float s = warp_sum(v[e]);
+        if (lane == 0) smem[w * V + e] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        float s = 0.f;
+        for (int k = 0; k < nw; k++) s += smem[k * V + e];
+        v[e] = s;
+    }
+    __syncthreads();
+}
+
+// Coefficient scratch per token (fp32), CW = 2n + n² values: a [n] (pre-mix: HC A_m, mHC H_pre),
+// Mix [n, n] (row k = output stream: HC A_r[i,k] at [k][i], mHC H_res[k,i]), b [n] (HC B, mHC
+// H_post). The gradient scratch dcoef has the same layout.
+LDM_HD inline int coef_width(int n) { return 2 * n + n * n; }
+
+// H0[t, i, :] = e[t, :] for every stream; inverse RMS of the rows (HC: per row over d; mHC: per
+// token over n·d). Grid N blocks.
+template <typename T, int NS>
+__global__ void begin_kernel(T* H0, float* rs0, const T* e, int d, float eps, bool per_row) {
+    __shared__ float smem[32];
+    const int64_t t = blockIdx.x;
+    float ss[1] = {0.f};
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        const T v = e[t * d + c];
+#pragma unroll
+        for (int i = 0; i < NS; i++) H0[(t * NS + i) * d + c] = v;
+        const float f = to_f(v);
+        ss[0] += f * f;
+    }
+    block_sums<1>(ss, smem);
+    if (threadIdx.x == 0) {
+        if (per_row) {
+            for (int i = 0; i < NS; i++) rs0[t * NS + i] = rms_scale(ss[0], d, eps);
+        } else {
+            rs0[t] = rms_scale(ss[0] * (float)NS, NS * d, eps);
+        }
+    }
+}
+
+// HC coefficients (spec §2.2) per token from P [N, n, n+2] (raw) and row rstd [N, n]; q = the
+// sublayer's fp32 scalars (s_a, s_b, A_m0 [n], A_r0 [n,n], B0 [n]). One thread per token.
+template <int NS>
+__global__ void hc_coef_kernel(float* coef, const float* P, const float* rs, const float* q, int N) {
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    constexpr int m = NS + 2, CW = 2 * NS + NS * NS;
+    const float s_a = q[0], s_b = q[1];
+    const float* am0 = q + 2;
+    const float* ar0 = am0 + NS;
+    const float* b0 = ar0 + NS * NS;
+    const float* Pt = P + t * NS * m;
+    const float* r = rs + t * NS;
+    float* ct = coef + t * CW;
+    for (int i = 0; i < NS; i++) ct[i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * m]), am0[i]);
+    for (int k = 0; k < NS; k++)
+        for (int i = 0; i < NS; i++)
+            ct[NS + k * NS + i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * m + 1 + k]), ar0[i * NS + k]);
+    for (int k = 0; k < NS; k++) ct[NS + NS * NS + k] = hc_coef(s_b, ldm_tanh(r[k] * Pt[k * m + NS + 1]), b0[k]);
+}
+
+// mHC coefficients (spec §2.3) per token from P [N, 2n+n²] (raw: pre, post, res) and rstd [N];
+// q = (a_pre, a_post, a_res, b_pre [n], b_post [n], b_res [n,n]) fp32. H_res by Sinkhorn-Knopp
+// (iters column+row normalisations) in fp32; work [N, ws] per-token scratch (ws =
+// sinkhorn_work_size(n, iters) + 2n²). One thread per token.
+template <int NS>
+__global__ void mhc_coef_kernel(float* coef, float* work, const float* P, const float* rs,
+                                const float* q, int N, int iters, int ws) {
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    constexpr int m = 2 * NS + NS * NS, CW = 2 * NS + NS * NS, nn = NS * NS;
+    const float a_pre = q[0], a_post = q[1], a_res = q[2];
+    const float* b_pre = q + 3;
+    const float* b_post = b_pre + NS;
+    const float* b_res = b_post + NS;
+    const float r = rs[t];
+    const float* Pt = P + t * m;
+    float* ct = coef + t * CW;
+    float* w = work + t * ws;
+    float* Rt = w + sinkhorn_work_size(NS, iters);
+    float* Hres = Rt + nn;
+    for (int i = 0; i < NS; i++) ct[i] = mhc_gate(1.f, a_pre * (r * Pt[i]) + b_pre[i]);
+    for (int k = 0; k < NS; k++) ct[NS + nn + k] = mhc_gate(2.f, a_post * (r * Pt[NS + k]) + b_post[k]);
+    for (int e = 0; e < nn; e++) Rt[e] = a_res * (r * Pt[2 * NS + e]) + b_res[e];
+    sinkhorn_forward(Rt, NS, iters, Hres, w);
+    for (int e = 0; e < nn; e++) ct[NS + e] = Hres[e];
+}
+
+// Fused pre-mix + RMSNorm: x[t] = Σ_i a_i H[t, i] (rounded to T), rstd[t] = 1/sqrt(mean(x²)+eps)
+// of the rounded x, xn[t] = w ⊙ (x · rstd). xn == nullptr: x only. Grid N blocks.
+template <typename T, int NS>
+__global__ void premix_norm_kernel(T* x, T* xn, float* rstd, const T* H, const float* coef,
+                                   const T* w, int d, float eps) {
+    __shared__ float smem[32];
+    const int64_t t = blockIdx.x;
+    constexpr int CW = 2 * NS + NS * NS;
+    float a[NS];
+#pragma unroll
+    for (int i = 0; i < NS; i++) a[i] = coef[t * CW + i];
+    const T* Ht = H + t * NS * d;
+    T* xt = x + t * d;
+    float ss[1] = {0.f};
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float v = 0.f;
+#pragma unroll
+        for (int i = 0; i < NS; i++) v += a[i] * to_f(Ht[(int64_t)i * d + c]);
+        const T xv = from_f<T>(v);
+        xt[c] = xv;
+        const float f = to_f(xv);
+        ss[0] += f * f;
+    }
+    if (xn == nullptr) return;
+    block_sums<1>(ss, smem);
+    const float s = rms_scale(ss[0], d, eps);
+    if (threadIdx.x == 0) rstd[t] = s;
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        xn[t * d + c] = from_f<T>(to_f(w[c]) * (to_f(xt[c]) * s));
+}
+
+// Fused post-mix: Hn[t, k] = Σ_i Mix[k,i] H[t, i] + b_k o[t] for every stream (each stream read
+// and written once), ocopy[t] = o[t], and the inverse RMS of the new (rounded) rows into rsn
+// (per row [N, n] or per token [N]). Grid N blocks.
+template <typename T, int NS>
+__global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T* o,
+                               const float* coef, int d, float eps, bool per_row) {
+    __shared__ float smem[32 * NS];
+    const int64_t t = blockIdx.x;
+    constexpr int CW = 2 * NS + NS * NS;
+    float mix[NS * NS], b[NS], ss[NS];
+#pragma unroll
+    for (int e = 0; e < NS * NS; e++) mix[e] = coef[t * CW + NS + e];
+#pragma unroll
+    for (int k = 0; k < NS; k++) {
+        b[k] = coef[t * CW + NS + NS * NS + k];
+        ss[k] = 0.f;
+    }
+    const T* Ht = H + t * NS * d;
+    T* Hnt = Hn + t * NS * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        const T ov = o[t * d + c];
+        ocopy[t * d + c] = ov;
+        const float of = to_f(ov);
+        float h[NS];
+#pragma unroll
+        for (int i = 0; i < NS; i++) h[i] = to_f(Ht[(int64_t)i * d + c]);
+#pragma unroll
+        for (int k = 0; k < NS; k++) {
+            float v = b[k] * of;
+#pragma unroll
+            for (int i = 0; i < NS; i++) v += mix[k * NS + i] * h[i];
+            const T hv = from_f<T>(v);
+            Hnt[(int64_t)k * d + c] = hv;
+            const float f = to_f(hv);
+            ss[k] += f * f;
+        }
+    }
+    block_sums<NS>(ss, smem);
+    if (threadIdx.x == 0) {
+        if (per_row) {
+            for (int k = 0; k < NS; k++) rsn[t * NS + k] = rms_scale(ss[k], d, eps);
+        } else {
+            float tot = 0.f;
+            for (int k = 0; k < NS; k++) tot += ss[k];
+            rsn[t] = rms_scale(tot, NS * d, eps);
+        }
+    }
+}
+
+// Readout: y[t] = (Σ_i H[t, i]) / n. Grid-stride over N·d.
+template <typename T, int NS>
+__global__ void mean_kernel(T* y, const T* H, int64_t N, int d) {
+    const float inv = 1.f / (float)NS;
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < N * d;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / d, c = k % d;
+        float v = 0.f;
+#pragma unroll
+        for (int i = 0; i < NS; i++) v += to_f(H[(t * NS + i) * d + c]);
+        y[k] = from_f<T>(v * inv);
+    }
+}
+
+// Readout backward: dH[t, i] = dy[t] / n (written).
+template <typename T, int NS>
+__global__ void mean_backward_kernel(T* dH, const T* dy, int64_t N, int d) {
+    const float inv = 1.f / (float)NS;
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < N * d;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / d, c = k % d;
+        const T v = from_f<T>(to_f(dy[k]) * inv);
+#pragma unroll
+        for (int i = 0; i < NS; i++) dH[(t * NS + i) * d + c] = v;
+    }
+}
+
+// begin_backward: de[t] = Σ_i dH[t, i] (written).
+template <typename T, int NS>
+__global__ void stream_sum_kernel(T* de, const T* dH, int64_t N, int d) {
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < N * d;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / d, c = k % d;
+        float v = 0.f;
+#pragma unroll
+        for (int i = 0; i < NS; i++) v += to_f(dH[(t * NS + i) * d + c]);
+        de[k] = from_f<T>(v);
+    }
+}
+
+// Post-mix backward (output_backward): G = dL/dH_j. d_o[t] = Σ_k b_k G[t, k] (written);
+// dcoef[t] Mix part: <G_k, H_i> at [n + k·n + i], b part: <G_k, o> at [n + n² + k]. Grid N blocks.
+template <typename T, int NS>
+__global__ void post_backward_kernel(T* d_o, float* dcoef, const T* G, const T* O, const T* H,
+                                     const float* coef, int d) {
+    constexpr int CW = 2 * NS + NS * NS, V = NS * NS + NS;
+    __shared__ float smem[32 * V];
+    const int64_t t = blockIdx.x;
+    float b[NS], acc[V];
+#pragma unroll
+    for (int k = 0; k < NS; k++) b[k] = coef[t * CW + NS + NS * NS + k];
+#pragma unroll
+    for (int e = 0; e < V; e++) acc[e] = 0.f;
+    const T* Gt = G + t * NS * d;
+    const T* Ht = H + t * NS * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float g[NS], h[NS];
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            g[i] = to_f(Gt[(int64_t)i * d + c]);
+            h[i] = to_f(Ht[(int64_t)i * d + c]);
+        }
+        const float of = to_f(O[t * d + c]);
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < NS; k++) {
+            v += b[k] * g[k];
+#pragma unroll
+            for (int i = 0; i < NS; i++) acc[k * NS + i] += g[k] * h[i];
+            acc[NS * NS + k] += g[k] * of;
+        }
+        d_o[t * d + c] = from_f<T>(v);
+    }
+    block_sums<V>(acc, smem);
+    for (int e = threadIdx.x; e < V; e += blockDim.x) dcoef[t * CW + NS + e] = acc[e];
+}
+
+// Pre-mix backward dots (input_backward): dcoef[t, i] = <dx[t], H[t, i]>. Grid N blocks.
+template <typename T, int NS>
+__global__ void pre_dots_kernel(float* dcoef, const T* dx, const T* H, int d) {
+    constexpr int CW = 2 * NS + NS * NS;
+    __shared__ float smem[32 * NS];
+    const int64_t t = blockIdx.x;
+    float acc[NS];
+#pragma unroll
+    for (int i = 0; i < NS; i++) acc[i] = 0.f;
+    const T* Ht = H + t * NS * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        const float g = to_f(dx[t * d + c]);
+#pragma unroll
+        for (int i = 0; i < NS; i++) acc[i] += g * to_f(Ht[(int64_t)i * d + c]);
+    }
+    block_sums<NS>(acc, smem);
+    for (int i = threadIdx.x; i < NS; i += blockDim.x) dcoef[t * CW + i] = acc[i];
+}
+
+// HC coefficient backward per token (one thread per token). From dcoef (dA_m, dMix, dB), P and
+// row rstd: dPp[t, i, c] = r_i · dL/du[i, c] (T, the GEMM operand), beta[t, i] =
+// r_i²/d · Σ_c dPp·P (the RMS backward's per-row projection term), and the token's contribution
+// to the scalar gradients part[t] (NP = 2+2n+n² values in the q layout: s_a, s_b, A_m0, A_r0, B0).
+template <typename T, int NS>
+__global__ void hc_coef_backward_kernel(T* dPp, float* beta, float* part, const float* dcoef,
+                                        const float* P, const float* rs, const float* q, int N, int d) {
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    constexpr int m = NS + 2, CW = 2 * NS + NS * NS, NP = 2 + 2 * NS + NS * NS;
+    const float s_a = q[0], s_b = q[1];
+    const float* Pt = P + t * NS * m;
+    const float* r = rs + t * NS;
+    const float* dct = dcoef + t * CW;
+    float* pt = part + t * NP;
+    float du[NS * m];
+    float dsa = 0.f, dsb = 0.f;
+    for (int i = 0; i < NS; i++) {
+        const float dc = dct[i];
+        pt[2 + i] = dc;
+        du[i * m] = hc_coef_backward(dc, s_a, ldm_tanh(r[i] * Pt[i * m]), &dsa);
+    }
+    for (int k = 0; k < NS; k++)
+        for (int i = 0; i < NS; i++) {
+            const float dc = dct[NS + k * NS + i];
+            pt[2 + NS + i * NS + k] = dc;
+            du[i * m + 1 + k] = hc_coef_backward(dc, s_a, ldm_tanh(r[i] * Pt[i * m + 1 + k]), &dsa);
+        }
+    for (int k = 0; k < NS; k++) {
+        const float dc = dct[NS + NS * NS + k];
+        pt[2 + NS + NS * NS + k] = dc;
+        du[k * m + NS + 1] = hc_coef_backward(dc, s_b, ldm_tanh(r[k] * Pt[k * m + NS + 1]), &dsb);
+    }
+    pt[0] = dsa;
+    pt[1] = dsb;
+    for (int i = 0; i < NS; i++) {
+        float bs = 0.f;
+        for (int c = 0; c < m; c++) {
+            const float v = r[i] * du[i * m + c];
+            dPp[(t * NS + i) * m + c] = from_f<T>(v);
+            bs += v * Pt[i * m + c];
+        }
+        beta[t * NS + i] = r[i] * r[i] / (float)d * bs;
+    }
+}
+
+// mHC coefficient backward per token: gate backward, Sinkhorn recomputed (work: same scratch as
+// mhc_coef_kernel) and unrolled backward, pre-activation c = a·p + b backward. dPp[t, e] =
+// r · a_grp · dc_e (T), beta[t] = r²/(n·d) · Σ_e dPp·P, part[t] = (da_pre, da_post, da_res, db [m]).
+template <typename T, int NS>
+__global__ void mhc_coef_backward_kernel(T* dPp, float* beta, float* part, float* work,
+                                         const float* dcoef, const float* P, const float* rs,
+                                         const float* q, int N, int d, int iters, int ws) {
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    constexpr int m = 2 * NS + NS * NS, CW = 2 * NS + NS * NS, nn = NS * NS, NP = 3 + m;
+    const float a_pre = q[0], a_post = q[1], a_res = q[2];
+    const float* b_pre = q + 3;
+    const float* b_post = b_pre + NS;
+    const float* b_res = b_post + NS;
+    const float r = rs[t];
+    const float* Pt = P + t * m;
+    const float* dct = dcoef + t * CW;
+    float* pt = part + t * NP;
+    float* w = work + t * ws;
+    float* Rt = w + sinkhorn_work_size(NS, iters);
+    float* Hres = Rt + nn;  // then reused as dL/dH_res (scratch of sinkhorn_backward)
+    float dc[m];
+    for (int i = 0; i < NS; i++) {
+        const float g = mhc_gate(1.f, a_pre * (r * Pt[i]) + b_pre[i]);
+        dc[i] = mhc_gate_backward(dct[i], 1.f, g);
+    }
+    for (int k = 0; k < NS; k++) {
+        const float g = mhc_gate(2.f, a_post * (r * Pt[NS + k]) + b_post[k]);
+        dc[NS + k] = mhc_gate_backward(dct[NS + nn + k], 2.f, g);
+    }
+    for (int e = 0; e < nn; e++) Rt[e] = a_res * (r * Pt[2 * NS + e]) + b_res[e];
+    sinkhorn_forward(Rt, NS, iters, Hres, w);
+    for (int e = 0; e < nn; e++) Hres[e] = dct[NS + e];
+    sinkhorn_backward(Hres, NS, iters, w, dc + 2 * NS);
+    float da[3] = {0.f, 0.f, 0.f};
+    const float a_grp[3] = {a_pre, a_post, a_res};
+    float bs = 0.f;
+    for (int e = 0; e < m; e++) {
+        const int grp = e < NS ? 0 : (e < 2 * NS ? 1 : 2);
+        da[grp] += dc[e] * (r * Pt[e]);
+        pt[3 + e] = dc[e];
+        const float v = r * a_grp[grp] * dc[e];
+        dPp[t * m + e] = from_f<T>(v);
+        bs += v * Pt[e];
+    }
+    pt[0] = da[0];
+    pt[1] = da[1];
+    pt[2] = da[2];
+    beta[t] = r * r / (float)(NS * d) * bs;
+}
+
+// grads[e] += Σ_t part[t, e] for e < NP: one block per column, fixed-order strided partial sums
+// and a fixed tree (deterministic).
+template <typename F = float>
+__global__ void column_sums_kernel(F* grads, const F* part, int N, int NP) {
+    __shared__ float smem[32];
+    const int e = blockIdx.x;
+    float s[1] = {0.f};
+    for (int t = threadIdx.x; t < N; t += blockDim.x) s[0] += part[(int64_t)t * NP + e];
+    block_sums<1>(s, smem);
+    if (threadIdx.x == 0) grads[e] += s[0];
+}
+
+// Backward combine (input_backward): dHp[t, i] = Σ_k Mix[k,i] G[t, k] + a_i dx[t] + dZ[t, i]
+// − β_i H[t, i] (written). beta per row ([N, n]) or per token ([N]). Grid N blocks.
+template <typename T, int NS>
+__global__ void combine_kernel(T* dHp, const T* G, const T* dx, const float* dZ, const T* H,
+                               const float* coef, const float* beta, bool per_row, int d) {
+    constexpr int CW = 2 * NS + NS * NS;
+    const int64_t t = blockIdx.x;
+    float a[NS], mix[NS * NS], bt[NS];
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+        a[i] = coef[t * CW + i];
+        bt[i] = per_row ? beta[t * NS + i] : beta[t];
+    }
+#pragma unroll
+    for (int e = 0; e < NS * NS; e++) mix[e] = coef[t * CW + NS + e];
+    const int64_t base = t * NS * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float g[NS];
+#pragma unroll
+        for (int k = 0; k < NS; k++) g[k] = to_f(G[base + (int64_t)k * d + c]);
+        const float dxv = to_f(dx[t * d + c]);
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            const int64_t idx = base + (int64_t)i * d + c;
+            float v = a[i] * dxv;
+#pragma unroll
+            for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[k];
+            v += dZ[idx] - bt[i] * to_f(H[idx]);
+            dHp[idx] = from_f<T>(v);
+        }
+    }
+}
+
+// Calls f(std::integral_constant<int, n>) for the supported stream counts.
+template <typename F>
+inline void dispatch_streams(int n, F&& f) {
+    switch (n) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 8: f(std::integral_constant<int, 8>{}); break;
+        default: throw Error(strprintf("hc/mhc on the GPU: hc_streams = %d is not supported (1, 2, 3, 4, 8)", n));
+    }
+}
+
+inline unsigned grid_1d(int64_t n, int threads) {
+    int64_t b = ceil_div(n, threads);
+    return (unsigned)std::min<int64_t>(std::max<int64_t>(b, 1), 65535 * 16);
+}
+
+}  // namespace hc_detail
+
+// HC (manifold = false, spec §2.2) and mHC (manifold = true, spec §2.3) behind GpuScheme<T>.
+// Parameter block per sublayer (core/config.cpp, same as the CPU): HC W [(n+2), d], then
+// s_a, s_b, A_m0 [n], A_r0 [n,n], B0 [n]; mHC Φ [(2n+n²), n·d], then a_pre, a_post, a_res,
+// b_pre [n], b_post [n], b_res [n,n]. Owns a Matmul (cuBLASLt handle, small workspace) and all
+// its device buffers (allocated in resize()).
+template <typename T>
+struct GpuHC final : GpuScheme<T> {
+    GpuHC(const ModelConfig& cfg, bool manifold)
+        : mhc_(manifold),
+          d_(cfg.d_model),
+          n_(cfg.hc_streams),
+          D_(cfg.n_sublayers()),
+          iters_(cfg.sinkhorn_iters),
+          eps_((float)cfg.norm_eps),
+          mm_(4 << 20) {
+        hc_detail::dispatch_streams(n_, [](auto) {});  // validates n
+        if (mhc_ && iters_ < 1) throw Error("mhc: sinkhorn_iters must be >= 1");
+        wrows_ = mhc_ ? 2 * n_ + n_ * n_ : n_ + 2;
+        kdim_ = mhc_ ? n_ * d_ : d_;
+        prow_ = mhc_ ? 1 : n_;
+        np_ = mhc_ ? 3 + wrows_ : 2 + 2 * n_ + n_ * n_;
+        block_ = (int64_t)wrows_ * kdim_ + np_;
+        cw_ = hc_detail::coef_width(n_);
+        ws_ = mhc_ ? sinkhorn_work_size(n_, iters_) + 2 * n_ * n_ : 0;
+    }
+
+    void bind(const T* params, const float* master, float* grads) override {
+        P_ = params;
+        M_ = master;
+        G_ = grads;
+    }
+
+    void resize(int B, int T_) override {
+        N_ = B * T_;
+        const int64_t N = N_, n = n_, d = d_, D = D_;
+        Hs_.alloc((D + 1) * N * n * d);
+        Os_.alloc(D * N * d);
+        Ps_.alloc(D * N * prow_ * wrows_);
+        rs_.alloc((D + 1) * N * nr());
+        coef_.alloc(N * cw_);
+        dcoef_.alloc(N * cw_);
+        work_.alloc(mhc_ ? N * ws_ : 0);
+        dPp_.alloc(N * prow_ * wrows_);
+        beta_.alloc(N * n);
+        part_.alloc(N * np_);
+        dZ_.alloc(N * n * d);
+        dH_.alloc(N * n * d);
+        dHp_.alloc(N * n * d);
+    }
+
+    void begin(const T* e, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::begin_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(H(0), RS(0), e, d_, eps_, !mhc_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    // x_j (and, when xn != nullptr, xn = RMSNorm_w(x_j) with rstd) — see the file comment.
+    void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
+        project(j, s);
+        coefficients(j, s);
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::premix_norm_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                x, xn, rstd, H(j - 1), coef_.ptr, w, d_, eps);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void output(int j, const T* o, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::postmix_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                H(j), RS(j), O(j), H(j - 1), o, coef_.ptr, d_, eps_, !mhc_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void readout(T* y, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::mean_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(y, H(D_), N_, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void readout_backward(const T* dy, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::mean_backward_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(
+                dH_.ptr, dy, N_, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void output_backward(int j, T* d_o, cudaStream_t s) override {
+        coefficients(j, s);  // recomputed from the stored P_j (Sinkhorn included)
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::post_backward_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                d_o, dcoef_.ptr, dH_.ptr, O(j), H(j - 1), coef_.ptr, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void input_backward(int j, const T* dx, cudaStream_t s) override {
+        const int tpb = 128;
+        const unsigned tb = (unsigned)ceil_div(N_, tpb);
+        const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;
+        float* gW = G_ + (int64_t)(j - 1) * block_;
+        float* gq = gW + (int64_t)wrows_ * kdim_;
+        const T* W = P_ + (int64_t)(j - 1) * block_;
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::pre_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, H(j - 1), d_);
+            LDM_LAUNCH_CHECK();
+            if (mhc_)
+                hc_detail::mhc_coef_backward_kernel<T, NS><<<tb, tpb, 0, s>>>(
+                    dPp_.ptr, beta_.ptr, part_.ptr, work_.ptr, dcoef_.ptr, Pj(j), RS(j - 1), q, N_, d_, iters_, ws_);
+            else
+                hc_detail::hc_coef_backward_kernel<T, NS><<<tb, tpb, 0, s>>>(
+                    dPp_.ptr, beta_.ptr, part_.ptr, dcoef_.ptr, Pj(j), RS(j - 1), q, N_, d_);
+            LDM_LAUNCH_CHECK();
+        });
+        hc_detail::column_sums_kernel<float><<<np_, 256, 0, s>>>(gq, part_.ptr, N_, np_);
+        LDM_LAUNCH_CHECK();
+        const int64_t rows = (int64_t)N_ * prow_;
+        // dW_j += dPpᵀ · H_{j-1}   ([wrows, rows] x [rows, kdim])
+        mm_.gemm<T, float>(true, false, wrows_, kdim_, rows, 1.f, dPp_.ptr, wrows_, H(j - 1), kdim_, 1.f,
+                           gW, kdim_, nullptr, s);
+        // dZ = dPp · W_j   ([rows, wrows] x [wrows, kdim])
+        mm_.gemm<T, float>(false, false, rows, kdim_, wrows_, 1.f, dPp_.ptr, wrows_, W, kdim_, 0.f, dZ_.ptr,
+                           kdim_, nullptr, s);
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::combine_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                dHp_.ptr, dH_.ptr, dx, dZ_.ptr, H(j - 1), coef_.ptr, beta_.ptr, !mhc_, d_);
+        });
+        LDM_LAUNCH_CHECK();
+        std::swap(dH_, dHp_);
+    }
+
+    void begin_backward(T* de, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::stream_sum_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(
+                de, dH_.ptr, N_, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    // Every byte per token this scheme allocates in resize(): kept for backward (H_0..H_D, o_j,
+    // P_j, inverse RMS) plus backward/scratch buffers (coefficients, dcoef, dP, β, partials,
+    // dZ fp32, dH, dH_prev, mHC Sinkhorn work).
+    int64_t extra_bytes_per_token() const override {
+        const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
+        const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * wrows_ * 4 + (D + 1) * nr() * 4;
+        const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * wrows_ * tb + n * 4 + np_ * 4 +
+                                n * d * 4 + 2 * n * d * tb;
+        return kept + scratch;
+    }
+    // Only the part kept for backward (for documentation / tests).
+    int64_t kept_bytes_per_token() const {
+        const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
+        return (D + 1) * n * d * tb + D * d * tb + D * prow_ * wrows_ * 4 + (D + 1) * nr() * 4;
+    }
+
+   private:
+    bool mhc_;
+    int d_, n_, D_, iters_;
+    float eps_;
+    int wrows_ = 0, kdim_ = 0, prow_ = 0, np_ = 0, cw_ = 0, ws_ = 0;
+    int64_t block_ = 0;
+    int N_ = 0;
+    Matmul mm_;
+    const T* P_ = nullptr;
+    const float* M_ = nullptr;
+    float* G_ = nullptr;
+    DeviceBuffer<T> Hs_, Os_, dPp_, dH_, dHp_;
+    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dZ_;
+
+    int nr() const { return mhc_ ? 1 : n_; }
+    T* H(int j) const { return Hs_.ptr + (int64_t)j * N_ * n_ * d_; }
+    T* O(int j) const { return Os_.ptr + (int64_t)(j - 1) * N_ * d_; }
+    float* Pj(int j) const { return Ps_.ptr + (int64_t)(j - 1) * N_ * prow_ * wrows_; }
+    float* RS(int j) const { return rs_.ptr + (int64_t)j * N_ * nr(); }
+    template <typename F>
+    void dispatch(F&& f) const { hc_detail::dispatch_streams(n_, std::forward<F>(f)); }
+
+    // P_j = H_{j-1} · W_jᵀ (fp32 out): HC rows = N·n of d, mHC rows = N of n·d.
+    void project(int j, cudaStream_t s) {
+        const T* W = P_ + (int64_t)(j - 1) * block_;
+        mm_.gemm<T, float>(false, true, (int64_t)N_ * prow_, wrows_, kdim_, 1.f, H(j - 1), kdim_, W, kdim_, 0.f,
+                           Pj(j), wrows_, nullptr, s);
+    }
+    // Per-token coefficients of sublayer j into coef_ (from P_j and the inverse RMS of H_{j-1}).
+    void coefficients(int j, cudaStream_t s) {
+        const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;
+        const int tpb = 128;
+        const unsigned tb = (unsigned)ceil_div(N_, tpb);
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            if (mhc_)
+                hc_detail::mhc_coef_kernel<NS><<<tb, tpb, 0, s>>>(coef_.ptr, work_.ptr, Pj(j), RS(j - 1), q, N_,
+                                                                  iters_, ws_);
+            else
+                hc_detail::hc_coef_kernel<NS><<<tb, tpb, 0, s>>>(coef_.ptr, Pj(j), RS(j - 1), q, N_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+};
+
+}  // namespace gpu
+}  // namespace ldm
