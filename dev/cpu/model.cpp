@@ -113,9 +113,10 @@ const ParamSpec& Model<R>::spec(const std::string& name) const {
 }
 
 template <typename R>
-void Model<R>::init(uint64_t seed) {
+void init_params(const ModelConfig& cfg, R* params, uint64_t seed) {
     // Spec §1: matrices and E ~ N(0, 0.02); W_o, W_2 ~ N(0, 0.02/sqrt(2 n_layer)); biases 0;
     // norm weights 1. Tensor i uses its own counter-based stream (dev/cpu/rng.h).
+    const std::vector<ParamSpec> specs = param_specs(cfg);
     const double std_base = 0.02, std_proj = 0.02 / std::sqrt(2.0 * cfg.n_layer);
     auto ends_with = [](const std::string& s, const std::string& suf) {
         return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
@@ -123,7 +124,7 @@ void Model<R>::init(uint64_t seed) {
     for (size_t i = 0; i < specs.size(); i++) {
         const ParamSpec& s = specs[i];
         if (s.name.rfind("scheme.", 0) == 0) continue;
-        R* p = params.data() + s.offset;
+        R* p = params + s.offset;
         if (ends_with(s.name, "norm.w")) {
             std::fill(p, p + s.numel, R(1));
         } else if (ends_with(s.name, ".bq") || ends_with(s.name, ".bk") || ends_with(s.name, ".bv")) {
@@ -138,8 +139,13 @@ void Model<R>::init(uint64_t seed) {
     std::vector<ParamSpec> ss = scheme_param_specs(cfg);
     if (!ss.empty()) {
         uint64_t first = specs.size() - ss.size();
-        impl_->scheme->init_params(params.data() + specs[first].offset, seed, first);
+        make_scheme<R>(cfg)->init_params(params + specs[first].offset, seed, first);
     }
+}
+
+template <typename R>
+void Model<R>::init(uint64_t seed) {
+    init_params(cfg, params.data(), seed);
 }
 
 template <typename R>
@@ -379,6 +385,8 @@ void Model<R>::backward(double scale) {
 
 template struct Model<float>;
 template struct Model<double>;
+template void init_params<float>(const ModelConfig&, float*, uint64_t);
+template void init_params<double>(const ModelConfig&, double*, uint64_t);
 
 }  // namespace cpu
 }  // namespace ldm

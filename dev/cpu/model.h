@@ -65,6 +65,12 @@ struct Model {
     int B_ = 0, T_ = 0;
 };
 
+// The spec §1 init of Model::init on a bare flat array laid out as param_specs(cfg) (backbone and
+// scheme tensors), so the GPU trainers start from exactly the CPU reference's weights without
+// building a Model. Model::init(seed) == init_params(cfg, params.data(), seed).
+template <typename R>
+void init_params(const ModelConfig& cfg, R* params, uint64_t seed);
+
 extern template struct Model<float>;
 extern template struct Model<double>;
 
