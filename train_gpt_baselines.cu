@@ -1,0 +1,37 @@
+// train_gpt_baselines.cu — the GPU trainer for the baseline schemes (build/cuda/train_gpt_baselines):
+// the spec §1 backbone (cuda/gpt.cuh) with PreLN (spec §2.1); HC, mHC and AttnRes (issue #8) plug
+// in at make_gpu_scheme below. Same flags, logs, checkpoints and data as build/train_cpu, plus
+// --dtype bf16|fp32, --recompute, --attn-variant, --gpu-info (doc/cuda.md "Trainer").
+//
+//   build/cuda/train_gpt_baselines --preset llama-400m -B 8 -T 2048 --steps 1000 --lr 3e-4
+//       --warmup-steps 100 --train-data 'data/fineweb/fineweb_train_*.bin' --out-dir runs/gpu --log runs/gpu/log.jsonl
+//
+// Exit codes: 0 ok, 1 error, 2 no usable CUDA GPU.
+#include "cuda/scheme.cuh"
+#include "cuda/trainer.cuh"
+
+// ==== schemes of this trainer: add hc / mhc / attnres-full / attnres-block here (issue #8) ====
+// #include "cuda/scheme_hc.cuh"
+// #include "cuda/scheme_attnres.cuh"
+
+namespace ldm {
+namespace gpu {
+
+template <typename T>
+std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
+    if (cfg.scheme == "preln") return std::make_unique<GpuPreLN<T>>(cfg);
+    // ---- issue #8: HC / mHC / AttnRes go here, e.g.
+    // if (cfg.scheme == "hc" || cfg.scheme == "mhc") return std::make_unique<GpuHC<T>>(cfg);
+    // if (cfg.scheme == "attnres-full" || cfg.scheme == "attnres-block") return std::make_unique<GpuAttnRes<T>>(cfg);
+    if (cfg.scheme == "ldm") throw Error("scheme 'ldm' runs on the GPU in train_ldm, not train_gpt_baselines");
+    throw Error("scheme '" + cfg.scheme + "' is not implemented on the GPU yet (train_gpt_baselines supports: preln)");
+}
+
+}  // namespace gpu
+}  // namespace ldm
+
+int main(int argc, char** argv) {
+    return ldm::gpu::trainer_main(argc, argv, "train_gpt_baselines",
+                                  "Train the spec §1 backbone with a baseline depth scheme on one GPU "
+                                  "(PreLN; HC, mHC, AttnRes with issue #8). See doc/cuda.md.");
+}
