@@ -1,0 +1,1225 @@
+// cuda/scheme_ldm.cuh — Linear Depth Memory (spec §2.5) on the GPU: GpuScheme<T> for every
+// option of the CPU reference (dev/cpu/scheme_ldm.{h,cpp}): rules rls / delta / outer,
+// --no-residual, H_m heads, d_k, ridge δ, forgetting (θ, λ_min, --ldm-no-forget) and the training
+// modes store / unwind (+ drift check and fallback to checkpointed segments) / checkpoint-every c /
+// window w. See doc/cuda.md "LDM kernels" for the state layout, bytes moved and the modes.
+//
+// Precision: the memory state S, P (and its gradient dS, dP) is fp32 in every mode; the residual
+// stream h is accumulated in fp32 (src32) with a T copy for the GEMMs; projections q, k are fp32
+// (GEMM with fp32 output); the forgetting θ, the gates a and the delta bias b_β are read from the
+// fp32 master parameters; all parameter gradients are fp32 and accumulate (+=). Deterministic: no
+// floating-point atomics (the drift maximum uses an integer atomicMax on non-negative floats).
+//
+// Kernels: v1 = one thread per (token, head) calling the per token-head math of
+// dev/cpu/ldm_math.h directly on global memory (the reference-identical path); v2 (read, write,
+// unwind+VJP) = one warp per (token, head), S rows spread over the lanes, k/q/P in registers
+// (dk <= 16). Select with LdmGpuScheme::variant (default 2 where it applies, else 1).
+//
+// Window mode: the forward applies the writes one by one (exactly equal math to the Woodbury
+// form of spec §2.5, not the same rounding) and keeps the state at each window start like the
+// CPU; the backward recomputes a window's states from its start, as the CPU does. The Woodbury /
+// Cholesky deferred form is NOT implemented on the GPU yet, so window mode saves memory but not
+// state traffic (see doc/cuda.md).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/config.h"
+#include "cuda/common.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/scheme.cuh"
+#include "dev/cpu/ldm_math.h"
+
+namespace ldm {
+namespace gpu {
+
+namespace ldmk {  // LDM kernels and their launch helpers
+
+enum Rule { kRls = 0, kDelta = 1, kOuter = 2 };
+constexpr float kBetaMax = 0.95f;  // spec §2.5 delta rule
+constexpr int kThreads = 128;
+
+// Shapes of one LDM layer: N tokens, d channels, Hm heads of dv = d/Hm values and dk keys.
+// State per token [ST] = per head (S [dv, dk] row-major, then P [dk, dk] for rls), heads in order.
+struct Dims {
+    int N, d, Hm, dk, dv, HK, SS, PP, ST;
+    LDM_HD int64_t state_off(int n, int h) const { return (int64_t)n * ST + (int64_t)h * (SS + PP); }
+    LDM_HD int64_t key_off(int n, int h) const { return (int64_t)n * HK + (int64_t)h * dk; }
+    LDM_HD int64_t val_off(int n, int h) const { return (int64_t)n * d + (int64_t)h * dv; }
+    LDM_HD int64_t tok_off(int n, int h) const { return (int64_t)n * Hm + h; }
+};
+inline Dims make_dims(const ModelConfig& c, int N) {
+    Dims D;
+    D.N = N;
+    D.d = c.d_model;
+    D.Hm = c.ldm_heads;
+    D.dk = c.ldm_dk;
+    D.dv = D.d / D.Hm;
+    D.HK = D.Hm * D.dk;
+    D.SS = D.dv * D.dk;
+    D.PP = c.ldm_rule == "rls" ? D.dk * D.dk : 0;
+    D.ST = D.Hm * (D.SS + D.PP);
+    return D;
+}
+// Scratch floats per (token, head) for the v1 kernels (rls_write_vjp needs 4 dk + 2 dv).
+LDM_HD inline int64_t v1_scratch_per_th(const Dims& D) { return 4 * (int64_t)D.dk + 2 * (int64_t)D.dv; }
+
+inline unsigned th_blocks(const Dims& D) { return (unsigned)ceil_div((int64_t)D.N * D.Hm, kThreads); }
+inline unsigned elem_blocks(int64_t n) { return (unsigned)std::min<int64_t>(ceil_div(n, 256), 65535LL * 16); }
+
+#define LDM_TH_INDEX(D)                                   \
+    const int64_t t_ = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; \
+    if (t_ >= (int64_t)(D).N * (D).Hm) return;            \
+    const int n = (int)(t_ / (D).Hm), h = (int)(t_ % (D).Hm);
+
+// ---- elementwise helpers --------------------------------------------------------------------
+
+// cur [N, ST] = initial state (S = 0, P = I/delta), coalesced.
+__global__ void init_state_kernel(Dims D, float* cur, float delta) {
+    const int64_t total = (int64_t)D.N * D.ST;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int hb = (int)(i % D.ST) % (D.SS + D.PP);
+        float v = 0.f;
+        if (hb >= D.SS) {
+            const int p = hb - D.SS;
+            if (p / D.dk == p % D.dk) v = 1.f / delta;
+        }
+        cur[i] = v;
+    }
+}
+inline void init_state(const Dims& D, float* cur, float delta, cudaStream_t s) {
+    init_state_kernel<<<elem_blocks((int64_t)D.N * D.ST), 256, 0, s>>>(D, cur, delta);
+    LDM_LAUNCH_CHECK();
+}
+
+// lam[i] = λ(θ_i) (or 1), lgrad[i] = dλ/dθ (or 0), for (D+1)·Hm entries; theta fp32 master.
+__global__ void lambda_kernel(int n, const float* theta, float lam_min, float* lam, float* lgrad) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    lam[i] = theta ? ldm_lambda(theta[i], lam_min) : 1.f;
+    lgrad[i] = theta ? ldm_lambda_grad(theta[i], lam_min) : 0.f;
+}
+
+template <typename T>
+__global__ void to_f32_kernel(const T* in, float* out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = to_f(in[i]);
+}
+template <typename T>
+__global__ void from_f32_kernel(const float* in, T* out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = from_f<T>(in[i]);
+}
+template <typename T>
+inline void to_f32(const T* in, float* out, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    to_f32_kernel<T><<<elem_blocks(n), 256, 0, s>>>(in, out, n);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+inline void from_f32(const float* in, T* out, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    from_f32_kernel<T><<<elem_blocks(n), 256, 0, s>>>(in, out, n);
+    LDM_LAUNCH_CHECK();
+}
+
+// Forward residual bookkeeping of output(j, o): Oj = o; src32 = (residual ? src32 : 0) + o;
+// srcT = T(src32) (srcT may alias src32 when T = float).
+template <typename T>
+__global__ void output_kernel(int64_t n, const T* o, T* Oj, float* src32, T* srcT, bool residual) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const T ov = o[i];
+        Oj[i] = ov;
+        const float s = residual ? src32[i] + to_f(ov) : to_f(ov);
+        src32[i] = s;
+        srcT[i] = from_f<T>(s);
+    }
+}
+// Backward: residual: src32 -= Oj (h_{j-1} = h_j - o_j); else src32 = Oprev (c_{j-1} = o_{j-1}).
+template <typename T>
+__global__ void restore_src_kernel(int64_t n, const T* Oj, const T* Oprev, float* src32, T* srcT, bool residual) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float s = residual ? src32[i] - to_f(Oj[i]) : to_f(Oprev[i]);
+        src32[i] = s;
+        srcT[i] = from_f<T>(s);
+    }
+}
+// dsrc32 = (or += when accumulate) dx.
+template <typename T>
+__global__ void add_grad_kernel(int64_t n, const T* dx, float* dsrc32, bool accumulate) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dsrc32[i] = accumulate ? dsrc32[i] + to_f(dx[i]) : to_f(dx[i]);
+}
+
+// Deterministic column sums: out[c] += scale[c]·Σ_n A[n·ld + c]·(B ? B[n·ld + c] : 1), c < C.
+// Stage 1: block (32, 8) per (32 columns, kColRows rows) -> partial [RB, C]; stage 2 sums RB in order.
+constexpr int kColRows = 256;
+inline int64_t colsum_scratch(int64_t N, int64_t C) { return ceil_div(N, kColRows) * C; }
+__global__ void colsum_partial_kernel(const float* A, const float* B, int64_t N, int C, int64_t ld, float* partial) {
+    __shared__ float sh[8][33];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int c = blockIdx.x * 32 + tx;
+    const int64_t n0 = (int64_t)blockIdx.y * kColRows, n1 = min(N, n0 + kColRows);
+    float s = 0.f;
+    if (c < C)
+        for (int64_t n = n0 + ty; n < n1; n += 8) s += A[n * ld + c] * (B ? B[n * ld + c] : 1.f);
+    sh[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float t = 0.f;
+        for (int r = 0; r < 8; r++) t += sh[r][tx];
+        partial[(int64_t)blockIdx.y * C + c] = t;
+    }
+}
+__global__ void colsum_final_kernel(const float* partial, int RB, int C, const float* scale, float* out) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.f;
+    for (int r = 0; r < RB; r++) s += partial[(int64_t)r * C + c];
+    out[c] += scale ? s * scale[c] : s;
+}
+inline void colsum(float* out, const float* A, const float* B, int64_t N, int C, int64_t ld,
+                   const float* scale, float* partial, cudaStream_t s) {
+    const int RB = (int)ceil_div(N, kColRows);
+    dim3 grid((unsigned)ceil_div(C, 32), (unsigned)RB);
+    colsum_partial_kernel<<<grid, dim3(32, 8), 0, s>>>(A, B, N, C, ld, partial);
+    LDM_LAUNCH_CHECK();
+    colsum_final_kernel<<<(unsigned)ceil_div(C, 128), 128, 0, s>>>(partial, RB, C, scale, out);
+    LDM_LAUNCH_CHECK();
+}
+
+// Drift: out[0] = max(out[0], max|S - S_ref|), out[1] = max(out[1], max|δP - δP_ref|) over all
+// tokens and heads; ref == nullptr compares with the initial state (0, I/δ). out holds the bits of
+// non-negative floats (integer atomicMax is exact and order-independent).
+__global__ void drift_kernel(Dims D, const float* cur, const float* ref, float delta, unsigned* out) {
+    const int64_t total = (int64_t)D.N * D.ST;
+    float ms = 0.f, mp = 0.f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int hb = (int)(i % D.ST) % (D.SS + D.PP);
+        if (hb < D.SS) {
+            ms = fmaxf(ms, fabsf(cur[i] - (ref ? ref[i] : 0.f)));
+        } else {
+            const int p = hb - D.SS;
+            const float r = ref ? delta * ref[i] : (p / D.dk == p % D.dk ? 1.f : 0.f);
+            mp = fmaxf(mp, fabsf(delta * cur[i] - r));
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, o));
+        mp = fmaxf(mp, __shfl_xor_sync(0xffffffffu, mp, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(out, __float_as_uint(ms));
+        atomicMax(out + 1, __float_as_uint(mp));
+    }
+}
+
+// ---- v1: one thread per (token, head), ldm_math.h on global memory ---------------------------
+
+// Write i (forward): k = L2n(raw) -> Kn, Knrm; then the rule's write on cur with v = v32.
+// delta: z = zraw + bb (fp32 master bias) -> beta = β_max sigmoid(z) -> beta.
+template <int RULE>
+__global__ void write_v1_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm,
+                                const float* v32, const float* lam, const float* zraw,
+                                const float* bb, float* beta, float* scratch) {
+    LDM_TH_INDEX(D)
+    const int64_t kh = D.key_off(n, h), so = D.state_off(n, h), nh = D.tok_off(n, h);
+    float* k = Kn + kh;
+    Knrm[nh] = l2n_forward(raw + kh, k, D.dk);
+    float* S = cur + so;
+    const float* v = v32 + D.val_off(n, h);
+    if (RULE == kRls) {
+        rls_write(S, S + D.SS, (const float*)k, v, lam[h], D.dv, D.dk, scratch + t_ * D.dk);
+    } else if (RULE == kOuter) {
+        outer_write(S, (const float*)k, v, lam[h], D.dv, D.dk);
+    } else {
+        const float b = kBetaMax * sigmoid(zraw[nh] + bb[h]);
+        beta[nh] = b;
+        delta_write(S, (const float*)k, v, b, D.dv, D.dk);
+    }
+}
+
+// Re-applies a stored write (window / delta-checkpoint recompute): k from Kn, beta from beta.
+template <int RULE>
+__global__ void rewrite_v1_kernel(Dims D, float* cur, const float* Kn, const float* v32,
+                                  const float* lam, const float* beta, float* scratch) {
+    LDM_TH_INDEX(D)
+    float* S = cur + D.state_off(n, h);
+    const float* k = Kn + D.key_off(n, h);
+    const float* v = v32 + D.val_off(n, h);
+    if (RULE == kRls) rls_write(S, S + D.SS, k, v, lam[h], D.dv, D.dk, scratch + t_ * D.dk);
+    else if (RULE == kOuter) outer_write(S, k, v, lam[h], D.dv, D.dk);
+    else delta_write(S, k, v, beta[D.tok_off(n, h)], D.dv, D.dk);
+}
+
+// Read j (forward): q = L2n(raw) -> Qn, Qnrm; r = S q (-> r32); x = src32 + a ⊙ r (a = nullptr:
+// no residual, x = r).
+template <typename T>
+__global__ void read_v1_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Qnrm,
+                               float* r32, const float* src32, const float* a, T* x) {
+    LDM_TH_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h);
+    float* q = Qn + kh;
+    Qnrm[D.tok_off(n, h)] = l2n_forward(raw + kh, q, D.dk);
+    float* r = r32 + vo;
+    ldm_read(cur + D.state_off(n, h), (const float*)q, r, D.dv, D.dk);
+    for (int c = 0; c < D.dv; c++)
+        x[vo + c] = from_f<T>(a ? src32[vo + c] + a[h * D.dv + c] * r[c] : r[c]);
+}
+
+// Read j (backward): dr = a ⊙ dx (or dx) -> dr32; prod32 = dx ⊙ r (when a, for da);
+// dS += dr qᵀ; draw = L2n-backward(Sᵀ dr) (overwritten).
+template <typename T>
+__global__ void read_bwd_v1_kernel(Dims D, const float* cur, const float* Qn, const float* Qnrm,
+                                   const T* dx, const float* a, float* dS, float* draw, float* dr32,
+                                   float* prod32) {
+    LDM_TH_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
+    const float* S = cur + so;
+    const float* q = Qn + kh;
+    if (a) {
+        float* pr = prod32 + vo;
+        ldm_read(S, q, pr, D.dv, D.dk);
+        for (int c = 0; c < D.dv; c++) pr[c] = to_f(dx[vo + c]) * pr[c];
+    }
+    float* dr = dr32 + vo;
+    for (int c = 0; c < D.dv; c++) dr[c] = a ? a[h * D.dv + c] * to_f(dx[vo + c]) : to_f(dx[vo + c]);
+    float* dq = draw + kh;
+    for (int b = 0; b < D.dk; b++) dq[b] = 0.f;
+    ldm_read_vjp(S, q, (const float*)dr, dS + so, dq, D.dv, D.dk);
+    l2n_backward(q, Qnrm[D.tok_off(n, h)], (const float*)dq, dq, D.dk);
+}
+
+// Unwind write i in place (cur: after -> before), rls / outer.
+template <int RULE>
+__global__ void unwind_v1_kernel(Dims D, float* cur, const float* Kn, const float* v32,
+                                 const float* lam, float* scratch) {
+    LDM_TH_INDEX(D)
+    float* S = cur + D.state_off(n, h);
+    const float* k = Kn + D.key_off(n, h);
+    const float* v = v32 + D.val_off(n, h);
+    if (RULE == kRls) rls_unwind(S, S + D.SS, k, v, lam[h], D.dv, D.dk, scratch + t_ * D.dk);
+    else outer_unwind(S, k, v, lam[h], D.dv, D.dk);
+}
+
+// VJP of write i at the state before it (cur). UNWIND: first unwinds cur in place (after ->
+// before; the fused unwind mode). dS/dP: after -> before in place; dvacc = dsrc32 + dv (fp32,
+// overwritten); draw = L2n-backward(dk) (overwritten); dtok = dL/dλ (rls/outer) or dL/dz (delta).
+template <int RULE, bool UNWIND>
+__global__ void write_vjp_v1_kernel(Dims D, float* cur, float* dS, const float* Kn,
+                                    const float* Knrm, const float* v32, const float* lam,
+                                    const float* beta, const float* dsrc32, float* dvacc,
+                                    float* draw, float* dtok, float* scratch) {
+    LDM_TH_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h),
+                  nh = D.tok_off(n, h);
+    float* S = cur + so;
+    const float* k = Kn + kh;
+    const float* v = v32 + vo;
+    float* scr = scratch + t_ * v1_scratch_per_th(D);
+    if (UNWIND) {
+        if (RULE == kRls) rls_unwind(S, S + D.SS, k, v, lam[h], D.dv, D.dk, scr);
+        else if (RULE == kOuter) outer_unwind(S, k, v, lam[h], D.dv, D.dk);
+    }
+    float* dvp = dvacc + vo;
+    for (int c = 0; c < D.dv; c++) dvp[c] = dsrc32[vo + c];
+    float* dq = draw + kh;
+    for (int b = 0; b < D.dk; b++) dq[b] = 0.f;
+    float dt = 0.f;
+    if (RULE == kRls) {
+        rls_write_vjp((const float*)S, (const float*)(S + D.SS), k, v, lam[h], dS + so,
+                      dS + so + D.SS, dq, dvp, &dt, D.dv, D.dk, scr);
+    } else if (RULE == kOuter) {
+        outer_write_vjp((const float*)S, k, v, lam[h], dS + so, dq, dvp, &dt, D.dv, D.dk);
+    } else {
+        const float b = beta[nh];
+        float db = 0.f;
+        delta_write_vjp((const float*)S, k, v, b, dS + so, dq, dvp, &db, D.dv, D.dk);
+        dt = db * b * (1.f - b / kBetaMax);
+    }
+    dtok[nh] = dt;
+    l2n_backward(k, Knrm[nh], (const float*)dq, dq, D.dk);
+}
+
+// ---- v2: one warp per (token, head) ----------------------------------------------------------
+// Lane l owns the rows a = l, l+32, ... of S [dv, dk] (row a is dk contiguous floats, so a warp
+// reads 32 consecutive rows = one contiguous 32·dk·4-byte span per row step: coalesced); k, q,
+// u = P k and P itself (dk <= kV2MaxDk) live in registers of every lane (P is read once per
+// warp, broadcast). The per-row math is the same expression as ldm_math.h's loops; sums over
+// rows (dk-vectors) are warp reductions (fixed butterfly order, deterministic).
+constexpr int kV2MaxDk = 16;
+constexpr int kWarpsPerBlock = 4;
+
+inline unsigned warp_blocks(const Dims& D) {
+    return (unsigned)ceil_div((int64_t)D.N * D.Hm, kWarpsPerBlock);
+}
+#define LDM_WARP_INDEX(D)                                                                   \
+    const int64_t t_ = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;             \
+    if (t_ >= (int64_t)(D).N * (D).Hm) return;                                              \
+    const int lane = threadIdx.x & 31;                                                      \
+    const int n = (int)(t_ / (D).Hm), h = (int)(t_ % (D).Hm);
+
+__device__ inline float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// L2n of a dk-vector held (replicated) in registers: returns the norm, x becomes L2n(x).
+template <int DK>
+__device__ inline float l2n_reg(float (&x)[DK], int dk) {
+    float s = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++)
+        if (b < dk) s += x[b] * x[b];
+    const float nrm = sqrtf(s + 1e-6f), inv = 1.f / nrm;
+#pragma unroll
+    for (int b = 0; b < DK; b++)
+        if (b < dk) x[b] *= inv;
+    return nrm;
+}
+
+// v2 read: same outputs as read_v1_kernel.
+template <typename T, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+read_v2_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Qnrm,
+               const float* src32, const float* a, T* x) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h);
+    float q[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) q[b] = b < D.dk ? raw[kh + b] : 0.f;
+    const float nrm = l2n_reg<DK>(q, D.dk);
+    if (lane < D.dk) {
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b == lane) Qn[kh + b] = q[b];
+    }
+    if (lane == 0) Qnrm[D.tok_off(n, h)] = nrm;
+    const float* S = cur + D.state_off(n, h);
+    for (int r = lane; r < D.dv; r += 32) {
+        float s = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b < D.dk) s += S[(int64_t)r * D.dk + b] * q[b];
+        x[vo + r] = from_f<T>(a ? src32[vo + r] + a[h * D.dv + r] * s : s);
+    }
+}
+
+// v2 rls write (forward, with forgetting): same math as rls_write.
+template <int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+write_rls_v2_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
+                    const float* lam) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
+    const int dk = D.dk;
+    float k[DK], u[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) k[b] = b < dk ? raw[kh + b] : 0.f;
+    const float nrm = l2n_reg<DK>(k, dk);
+    if (lane < dk) {
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b == lane) Kn[kh + b] = k[b];
+    }
+    if (lane == 0) Knrm[D.tok_off(n, h)] = nrm;
+    float* S = cur + so;
+    float* P = S + D.SS;
+    float kv = 0.f;
+#pragma unroll
+    for (int a = 0; a < DK; a++) {
+        float s = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (a < dk && b < dk) s += P[a * dk + b] * k[b];
+        u[a] = s;
+        kv += k[a] * s;
+    }
+    const float lm = lam[h], gamma = lm + kv, ig = 1.f / gamma, il = 1.f / lm;
+    const float* v = v32 + vo;
+    for (int r = lane; r < D.dv; r += 32) {
+        float* Sr = S + (int64_t)r * dk;
+        float s = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b < dk) s += Sr[b] * k[b];
+        const float e = v[r] - s;
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b < dk) Sr[b] += e * (u[b] * ig);
+    }
+    __syncwarp();
+    for (int p = lane; p < dk * dk; p += 32) {
+        const int a = p / dk, b = p % dk;
+        float ua = 0.f, ub = 0.f;
+#pragma unroll
+        for (int c = 0; c < DK; c++) {
+            if (c == a) ua = u[c];
+            if (c == b) ub = u[c];
+        }
+        P[p] = (P[p] - ua * ub * ig) * il;
+    }
+}
+
+// v2 fused unwind + VJP of an rls write (unwind mode): same math as rls_unwind followed by
+// rls_write_vjp (ldm_math.h), rows over lanes; dk-vector sums are warp reductions.
+template <int DK, bool UNWIND>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+unwind_vjp_rls_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
+                         const float* v32, const float* lam, const float* dsrc32, float* dvacc,
+                         float* draw, float* dtok) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h),
+                  nh = D.tok_off(n, h);
+    const int dk = D.dk;
+    float* S = cur + so;
+    float* P = S + D.SS;
+    float* dSs = dS + so;
+    float* dP = dSs + D.SS;
+    const float* v = v32 + vo;
+    const float lm = lam[h], il = 1.f / lm;
+    float k[DK], u[DK], g[DK], dg[DK], du[DK], dkk[DK], Pl[DK * DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) k[b] = b < dk ? Kn[kh + b] : 0.f;
+    // P into registers (broadcast reads).
+#pragma unroll
+    for (int p = 0; p < DK * DK; p++) Pl[p] = (p / DK < dk && p % DK < dk) ? P[(p / DK) * dk + p % DK] : 0.f;
+    if (UNWIND) {
+        // g = P k; a = k.g; gamma = lam/(1-a); P_prev = lam P + gamma g g^T; S_prev = S - (gamma/lam) e' g^T
+        float a_ = 0.f;
+#pragma unroll
+        for (int a = 0; a < DK; a++) {
+            float s = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
+            g[a] = s;
+            a_ += k[a] * s;
+        }
+        const float gm = lm / (1.f - a_), gl = gm / lm;
+        for (int r = lane; r < D.dv; r += 32) {
+            float* Sr = S + (int64_t)r * dk;
+            float s = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++)
+                if (b < dk) s += Sr[b] * k[b];
+            const float e = (v[r] - s) * gl;
+#pragma unroll
+            for (int b = 0; b < DK; b++)
+                if (b < dk) Sr[b] -= e * g[b];
+        }
+#pragma unroll
+        for (int p = 0; p < DK * DK; p++) Pl[p] = lm * Pl[p] + gm * g[p / DK] * g[p % DK];
+        __syncwarp();
+        for (int p = lane; p < dk * dk; p += 32) {
+            const int a = p / dk, b = p % dk;
+            float val = 0.f;
+#pragma unroll
+            for (int c = 0; c < DK * DK; c++)
+                if (c == a * DK + b) val = Pl[c];
+            P[p] = val;
+        }
+    }
+    // VJP at the state before (S, Pl).
+    float ku = 0.f;
+#pragma unroll
+    for (int a = 0; a < DK; a++) {
+        float s = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
+        u[a] = s;
+        ku += k[a] * s;
+    }
+    const float gamma = lm + ku, ig = 1.f / gamma;
+#pragma unroll
+    for (int b = 0; b < DK; b++) {
+        g[b] = u[b] * ig;
+        dg[b] = 0.f;
+        dkk[b] = 0.f;
+    }
+    // rows: e = v - S k, de = dS' g, dg += dS'^T e; then dv += de, dk -= S^T de, dS_prev = dS' - de k^T
+    for (int r = lane; r < D.dv; r += 32) {
+        const float* Sr = S + (int64_t)r * dk;
+        float* dSr = dSs + (int64_t)r * dk;
+        float s = 0.f, t = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b < dk) {
+                s += Sr[b] * k[b];
+                t += dSr[b] * g[b];
+            }
+        const float e = v[r] - s;
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b < dk) {
+                dg[b] += dSr[b] * e;
+                dkk[b] -= Sr[b] * t;
+                dSr[b] -= t * k[b];
+            }
+        dvacc[vo + r] = dsrc32[vo + r] + t;
+    }
+#pragma unroll
+    for (int b = 0; b < DK; b++) {
+        dg[b] = warp_sum(dg[b]);
+        dkk[b] = warp_sum(dkk[b]);
+    }
+    // P part (every lane computes the dk x dk terms redundantly from registers + dP reads).
+    float dl = 0.f, uDu = 0.f;
+#pragma unroll
+    for (int a = 0; a < DK; a++) du[a] = 0.f;
+#pragma unroll
+    for (int a = 0; a < DK; a++)
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (a < dk && b < dk) {
+                const float dPab = dP[a * dk + b];
+                const float Dp = dPab * il;
+                const float Pn = (Pl[a * DK + b] - u[a] * u[b] * ig) * il;
+                dl -= dPab * Pn * il;
+                du[a] -= Dp * u[b] * ig;
+                du[b] -= Dp * u[a] * ig;
+                uDu += u[a] * Dp * u[b];
+            }
+    float dgamma = uDu * ig * ig;
+    float dgu = 0.f;
+#pragma unroll
+    for (int a = 0; a < DK; a++) {
+        du[a] += dg[a] * ig;
+        dgu += dg[a] * u[a];
+    }
+    dgamma -= dgu * ig * ig;
+    dl += dgamma;
+#pragma unroll
+    for (int a = 0; a < DK; a++) {
+        dkk[a] += dgamma * u[a];
+        du[a] += dgamma * k[a];
+    }
+#pragma unroll
+    for (int a = 0; a < DK; a++)
+#pragma unroll
+        for (int b = 0; b < DK; b++) dkk[b] += Pl[a * DK + b] * du[a];
+    __syncwarp();
+    for (int p = lane; p < dk * dk; p += 32) {
+        const int a = p / dk, b = p % dk;
+        float dua = 0.f, kb = 0.f;
+#pragma unroll
+        for (int c = 0; c < DK; c++) {
+            if (c == a) dua = du[c];
+            if (c == b) kb = k[c];
+        }
+        dP[p] = dP[p] * il + dua * kb;
+    }
+    // L2n backward of the key gradient: dx = (dy - y (y.dy)) / nrm
+    float yd = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++) yd += k[b] * dkk[b];
+    const float inv = 1.f / Knrm[nh];
+    if (lane < dk) {
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b == lane) draw[kh + b] = (dkk[b] - k[b] * yd) * inv;
+    }
+    if (lane == 0) dtok[nh] = dl;
+}
+
+// v2 read backward (rls/outer/delta alike): same outputs as read_bwd_v1_kernel except that dr32
+// is not written (dr is formed in registers).
+template <typename T, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+read_bwd_v2_kernel(Dims D, const float* cur, const float* Qn, const float* Qnrm, const T* dx,
+                   const float* a, float* dS, float* draw, float* prod32) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
+    const int dk = D.dk;
+    const float* S = cur + so;
+    float* dSs = dS + so;
+    float q[DK], dq[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) {
+        q[b] = b < dk ? Qn[kh + b] : 0.f;
+        dq[b] = 0.f;
+    }
+    for (int r = lane; r < D.dv; r += 32) {
+        const float* Sr = S + (int64_t)r * dk;
+        float* dSr = dSs + (int64_t)r * dk;
+        const float dxr = to_f(dx[vo + r]);
+        const float g = a ? a[h * D.dv + r] * dxr : dxr;
+        float rr = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b < dk) {
+                rr += Sr[b] * q[b];
+                dSr[b] += g * q[b];
+                dq[b] += Sr[b] * g;
+            }
+        if (a) prod32[vo + r] = dxr * rr;
+    }
+#pragma unroll
+    for (int b = 0; b < DK; b++) dq[b] = warp_sum(dq[b]);
+    float yd = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++) yd += q[b] * dq[b];
+    const float inv = 1.f / Qnrm[D.tok_off(n, h)];
+    if (lane < dk) {
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b == lane) draw[kh + b] = (dq[b] - q[b] * yd) * inv;
+    }
+}
+
+#undef LDM_TH_INDEX
+#undef LDM_WARP_INDEX
+
+}  // namespace ldmk
+
+// ---- memory accounting (doc/cuda.md "LDM kernels") -------------------------------------------
+
+// States (each [N, ST] fp32) kept for backward besides the live one, in the configured mode
+// (same rule as the CPU): store D+1; unwind 0; checkpoint-every c: ceil((D+1)/c); window w:
+// ceil((D+1)/w).
+inline int64_t ldm_gpu_kept_states(const ModelConfig& c, int ckpt) {
+    const int64_t W = c.n_sublayers() + 1;
+    if (c.ldm_mode == "window") return (W + c.ldm_window - 1) / c.ldm_window;
+    if (ckpt > 0) return (W + ckpt - 1) / ckpt;
+    return c.ldm_mode == "unwind" ? 0 : W;
+}
+// Bytes of one LDM state (S and P over all heads, fp32) per token.
+inline int64_t ldm_gpu_state_bytes(const ModelConfig& c) {
+    const int64_t dv = c.d_model / c.ldm_heads, dk = c.ldm_dk;
+    return 4 * c.ldm_heads * (dv * dk + (c.ldm_rule == "rls" ? dk * dk : 0));
+}
+
+// ---- the scheme -------------------------------------------------------------------------------
+
+// LDM (spec §2.5) as a GpuScheme; mirrors dev/cpu/scheme_ldm.cpp step by step (same modes, same
+// fallback, same metrics). Throws ldm::Error for window mode with delta/outer (as the CPU).
+template <typename T>
+struct LdmGpuScheme final : GpuScheme<T> {
+    explicit LdmGpuScheme(const ModelConfig& cfg);
+    void bind(const T* params, const float* master, float* grads) override;
+    void resize(int B, int T_) override;
+    void begin(const T* e, cudaStream_t s) override;
+    void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
+        input(j, x, s);
+        rmsnorm_forward<T>(xn, rstd, x, w, N_, d_, eps, s);
+    }
+    void output(int j, const T* o, cudaStream_t s) override;
+    void readout(T* y, cudaStream_t s) override { input(D_ + 1, y, s); }
+    void readout_backward(const T* dy, cudaStream_t s) override;
+    void output_backward(int j, T* d_o, cudaStream_t s) override;
+    void input_backward(int j, const T* dx, cudaStream_t s) override;
+    void begin_backward(T* de, cudaStream_t s) override;
+    int64_t extra_bytes_per_token() const override { return N_ > 0 ? allocated_bytes() / N_ : 0; }
+    std::vector<std::pair<std::string, double>> metrics() override;
+
+    // x_j [N, d] (j = 1..D; D+1 = the readout y) without the RMSNorm (workbench / tests).
+    void input(int j, T* x, cudaStream_t s);
+    // Test hooks: live state [N, ST] on the host, checkpoint interval in use.
+    std::vector<float> state_host() const {
+        std::vector<float> h((size_t)cur_.n);
+        CUDA_CHECK(cudaMemcpy(h.data(), cur_.ptr, (size_t)cur_.bytes(), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    int checkpoint_every() const { return ckpt_; }
+    int64_t allocated_bytes() const;
+    // 1 = one thread per (token, head) (ldm_math.h on global memory); 2 = warp per (token, head)
+    // where implemented (read, rls write, rls unwind+VJP, read backward; dk <= 16), else v1.
+    int variant = 2;
+
+   private:
+    void write_forward(int i, const T* o, cudaStream_t s);
+    void write_backward(int i, T* d_o, cudaStream_t s);
+    void read_backward(int j, const T* dx, cudaStream_t s);
+    bool prev_state(int i, cudaStream_t s);  // true: cur_ already unwound in place by a fused VJP
+    void unwind(int i, cudaStream_t s);
+    void rewrite(int w, cudaStream_t s);
+    void record_drift(const float* ref, cudaStream_t s);
+    const float* v32(int i, cudaStream_t s);  // O_i as fp32 (alias for T = float)
+    const T* drawT(const float* draw, int64_t n, T* buf, cudaStream_t s);
+    float* state(int64_t k) const { return stored_.ptr + k * (int64_t)N_ * dims_.ST; }
+    bool v2() const { return variant == 2 && dk_ <= ldmk::kV2MaxDk; }
+
+    ModelConfig cfg_;
+    int d_, D_, Hm_, dk_, dv_, HK_;
+    bool rls_, delta_, outer_, residual_, forget_, unwind_, window_ = false;
+    int w_ = 1, ckpt_ = 0;
+    bool warned_ = false, fell_back_ = false;
+    double drift_S_ = 0, drift_P_ = 0;
+    bool drift_pending_ = false;
+    int N_ = 0;
+    ldmk::Dims dims_{};
+    Matmul mm_;
+    // parameters: working copy (T), fp32 master, fp32 grads; Wq/A indexed 1..D+1 (D+1 = final)
+    std::vector<const T*> Wk_, Wq_, Wb_;
+    std::vector<const float*> A_, Bb_;
+    std::vector<float*> gWk_, gWq_, gA_, gWb_, gBb_;
+    const float* theta_ = nullptr;
+    float* gtheta_ = nullptr;
+    // activations / state (fp32 unless noted)
+    DeviceBuffer<float> src32_, cur_, stored_, dS_, dsrc_, tmp32_, prod32_, v32_, raw_, draw_,
+        Qn_, Qnrm_, Kn_, Knrm_, beta_, dtok_, lam_, lgrad_, scratch_, partial_;
+    DeviceBuffer<T> srcT_, O_, drawT_, dtokT_;  // srcT_/drawT_/dtokT_ only for T != float
+    DeviceBuffer<unsigned> drift_;
+};
+
+template <typename T>
+LdmGpuScheme<T>::LdmGpuScheme(const ModelConfig& cfg) : cfg_(cfg) {
+    cfg.validate();
+    if (cfg.scheme != "ldm") throw Error("LdmGpuScheme: scheme is '" + cfg.scheme + "', not 'ldm'");
+    if (cfg.ldm_mode == "window" && cfg.ldm_rule != "rls")
+        throw Error("ldm_mode 'window' is implemented for the rls rule only, not '" + cfg.ldm_rule +
+                    "' (use --ldm-mode store)");
+    d_ = cfg.d_model;
+    D_ = cfg.n_sublayers();
+    Hm_ = cfg.ldm_heads;
+    dk_ = cfg.ldm_dk;
+    dv_ = d_ / Hm_;
+    HK_ = Hm_ * dk_;
+    rls_ = cfg.ldm_rule == "rls";
+    delta_ = cfg.ldm_rule == "delta";
+    outer_ = cfg.ldm_rule == "outer";
+    residual_ = cfg.ldm_residual;
+    forget_ = cfg.ldm_forget && !delta_;
+    unwind_ = cfg.ldm_mode == "unwind";
+    ckpt_ = cfg.ldm_checkpoint_every;
+    window_ = cfg.ldm_mode == "window";
+    w_ = cfg.ldm_window;
+    if (window_) ckpt_ = 0;
+    const int W = D_ + 1;
+    lam_.alloc((int64_t)W * Hm_);
+    lgrad_.alloc((int64_t)W * Hm_);
+    drift_.alloc(2);
+}
+
+template <typename T>
+void LdmGpuScheme<T>::bind(const T* params, const float* master, float* grads) {
+    std::vector<ParamSpec> ss = scheme_param_specs(cfg_);
+    auto find = [&](const std::string& name) -> int64_t {
+        for (const auto& s : ss)
+            if (s.name == name) return s.offset;
+        throw Error("LDM GPU scheme: no parameter '" + name + "'");
+    };
+    const int W = D_ + 1;
+    Wk_.assign(W, nullptr); gWk_.assign(W, nullptr);
+    Wb_.assign(W, nullptr); gWb_.assign(W, nullptr);
+    Bb_.assign(W, nullptr); gBb_.assign(W, nullptr);
+    Wq_.assign(D_ + 2, nullptr); gWq_.assign(D_ + 2, nullptr);
+    A_.assign(D_ + 2, nullptr); gA_.assign(D_ + 2, nullptr);
+    for (int i = 0; i < W; i++) {
+        int64_t o = find("scheme.ldm.wk." + std::to_string(i));
+        Wk_[i] = params + o; gWk_[i] = grads + o;
+        if (delta_) {
+            o = find("scheme.ldm.wbeta." + std::to_string(i));
+            Wb_[i] = params + o; gWb_[i] = grads + o;
+            o = find("scheme.ldm.bbeta." + std::to_string(i));
+            Bb_[i] = master + o; gBb_[i] = grads + o;
+        }
+    }
+    for (int j = 1; j <= D_ + 1; j++) {
+        std::string s = j <= D_ ? std::to_string(j) : std::string("f");
+        int64_t o = find("scheme.ldm.wq." + s);
+        Wq_[j] = params + o; gWq_[j] = grads + o;
+        if (residual_) {
+            o = find("scheme.ldm.a." + s);
+            A_[j] = master + o; gA_[j] = grads + o;
+        }
+    }
+    if (forget_) {
+        int64_t o = find("scheme.ldm.theta");
+        theta_ = master + o; gtheta_ = grads + o;
+    }
+}
+
+template <typename T>
+void LdmGpuScheme<T>::resize(int B, int T_) {
+    N_ = B * T_;
+    dims_ = ldmk::make_dims(cfg_, N_);
+    const int64_t N = N_, W = D_ + 1, nd = N * d_, st = N * dims_.ST;
+    const bool f32 = std::is_same<T, float>::value;
+    src32_.alloc(nd);
+    if (!f32) srcT_.alloc(nd);
+    O_.alloc(W * nd);
+    Qn_.alloc(W * N * HK_);
+    Kn_.alloc(W * N * HK_);
+    Qnrm_.alloc(W * N * Hm_);
+    Knrm_.alloc(W * N * Hm_);
+    beta_.alloc(delta_ ? W * N * Hm_ : 0);
+    cur_.alloc(st);
+    // kept states for the interval in use (a drift fallback re-sizes this buffer itself)
+    const int64_t kept = ldm_gpu_kept_states(cfg_, ckpt_);
+    stored_.alloc(kept * st);
+    dS_.alloc(st);
+    dsrc_.alloc(nd);
+    tmp32_.alloc(nd);
+    prod32_.alloc(residual_ ? nd : 0);
+    v32_.alloc(f32 ? 0 : nd);
+    raw_.alloc(N * HK_);
+    draw_.alloc(N * HK_);
+    if (!f32) {
+        drawT_.alloc(N * HK_);
+        dtokT_.alloc(N * Hm_);
+    }
+    dtok_.alloc(N * Hm_);
+    scratch_.alloc(N * Hm_ * ldmk::v1_scratch_per_th(dims_));
+    partial_.alloc(std::max(ldmk::colsum_scratch(N, d_), ldmk::colsum_scratch(N, Hm_)));
+}
+
+template <typename T>
+int64_t LdmGpuScheme<T>::allocated_bytes() const {
+    return src32_.bytes() + cur_.bytes() + stored_.bytes() + dS_.bytes() + dsrc_.bytes() +
+           tmp32_.bytes() + prod32_.bytes() + v32_.bytes() + raw_.bytes() + draw_.bytes() +
+           Qn_.bytes() + Qnrm_.bytes() + Kn_.bytes() + Knrm_.bytes() + beta_.bytes() +
+           dtok_.bytes() + scratch_.bytes() + partial_.bytes() + srcT_.bytes() + O_.bytes() +
+           drawT_.bytes() + dtokT_.bytes();
+}
+
+template <typename T>
+const float* LdmGpuScheme<T>::v32(int i, cudaStream_t s) {
+    const T* Oi = O_.ptr + (int64_t)i * N_ * d_;
+    if (std::is_same<T, float>::value) return reinterpret_cast<const float*>(Oi);
+    ldmk::to_f32<T>(Oi, v32_.ptr, (int64_t)N_ * d_, s);
+    return v32_.ptr;
+}
+
+template <typename T>
+const T* LdmGpuScheme<T>::drawT(const float* draw, int64_t n, T* buf, cudaStream_t s) {
+    if (std::is_same<T, float>::value) return reinterpret_cast<const T*>(draw);
+    ldmk::from_f32<T>(draw, buf, n, s);
+    return buf;
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+
+template <typename T>
+void LdmGpuScheme<T>::begin(const T* e, cudaStream_t s) {
+    using namespace ldmk;
+    const int W = D_ + 1;
+    lambda_kernel<<<(unsigned)ceil_div((int64_t)W * Hm_, 128), 128, 0, s>>>(
+        W * Hm_, forget_ ? theta_ : nullptr, (float)cfg_.ldm_lambda_min, lam_.ptr, lgrad_.ptr);
+    LDM_LAUNCH_CHECK();
+    init_state(dims_, cur_.ptr, (float)cfg_.ldm_delta, s);
+    if (window_) CUDA_CHECK(cudaMemcpyAsync(state(0), cur_.ptr, (size_t)cur_.bytes(), cudaMemcpyDeviceToDevice, s));
+    const int64_t nd = (int64_t)N_ * d_;
+    T* srcT = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32_.ptr) : srcT_.ptr;
+    output_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, e, O_.ptr, src32_.ptr, srcT, false);
+    LDM_LAUNCH_CHECK();
+    write_forward(0, e, s);
+}
+
+template <typename T>
+void LdmGpuScheme<T>::write_forward(int i, const T* /*o (already in O_i)*/, cudaStream_t s) {
+    using namespace ldmk;
+    const int64_t N = N_, st = N * dims_.ST;
+    const T* Oi = O_.ptr + (int64_t)i * N * d_;
+    // raw [N, HK] = O_i · W_k^iᵀ (fp32 out)
+    mm_.template gemm<T, float>(false, true, N, HK_, d_, 1.f, Oi, d_, Wk_[i], d_, 0.f, raw_.ptr, HK_,
+                                nullptr, s);
+    float* Kn = Kn_.ptr + (int64_t)i * N * HK_;
+    float* Knrm = Knrm_.ptr + (int64_t)i * N * Hm_;
+    const float* lam = lam_.ptr + (int64_t)i * Hm_;
+    const float* v = v32(i, s);
+    if (rls_) {
+        if (v2() ) {
+            switch (dk_ <= 4 ? 4 : dk_ <= 8 ? 8 : 16) {
+                case 4: write_rls_v2_kernel<4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam); break;
+                case 8: write_rls_v2_kernel<8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam); break;
+                default: write_rls_v2_kernel<16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam); break;
+            }
+        } else {
+            write_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam,
+                                                                    nullptr, nullptr, nullptr, scratch_.ptr);
+        }
+    } else if (outer_) {
+        write_v1_kernel<kOuter><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam,
+                                                                  nullptr, nullptr, nullptr, scratch_.ptr);
+    } else {
+        // z [N, Hm] = O_i · w_βᵀ (bias b_β added in the kernel from the fp32 master)
+        mm_.template gemm<T, float>(false, true, N, Hm_, d_, 1.f, Oi, d_, Wb_[i], d_, 0.f, dtok_.ptr, Hm_,
+                                    nullptr, s);
+        write_v1_kernel<kDelta><<<th_blocks(dims_), kThreads, 0, s>>>(
+            dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i],
+            beta_.ptr + (int64_t)i * N * Hm_, scratch_.ptr);
+    }
+    LDM_LAUNCH_CHECK();
+    if (window_) {
+        if ((i + 1) % w_ == 0 && i < D_)  // state at the start of the next window
+            CUDA_CHECK(cudaMemcpyAsync(state((i + 1) / w_), cur_.ptr, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
+    } else if (ckpt_ > 0) {
+        if (i % ckpt_ == 0)
+            CUDA_CHECK(cudaMemcpyAsync(state(i / ckpt_), cur_.ptr, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
+    } else if (!unwind_) {
+        CUDA_CHECK(cudaMemcpyAsync(state(i), cur_.ptr, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
+    }
+}
+
+template <typename T>
+void LdmGpuScheme<T>::input(int j, T* x, cudaStream_t s) {
+    using namespace ldmk;
+    const int64_t N = N_;
+    const T* srcT = std::is_same<T, float>::value ? reinterpret_cast<const T*>(src32_.ptr) : srcT_.ptr;
+    mm_.template gemm<T, float>(false, true, N, HK_, d_, 1.f, srcT, d_, Wq_[j], d_, 0.f, raw_.ptr, HK_,
+                                nullptr, s);
+    float* Qn = Qn_.ptr + (int64_t)(j - 1) * N * HK_;
+    float* Qnrm = Qnrm_.ptr + (int64_t)(j - 1) * N * Hm_;
+    const float* a = residual_ ? A_[j] : nullptr;
+    if (v2()) {
+        switch (dk_ <= 4 ? 4 : dk_ <= 8 ? 8 : 16) {
+            case 4: read_v2_kernel<T, 4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
+            case 8: read_v2_kernel<T, 8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
+            default: read_v2_kernel<T, 16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
+        }
+    } else {
+        read_v1_kernel<T><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, tmp32_.ptr,
+                                                               src32_.ptr, a, x);
+    }
+    LDM_LAUNCH_CHECK();
+}
+
+template <typename T>
+void LdmGpuScheme<T>::output(int j, const T* o, cudaStream_t s) {
+    using namespace ldmk;
+    const int64_t nd = (int64_t)N_ * d_;
+    T* srcT = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32_.ptr) : srcT_.ptr;
+    output_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, o, O_.ptr + (int64_t)j * nd, src32_.ptr, srcT, residual_);
+    LDM_LAUNCH_CHECK();
+    write_forward(j, o, s);
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+
+template <typename T>
+void LdmGpuScheme<T>::read_backward(int j, const T* dx, cudaStream_t s) {
+    using namespace ldmk;
+    const int64_t N = N_;
+    const float* Qn = Qn_.ptr + (int64_t)(j - 1) * N * HK_;
+    const float* Qnrm = Qnrm_.ptr + (int64_t)(j - 1) * N * Hm_;
+    const float* a = residual_ ? A_[j] : nullptr;
+    if (v2()) {
+        switch (dk_ <= 4 ? 4 : dk_ <= 8 ? 8 : 16) {
+            case 4: read_bwd_v2_kernel<T, 4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
+            case 8: read_bwd_v2_kernel<T, 8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
+            default: read_bwd_v2_kernel<T, 16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
+        }
+    } else {
+        read_bwd_v1_kernel<T><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr,
+                                                                   draw_.ptr, tmp32_.ptr, prod32_.ptr);
+    }
+    LDM_LAUNCH_CHECK();
+    if (residual_) colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
+    const T* dr = drawT(draw_.ptr, N * HK_, drawT_.ptr, s);
+    const T* srcT = std::is_same<T, float>::value ? reinterpret_cast<const T*>(src32_.ptr) : srcT_.ptr;
+    // dsrc [N, d] += draw · W_q ; dW_q [HK, d] += drawᵀ · src
+    mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);
+    mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, srcT, d_, 1.f, gWq_[j], d_, nullptr, s);
+}
+
+template <typename T>
+void LdmGpuScheme<T>::record_drift(const float* ref, cudaStream_t s) {
+    ldmk::drift_kernel<<<ldmk::elem_blocks((int64_t)N_ * dims_.ST), 256, 0, s>>>(
+        dims_, cur_.ptr, ref, (float)cfg_.ldm_delta, drift_.ptr);
+    LDM_LAUNCH_CHECK();
+    drift_pending_ = true;
+}
+
+template <typename T>
+void LdmGpuScheme<T>::unwind(int i, cudaStream_t s) {
+    using namespace ldmk;
+    const float* Kn = Kn_.ptr + (int64_t)i * N_ * HK_;
+    const float* v = v32(i, s);
+    const float* lam = lam_.ptr + (int64_t)i * Hm_;
+    if (rls_) unwind_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, scratch_.ptr);
+    else unwind_v1_kernel<kOuter><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, scratch_.ptr);
+    LDM_LAUNCH_CHECK();
+}
+
+template <typename T>
+void LdmGpuScheme<T>::rewrite(int w, cudaStream_t s) {
+    using namespace ldmk;
+    const float* Kn = Kn_.ptr + (int64_t)w * N_ * HK_;
+    const float* v = v32(w, s);
+    const float* lam = lam_.ptr + (int64_t)w * Hm_;
+    const float* beta = delta_ ? beta_.ptr + (int64_t)w * N_ * Hm_ : nullptr;
+    if (rls_) rewrite_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, beta, scratch_.ptr);
+    else if (outer_) rewrite_v1_kernel<kOuter><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, beta, scratch_.ptr);
+    else rewrite_v1_kernel<kDelta><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, beta, scratch_.ptr);
+    LDM_LAUNCH_CHECK();
+}
+
+// cur_: state after write i -> state before write i (mirrors the CPU's prev_state). Returns true
+// when the caller's VJP kernel must unwind cur_ itself first (fused unwind + VJP).
+template <typename T>
+bool LdmGpuScheme<T>::prev_state(int i, cudaStream_t s) {
+    const int64_t st = (int64_t)N_ * dims_.ST;
+    auto set_init = [&]() { ldmk::init_state(dims_, cur_.ptr, (float)cfg_.ldm_delta, s); };
+    auto copy_from = [&](const float* src) {
+        CUDA_CHECK(cudaMemcpyAsync(cur_.ptr, src, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
+    };
+    if (window_) {
+        const int start = i / w_ * w_;
+        copy_from(state(i / w_));
+        for (int w = start; w < i; w++) rewrite(w, s);
+        return false;
+    }
+    if (ckpt_ == 0 && !unwind_) {
+        if (i == 0) set_init();
+        else copy_from(state(i - 1));
+        return false;
+    }
+    if (i == 0) {
+        if (!delta_) {
+            unwind(0, s);
+            record_drift(nullptr, s);
+        }
+        set_init();
+        return false;
+    }
+    const int p = i - 1;
+    if (ckpt_ > 0 && p % ckpt_ == 0) {
+        const float* ref = state(p / ckpt_);
+        if (!delta_) {
+            unwind(i, s);
+            record_drift(ref, s);
+        }
+        copy_from(ref);
+        return false;
+    }
+    if (!delta_) return true;  // fused: the VJP kernel unwinds write i first
+    const int start = p / ckpt_ * ckpt_;
+    copy_from(state(start / ckpt_));
+    for (int w = start + 1; w <= p; w++) rewrite(w, s);
+    return false;
+}
+
+template <typename T>
+void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s) {
+    using namespace ldmk;
+    const int64_t N = N_, nd = N * d_;
+    const bool fused = prev_state(i, s);
+    const T* Oi = O_.ptr + (int64_t)i * nd;
+    const float* Kn = Kn_.ptr + (int64_t)i * N * HK_;
+    const float* Knrm = Knrm_.ptr + (int64_t)i * N * Hm_;
+    const float* lam = lam_.ptr + (int64_t)i * Hm_;
+    const float* beta = delta_ ? beta_.ptr + (int64_t)i * N * Hm_ : nullptr;
+    const float* v = v32(i, s);
+    const bool f32 = std::is_same<T, float>::value;
+    float* dvacc = f32 ? reinterpret_cast<float*>(d_o) : tmp32_.ptr;
+    const dim3 gb(th_blocks(dims_)), tb(kThreads);
+    float* scr = scratch_.ptr;
+    if (rls_ && v2()) {
+        const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+#define LDM_V2_VJP(DK)                                                                                     \
+    if (fused) unwind_vjp_rls_v2_kernel<DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr); \
+    else unwind_vjp_rls_v2_kernel<DK, false><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr);
+        if (dk_ <= 4) { LDM_V2_VJP(4) } else if (dk_ <= 8) { LDM_V2_VJP(8) } else { LDM_V2_VJP(16) }
+#undef LDM_V2_VJP
+    } else if (rls_) {
+        if (fused) write_vjp_v1_kernel<kRls, true><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+        else write_vjp_v1_kernel<kRls, false><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+    } else if (outer_) {
+        if (fused) write_vjp_v1_kernel<kOuter, true><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+        else write_vjp_v1_kernel<kOuter, false><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+    } else {
+        write_vjp_v1_kernel<kDelta, false><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+    }
+    LDM_LAUNCH_CHECK();
+    // d_o += draw · W_k ; dW_k += drawᵀ · O_i (fp32 accumulation in dvacc)
+    const T* dr = drawT(draw_.ptr, N * HK_, drawT_.ptr, s);
+    mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wk_[i], d_, 1.f, dvacc, d_, nullptr, s);
+    mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, Oi, d_, 1.f, gWk_[i], d_, nullptr, s);
+    if (delta_) {
+        const T* dz = drawT(dtok_.ptr, N * Hm_, dtokT_.ptr, s);
+        mm_.template gemm<T, float>(false, false, N, d_, Hm_, 1.f, dz, Hm_, Wb_[i], d_, 1.f, dvacc, d_, nullptr, s);
+        mm_.template gemm<T, float>(true, false, Hm_, d_, N, 1.f, dz, Hm_, Oi, d_, 1.f, gWb_[i], d_, nullptr, s);
+        colsum(gBb_[i], dtok_.ptr, nullptr, N, Hm_, Hm_, nullptr, partial_.ptr, s);
+    }
+    if (forget_)
+        colsum(gtheta_ + (int64_t)i * Hm_, dtok_.ptr, nullptr, N, Hm_, Hm_, lgrad_.ptr + (int64_t)i * Hm_,
+               partial_.ptr, s);
+    if (!f32) from_f32<T>(dvacc, d_o, nd, s);
+}
+
+template <typename T>
+void LdmGpuScheme<T>::readout_backward(const T* dy, cudaStream_t s) {
+    drift_S_ = drift_P_ = 0;
+    CUDA_CHECK(cudaMemsetAsync(drift_.ptr, 0, 2 * sizeof(unsigned), s));
+    drift_pending_ = false;
+    CUDA_CHECK(cudaMemsetAsync(dS_.ptr, 0, (size_t)dS_.bytes(), s));
+    const int64_t nd = (int64_t)N_ * d_;
+    if (residual_) {
+        ldmk::add_grad_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, dy, dsrc_.ptr, false);
+        LDM_LAUNCH_CHECK();
+    } else {
+        CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)dsrc_.bytes(), s));
+    }
+    read_backward(D_ + 1, dy, s);
+}
+
+template <typename T>
+void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
+    const int64_t nd = (int64_t)N_ * d_;
+    const T* Oj = O_.ptr + (int64_t)j * nd;
+    T* srcT = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32_.ptr) : srcT_.ptr;
+    ldmk::restore_src_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, srcT, residual_);
+    LDM_LAUNCH_CHECK();
+    // d_o = dsrc (+ the write's VJP, inside write_backward); without residual dsrc restarts at 0
+    // after being handed to d_o.
+    write_backward(j, d_o, s);
+    if (!residual_) CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)dsrc_.bytes(), s));
+}
+
+template <typename T>
+void LdmGpuScheme<T>::input_backward(int j, const T* dx, cudaStream_t s) {
+    const int64_t nd = (int64_t)N_ * d_;
+    if (residual_) {
+        ldmk::add_grad_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, dx, dsrc_.ptr, true);
+        LDM_LAUNCH_CHECK();
+    }
+    read_backward(j, dx, s);
+}
+
+template <typename T>
+void LdmGpuScheme<T>::begin_backward(T* de, cudaStream_t s) {
+    write_backward(0, de, s);
+    if (drift_pending_) {
+        unsigned bits[2];
+        CUDA_CHECK(cudaMemcpyAsync(bits, drift_.ptr, sizeof bits, cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        float f[2];
+        std::memcpy(f, bits, sizeof f);
+        drift_S_ = f[0];
+        drift_P_ = f[1];
+    }
+    const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
+    if (unwinding && ckpt_ == 0 && std::max(drift_S_, drift_P_) > cfg_.ldm_drift_tol) {
+        ckpt_ = cfg_.ldm_checkpoint_every > 0 ? cfg_.ldm_checkpoint_every
+                                              : std::max(1, (int)std::lround(std::sqrt((double)(D_ + 1))));
+        fell_back_ = true;
+        stored_.alloc(ldm_gpu_kept_states(cfg_, ckpt_) * (int64_t)N_ * dims_.ST);
+        if (!warned_) {
+            std::fprintf(stderr,
+                         "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back "
+                         "to checkpointed segments every %d writes from the next step on\n",
+                         drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
+            warned_ = true;
+        }
+    }
+}
+
+template <typename T>
+std::vector<std::pair<std::string, double>> LdmGpuScheme<T>::metrics() {
+    if (delta_ || (!unwind_ && ckpt_ == 0)) return {};
+    return {{"ldm_drift_S", drift_S_}, {"ldm_drift_P", drift_P_},
+            {"ldm_fallback", fell_back_ ? 1.0 : 0.0}, {"ldm_ckpt", (double)ckpt_}};
+}
+
+}  // namespace gpu
+}  // namespace ldm

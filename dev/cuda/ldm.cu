@@ -1,0 +1,342 @@
+// dev/cuda/ldm.cu — workbench of the LDM kernels (cuda/scheme_ldm.cuh, spec §2.5).
+//
+// 1. Checks: drives the CPU reference Scheme<double> (dev/cpu/scheme.h make_scheme, scheme
+//    "ldm") and LdmGpuScheme<T> through the same begin / input / output / readout / backward
+//    sequence with the same random parameters and tensors (random non-zero, GPU outputs
+//    poisoned with NaN first) for every rule (rls, delta, outer), mode (store, unwind,
+//    checkpoint-every, window), no-residual, no-forget, kernel variant (v1, v2) and dtype, at
+//    small odd shapes; compares every x_j, y, do_j, de, the final state and all scheme gradients.
+// 2. Bench: each kernel at N=16384, d=1024, H_m=4, d_k=8, D=48 (read, write, unwind+VJP, and a
+//    whole window-mode write), GB/s against the state bytes the kernel must move
+//    (write: S,P read + write; read: S read; unwind+VJP: S,P,dS,dP read + write).
+//
+//   build/cuda/ldm [--quick]        prints CHECK / BENCH lines (doc/cuda.md), exit 1 on a FAIL
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/scheme_ldm.cuh"
+#include "dev/cpu/rng.h"
+#include "dev/cpu/scheme.h"
+#include "dev/cpu/scheme_ldm.h"
+
+using namespace ldm;
+using namespace ldm::gpu;
+
+namespace {
+
+struct Case {
+    std::string rule = "rls", mode = "store";
+    int ckpt = 0, window = 2;
+    bool residual = true, forget = true;
+    int N = 37, d = 64, n_layer = 2, Hm = 4, dk = 8;
+    std::string name() const {
+        std::string s = rule + "-" + mode;
+        if (mode == "window") s += std::to_string(window);
+        if (ckpt) s += "-c" + std::to_string(ckpt);
+        if (!residual) s += "-nores";
+        if (!forget) s += "-noforget";
+        return s;
+    }
+    std::string shape() const {
+        return strprintf("N=%d,d=%d,D=%d,Hm=%d,dk=%d", N, d, 2 * n_layer, Hm, dk);
+    }
+};
+
+ModelConfig make_cfg(const Case& k) {
+    ModelConfig c;
+    c.d_model = k.d;
+    c.n_layer = k.n_layer;
+    c.n_head = 2;
+    c.n_kv_head = 1;
+    c.head_dim = 8;
+    c.ffn = 16;
+    c.scheme = "ldm";
+    c.ldm_rule = k.rule;
+    c.ldm_mode = k.mode;
+    c.ldm_checkpoint_every = k.ckpt;
+    c.ldm_window = k.window;
+    c.ldm_residual = k.residual;
+    c.ldm_forget = k.forget;
+    c.ldm_heads = k.Hm;
+    c.ldm_dk = k.dk;
+    return c;
+}
+
+float round_to(float x, bool bf) { return bf ? __bfloat162float(__float2bfloat16_rn(x)) : x; }
+
+struct Rnd {
+    uint64_t s0, k = 0;
+    explicit Rnd(uint64_t seed) : s0(init_stream(seed, 777)) {}
+    double normal() { return stream_normal(s0, k++); }
+};
+
+int g_fail = 0;
+
+void report(const std::string& variant, const char* dtype, const std::string& shape,
+            const std::vector<float>& gpu, const std::vector<double>& ref, double tol) {
+    std::vector<float> r(ref.size());
+    for (size_t i = 0; i < ref.size(); i++) r[i] = (float)ref[i];
+    Compare c = compare(gpu.data(), r.data(), (int64_t)r.size());
+    const bool ok = c.finite && c.rel <= tol;
+    if (!ok) g_fail++;
+    std::printf("CHECK ldm %s %s %s rel=%.3g max_abs=%.3g %s\n", variant.c_str(), dtype, shape.c_str(),
+                c.rel, c.max_abs, ok ? "PASS" : "FAIL");
+}
+
+template <typename T>
+void run_case(const Case& k, int variant) {
+    const bool bf = !std::is_same<T, float>::value;
+    const double tol = bf ? 2e-2 : 1e-4;
+    const ModelConfig cfg = make_cfg(k);
+    const int D = cfg.n_sublayers(), N = k.N, d = k.d;
+    const int64_t nd = (int64_t)N * d;
+    std::vector<ParamSpec> specs = scheme_param_specs(cfg);
+    int64_t P = 0;
+    for (auto& s : specs) P = std::max(P, s.offset + s.numel);
+
+    // parameters: spec init, then perturbed so that a, θ, b_β, W are all non-trivial
+    auto cpu_s = cpu::make_scheme<double>(cfg);
+    std::vector<double> params((size_t)P), grads((size_t)P, 0.0);
+    cpu_s->init_params(params.data(), 1234, 0);
+    Rnd rng(99);
+    for (auto& s : specs) {
+        const bool matrix = s.shape.size() == 2 && s.name.find("theta") == std::string::npos;
+        for (int64_t i = 0; i < s.numel; i++) {
+            double& p = params[(size_t)(s.offset + i)];
+            p += (matrix ? 0.3 : 0.5) * rng.normal();
+            // bf16 runs: matrices go through the bf16 working copy; θ, a, b_β stay fp32 (master)
+            p = matrix ? round_to((float)p, bf) : (float)p;
+        }
+    }
+    auto randn = [&](int64_t n) {
+        std::vector<double> v((size_t)n);
+        for (auto& x : v) x = round_to((float)rng.normal(), bf);
+        return v;
+    };
+    std::vector<double> e = randn(nd), dy = randn(nd);
+    std::vector<std::vector<double>> o(D + 1), dx(D + 1);
+    for (int j = 1; j <= D; j++) {
+        o[j] = randn(nd);
+        dx[j] = randn(nd);
+    }
+
+    // CPU reference in double
+    cpu_s->bind(params.data(), grads.data());
+    cpu_s->resize(1, N);
+    std::vector<double> cx((size_t)(D + 1) * nd), cdo((size_t)(D + 1) * nd), cde((size_t)nd);
+    cpu_s->begin(e.data());
+    for (int j = 1; j <= D; j++) {
+        cpu_s->input(j, cx.data() + (size_t)(j - 1) * nd);
+        cpu_s->output(j, o[j].data());
+    }
+    cpu_s->readout(cx.data() + (size_t)D * nd);
+    auto* cl = dynamic_cast<cpu::LDMScheme<double>*>(cpu_s.get());
+    std::vector<double> cstate = cl->state();
+    cpu_s->readout_backward(dy.data());
+    for (int j = D; j >= 1; j--) {
+        cpu_s->output_backward(j, cdo.data() + (size_t)(j - 1) * nd);
+        cpu_s->input_backward(j, dx[j].data());
+    }
+    cpu_s->begin_backward(cde.data());
+    cdo.resize((size_t)D * nd);
+
+    // GPU
+    cudaStream_t s = 0;
+    DeviceBuffer<T> pw(P), de_d(nd), dy_d(nd), e_d(nd), xs((D + 1) * nd), dos(D * nd);
+    DeviceBuffer<float> pm(P), g_d(P);
+    std::vector<DeviceBuffer<T>> o_d(D + 1), dx_d(D + 1);
+    upload(pw.ptr, params.data(), P);
+    upload(pm.ptr, params.data(), P);
+    CUDA_CHECK(cudaMemset(g_d.ptr, 0, (size_t)g_d.bytes()));
+    upload(e_d.ptr, e.data(), nd);
+    upload(dy_d.ptr, dy.data(), nd);
+    for (int j = 1; j <= D; j++) {
+        o_d[j].alloc(nd);
+        dx_d[j].alloc(nd);
+        upload(o_d[j].ptr, o[j].data(), nd);
+        upload(dx_d[j].ptr, dx[j].data(), nd);
+    }
+    fill(xs.ptr, xs.n, NAN, s);
+    fill(dos.ptr, dos.n, NAN, s);
+    fill(de_d.ptr, nd, NAN, s);
+    LdmGpuScheme<T> g(cfg);
+    g.variant = variant;
+    g.bind(pw.ptr, pm.ptr, g_d.ptr);
+    g.resize(1, N);
+    g.begin(e_d.ptr, s);
+    for (int j = 1; j <= D; j++) {
+        g.input(j, xs.ptr + (int64_t)(j - 1) * nd, s);
+        g.output(j, o_d[j].ptr, s);
+    }
+    g.readout(xs.ptr + (int64_t)D * nd, s);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> gstate = g.state_host();
+    g.readout_backward(dy_d.ptr, s);
+    for (int j = D; j >= 1; j--) {
+        g.output_backward(j, dos.ptr + (int64_t)(j - 1) * nd, s);
+        g.input_backward(j, dx_d[j].ptr, s);
+    }
+    g.begin_backward(de_d.ptr, s);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    const std::string v = k.name() + "-v" + std::to_string(variant);
+    const char* dt = dtype_name<T>();
+    const std::string sh = k.shape();
+    report(v + "/x", dt, sh, download(xs.ptr, xs.n), cx, tol);
+    report(v + "/state", dt, sh, gstate, cstate, tol);
+    report(v + "/do", dt, sh, download(dos.ptr, dos.n), cdo, tol);
+    report(v + "/de", dt, sh, download(de_d.ptr, nd), cde, tol);
+    report(v + "/grads", dt, sh, download(g_d.ptr, P), grads, bf ? 3e-2 : tol);
+    // per-tensor gradient check (so a small tensor like θ is not hidden by the big ones)
+    std::vector<float> gg = download(g_d.ptr, P);
+    for (auto& sp : specs) {
+        std::vector<float> a(gg.begin() + sp.offset, gg.begin() + sp.offset + sp.numel);
+        std::vector<double> b(grads.begin() + sp.offset, grads.begin() + sp.offset + sp.numel);
+        double mx = 0;
+        for (double x : b) mx = std::max(mx, std::fabs(x));
+        if (mx == 0) continue;
+        std::vector<float> r(b.size());
+        for (size_t i = 0; i < b.size(); i++) r[i] = (float)b[i];
+        Compare c = compare(a.data(), r.data(), (int64_t)r.size());
+        const double t = bf ? 5e-2 : 1e-3;  // per small tensor: looser (few values)
+        if (!(c.finite && c.rel <= t)) {
+            g_fail++;
+            std::printf("CHECK ldm %s/grad:%s %s %s rel=%.3g max_abs=%.3g FAIL\n", v.c_str(),
+                        sp.name.c_str(), dt, sh.c_str(), c.rel, c.max_abs);
+        }
+    }
+    auto cm = cpu_s->metrics();
+    auto gm = g.metrics();
+    if (!cm.empty() && cm.size() == gm.size()) {
+        std::printf("INFO ldm %s %s drift_S cpu=%.3g gpu=%.3g drift_P cpu=%.3g gpu=%.3g ckpt cpu=%g gpu=%g\n",
+                    v.c_str(), dt, cm[0].second, gm[0].second, cm[1].second, gm[1].second,
+                    cm[3].second, gm[3].second);
+    }
+}
+
+// ---- bench -----------------------------------------------------------------------------------
+template <typename T>
+void bench(bool quick) {
+    using namespace ldmk;
+    Case k;
+    k.N = 16384;
+    k.d = 1024;
+    k.n_layer = 24;
+    k.Hm = 4;
+    k.dk = 8;
+    const ModelConfig cfg = make_cfg(k);
+    const Dims Dm = make_dims(cfg, k.N);
+    const int64_t N = k.N, st = N * Dm.ST, nd = N * k.d;
+    DeviceBuffer<float> cur(st), dS(st), raw(N * Dm.HK), Kn(N * Dm.HK), Knrm(N * Dm.Hm), v32(nd),
+        lam(Dm.Hm), dsrc(nd), dvacc(nd), draw(N * Dm.HK), dtok(N * Dm.Hm), src32(nd), r32(nd),
+        prod(nd), scratch(N * Dm.Hm * v1_scratch_per_th(Dm)), a(k.d), theta(Dm.Hm), lg(Dm.Hm);
+    DeviceBuffer<T> x(nd), dx(nd);
+    cudaStream_t s = 0;
+    init_state(Dm, cur.ptr, 0.1f, s);
+    fill(dS.ptr, st, 0.f, s);
+    fill(raw.ptr, raw.n, 0.3f, s);
+    fill(v32.ptr, nd, 0.5f, s);
+    fill(dsrc.ptr, nd, 0.1f, s);
+    fill(src32.ptr, nd, 0.2f, s);
+    fill(a.ptr, k.d, 1.f, s);
+    fill(dx.ptr, nd, 0.1f, s);
+    fill(theta.ptr, Dm.Hm, 3.f, s);
+    lambda_kernel<<<1, 32, 0, s>>>(Dm.Hm, theta.ptr, 0.95f, lam.ptr, lg.ptr);
+    LDM_LAUNCH_CHECK();
+    // fill Kn with normalised keys by one v1 write, then restore the state
+    write_v1_kernel<kRls><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, nullptr, nullptr, scratch.ptr);
+    LDM_LAUNCH_CHECK();
+    const double SP = (double)st * 4;                          // S,P bytes
+    const double S_only = (double)N * Dm.Hm * Dm.SS * 4;       // S bytes
+    const int reps = quick ? 5 : 20;
+    const std::string sh = k.shape();
+    const char* dt = dtype_name<T>();
+    auto line = [&](const char* var, float ms, double bytes) {
+        std::printf("BENCH ldm %s %s %s ms=%.4f GB/s=%.1f TFLOP/s=-\n", var, dt, sh.c_str(), ms,
+                    bytes / (ms * 1e-3) / 1e9);
+    };
+    float ms;
+    ms = time_median_ms([&] {
+        read_v1_kernel<T><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr);
+    }, 2, reps, s);
+    line("read-v1", ms, S_only);
+    ms = time_median_ms([&] {
+        read_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr);
+    }, 2, reps, s);
+    line("read-v2", ms, S_only);
+    ms = time_median_ms([&] {
+        write_v1_kernel<kRls><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, nullptr, nullptr, scratch.ptr);
+    }, 2, reps, s);
+    line("write-rls-v1", ms, 2 * SP);
+    ms = time_median_ms([&] {
+        write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+    }, 2, reps, s);
+    line("write-rls-v2", ms, 2 * SP);
+    // unwind + VJP: reads S,P,dS,dP and writes all four (fused); state drifts across reps but
+    // the timing does not depend on the values.
+    ms = time_median_ms([&] {
+        write_vjp_v1_kernel<kRls, true><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr, scratch.ptr);
+    }, 2, reps, s);
+    line("unwind-vjp-rls-v1", ms, 4 * SP);
+    ms = time_median_ms([&] {
+        unwind_vjp_rls_v2_kernel<8, true><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
+    }, 2, reps, s);
+    line("unwind-vjp-rls-v2", ms, 4 * SP);
+    ms = time_median_ms([&] {
+        read_bwd_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, Kn.ptr, Knrm.ptr, dx.ptr, a.ptr, dS.ptr, draw.ptr, prod.ptr);
+    }, 2, reps, s);
+    line("read-bwd-v2", ms, S_only * 3);  // S read, dS read + write
+    // windowed: w = 4 writes applied sequentially (the GPU window mode; no Woodbury yet):
+    // state traffic is w times that of the deferred form's one pass.
+    ms = time_median_ms([&] {
+        for (int t = 0; t < 4; t++)
+            write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+    }, 2, reps, s);
+    line("window4-sequential-v2", ms, 2 * SP);  // GB/s vs the ONE pass a Woodbury window needs
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("ldm");
+    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    try {
+        std::printf("device: %s\n", device_description().c_str());
+        std::vector<Case> cases;
+        auto add = [&](Case c) { cases.push_back(c); };
+        for (const char* m : {"store", "unwind"}) {
+            Case c;
+            c.mode = m;
+            add(c);
+            c.rule = "outer";
+            add(c);
+        }
+        { Case c; c.rule = "delta"; add(c); c.ckpt = 2; add(c); }
+        { Case c; c.mode = "unwind"; c.ckpt = 2; add(c); c.rule = "outer"; add(c); }
+        { Case c; c.mode = "window"; c.window = 2; add(c); c.window = 3; add(c); }
+        { Case c; c.residual = false; c.mode = "unwind"; add(c); c.rule = "delta"; c.mode = "store"; add(c); }
+        { Case c; c.forget = false; c.mode = "unwind"; add(c); }
+        // odd shapes: N not a multiple of the block, d_v and d_k odd, 3 layers
+        { Case c; c.N = 131; c.d = 60; c.Hm = 4; c.dk = 5; c.n_layer = 3; c.mode = "unwind"; add(c);
+          c.mode = "store"; c.rule = "delta"; add(c); c.rule = "outer"; add(c);
+          c.rule = "rls"; c.mode = "window"; c.window = 3; add(c); }
+        { Case c; c.N = 67; c.d = 96; c.Hm = 3; c.dk = 16; c.mode = "unwind"; add(c); }
+        { Case c; c.N = 33; c.d = 48; c.Hm = 2; c.dk = 3; c.n_layer = 3; c.mode = "store"; c.ckpt = 3; add(c); }
+        for (const Case& c : cases) {
+            for (int v : {1, 2}) {
+                run_case<float>(c, v);
+                if (!quick || v == 2) run_case<bf16>(c, v);
+            }
+        }
+        bench<float>(quick);
+        bench<bf16>(quick);
+    } catch (const std::exception& ex) {
+        std::printf("error: %s\n", ex.what());
+        return 1;
+    }
+    std::printf("ldm: %s (%d failed checks)\n", g_fail ? "FAIL" : "all checks passed", g_fail);
+    return g_fail ? 1 : 0;
+}
