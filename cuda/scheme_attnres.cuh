@@ -254,14 +254,14 @@ struct GpuAttnRes final : GpuScheme<T> {
     void resize(int B, int T_) override {
         N_ = B * T_;
         const int64_t N = N_, d = d_, K = nb_ + 1;
-        src_.alloc(K * N * d);
-        rsrc_.alloc(K * N);
-        dsrc_.alloc(K * N * d);
+        grow(src_, K * N * d);
+        grow(rsrc_, K * N);
+        grow(dsrc_, K * N * d);
         if (block_) {
-            pv_.alloc((int64_t)D_ * N * d);
-            rp_.alloc((int64_t)D_ * N);
+            grow(pv_, (int64_t)D_ * N * d);
+            grow(rp_, (int64_t)D_ * N);
         }
-        dq_part_.alloc((int64_t)bwd_blocks() * d);
+        grow(dq_part_, (int64_t)bwd_blocks() * d);
     }
 
     void begin(const T* e, cudaStream_t s) override {
@@ -332,6 +332,10 @@ struct GpuAttnRes final : GpuScheme<T> {
     DeviceBuffer<T> src_, pv_;
     DeviceBuffer<float> rsrc_, dsrc_, rp_, dq_part_;
 
+    template <typename E>
+    static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
+        if (b.n < n) b.alloc(n);
+    }
     T* U(int k) const { return src_.ptr + (int64_t)k * N_ * d_; }
     float* RU(int k) const { return rsrc_.ptr + (int64_t)k * N_; }
     float* DU(int k) const { return dsrc_.ptr + (int64_t)k * N_ * d_; }

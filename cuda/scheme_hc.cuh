@@ -247,12 +247,12 @@ __global__ void mean_kernel(T* y, const T* H, int64_t N, int d) {
 
 // Readout backward: dH[t, i] = dy[t] / n (written).
 template <typename T, int NS>
-__global__ void mean_backward_kernel(T* dH, const T* dy, int64_t N, int d) {
+__global__ void mean_backward_kernel(float* dH, const T* dy, int64_t N, int d) {
     const float inv = 1.f / (float)NS;
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < N * d;
          k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / d, c = k % d;
-        const T v = from_f<T>(to_f(dy[k]) * inv);
+        const float v = to_f(dy[k]) * inv;
 #pragma unroll
         for (int i = 0; i < NS; i++) dH[(t * NS + i) * d + c] = v;
     }
@@ -260,13 +260,13 @@ __global__ void mean_backward_kernel(T* dH, const T* dy, int64_t N, int d) {
 
 // begin_backward: de[t] = Σ_i dH[t, i] (written).
 template <typename T, int NS>
-__global__ void stream_sum_kernel(T* de, const T* dH, int64_t N, int d) {
+__global__ void stream_sum_kernel(T* de, const float* dH, int64_t N, int d) {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < N * d;
          k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / d, c = k % d;
         float v = 0.f;
 #pragma unroll
-        for (int i = 0; i < NS; i++) v += to_f(dH[(t * NS + i) * d + c]);
+        for (int i = 0; i < NS; i++) v += dH[(t * NS + i) * d + c];
         de[k] = from_f<T>(v);
     }
 }
@@ -274,7 +274,7 @@ __global__ void stream_sum_kernel(T* de, const T* dH, int64_t N, int d) {
 // Post-mix backward (output_backward): G = dL/dH_j. d_o[t] = Σ_k b_k G[t, k] (written);
 // dcoef[t] Mix part: <G_k, H_i> at [n + k·n + i], b part: <G_k, o> at [n + n² + k]. Grid N blocks.
 template <typename T, int NS>
-__global__ void post_backward_kernel(T* d_o, float* dcoef, const T* G, const T* O, const T* H,
+__global__ void post_backward_kernel(T* d_o, float* dcoef, const float* G, const T* O, const T* H,
                                      const float* coef, int d) {
     constexpr int CW = 2 * NS + NS * NS, V = NS * NS + NS;
     __shared__ float smem[32 * V];
@@ -284,13 +284,13 @@ __global__ void post_backward_kernel(T* d_o, float* dcoef, const T* G, const T* 
     for (int k = 0; k < NS; k++) b[k] = coef[t * CW + NS + NS * NS + k];
 #pragma unroll
     for (int e = 0; e < V; e++) acc[e] = 0.f;
-    const T* Gt = G + t * NS * d;
+    const float* Gt = G + t * NS * d;
     const T* Ht = H + t * NS * d;
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         float g[NS], h[NS];
 #pragma unroll
         for (int i = 0; i < NS; i++) {
-            g[i] = to_f(Gt[(int64_t)i * d + c]);
+            g[i] = Gt[(int64_t)i * d + c];
             h[i] = to_f(Ht[(int64_t)i * d + c]);
         }
         const float of = to_f(O[t * d + c]);
@@ -439,7 +439,7 @@ __global__ void column_sums_kernel(F* grads, const F* part, int N, int NP) {
 // Backward combine (input_backward): dHp[t, i] = Σ_k Mix[k,i] G[t, k] + a_i dx[t] + dZ[t, i]
 // − β_i H[t, i] (written). beta per row ([N, n]) or per token ([N]). Grid N blocks.
 template <typename T, int NS>
-__global__ void combine_kernel(T* dHp, const T* G, const T* dx, const float* dZ, const T* H,
+__global__ void combine_kernel(float* dHp, const float* G, const T* dx, const float* dZ, const T* H,
                                const float* coef, const float* beta, bool per_row, int d) {
     constexpr int CW = 2 * NS + NS * NS;
     const int64_t t = blockIdx.x;
@@ -455,7 +455,7 @@ __global__ void combine_kernel(T* dHp, const T* G, const T* dx, const float* dZ,
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         float g[NS];
 #pragma unroll
-        for (int k = 0; k < NS; k++) g[k] = to_f(G[base + (int64_t)k * d + c]);
+        for (int k = 0; k < NS; k++) g[k] = G[base + (int64_t)k * d + c];
         const float dxv = to_f(dx[t * d + c]);
 #pragma unroll
         for (int i = 0; i < NS; i++) {
@@ -464,7 +464,7 @@ __global__ void combine_kernel(T* dHp, const T* G, const T* dx, const float* dZ,
 #pragma unroll
             for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[k];
             v += dZ[idx] - bt[i] * to_f(H[idx]);
-            dHp[idx] = from_f<T>(v);
+            dHp[idx] = v;
         }
     }
 }
@@ -521,22 +521,23 @@ struct GpuHC final : GpuScheme<T> {
         G_ = grads;
     }
 
+    // Allocates for N = B·T tokens (buffers only grow; contents undefined).
     void resize(int B, int T_) override {
         N_ = B * T_;
         const int64_t N = N_, n = n_, d = d_, D = D_;
-        Hs_.alloc((D + 1) * N * n * d);
-        Os_.alloc(D * N * d);
-        Ps_.alloc(D * N * prow_ * wrows_);
-        rs_.alloc((D + 1) * N * nr());
-        coef_.alloc(N * cw_);
-        dcoef_.alloc(N * cw_);
-        work_.alloc(mhc_ ? N * ws_ : 0);
-        dPp_.alloc(N * prow_ * wrows_);
-        beta_.alloc(N * n);
-        part_.alloc(N * np_);
-        dZ_.alloc(N * n * d);
-        dH_.alloc(N * n * d);
-        dHp_.alloc(N * n * d);
+        grow(Hs_, (D + 1) * N * n * d);
+        grow(Os_, D * N * d);
+        grow(Ps_, D * N * prow_ * wrows_);
+        grow(rs_, (D + 1) * N * nr());
+        grow(coef_, N * cw_);
+        grow(dcoef_, N * cw_);
+        grow(work_, mhc_ ? N * ws_ : 0);
+        grow(dPp_, N * prow_ * wrows_);
+        grow(beta_, N * n);
+        grow(part_, N * np_);
+        grow(dZ_, N * n * d);
+        grow(dH_, N * n * d);
+        grow(dHp_, N * n * d);
     }
 
     void begin(const T* e, cudaStream_t s) override {
@@ -643,12 +644,13 @@ struct GpuHC final : GpuScheme<T> {
 
     // Every byte per token this scheme allocates in resize(): kept for backward (H_0..H_D, o_j,
     // P_j, inverse RMS) plus backward/scratch buffers (coefficients, dcoef, dP, β, partials,
-    // dZ fp32, dH, dH_prev, mHC Sinkhorn work).
+    // dZ, dH, dH_prev (fp32: the stream gradients stay fp32 in bf16 runs, like PreLN's dh), mHC
+    // Sinkhorn work).
     int64_t extra_bytes_per_token() const override {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
         const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * wrows_ * 4 + (D + 1) * nr() * 4;
         const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * wrows_ * tb + n * 4 + np_ * 4 +
-                                n * d * 4 + 2 * n * d * tb;
+                                n * d * 4 + 2 * n * d * 4;
         return kept + scratch;
     }
     // Only the part kept for backward (for documentation / tests).
@@ -668,9 +670,13 @@ struct GpuHC final : GpuScheme<T> {
     const T* P_ = nullptr;
     const float* M_ = nullptr;
     float* G_ = nullptr;
-    DeviceBuffer<T> Hs_, Os_, dPp_, dH_, dHp_;
-    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dZ_;
+    DeviceBuffer<T> Hs_, Os_, dPp_;
+    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dZ_, dH_, dHp_;
 
+    template <typename E>
+    static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
+        if (b.n < n) b.alloc(n);
+    }
     int nr() const { return mhc_ ? 1 : n_; }
     T* H(int j) const { return Hs_.ptr + (int64_t)j * N_ * n_ * d_; }
     T* O(int j) const { return Os_.ptr + (int64_t)(j - 1) * N_ * d_; }
