@@ -695,6 +695,12 @@ inline int trainer_main(int argc, char** argv, const char* program, const char* 
             throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
         if (o.threads < 0) throw Error("--threads must be >= 0");
         omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
+        if (!o.dry_run && !gpu_available()) {
+            std::fflush(stdout);
+            std::fprintf(stderr, "error: no usable CUDA GPU (cudaGetDeviceCount failed or found 0 devices); "
+                                 "--help, --dry-run and --gpu-info work without one\n");
+            return 2;
+        }
 
         std::unique_ptr<Tokenizer> tok;
         std::string tpath = o.tokenizer;
@@ -747,12 +753,6 @@ inline int trainer_main(int argc, char** argv, const char* program, const char* 
                         m.act_per_token / 1024.0, gib(m.act_per_token * tk), gib(m.logits_per_token * tk),
                         model_flops_per_token(cfg, o.T) / 1e9);
             return 0;
-        }
-        if (!gpu_available()) {
-            std::fflush(stdout);
-            std::fprintf(stderr, "error: no usable CUDA GPU (cudaGetDeviceCount failed or found 0 devices); "
-                                 "--help, --dry-run and --gpu-info work without one\n");
-            return 2;
         }
         return o.dtype == "bf16" ? run<bf16>(o, cfg, tok.get()) : run<float>(o, cfg, tok.get());
     } catch (const std::exception& e) {

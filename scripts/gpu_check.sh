@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh — the one GPU check (issue #7 item 5): builds everything, runs every
+# dev/cuda workbench (build/cuda/<x> for each dev/cuda/*.cu), every GPU test
+# (build/test/test_gpu_*), and a short training benchmark (train_gpt_baselines --bench on
+# llama-400m, T=2048, B=8, bf16; plus each scheme of $SCHEMES the trainer supports), each with its
+# own timeout. It never stops at the first failure. Full logs go to $OUT (if set) or
+# ./gpu_check_out; a compact table (CHECK/BENCH lines, test totals, benchmarks) is printed LAST.
+# Target: under 8 minutes on one H200 (with --prebuilt).
+#
+#   scripts/gpu_check.sh [--prebuilt] [--quick]
+#     --prebuilt   do not run make (use what is in $BUILD)
+#     --quick      pass --quick to the workbenches and bench 5 steps instead of 10
+# Environment: BUILD (default build), SCHEMES (default "preln hc mhc attnres-full attnres-block"),
+#   BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (10),
+#   WB_TIMEOUT (90 s per workbench), TEST_TIMEOUT (300 s per test binary), BENCH_TIMEOUT (150 s),
+#   LDM_DATA_DIR (data; else ../shared/data).
+# Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
+# "skipped: no GPU" when no GPU is usable (after building).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUILD=${BUILD:-build}
+OUTDIR=${OUT:-$ROOT/gpu_check_out}
+SCHEMES=${SCHEMES:-"preln hc mhc attnres-full attnres-block"}
+BENCH_PRESET=${BENCH_PRESET:-llama-400m}
+BENCH_T=${BENCH_T:-2048}
+BENCH_B=${BENCH_B:-8}
+BENCH_STEPS=${BENCH_STEPS:-10}
+WB_TIMEOUT=${WB_TIMEOUT:-90}
+TEST_TIMEOUT=${TEST_TIMEOUT:-300}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}
+PREBUILT=0
+QUICK=""
+for a in "$@"; do
+  case "$a" in
+    --prebuilt) PREBUILT=1 ;;
+    --quick) QUICK="--quick"; BENCH_STEPS=5 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "error: unknown argument '$a' (see --help)" >&2; exit 1 ;;
+  esac
+done
+mkdir -p "$OUTDIR"
+T0=$(date +%s)
+TABLE="$OUTDIR/table.txt"
+: > "$TABLE"
+rm -f "$OUTDIR/bench_lines.txt"
+FAILS=0
+row() { printf '%s\n' "$*" >> "$TABLE"; }
+
+# ---- build
+if [ "$PREBUILT" = 0 ]; then
+  echo "== build (make -j$(nproc) BUILD=$BUILD all tests) -> $OUTDIR/build.log"
+  if make -j"$(nproc)" BUILD="$BUILD" all tests > "$OUTDIR/build.log" 2>&1; then
+    row "build                      PASS  ($(( $(date +%s) - T0 )) s)"
+  else
+    row "build                      FAIL  (see build.log; continuing with what was built)"
+    FAILS=$((FAILS + 1))
+    tail -30 "$OUTDIR/build.log"
+  fi
+fi
+
+TRAINER="$BUILD/cuda/train_gpt_baselines"
+GPU_DESC=""
+if [ -x "$TRAINER" ]; then
+  GPU_DESC=$("$TRAINER" --gpu-info 2>&1); GPU_RC=$?
+else
+  GPU_RC=127
+fi
+if [ "$GPU_RC" != 0 ]; then
+  if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
+    GPU_DESC="(trainer missing or failed: $GPU_DESC) $(nvidia-smi -L | head -1)"
+  else
+    cat "$TABLE"
+    echo "gpu_check: skipped: no GPU ($GPU_DESC)"
+    exit 0
+  fi
+fi
+echo "== device: $GPU_DESC"
+
+# ---- workbenches
+for src in dev/cuda/*.cu; do
+  name=$(basename "$src" .cu)
+  bin="$BUILD/cuda/$name"
+  log="$OUTDIR/wb_$name.log"
+  if [ ! -x "$bin" ]; then
+    row "$(printf 'workbench %-16s FAIL  (not built)' "$name")"; FAILS=$((FAILS + 1)); continue
+  fi
+  echo "== workbench $name"
+  t0=$(date +%s)
+  timeout -k 5 "$WB_TIMEOUT" "$bin" $QUICK > "$log" 2>&1; rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  nchk=$(grep -c '^CHECK ' "$log"); nfail=$(grep '^CHECK ' "$log" | grep -vc ' PASS$')
+  st=PASS
+  if [ "$rc" != 0 ] || [ "$nfail" != 0 ] || [ "$nchk" = 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
+  [ "$rc" = 124 ] && st="FAIL (timeout ${WB_TIMEOUT}s)"
+  row "$(printf 'workbench %-16s %s  checks %d, failed %d, exit %d, %d s' "$name" "$st" "$nchk" "$nfail" "$rc" "$dt")"
+  grep '^CHECK ' "$log" | grep -v ' PASS$' | sed 's/^/    /' >> "$TABLE"
+  grep '^BENCH ' "$log" | sed 's/^/    /' >> "$TABLE"
+done
+
+# ---- GPU tests
+for bin in "$BUILD"/test/test_gpu_*; do
+  [ -x "$bin" ] || continue
+  case "$bin" in *.o|*.d) continue ;; esac
+  name=$(basename "$bin")
+  log="$OUTDIR/$name.log"
+  echo "== test $name"
+  t0=$(date +%s)
+  timeout -k 5 "$TEST_TIMEOUT" "$bin" > "$log" 2>&1; rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  tot=$(grep '^LDM_TEST_TOTALS' "$log" | tail -1)
+  if [ -n "$tot" ]; then
+    read -r _ p f <<< "$tot"
+  else
+    p=0; f="?"
+  fi
+  st=PASS
+  if [ "$rc" != 0 ] || [ "$f" != 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
+  [ "$rc" = 124 ] && st="FAIL (timeout ${TEST_TIMEOUT}s)"
+  skipped=$(grep -c 'skipped: no GPU' "$log")
+  row "$(printf 'test %-21s %s  %s passed, %s failed, exit %d, %d s%s' "$name" "$st" "$p" "$f" "$rc" "$dt" \
+        "$([ "$skipped" != 0 ] && echo ' (skipped: no GPU)')")"
+  # the per-tensor comparison lines of failing checks, and the WARN summaries
+  grep -E 'FAIL$|worst gradient' "$log" | head -20 | sed 's/^/    /' >> "$TABLE"
+done
+
+# ---- benchmark data: FineWeb-Edu sample shards (or a synthetic shard without the data)
+DATA_DIR=${LDM_DATA_DIR:-$ROOT/../shared/data}
+BDATA="$OUTDIR/bench_data"
+mkdir -p "$BDATA"
+if ! ls "$BDATA"/*train*.bin > /dev/null 2>&1; then
+  if [ -f "$DATA_DIR/fineweb_edu_sample/fineweb_edu_sample.jsonl" ] && [ -x "$BUILD/ldm_data" ]; then
+    "$BUILD/ldm_data" shards --tokenizer "$DATA_DIR/gpt2_tokenizer" \
+      --input "$DATA_DIR/fineweb_edu_sample/fineweb_edu_sample.jsonl" \
+      --out-dir "$BDATA" --name fineweb --val-docs 5 > "$OUTDIR/bench_data.log" 2>&1
+  fi
+fi
+if ! ls "$BDATA"/*train*.bin > /dev/null 2>&1; then
+  # synthetic llm.c-format uint16 shard: 256 int32 header (magic 20240520, version 1, count), tokens
+  python3 - "$BDATA/synthetic_train_000001.bin" <<'EOF'
+import random, struct, sys
+n = 300000
+random.seed(1)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack("<%dH" % n, *[random.randrange(50257) for _ in range(n)]))
+EOF
+fi
+TRAIN_GLOB="$BDATA/*train*.bin"
+TOK_FLAG=""
+[ -f "$DATA_DIR/gpt2_tokenizer/encoder.json" ] && TOK_FLAG="--tokenizer $DATA_DIR/gpt2_tokenizer"
+
+# ---- benchmarks
+bench() {  # bench <label> <extra flags...>
+  local label=$1; shift
+  local log="$OUTDIR/bench_$label.log"
+  echo "== bench $label"
+  local t0=$(date +%s)
+  timeout -k 5 "$BENCH_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
+    --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" $TOK_FLAG --sample-every -1 --quiet "$@" > "$log" 2>&1
+  local rc=$? dt=$(( $(date +%s) - t0 ))
+  local line=$(grep '^BENCH ' "$log" | tail -1)
+  if [ "$rc" = 0 ] && [ -n "$line" ]; then
+    row "$(printf 'bench %-20s PASS  %s' "$label" "$(python3 -c '
+import json, sys
+j = json.loads(sys.argv[1][6:])
+print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f GiB, scheme %d B/token" % (
+    j["tokens_per_s"], j["step_ms"], 100 * j["mfu"], j["peak_bf16_tflops"], j["peak_mem_gib"],
+    j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
+    echo "    $line" >> "$OUTDIR/bench_lines.txt"
+  elif grep -q "not implemented on the GPU" "$log"; then
+    row "$(printf 'bench %-20s n/a   (scheme not in this trainer yet)' "$label")"
+  else
+    FAILS=$((FAILS + 1))
+    row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "$label" "$rc" "$dt" "$(grep -m1 'error' "$log")")"
+  fi
+}
+if [ -x "$TRAINER" ]; then
+  for s in $SCHEMES; do bench "$s" --scheme "$s"; done
+  case " $SCHEMES " in *" preln "*) bench "preln-recompute2" --scheme preln --recompute 2 ;; esac
+else
+  row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))
+fi
+
+# ---- the table, LAST
+echo
+echo "================ gpu_check: $GPU_DESC ================"
+cat "$TABLE"
+[ -f "$OUTDIR/bench_lines.txt" ] && { echo "BENCH json:"; cat "$OUTDIR/bench_lines.txt"; }
+echo "total $(( $(date +%s) - T0 )) s; logs in $OUTDIR; $([ "$FAILS" = 0 ] && echo 'ALL PASS' || echo "$FAILS FAILED")"
+[ "$FAILS" = 0 ]
