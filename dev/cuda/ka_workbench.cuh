@@ -78,6 +78,24 @@ struct Report {
         if (!ok) fails++;
         return ok;
     }
+    // Determinism: prints a CHECK line with variant "<variant>_repeat" that passes only when a
+    // and b (two runs from the same inputs) are bit-identical.
+    bool check_same(const char* family, const std::string& variant, const char* dtype,
+                    const std::string& shape, const std::vector<float>& a,
+                    const std::vector<float>& b) {
+        bool ok = a.size() == b.size() &&
+                  (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        double max_abs = 0;
+        if (a.size() == b.size())
+            for (size_t i = 0; i < a.size(); i++)
+                max_abs = std::max(max_abs, (double)std::fabs(a[i] - b[i]));
+        std::printf("CHECK %s %s_repeat %s %s rel=- max_abs=%.3e %s\n", family, variant.c_str(),
+                    dtype, shape.c_str(), max_abs, ok ? "PASS" : "FAIL");
+        std::fflush(stdout);
+        checks++;
+        if (!ok) fails++;
+        return ok;
+    }
     // Prints a BENCH line; bytes / flops <= 0 print "-".
     void bench(const char* family, const std::string& variant, const char* dtype,
                const std::string& shape, float ms, double bytes, double flops) {

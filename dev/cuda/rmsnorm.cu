@@ -88,7 +88,13 @@ static void check(Report& R, Rng& rng, int N, int C) {
             const std::string var = strprintf("backward_v%d", v);
             const std::string sh = shape + (acc ? ",acc" : ",set");
             R.check("rmsnorm", var + "_dx", dt, sh, download(dx.get(), NC), rdx, wb::tol<T>());
-            R.check("rmsnorm", var + "_dw", dt, sh, download(dw.get(), C), rdw, wb::tol<T>());
+            std::vector<float> dw1 = download(dw.get(), C);
+            R.check("rmsnorm", var + "_dw", dt, sh, dw1, rdw, wb::tol<T>());
+            upload(dw.get(), dw0.data(), C);
+            rmsnorm_backward<T>(dx.get(), dw.get(), scratch.get(), d_dout.get(), d_x.get(),
+                                d_w.get(), rstd.get(), N, C, false, 0, v);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            R.check_same("rmsnorm", var + "_dw", dt, sh, download(dw.get(), C), dw1);
         }
     }
 }

@@ -136,6 +136,13 @@ static void check(Report& R, Rng& rng, const Shape& S, bool norm) {
         if (norm) {
             R.check("rope", var + "_dq_w", dt, shape, download(dqw.get(), S.hd), rdqw, wb::tol<T>());
             R.check("rope", var + "_dk_w", dt, shape, download(dkw.get(), S.hd), rdkw, wb::tol<T>());
+            std::vector<float> q1 = download(dqw.get(), S.hd);
+            upload(dqw.get(), dqw0.data(), S.hd);
+            qknorm_rope_backward<T>(din.get(), dqw.get(), nullptr, scratch.get(), d_dout.get(),
+                                    d_in.get(), rstd.get(), d_qw.get(), d_kw.get(), d_cos.get(),
+                                    d_sin.get(), N, S.T, S.nh, S.nkv, S.hd, 0, v);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            R.check_same("rope", var + "_dq_w", dt, shape, download(dqw.get(), S.hd), q1);
         }
     }
 }
