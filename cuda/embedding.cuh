@@ -111,7 +111,8 @@ __global__ void embedding_backward_v2_kernel(float* dwte, const T* dout, const i
         float acc[P];
 #pragma unroll
         for (int k = 0; k < P; k++) acc[k] = 0.f;
-        for (int j = j0; j < j1; j++) {
+#pragma unroll 4
+        for (int j = j0; j < j1; j++) {  // unrolled: several rows' loads in flight (hot ids)
             float v[P];
             load_pack(v, dout + (int64_t)pos[j] * C + c0);
 #pragma unroll
