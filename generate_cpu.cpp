@@ -37,13 +37,14 @@ struct Options {
     std::string checkpoint, tokenizer, prompt, dtype = "fp32";
     // random-init model (no --checkpoint)
     std::string preset, scheme = "preln", ldm_rule = "rls";
-    bool ldm_no_residual = false;
-    int seq_len = 1024, init_seed = 1;
+    bool ldm_no_residual = false, print_config = false;
+    int seq_len = 1024, init_seed = 1, n_layer = 0, vocab_size = 0;
     // generation
     int max_new = 64, top_k = 0, threads = 0, prompt_len = 0, max_len = 0;
     double top_p = 1.0, temperature = 1.0;
     bool greedy = false, stop_at_eot = false, quiet = false;
     int64_t seed = 1;
+    ModelConfig cfg_over;  // scheme options of the random-init model (defaults of ModelConfig)
 };
 
 template <typename R>
@@ -131,6 +132,18 @@ int main(int argc, char** argv) {
         ap.add("--ldm-rule", &o.ldm_rule, "random-init model: rls|delta|outer");
         ap.add("--ldm-no-residual", &o.ldm_no_residual, "random-init model: LDM without the residual");
         ap.add("--seq-len", &o.seq_len, "random-init model: context length");
+        ap.add("--n-layer", &o.n_layer, "random-init model: override the preset's number of blocks (0 = preset)");
+        ap.add("--vocab-size", &o.vocab_size, "random-init model: V (0 = the tokenizer's, else 50257)");
+        ap.add("--hc-streams", &o.cfg_over.hc_streams, "random-init model: HC/mHC streams n");
+        ap.add("--sinkhorn-iters", &o.cfg_over.sinkhorn_iters, "random-init model: mHC Sinkhorn iterations");
+        ap.add("--attnres-blocks", &o.cfg_over.attnres_blocks, "random-init model: Block AttnRes blocks N");
+        ap.add("--ldm-heads", &o.cfg_over.ldm_heads, "random-init model: LDM memory heads");
+        ap.add("--ldm-dk", &o.cfg_over.ldm_dk, "random-init model: LDM key size d_k");
+        ap.add("--ldm-mode", &o.cfg_over.ldm_mode, "random-init model: LDM mode store|unwind|window");
+        ap.add("--ldm-window", &o.cfg_over.ldm_window, "random-init model: LDM window w");
+        ap.add("--print-config", &o.print_config,
+               "print {\"config\", \"param_specs\", \"param_count\"} of the model as one JSON line and exit "
+               "(scripts/torch_bench.py builds its PyTorch peer from it)");
         ap.add("--init-seed", &o.init_seed, "random-init model: init seed");
         ap.add("--dtype", &o.dtype, "fp32|fp64");
         ap.section("Prompt and sampling");
@@ -168,10 +181,10 @@ int main(int argc, char** argv) {
             std::string dd = find_data_dir();
             if (!dd.empty() && file_exists(dd + "/gpt2_tokenizer/encoder.json")) tpath = dd + "/gpt2_tokenizer";
         }
-        if (!tpath.empty()) {
+        if (!tpath.empty() && !(o.print_config && o.tokenizer.empty())) {
             if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
             tok.reset(new Tokenizer(Tokenizer::load(tpath)));
-        } else if (o.prompt_len == 0) {
+        } else if (o.prompt_len == 0 && !o.print_config) {
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory (or use --prompt-len)");
         }
 
@@ -185,12 +198,29 @@ int main(int argc, char** argv) {
                 throw Error(strprintf("--tokenizer %s has %u ids but the model has vocab_size %d: tokenizer mismatch",
                                       tpath.c_str(), tok->vocab_size(), cfg.vocab_size));
         } else {
-            cfg = preset_config(o.preset, tok ? (int)tok->vocab_size() : 50257);
+            cfg = preset_config(o.preset, o.vocab_size > 0 ? o.vocab_size : tok ? (int)tok->vocab_size() : 50257);
+            if (o.n_layer > 0) cfg.n_layer = o.n_layer;
             cfg.seq_len = o.seq_len;
             cfg.scheme = o.scheme;
+            cfg.hc_streams = o.cfg_over.hc_streams;
+            cfg.sinkhorn_iters = o.cfg_over.sinkhorn_iters;
+            cfg.attnres_blocks = o.cfg_over.attnres_blocks;
             cfg.ldm_rule = o.ldm_rule;
             cfg.ldm_residual = !o.ldm_no_residual;
+            cfg.ldm_heads = o.cfg_over.ldm_heads;
+            cfg.ldm_dk = o.cfg_over.ldm_dk;
+            cfg.ldm_mode = o.cfg_over.ldm_mode;
+            cfg.ldm_window = o.cfg_over.ldm_window;
             cfg.validate();
+        }
+        if (o.print_config) {
+            json specs = json::array();
+            for (const ParamSpec& s : param_specs(cfg)) specs.push_back({{"name", s.name}, {"shape", s.shape}});
+            json cj = config_to_json(cfg);
+            cj["ldm_mode"] = cfg.ldm_mode;  // training options, left out of config_to_json on purpose
+            cj["ldm_window"] = cfg.ldm_window;
+            std::printf("%s\n", json{{"config", cj}, {"param_specs", specs}, {"param_count", count_params(cfg)}}.dump().c_str());
+            return 0;
         }
         if (!o.quiet)
             std::printf("generate_cpu: %s | %s | %lld parameters | seq_len %d | %s | %d threads\n",
