@@ -1,0 +1,169 @@
+// GPU LDM trainer tests (build/cuda/train_ldm, cuda/scheme_ldm.cuh) against the CPU reference
+// (build/train_cpu --scheme ldm), both run as subprocesses on real FineWeb-Edu shards, for every
+// rule (rls, delta, outer) and mode (store, unwind, checkpoint-every, window) plus no-residual and
+// no-forget. Without a usable GPU (binary missing, or `--gpu-info` exits non-zero) every test
+// prints "skipped: no GPU" (WARN) and passes. Tolerances (test/gpu_compare.h, doc/cuda.md):
+//   one step, --dtype fp32: loss 1e-5, logits 1e-4, every gradient 1e-4 (DebugTolerances::fp32)
+//   one step, --dtype bf16 (rls unwind only): DebugTolerances::bf16
+//   10-step loss trajectory, fp32: 1e-4 relative per step; unwind runs log the drift every step
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/checkpoint.h"
+#include "core/config.h"
+#include "test/gpu_compare.h"
+#include "test/test_train_shards.h"
+
+namespace {
+
+struct LdmCase {
+    const char* name;
+    const char* flags;  // LDM flags shared by train_cpu and train_ldm
+};
+
+const LdmCase kCases[] = {
+    {"rls-store", "--ldm-rule rls --ldm-mode store"},
+    {"rls-unwind", "--ldm-rule rls --ldm-mode unwind"},
+    {"rls-unwind-c2", "--ldm-rule rls --ldm-mode unwind --ldm-checkpoint-every 2"},
+    {"rls-window2", "--ldm-rule rls --ldm-mode window --ldm-window 2"},
+    {"rls-window3", "--ldm-rule rls --ldm-mode window --ldm-window 3"},
+    {"outer-store", "--ldm-rule outer --ldm-mode store"},
+    {"outer-unwind", "--ldm-rule outer --ldm-mode unwind"},
+    {"delta-store", "--ldm-rule delta --ldm-mode store"},
+    {"delta-c2", "--ldm-rule delta --ldm-mode store --ldm-checkpoint-every 2"},
+    {"rls-nores-unwind", "--ldm-rule rls --ldm-mode unwind --no-residual"},
+    {"rls-noforget-unwind", "--ldm-rule rls --ldm-mode unwind --ldm-no-forget --ldm-dk 4 --ldm-heads 2"},
+};
+
+std::string ldm_shards_or_skip() {
+    std::string dd = data_dir_or_skip("GPU LDM trainer tests need the FineWeb-Edu sample");
+    if (dd.empty()) return "";
+    std::string dir = build_dir_of_test() + "/test_tmp/gpu_ldm_shards";
+    run_cmd("mkdir -p '" + dir + "'");
+    make_fineweb_shards(dir, dd);
+    return dir;
+}
+
+std::string data_flags(const std::string& shards, int B, int T) {
+    return ldm::strprintf(" --preset tiny -B %d -T %d --seed 1337 --scheme ldm --train-data '%s/train.bin' ", B, T,
+                          shards.c_str());
+}
+
+void run_ok(const std::string& cmd) {
+    RunResult r = run_cmd(cmd);
+    INFO("command: " << cmd << "\noutput:\n" << r.out);
+    REQUIRE(r.status == 0);
+}
+
+// Step records of a JSONL log.
+std::vector<nlohmann::json> step_records(const std::string& path) {
+    std::vector<nlohmann::json> out;
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.empty()) continue;
+        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.value("type", "") == "step") out.push_back(j);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpu ldm: --help and --dry-run work without a GPU", "[gpu][ldm]") {
+    const std::string p = gpu_binary_path("train_ldm");
+    if (!ldm::file_exists(p)) {
+        WARN("skipped: no GPU (" << p << " not built)");
+        return;
+    }
+    RunResult h = run_cmd("'" + p + "' --help");
+    CHECK(h.status == 0);
+    CHECK_THAT(h.out, Catch::Contains("--ldm-mode") && Catch::Contains("--dtype"));
+    RunResult d = run_cmd("'" + p + "' --preset llama-400m -T 2048 -B 8 --ldm-mode unwind --dry-run");
+    INFO(d.out);
+    CHECK(d.status == 0);
+    CHECK_THAT(d.out, Catch::Contains("ldm"));
+    RunResult g = run_cmd("'" + p + "' --gpu-info");
+    CHECK((g.status == 0 || g.status == 2));
+    if (g.status == 2) WARN("skipped: no GPU (train_ldm --gpu-info exited 2)");
+}
+
+TEST_CASE("gpu ldm: one step == CPU reference for every rule and mode (fp32; bf16 for rls unwind)", "[gpu][ldm]") {
+    const std::string gpu = gpu_trainer_or_skip("train_ldm");
+    if (gpu.empty()) return;
+    const std::string shards = ldm_shards_or_skip();
+    if (shards.empty()) return;
+    for (const LdmCase& c : kCases) {
+        const std::string dir = train_scratch(std::string("gpu_ldm_step_") + c.name);
+        const std::string flags = data_flags(shards, 4, 64) + c.flags;
+        run_ok(trainer_path() + flags + " --dump-debug-state " + dir + "/cpu.dbg");
+        const DebugState ref = load_debug_state(dir + "/cpu.dbg");
+        std::vector<std::string> dtypes = {"fp32"};
+        if (std::string(c.name) == "rls-unwind") dtypes.push_back("bf16");
+        for (const std::string& dtype : dtypes) {
+            const std::string out = dir + "/gpu_" + dtype + ".dbg";
+            run_ok(gpu + flags + " --dtype " + dtype + " --dump-debug-state " + out);
+            const DebugState got = load_debug_state(out);
+            const CompareReport r =
+                compare_debug_states(got, ref, dtype == "fp32" ? DebugTolerances::fp32() : DebugTolerances::bf16());
+            INFO(c.name << " " << dtype << ":\n" << r.table);
+            CHECK(r.pass);
+            WARN(c.name << " " << dtype << ": loss gpu " << got.loss << " cpu " << ref.loss << ", worst gradient "
+                        << r.worst_grad << " rel " << r.worst_grad_rel);
+            CHECK(got.params == ref.params);
+        }
+    }
+}
+
+TEST_CASE("gpu ldm: 10-step loss trajectory == CPU reference; drift logged every step", "[gpu][ldm]") {
+    const std::string gpu = gpu_trainer_or_skip("train_ldm");
+    if (gpu.empty()) return;
+    const std::string shards = ldm_shards_or_skip();
+    if (shards.empty()) return;
+    for (const LdmCase& c : kCases) {
+        const std::string dir = train_scratch(std::string("gpu_ldm_traj_") + c.name);
+        const std::string flags = data_flags(shards, 4, 64) + c.flags +
+                                  " --steps 10 --lr 3e-3 --warmup-steps 2 --sample-every -1 --quiet";
+        run_ok(trainer_path() + flags + " --log " + dir + "/cpu.jsonl");
+        run_ok(gpu + flags + " --dtype fp32 --log " + dir + "/gpu.jsonl");
+        const std::vector<double> ref = step_losses(dir + "/cpu.jsonl"), got = step_losses(dir + "/gpu.jsonl");
+        REQUIRE(ref.size() == 10);
+        REQUIRE(got.size() == 10);
+        for (size_t i = 0; i < 10; i++) {
+            INFO(c.name << " step " << i + 1 << ": gpu " << got[i] << " cpu " << ref[i]);
+            CHECK(std::fabs(got[i] - ref[i]) <= 1e-4 * std::fabs(ref[i]));
+        }
+        // unwinding modes log the drift in every step record, like train_cpu
+        const std::vector<nlohmann::json> cs = step_records(dir + "/cpu.jsonl"), gs = step_records(dir + "/gpu.jsonl");
+        REQUIRE(gs.size() == 10);
+        for (size_t i = 0; i < gs.size(); i++) {
+            INFO(c.name << " step " << i + 1 << ": " << gs[i].dump());
+            CHECK(gs[i].contains("ldm_drift_S") == cs[i].contains("ldm_drift_S"));
+            if (gs[i].contains("ldm_drift_S")) {
+                CHECK(gs[i]["ldm_drift_S"].get<double>() < 1e-3);
+                CHECK(gs[i]["ldm_fallback"].get<double>() == 0.0);
+            }
+        }
+    }
+}
+
+TEST_CASE("gpu ldm: startup prints the LDM memory per token; other schemes are refused", "[gpu][ldm]") {
+    const std::string gpu = gpu_trainer_or_skip("train_ldm");
+    if (gpu.empty()) return;
+    const std::string shards = ldm_shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("gpu_ldm_misc");
+    RunResult r = run_cmd(gpu + data_flags(shards, 2, 32) + "--ldm-mode unwind --steps 1 --sample-every -1 --out-dir " +
+                          dir + "/A");
+    INFO(r.out);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("LDM memory per token") && Catch::Contains("ldm_drift_S"));
+    RunResult p = run_cmd(gpu + data_flags(shards, 2, 32) + "--scheme preln --steps 1 --out-dir " + dir + "/B");
+    INFO(p.out);
+    CHECK(p.status == 1);
+    CHECK_THAT(p.out, Catch::Contains("ldm only"));
+}
