@@ -1,0 +1,104 @@
+// test/test_bench_script.cpp — scripts/bench_cpu_schemes.sh --quick (tiny, 2 steps, PreLN and
+// LDM rls, C++ and PyTorch eager): the report files exist, the CSV has one ok row per (scheme,
+// implementation) with positive, sane values, the markdown has the tables and targets, the PNGs
+// are PNGs. Needs the tokenizer in the data dir (SKIP otherwise) and /usr/bin/python3 with torch.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+#include "test/helpers.h"
+#include "test/test_train_shards.h"
+
+namespace {
+
+std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : s) {
+        if (c == sep) {
+            out.push_back(cur);
+            cur.clear();
+        } else {
+            cur += c;
+        }
+    }
+    out.push_back(cur);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("bench_cpu_schemes.sh --quick writes bench.md/csv/png with sane values", "[bench][script]") {
+    const std::string dd = data_dir_or_skip("bench script");
+    if (dd.empty()) return;
+    const std::string bin = build_dir_of_test();
+    const std::string out = train_scratch("bench_script");
+    const std::string cmd = "cd '" LDM_SOURCE_DIR "' && BUILD='" + bin + "' LDM_DATA_DIR='" + dd +
+                            "' scripts/bench_cpu_schemes.sh --quick --out '" + out + "' > '" + out + "/console.txt' 2>&1";
+    int rc = std::system(cmd.c_str());
+    INFO(slurp(out + "/console.txt"));
+    REQUIRE(rc == 0);
+    for (const char* f : {"bench.md", "bench.csv", "bench_tokens.png", "bench_memory.png", "rows.jsonl"})
+        REQUIRE(ldm::file_exists(out + "/" + f));
+    for (const char* f : {"bench_tokens.png", "bench_memory.png"}) {
+        std::string png = slurp(out + "/" + f);
+        REQUIRE(png.size() > 1000);
+        CHECK(png.compare(0, 8, std::string("\x89PNG\r\n\x1a\n", 8)) == 0);
+    }
+
+    // CSV: header + one row per (scheme, impl).
+    std::vector<std::string> lines = split(slurp(out + "/bench.csv"), '\n');
+    while (!lines.empty() && lines.back().empty()) lines.pop_back();
+    REQUIRE(lines.size() == 5);
+    std::vector<std::string> hdr = split(lines[0], ',');
+    std::map<std::string, size_t> col;
+    for (size_t i = 0; i < hdr.size(); i++) col[hdr[i]] = i;
+    for (const char* k : {"scheme", "impl", "status", "tokens_per_s", "step_ms", "peak_mem_gib",
+                          "tokens_vs_preln_same_impl", "mem_vs_preln_same_impl", "cpp_vs_this"})
+        REQUIRE(col.count(k));
+    std::map<std::string, double> tps;
+    for (size_t i = 1; i < lines.size(); i++) {
+        std::vector<std::string> c = split(lines[i], ',');
+        REQUIRE(c.size() >= hdr.size());
+        INFO(lines[i]);
+        CHECK(c[col["status"]] == "ok");
+        const double t = std::stod(c[col["tokens_per_s"]]), ms = std::stod(c[col["step_ms"]]),
+                     mem = std::stod(c[col["peak_mem_gib"]]);
+        CHECK(t > 1);
+        CHECK(t < 1e7);
+        CHECK(ms > 0);
+        CHECK(ms < 60000);
+        CHECK(mem > 0.001);  // GiB of peak RSS
+        CHECK(mem < 64);
+        // tokens/s * step time = B*T = 32 tokens
+        CHECK(t * ms / 1e3 == Approx(32).epsilon(0.05));
+        const double rel = std::stod(c[col["tokens_vs_preln_same_impl"]]);
+        CHECK(rel > 0.05);
+        CHECK(rel < 20);
+        if (c[col["scheme"]] == "preln") CHECK(rel == Approx(1.0));
+        tps[c[col["scheme"]] + "/" + c[col["impl"]]] = t;
+    }
+    CHECK(tps.count("preln/cpp"));
+    CHECK(tps.count("preln/torch-eager"));
+    CHECK(tps.count("ldm-rls/cpp"));
+    CHECK(tps.count("ldm-rls/torch-eager"));
+
+    const std::string md = slurp(out + "/bench.md");
+    CHECK(md.find("| scheme | C++ tokens/s |") != std::string::npos);
+    CHECK(md.find("| ldm-rls |") != std::string::npos);
+    CHECK(md.find("## Targets") != std::string::npos);
+    CHECK(md.find("C++ >= 2x PyTorch eager") != std::string::npos);
+    CHECK(md.find("did not finish") == std::string::npos);
+}
