@@ -63,6 +63,26 @@ TEST_CASE("gpu: --help, --dry-run work without a GPU; no GPU -> exit 2", "[gpu]"
     }
 }
 
+TEST_CASE("gpu_compare: CPU fp32 vs fp64 dumps pass the fp32 bounds; a perturbed gradient fails (no GPU needed)",
+          "[gpu]") {
+    const std::string shards = gpu_shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("gpu_compare_self");
+    const std::string flags = data_flags(shards, "tiny", 2, 32);
+    run_ok(trainer_path() + flags + " --dtype fp32 --dump-debug-state " + dir + "/f32.dbg");
+    run_ok(trainer_path() + flags + " --dtype fp64 --dump-debug-state " + dir + "/f64.dbg");
+    const DebugState a = load_debug_state(dir + "/f32.dbg"), b = load_debug_state(dir + "/f64.dbg");
+    CompareReport r = compare_debug_states(a, b, DebugTolerances::fp32());
+    INFO(r.table);
+    CHECK(r.pass);
+    DebugState c = a;
+    const ldm::ParamSpec& s = c.specs[1];  // blocks.0.attn_norm.w
+    for (int64_t i = 0; i < s.numel; i++) c.grads[size_t(s.offset + i)] *= 1.01f;
+    CompareReport bad = compare_debug_states(c, b, DebugTolerances::fp32());
+    CHECK_FALSE(bad.pass);
+    CHECK_THAT(bad.table, Catch::Contains("grad " + s.name) && Catch::Contains("FAIL"));
+}
+
 TEST_CASE("gpu: one training step == CPU reference (logits, loss, every gradient)", "[gpu]") {
     const std::string gpu = gpu_trainer_or_skip("train_gpt_baselines");
     if (gpu.empty()) return;
