@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/common.h"
+#include "dev/cpu/optim_math.h"
 
 namespace ldm {
 
@@ -83,27 +84,15 @@ double AdamW<T>::step(T* p, const T* g, double lr) {
     if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) clip = cfg_.grad_clip / norm;
     t_ += 1;
     // Scalars are computed in double, then used in T (the parameter dtype), identical on every
-    // thread and independent of the partitioning.
-    const T b1 = T(cfg_.beta1), b2 = T(cfg_.beta2);
-    const T one_m_b1 = T(1.0 - cfg_.beta1), one_m_b2 = T(1.0 - cfg_.beta2);
-    const T bc1 = T(1.0 - std::pow(cfg_.beta1, double(t_)));
-    const T bc2 = T(1.0 - std::pow(cfg_.beta2, double(t_)));
-    const T c = T(clip), tlr = T(lr), eps = T(cfg_.eps), wd = T(cfg_.weight_decay);
+    // thread and independent of the partitioning. The per-element arithmetic is adamw_element
+    // (dev/cpu/optim_math.h), the same function the GPU update (cuda/adamw.cuh) runs.
+    const AdamWScalars<T> sc = adamw_scalars<T>(cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay,
+                                                lr, clip, t_);
     T* m = m_.data();
     T* v = v_.data();
     const uint8_t* dk = decay_.data();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n_; i++) {
-        const T gi = g[i] * c;
-        const T mi = b1 * m[i] + one_m_b1 * gi;
-        const T vi = b2 * v[i] + one_m_b2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const T mhat = mi / bc1, vhat = vi / bc2;
-        T upd = mhat / (std::sqrt(vhat) + eps);
-        if (dk[i]) upd += wd * p[i];
-        p[i] -= tlr * upd;
-    }
+    for (int64_t i = 0; i < n_; i++) adamw_element(p[i], m[i], v[i], g[i], sc, dk[i] != 0);
     return norm;
 }
 

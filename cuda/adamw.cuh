@@ -1,0 +1,192 @@
+// cuda/adamw.cuh — the optimizer kernels of the GPU trainers (doc/cuda.md "adamw.cuh"):
+// a deterministic global gradient norm and the AdamW update on fp32 master weights, with the
+// per-element arithmetic of core/optim.cpp (dev/cpu/optim_math.h adamw_element, shared verbatim),
+// so a GPU update is bit-identical to AdamW<float>::step given the same clip factor.
+// Spec: model.md §1 "AdamW defaults"; CPU reference: core/optim.h.
+#pragma once
+#include "cuda/common.cuh"
+#include "dev/cpu/optim_math.h"
+
+namespace ldm {
+namespace gpu {
+
+// ---------------------------------------------------------------------------------------------
+// Global gradient norm.
+// Pass 1 runs a FIXED grid of kNormBlocks blocks (independent of n and of the device): block b
+// sums g² over the grid-stride indices it owns (double per thread, fixed-order tree in the block)
+// and writes its partial (fp32) to scratch[b]. Pass 2 is one block that adds the kNormBlocks
+// partials in a fixed order (double) and writes *out. No atomics: bit-identical run to run.
+namespace adamw_detail {
+constexpr int kNormBlocks = 1024;
+constexpr int kNormThreads = 256;
+
+// Sum over the block of one double per thread, in a fixed order; the result is valid in thread 0.
+// blockDim.x must be a multiple of 32 and at most 1024.
+__device__ inline double block_sum_double(double x) {
+    __shared__ double warp_sums[32];
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = x;
+    __syncthreads();
+    double s = 0;
+    if (warp == 0) {
+        const int nw = (int)(blockDim.x >> 5);
+        s = lane < nw ? warp_sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    }
+    __syncthreads();   // warp_sums may be reused by a following call
+    return s;
+}
+
+__global__ void norm_partials_kernel(float* partials, const float* g, int64_t n) {
+    double acc = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const double x = (double)g[i];
+        acc += x * x;
+    }
+    const double s = block_sum_double(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = (float)s;
+}
+
+__global__ void norm_final_kernel(float* out, const float* partials, int count) {
+    double acc = 0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += (double)partials[i];
+    const double s = block_sum_double(acc);
+    if (threadIdx.x == 0) *out = (float)s;
+}
+}  // namespace adamw_detail
+
+// Floats of scratch that global_norm_squared needs (one partial per block of the fixed grid).
+inline int64_t global_norm_scratch() { return adamw_detail::kNormBlocks; }
+
+// *out (device, one float) = Σ_i g[i]² over g [n] fp32 (device). Deterministic two-pass sum (see
+// above): the result does not depend on timing, only on n and the values. Accumulation is in
+// double except for the fp32 per-block partials (relative error ~1e-7). n = 0 gives 0.
+// scratch: >= global_norm_scratch() floats of device memory. The caller takes sqrt on the host
+// (or wherever) and derives the clip factor like core/optim.cpp: c = min(1, clip / ||g||).
+inline void global_norm_squared(float* out, float* scratch, const float* g, int64_t n,
+                                cudaStream_t s) {
+    using namespace adamw_detail;
+    if (n < 0) throw Error(strprintf("global_norm_squared: n = %lld < 0", (long long)n));
+    norm_partials_kernel<<<kNormBlocks, kNormThreads, 0, s>>>(scratch, g, n);
+    LDM_LAUNCH_CHECK();
+    norm_final_kernel<<<1, 1024, 0, s>>>(out, scratch, kNormBlocks);
+    LDM_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW update.
+namespace adamw_detail {
+// v1: one element per thread per grid-stride iteration (any alignment).
+template <typename T, bool DECAY>
+__global__ void adamw_scalar_kernel(float* p, T* p_copy, float* m, float* v, const float* g,
+                                    int64_t n, AdamWScalars<float> sc) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
+        float pi = p[i], mi = m[i], vi = v[i];
+        adamw_element(pi, mi, vi, g[i], sc, DECAY);
+        p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+        if (p_copy) p_copy[i] = from_f<T>(pi);
+    }
+}
+
+// v2: groups of 4 elements with 16-byte loads/stores of p, m, v, g (8-byte stores of a bf16
+// p_copy). Requires p, m, v, g 16-byte aligned and p_copy (if any) 4·sizeof(T)-aligned; the
+// n % 4 tail elements are done by the first threads of block 0.
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+    T x[4];
+};
+template <typename T, bool DECAY>
+__global__ void adamw_vec4_kernel(float* p, T* p_copy, float* m, float* v, const float* g,
+                                  int64_t n, AdamWScalars<float> sc) {
+    const int64_t n4 = n / 4;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n4; k += stride) {
+        float4 pp = reinterpret_cast<const float4*>(p)[k];
+        float4 mm = reinterpret_cast<const float4*>(m)[k];
+        float4 vv = reinterpret_cast<const float4*>(v)[k];
+        const float4 gg = reinterpret_cast<const float4*>(g)[k];
+        adamw_element(pp.x, mm.x, vv.x, gg.x, sc, DECAY);
+        adamw_element(pp.y, mm.y, vv.y, gg.y, sc, DECAY);
+        adamw_element(pp.z, mm.z, vv.z, gg.z, sc, DECAY);
+        adamw_element(pp.w, mm.w, vv.w, gg.w, sc, DECAY);
+        reinterpret_cast<float4*>(p)[k] = pp;
+        reinterpret_cast<float4*>(m)[k] = mm;
+        reinterpret_cast<float4*>(v)[k] = vv;
+        if (p_copy) {
+            Vec4<T> c;
+            c.x[0] = from_f<T>(pp.x);
+            c.x[1] = from_f<T>(pp.y);
+            c.x[2] = from_f<T>(pp.z);
+            c.x[3] = from_f<T>(pp.w);
+            reinterpret_cast<Vec4<T>*>(p_copy)[k] = c;
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x < (unsigned)(n - 4 * n4)) {
+        const int64_t i = 4 * n4 + threadIdx.x;
+        float pi = p[i], mi = m[i], vi = v[i];
+        adamw_element(pi, mi, vi, g[i], sc, DECAY);
+        p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+        if (p_copy) p_copy[i] = from_f<T>(pi);
+    }
+}
+
+inline bool aligned_to(const void* ptr, size_t a) { return ((uintptr_t)ptr % a) == 0; }
+
+constexpr int kAdamThreads = 256;
+inline unsigned adamw_grid(int64_t work) {
+    int64_t blocks = ceil_div(std::max<int64_t>(work, 1), kAdamThreads);
+    return (unsigned)std::min<int64_t>(blocks, 132 * 16);   // grid-stride beyond ~16 blocks/SM
+}
+
+// variant 1 = scalar, 2 = vec4 (falls back to scalar when the pointers are not aligned).
+template <typename T>
+void adamw_launch(int variant, float* p, T* p_copy, float* m, float* v, const float* g, int64_t n,
+                  const AdamWScalars<float>& sc, bool decay, cudaStream_t s) {
+    const bool vec = variant != 1 && aligned_to(p, 16) && aligned_to(m, 16) && aligned_to(v, 16) &&
+                     aligned_to(g, 16) && (p_copy == nullptr || aligned_to(p_copy, 4 * sizeof(T)));
+    if (vec) {
+        const unsigned grid = adamw_grid(n / 4);
+        if (decay) adamw_vec4_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+        else adamw_vec4_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+    } else {
+        const unsigned grid = adamw_grid(n);
+        if (decay) adamw_scalar_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+        else adamw_scalar_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+    }
+    LDM_LAUNCH_CHECK();
+}
+}  // namespace adamw_detail
+
+// One AdamW step (core/optim.h formula, bit-compatible) on the n values of one contiguous range:
+//   p [n] fp32 master weights, m, v [n] fp32 moments (updated in place), g [n] fp32 gradients
+//   (read only) multiplied by grad_scale (the clip factor c; 1 = no clipping), t = 1-based update
+//   count (bias correction 1 - beta^t). p_copy [n] (the bf16 working copy, or nullptr — always
+//   nullptr for fp32 runs, whose working copy is p itself) receives the new p rounded to T.
+// Weight decay: applied (p -= lr·wd·p, decoupled) iff weight_decay != 0. The trainer calls this
+// once per contiguous range of equal ParamSpec.decay, passing cfg.weight_decay on decay ranges and
+// 0 on the others (core/optim.cpp's per-element decay flag). The hyperparameters are double and
+// are rounded to fp32 exactly as core/optim.cpp does (pass the AdamWConfig fields and the clip
+// factor computed in double to get bit-identical updates). variant: -1 = best (vec4 when the
+// pointers allow it), 1 = scalar, 2 = vec4. n = 0 is a no-op; n < 0 or t < 1 throws ldm::Error.
+template <typename T>
+void adamw_update(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, double grad_scale,
+                  int64_t t, cudaStream_t s, int variant = -1) {
+    if (n < 0 || t < 1)
+        throw Error(strprintf("adamw_update: n = %lld, t = %lld (need n >= 0, t >= 1)",
+                              (long long)n, (long long)t));
+    if (n == 0) return;
+    const AdamWScalars<float> sc =
+        adamw_scalars<float>(beta1, beta2, eps, weight_decay, lr, grad_scale, t);
+    adamw_detail::adamw_launch<T>(variant, p, p_copy, m, v, g, n, sc, weight_decay != 0.0, s);
+}
+
+}  // namespace gpu
+}  // namespace ldm

@@ -1,0 +1,229 @@
+// dev/cuda/adamw.cu — workbench for cuda/adamw.cuh: the AdamW update (variants v1 scalar, v2 vec4)
+// against core/optim.h AdamW<float> on the same arrays (bit-exact expected: both run
+// dev/cpu/optim_math.h adamw_element), the bf16 working copy against the host rounding of the CPU
+// result, and global_norm_squared against a double-precision CPU sum (plus run-to-run bit
+// identity). Then timings at n = 400e6 (llama-400m-like parameter count).
+// Output lines (doc/cuda.md workbench convention):
+//   CHECK adamw <variant> <dtype> <shape> rel=<x> max_abs=<y> PASS|FAIL
+//   BENCH adamw <variant> <dtype> <shape> ms=<x> GB/s=<y> TFLOP/s=-
+// The ",bitexact" lines report rel = fraction of values whose bits differ (PASS only at 0).
+// Exit code 1 if any CHECK failed; "skipped: no GPU" and exit 0 without a GPU. --quick: fewer shapes.
+#include <cstring>
+#include <random>
+
+#include "core/optim.h"
+#include "cuda/adamw.cuh"
+
+using namespace ldm;
+using namespace ldm::gpu;
+
+static int g_failures = 0;
+
+static void report_check(const char* variant, const char* dtype, const std::string& shape,
+                         double rel, double max_abs, bool pass) {
+    std::printf("CHECK adamw %s %s %s rel=%.3e max_abs=%.3e %s\n", variant, dtype, shape.c_str(),
+                rel, max_abs, pass ? "PASS" : "FAIL");
+    if (!pass) g_failures++;
+}
+
+// Number of positions where the float bit patterns differ.
+static int64_t bit_mismatches(const float* a, const float* b, int64_t n) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) bad++;
+    return bad;
+}
+
+// Device fill with pseudo-random values in [lo, hi) from a hash of (index, seed): fast inputs for
+// the large timing shapes.
+__global__ void hash_fill_kernel(float* x, int64_t n, uint64_t seed, float lo, float hi) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
+        uint64_t z = (uint64_t)i + seed * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+        x[i] = lo + (hi - lo) * u;
+    }
+}
+static void hash_fill(float* x, int64_t n, uint64_t seed, float lo, float hi) {
+    hash_fill_kernel<<<(unsigned)std::min<int64_t>(ceil_div(n, 256), 4096), 256>>>(x, n, seed, lo, hi);
+    LDM_LAUNCH_CHECK();
+}
+
+// ---- AdamW update vs core/optim ---------------------------------------------------------------
+// Three ranges with odd boundaries: [0, a) decay, [a, b) no decay, [b, n) decay, like the
+// trainer's per-range calls (and misaligned range starts, which exercise the v2 fallback).
+template <typename T>
+static void check_adamw(int variant, int64_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    std::vector<float> p(n), m(n), v(n), g(n);
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = (float)(0.05 * nd(rng));
+        m[i] = (float)(1e-3 * nd(rng));
+        v[i] = (float)(1e-6 * std::fabs(nd(rng))) + 1e-9f;
+        g[i] = (float)(1e-2 * nd(rng));
+    }
+    if (n > 10) g[n / 2] = 0.0f;   // an exact-zero gradient
+    const int64_t a = n / 3, b = (2 * n) / 3;
+    std::vector<ParamRange> ranges = {{0, a, true}, {a, b - a, false}, {b, n - b, true}};
+    AdamWConfig cfg;
+    cfg.beta1 = 0.9;
+    cfg.beta2 = 0.95;
+    cfg.eps = 1e-8;
+    cfg.weight_decay = 0.1;
+    const double gnorm = global_norm(g.data(), n);
+    cfg.grad_clip = 0.5 * gnorm;   // clipping active: c = 0.5 (computed in double like the CPU)
+    const int64_t t = 5;           // the 5th update: bias corrections well away from 1
+    const double lr = 3e-4;
+
+    // CPU reference: AdamW<float> with the same state.
+    AdamW<float> opt(n, cfg, ranges);
+    opt.m() = m;
+    opt.v() = v;
+    opt.set_step_count(t - 1);
+    std::vector<float> p_ref = p;
+    const double norm_cpu = opt.step(p_ref.data(), g.data(), lr);
+    const double clip = (cfg.grad_clip > 0 && norm_cpu > cfg.grad_clip) ? cfg.grad_clip / norm_cpu : 1.0;
+
+    // GPU.
+    const bool copy = !std::is_same<T, float>::value;
+    DeviceBuffer<float> dp(n), dm(n), dv(n), dg(n);
+    DeviceBuffer<T> dcopy(copy ? n : 0);
+    CUDA_CHECK(cudaMemcpy(dp.get(), p.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dm.get(), m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dv.get(), v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dg.get(), g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    if (copy) fill<T>(dcopy.get(), n, NAN, 0);
+    for (const ParamRange& r : ranges) {
+        if (r.numel == 0) continue;
+        const int64_t o = r.offset;
+        adamw_update<T>(dp.get() + o, copy ? dcopy.get() + o : nullptr, dm.get() + o, dv.get() + o,
+                        dg.get() + o, r.numel, lr, cfg.beta1, cfg.beta2, cfg.eps,
+                        r.decay ? cfg.weight_decay : 0.0, clip, t, 0, variant);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> p_gpu = download(dp.get(), n), m_gpu = download(dm.get(), n),
+                       v_gpu = download(dv.get(), n);
+
+    const char* vname = variant == 1 ? "v1" : "v2";
+    const std::string shape = strprintf("n=%lld", (long long)n);
+    // Tolerance check on p (relative to the update size, the meaningful scale) and m, v; then
+    // the bit-exact contract.
+    std::vector<float> dp_ref(n), dp_gpu(n);
+    for (int64_t i = 0; i < n; i++) {
+        dp_ref[i] = p_ref[i] - p[i];
+        dp_gpu[i] = p_gpu[i] - p[i];
+    }
+    const Compare cu = compare(dp_gpu.data(), dp_ref.data(), n);
+    const Compare cm = compare(m_gpu.data(), opt.m().data(), n);
+    const Compare cv = compare(v_gpu.data(), opt.v().data(), n);
+    const double rel = std::max(cu.rel, std::max(cm.rel, cv.rel));
+    const Compare cp = compare(p_gpu.data(), p_ref.data(), n);
+    report_check(vname, dtype_name<T>(), shape + ",update", rel, cp.max_abs,
+                 cu.finite && cm.finite && cv.finite && rel <= 1e-6);
+    const int64_t bad = bit_mismatches(p_gpu.data(), p_ref.data(), n) +
+                        bit_mismatches(m_gpu.data(), opt.m().data(), n) +
+                        bit_mismatches(v_gpu.data(), opt.v().data(), n);
+    report_check(vname, dtype_name<T>(), shape + ",bitexact_vs_core_optim", (double)bad / (3.0 * n),
+                 cp.max_abs, bad == 0);
+    if (copy) {
+        std::vector<float> c_gpu = download(dcopy.get(), n), c_ref(n);
+        for (int64_t i = 0; i < n; i++) c_ref[i] = to_f(from_f<T>(p_ref[i]));
+        const Compare cc = compare(c_gpu.data(), c_ref.data(), n);
+        const int64_t badc = bit_mismatches(c_gpu.data(), c_ref.data(), n);
+        report_check(vname, dtype_name<T>(), shape + ",p_copy_bitexact", cc.rel, cc.max_abs,
+                     cc.finite && badc == 0);
+    }
+}
+
+// ---- global_norm_squared vs a double CPU sum, and run-to-run identity --------------------------
+static void check_norm(int64_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> g(n);
+    double ref = 0;
+    for (int64_t i = 0; i < n; i++) {
+        g[i] = nd(rng) * (i % 97 == 0 ? 10.0f : 0.01f);
+        ref += (double)g[i] * (double)g[i];
+    }
+    DeviceBuffer<float> dg(std::max<int64_t>(n, 1)), scratch(global_norm_scratch()), out(2);
+    if (n > 0) CUDA_CHECK(cudaMemcpy(dg.get(), g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    fill<float>(out.get(), 2, NAN, 0);
+    global_norm_squared(out.get(), scratch.get(), dg.get(), n, 0);
+    global_norm_squared(out.get() + 1, scratch.get(), dg.get(), n, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> r = download(out.get(), 2);
+    const double err = std::fabs((double)r[0] - ref);
+    const double rel = err / std::max(ref, 1e-30);
+    const bool same = std::memcmp(&r[0], &r[1], sizeof(float)) == 0;
+    const bool pass = std::isfinite(r[0]) && same && (n == 0 ? r[0] == 0.0f : rel <= 1e-6);
+    std::printf("CHECK adamw global_norm_squared fp32 n=%lld rel=%.3e max_abs=%.3e %s\n",
+                (long long)n, rel, err, pass ? "PASS" : "FAIL");
+    if (!pass) g_failures++;
+}
+
+// ---- timing --------------------------------------------------------------------------------
+template <typename T>
+static void bench_adamw(int variant, int64_t n) {
+    const bool copy = !std::is_same<T, float>::value;
+    DeviceBuffer<float> dp(n), dm(n), dv(n), dg(n);
+    DeviceBuffer<T> dcopy(copy ? n : 0);
+    hash_fill(dp.get(), n, 1, -0.05f, 0.05f);
+    hash_fill(dm.get(), n, 2, -1e-3f, 1e-3f);
+    hash_fill(dv.get(), n, 3, 1e-9f, 1e-6f);
+    hash_fill(dg.get(), n, 4, -1e-2f, 1e-2f);
+    int64_t t = 1;
+    auto fn = [&]() {
+        adamw_update<T>(dp.get(), copy ? dcopy.get() : nullptr, dm.get(), dv.get(), dg.get(), n,
+                        3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, t++, 0, variant);
+    };
+    const float ms = time_median_ms(fn, 3, 20);
+    const double bytes = (double)n * (7.0 * sizeof(float) + (copy ? sizeof(T) : 0));
+    std::printf("BENCH adamw %s %s n=%lld ms=%.4f GB/s=%.1f TFLOP/s=-\n", variant == 1 ? "v1" : "v2",
+                dtype_name<T>(), (long long)n, ms, bytes / (ms * 1e-3) / 1e9);
+}
+
+static void bench_norm(int64_t n) {
+    DeviceBuffer<float> dg(n), scratch(global_norm_scratch()), out(1);
+    hash_fill(dg.get(), n, 5, -1.0f, 1.0f);
+    auto fn = [&]() { global_norm_squared(out.get(), scratch.get(), dg.get(), n, 0); };
+    const float ms = time_median_ms(fn, 3, 20);
+    std::printf("BENCH adamw global_norm_squared fp32 n=%lld ms=%.4f GB/s=%.1f TFLOP/s=-\n",
+                (long long)n, ms, (double)n * sizeof(float) / (ms * 1e-3) / 1e9);
+}
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("adamw");
+    bool quick = false;
+    for (int i = 1; i < argc; i++)
+        if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    try {
+        std::printf("device: %s\n", device_description().c_str());
+        std::vector<int64_t> sizes = {1, 2, 7, 1000, 4099, 1000003};
+        if (quick) sizes = {1, 7, 1000003};
+        uint64_t seed = 1;
+        for (int variant : {1, 2})
+            for (int64_t n : sizes) {
+                check_adamw<float>(variant, n, seed++);
+                check_adamw<bf16>(variant, n, seed++);
+            }
+        std::vector<int64_t> nsizes = {0, 1, 1000, 1000003, 50000017};
+        if (quick) nsizes = {1, 1000003};
+        for (int64_t n : nsizes) check_norm(n, seed++);
+
+        const int64_t N = 400000000;
+        for (int variant : {1, 2}) {
+            bench_adamw<float>(variant, N);
+            bench_adamw<bf16>(variant, N);
+        }
+        bench_norm(N);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "adamw: error: %s\n", e.what());
+        return 1;
+    }
+    std::printf("adamw: %s (%d failed checks)\n", g_failures ? "FAIL" : "PASS", g_failures);
+    return g_failures ? 1 : 0;
+}
