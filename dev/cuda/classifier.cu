@@ -1,0 +1,191 @@
+// dev/cuda/classifier.cu — workbench for cuda/classifier.cuh: fused_classifier (variants v1
+// simple three-pass, v2 online softmax with 16-byte accesses) against dev/cpu/ops.h
+// cross_entropy_forward + cross_entropy_backward_inplace, and sum_losses against a double sum.
+// Inputs: random logits (σ = 2) with the padding columns V <= v < Vp set to NaN (they must never
+// be read for the statistics and must come back as exact zeros); targets include 0 and V-1.
+// Then timings at N = 16384 for V = 50257 (Vp = 50304) and V = 151936.
+// Output lines (doc/cuda.md workbench convention):
+//   CHECK classifier <variant> <dtype> <shape> rel=<x> max_abs=<y> PASS|FAIL
+//   BENCH classifier <variant> <dtype> <shape> ms=<x> GB/s=<y> TFLOP/s=-
+// GB/s counts the minimal traffic N·Vp·sizeof(T) read + written once (v2 actually reads twice).
+// Exit code 1 if any CHECK failed; "skipped: no GPU" and exit 0 without a GPU. --quick: fewer shapes.
+#include <cstring>
+#include <random>
+
+#include "cuda/classifier.cuh"
+#include "dev/cpu/ops.h"
+
+using namespace ldm;
+using namespace ldm::gpu;
+
+static int g_failures = 0;
+
+static void report_check(const char* variant, const char* dtype, const std::string& shape,
+                         double rel, double max_abs, bool pass) {
+    std::printf("CHECK classifier %s %s %s rel=%.3e max_abs=%.3e %s\n", variant, dtype,
+                shape.c_str(), rel, max_abs, pass ? "PASS" : "FAIL");
+    if (!pass) g_failures++;
+}
+
+// x[n, v] = σ·(hash uniform in [-√3, √3)) (unit variance times σ) for v < V, `pad` for v >= V.
+template <typename T>
+__global__ void logits_fill_kernel(T* x, int64_t N, int V, int Vp, uint64_t seed, float sigma,
+                                   float pad) {
+    const int64_t total = N * Vp, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int v = (int)(i % Vp);
+        uint64_t z = (uint64_t)i + seed * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+        x[i] = from_f<T>(v < V ? sigma * 1.7320508f * u : pad);
+    }
+}
+template <typename T>
+static void logits_fill(T* x, int64_t N, int V, int Vp, uint64_t seed, float sigma, float pad) {
+    logits_fill_kernel<T><<<(unsigned)std::min<int64_t>(ceil_div(N * Vp, 256), 8192), 256>>>(
+        x, N, V, Vp, seed, sigma, pad);
+    LDM_LAUNCH_CHECK();
+}
+
+static std::vector<int32_t> make_targets(int64_t N, int V, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> t((size_t)N);
+    for (int64_t n = 0; n < N; n++) t[n] = (int32_t)(rng() % (uint64_t)V);
+    t[0] = 0;
+    if (N > 1) t[N - 1] = V - 1;
+    return t;
+}
+
+template <typename T>
+static void check_shape(int64_t N, int V, int Vp, uint64_t seed, const std::vector<int>& variants) {
+    const char* dt = dtype_name<T>();
+    const std::string shape = strprintf("N=%lld,V=%d,Vp=%d", (long long)N, V, Vp);
+    const int64_t total = N * (int64_t)Vp;
+    const float dscale = (float)(1.0 / (double)N);
+    DeviceBuffer<T> orig(total), work(total);
+    DeviceBuffer<float> losses(N), lsum(1);
+    DeviceBuffer<int32_t> tgt(N);
+    logits_fill<T>(orig.get(), N, V, Vp, seed, 2.0f, NAN);
+    const std::vector<int32_t> targets = make_targets(N, V, seed + 1);
+    CUDA_CHECK(cudaMemcpy(tgt.get(), targets.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+
+    // CPU reference on the exact (already rounded to T) logits.
+    std::vector<float> logits = download(orig.get(), total);
+    std::vector<float> lse((size_t)N), dref = logits;
+    cpu::cross_entropy_forward<float>(lse.data(), logits.data(), targets.data(), (int)N, V, Vp,
+                                      dref.data());
+    cpu::cross_entropy_backward_inplace<float>(dref.data(), targets.data(), (int)N, V, Vp, dscale);
+    std::vector<float> loss_ref((size_t)N);
+    for (int64_t n = 0; n < N; n++) {
+        loss_ref[n] = lse[n] - logits[n * Vp + targets[n]];
+        for (int v = V; v < Vp; v++) dref[n * Vp + v] = 0.0f;
+    }
+    const double tol_loss = 1e-5;   // fp32 arithmetic on identical inputs for both dtypes
+    const double tol_d = std::is_same<T, float>::value ? 1e-5 : 1e-2;
+
+    for (int variant : variants) {
+        const std::string vn = strprintf("v%d", variant);
+        // losses + dlogits
+        CUDA_CHECK(cudaMemcpy(work.get(), orig.get(), total * sizeof(T), cudaMemcpyDeviceToDevice));
+        fill<float>(losses.get(), N, NAN, 0);
+        fused_classifier<T>(work.get(), losses.get(), tgt.get(), N, V, Vp, dscale, true, 0, variant);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> lg = download(losses.get(), N), dg = download(work.get(), total);
+        const Compare cl = compare(lg.data(), loss_ref.data(), N);
+        report_check(vn.c_str(), dt, shape + ",loss", cl.rel, cl.max_abs, cl.finite && cl.rel <= tol_loss);
+        const Compare cd = compare(dg.data(), dref.data(), total);
+        report_check(vn.c_str(), dt, shape + ",dlogits", cd.rel, cd.max_abs, cd.finite && cd.rel <= tol_d);
+        int64_t bad_pad = 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int v = V; v < Vp; v++) {
+                const float x = dg[n * Vp + v];
+                if (!(x == 0.0f) || std::signbit(x)) bad_pad++;
+            }
+        report_check(vn.c_str(), dt, shape + ",pad_zero", (double)bad_pad, 0.0, bad_pad == 0);
+
+        // sum_losses vs a double sum of the same GPU losses; run twice, identical bits
+        fill<float>(lsum.get(), 1, NAN, 0);
+        sum_losses(lsum.get(), losses.get(), N, 0);
+        const float s1 = download(lsum.get(), 1)[0];
+        sum_losses(lsum.get(), losses.get(), N, 0);
+        const float s2 = download(lsum.get(), 1)[0];
+        double sref = 0;
+        for (float x : lg) sref += x;
+        const double err = std::fabs((double)s1 - sref);
+        report_check(vn.c_str(), dt, shape + ",sum_losses", err / std::max(std::fabs(sref), 1e-30), err,
+                     std::isfinite(s1) && std::memcmp(&s1, &s2, sizeof s1) == 0 &&
+                         err <= 1e-6 * std::fabs(sref) + 1e-30);
+
+        // losses only: the logits stay untouched (bitwise)
+        CUDA_CHECK(cudaMemcpy(work.get(), orig.get(), total * sizeof(T), cudaMemcpyDeviceToDevice));
+        fill<float>(losses.get(), N, NAN, 0);
+        fused_classifier<T>(work.get(), losses.get(), tgt.get(), N, V, Vp, dscale, false, 0, variant);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> lg2 = download(losses.get(), N), after = download(work.get(), total);
+        const Compare cl2 = compare(lg2.data(), loss_ref.data(), N);
+        int64_t changed = 0;
+        for (int64_t i = 0; i < total; i++)
+            if (std::memcmp(&after[i], &logits[i], sizeof(float)) != 0) changed++;
+        report_check(vn.c_str(), dt, shape + ",loss_only", cl2.rel, cl2.max_abs,
+                     cl2.finite && cl2.rel <= tol_loss && changed == 0 &&
+                         std::memcmp(lg2.data(), lg.data(), N * sizeof(float)) == 0);
+    }
+}
+
+template <typename T>
+static void bench(int variant, int64_t N, int V, int Vp, bool write) {
+    const int64_t total = N * (int64_t)Vp;
+    DeviceBuffer<T> x(total);
+    DeviceBuffer<float> losses(N);
+    DeviceBuffer<int32_t> tgt(N);
+    logits_fill<T>(x.get(), N, V, Vp, 99, 2.0f, 0.0f);
+    const std::vector<int32_t> targets = make_targets(N, V, 98);
+    CUDA_CHECK(cudaMemcpy(tgt.get(), targets.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+    // In place: after the first call the rows hold dlogits; the work per call is the same.
+    auto fn = [&]() {
+        fused_classifier<T>(x.get(), losses.get(), tgt.get(), N, V, Vp, 1.0f / (float)N, write, 0, variant);
+    };
+    const float ms = time_median_ms(fn, 3, 20);
+    const double bytes = (double)total * sizeof(T) * (write ? 2.0 : 1.0);
+    std::printf("BENCH classifier v%d %s N=%lld,V=%d,Vp=%d%s ms=%.4f GB/s=%.1f TFLOP/s=-\n", variant,
+                dtype_name<T>(), (long long)N, V, Vp, write ? "" : ",loss_only", ms,
+                bytes / (ms * 1e-3) / 1e9);
+}
+
+int main(int argc, char** argv) {
+    exit_if_no_gpu("classifier");
+    bool quick = false;
+    for (int i = 1; i < argc; i++)
+        if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    try {
+        std::printf("device: %s\n", device_description().c_str());
+        const std::vector<int> variants = {1, 2};
+        struct Shape {
+            int64_t N;
+            int V, Vp;
+        };
+        std::vector<Shape> shapes = {{3, 50257, 50304}, {7, 1000, 1024}, {5, 1001, 1008},
+                                     {2, 3, 8},         {4096, 50257, 50257}};
+        if (quick) shapes = {{3, 50257, 50304}, {7, 1000, 1024}, {5, 1001, 1008}};
+        uint64_t seed = 1;
+        for (const Shape& sh : shapes) {
+            check_shape<float>(sh.N, sh.V, sh.Vp, seed++, variants);
+            check_shape<bf16>(sh.N, sh.V, sh.Vp, seed++, variants);
+        }
+        const int64_t N = 16384;
+        for (int variant : variants) {
+            bench<float>(variant, N, 50257, 50304, true);
+            bench<bf16>(variant, N, 50257, 50304, true);
+            bench<float>(variant, N, 151936, 151936, true);
+            bench<bf16>(variant, N, 151936, 151936, true);
+        }
+        bench<bf16>(2, N, 50257, 50304, false);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "classifier: error: %s\n", e.what());
+        return 1;
+    }
+    std::printf("classifier: %s (%d failed checks)\n", g_failures ? "FAIL" : "PASS", g_failures);
+    return g_failures ? 1 : 0;
+}
