@@ -10,9 +10,9 @@
 #include "cuda/scheme.cuh"
 #include "cuda/trainer.cuh"
 
-// ==== schemes of this trainer: add hc / mhc / attnres-full / attnres-block here (issue #8) ====
-// #include "cuda/scheme_hc.cuh"
-// #include "cuda/scheme_attnres.cuh"
+// ==== schemes of this trainer (issue #8: hc / mhc / attnres-full / attnres-block) ====
+#include "cuda/scheme_attnres.cuh"
+#include "cuda/scheme_hc.cuh"
 
 namespace ldm {
 namespace gpu {
@@ -20,11 +20,12 @@ namespace gpu {
 template <typename T>
 std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
     if (cfg.scheme == "preln") return std::make_unique<GpuPreLN<T>>(cfg);
-    // ---- issue #8: HC / mHC / AttnRes go here, e.g.
-    // if (cfg.scheme == "hc" || cfg.scheme == "mhc") return std::make_unique<GpuHC<T>>(cfg);
-    // if (cfg.scheme == "attnres-full" || cfg.scheme == "attnres-block") return std::make_unique<GpuAttnRes<T>>(cfg);
+    if (cfg.scheme == "hc") return std::make_unique<GpuHC<T>>(cfg, false);          // spec §2.2
+    if (cfg.scheme == "mhc") return std::make_unique<GpuHC<T>>(cfg, true);          // spec §2.3
+    if (cfg.scheme == "attnres-full") return std::make_unique<GpuAttnRes<T>>(cfg, false);  // spec §2.4
+    if (cfg.scheme == "attnres-block") return std::make_unique<GpuAttnRes<T>>(cfg, true);
     if (cfg.scheme == "ldm") throw Error("scheme 'ldm' runs on the GPU in train_ldm, not train_gpt_baselines");
-    throw Error("scheme '" + cfg.scheme + "' is not implemented on the GPU yet (train_gpt_baselines supports: preln)");
+    throw Error("scheme '" + cfg.scheme + "' is not implemented on the GPU yet (train_gpt_baselines supports: preln, hc, mhc, attnres-full, attnres-block)");
 }
 
 }  // namespace gpu
