@@ -94,46 +94,56 @@ __global__ void adamw_scalar_kernel(float* p, T* p_copy, float* m, float* v, con
 }
 
 // v2: groups of 4 elements with 16-byte loads/stores of p, m, v, g (8-byte stores of a bf16
-// p_copy). Requires p, m, v, g 16-byte aligned and p_copy (if any) 4·sizeof(T)-aligned; the
-// n % 4 tail elements are done by the first threads of block 0.
+// p_copy), starting at element `head` (0..3, chosen so that p + head is 16-byte aligned; the
+// launcher checks that m, v, g, p_copy are then aligned too). The `head` leading and the
+// (n - head) % 4 trailing elements are done as scalars by the first threads of block 0.
 template <typename T>
 struct alignas(4 * sizeof(T)) Vec4 {
     T x[4];
 };
 template <typename T, bool DECAY>
+__device__ inline void adamw_one(float* p, T* p_copy, float* m, float* v, const float* g,
+                                 int64_t i, const AdamWScalars<float>& sc) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_element(pi, mi, vi, g[i], sc, DECAY);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (p_copy) p_copy[i] = from_f<T>(pi);
+}
+template <typename T, bool DECAY>
 __global__ void adamw_vec4_kernel(float* p, T* p_copy, float* m, float* v, const float* g,
-                                  int64_t n, AdamWScalars<float> sc) {
-    const int64_t n4 = n / 4;
+                                  int64_t n, int head, AdamWScalars<float> sc) {
+    const int64_t n4 = (n - head) / 4;
+    const float4* p4 = reinterpret_cast<const float4*>(p + head);
+    const float4* m4 = reinterpret_cast<const float4*>(m + head);
+    const float4* v4 = reinterpret_cast<const float4*>(v + head);
+    const float4* g4 = reinterpret_cast<const float4*>(g + head);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n4; k += stride) {
-        float4 pp = reinterpret_cast<const float4*>(p)[k];
-        float4 mm = reinterpret_cast<const float4*>(m)[k];
-        float4 vv = reinterpret_cast<const float4*>(v)[k];
-        const float4 gg = reinterpret_cast<const float4*>(g)[k];
+        float4 pp = p4[k], mm = m4[k], vv = v4[k];
+        const float4 gg = g4[k];
         adamw_element(pp.x, mm.x, vv.x, gg.x, sc, DECAY);
         adamw_element(pp.y, mm.y, vv.y, gg.y, sc, DECAY);
         adamw_element(pp.z, mm.z, vv.z, gg.z, sc, DECAY);
         adamw_element(pp.w, mm.w, vv.w, gg.w, sc, DECAY);
-        reinterpret_cast<float4*>(p)[k] = pp;
-        reinterpret_cast<float4*>(m)[k] = mm;
-        reinterpret_cast<float4*>(v)[k] = vv;
+        reinterpret_cast<float4*>(p + head)[k] = pp;
+        reinterpret_cast<float4*>(m + head)[k] = mm;
+        reinterpret_cast<float4*>(v + head)[k] = vv;
         if (p_copy) {
             Vec4<T> c;
             c.x[0] = from_f<T>(pp.x);
             c.x[1] = from_f<T>(pp.y);
             c.x[2] = from_f<T>(pp.z);
             c.x[3] = from_f<T>(pp.w);
-            reinterpret_cast<Vec4<T>*>(p_copy)[k] = c;
+            reinterpret_cast<Vec4<T>*>(p_copy + head)[k] = c;
         }
     }
-    if (blockIdx.x == 0 && threadIdx.x < (unsigned)(n - 4 * n4)) {
-        const int64_t i = 4 * n4 + threadIdx.x;
-        float pi = p[i], mi = m[i], vi = v[i];
-        adamw_element(pi, mi, vi, g[i], sc, DECAY);
-        p[i] = pi;
-        m[i] = mi;
-        v[i] = vi;
-        if (p_copy) p_copy[i] = from_f<T>(pi);
+    if (blockIdx.x == 0) {
+        const int tail = (int)(n - head - 4 * n4);
+        if ((int)threadIdx.x < head) adamw_one<T, DECAY>(p, p_copy, m, v, g, threadIdx.x, sc);
+        if ((int)threadIdx.x < tail)
+            adamw_one<T, DECAY>(p, p_copy, m, v, g, head + 4 * n4 + threadIdx.x, sc);
     }
 }
 
@@ -145,16 +155,25 @@ inline unsigned adamw_grid(int64_t work) {
     return (unsigned)std::min<int64_t>(blocks, 132 * 16);   // grid-stride beyond ~16 blocks/SM
 }
 
-// variant 1 = scalar, 2 = vec4 (falls back to scalar when the pointers are not aligned).
+// variant 1 = scalar, 2 = vec4 (falls back to scalar when the pointers cannot all be aligned
+// by skipping the same 0..3 leading elements).
 template <typename T>
 void adamw_launch(int variant, float* p, T* p_copy, float* m, float* v, const float* g, int64_t n,
                   const AdamWScalars<float>& sc, bool decay, cudaStream_t s) {
-    const bool vec = variant != 1 && aligned_to(p, 16) && aligned_to(m, 16) && aligned_to(v, 16) &&
-                     aligned_to(g, 16) && (p_copy == nullptr || aligned_to(p_copy, 4 * sizeof(T)));
+    if (variant != -1 && variant != 1 && variant != 2)
+        throw Error(strprintf("adamw_update: unknown variant %d", variant));
+    int head = 0;
+    if (aligned_to(p, sizeof(float))) head = (int)((16 - (uintptr_t)p % 16) % 16 / sizeof(float));
+    const bool vec = variant != 1 && n >= head && aligned_to(p + head, 16) &&
+                     aligned_to(m + head, 16) && aligned_to(v + head, 16) &&
+                     aligned_to(g + head, 16) &&
+                     (p_copy == nullptr || aligned_to(p_copy + head, 4 * sizeof(T)));
     if (vec) {
-        const unsigned grid = adamw_grid(n / 4);
-        if (decay) adamw_vec4_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
-        else adamw_vec4_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+        const unsigned grid = adamw_grid((n - head) / 4);
+        if (decay)
+            adamw_vec4_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
+        else
+            adamw_vec4_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
     } else {
         const unsigned grid = adamw_grid(n);
         if (decay) adamw_scalar_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
@@ -173,8 +192,9 @@ void adamw_launch(int variant, float* p, T* p_copy, float* m, float* v, const fl
 // once per contiguous range of equal ParamSpec.decay, passing cfg.weight_decay on decay ranges and
 // 0 on the others (core/optim.cpp's per-element decay flag). The hyperparameters are double and
 // are rounded to fp32 exactly as core/optim.cpp does (pass the AdamWConfig fields and the clip
-// factor computed in double to get bit-identical updates). variant: -1 = best (vec4 when the
-// pointers allow it), 1 = scalar, 2 = vec4. n = 0 is a no-op; n < 0 or t < 1 throws ldm::Error.
+// factor computed in double to get bit-identical updates). variant: -1 = best (= 2), 1 = scalar,
+// 2 = vec4 after 0..3 scalar leading elements (scalar when the arrays' alignments differ).
+// n = 0 is a no-op; n < 0, t < 1 or an unknown variant throws ldm::Error.
 template <typename T>
 void adamw_update(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n, double lr,
                   double beta1, double beta2, double eps, double weight_decay, double grad_scale,

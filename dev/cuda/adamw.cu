@@ -54,7 +54,7 @@ static void hash_fill(float* x, int64_t n, uint64_t seed, float lo, float hi) {
 
 // ---- AdamW update vs core/optim ---------------------------------------------------------------
 // Three ranges with odd boundaries: [0, a) decay, [a, b) no decay, [b, n) decay, like the
-// trainer's per-range calls (and misaligned range starts, which exercise the v2 fallback).
+// trainer's per-range calls; the odd range starts exercise v2's scalar head (0..3 elements).
 template <typename T>
 static void check_adamw(int variant, int64_t n, uint64_t seed) {
     std::mt19937_64 rng(seed);
