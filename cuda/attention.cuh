@@ -19,6 +19,12 @@
 //   2: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), 64-row tiles in shared memory,
 //      hd in {64, 128}, any T (partial tiles masked), bf16 only; sm_80+. Same deterministic
 //      decomposition as 1 (a dK/dV kernel over key tiles, a dQ kernel over query tiles).
+//      Fragments are read from shared memory with plain 32/16-bit loads.
+//   3: variant 2 with the fragments read by ldmatrix (.trans for the row-major B operands);
+//      same kernels, same register contents, fewer shared-memory instructions. Opt-in until
+//      measured on a GPU (-1 picks 2).
+// Both tensor-core variants were run on the CPU through a fiber-based emulation of the CUDA
+// execution model (mma/ldmatrix per the PTX ISA fragment tables) and matched the CPU reference.
 // Unsupported (variant, dtype, hd) combinations throw ldm::Error.
 #pragma once
 #include <cstdlib>
@@ -298,7 +304,7 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
-    __trap();
+    __trap();  // host: mma
 #endif
 }
 
@@ -362,13 +368,78 @@ __device__ __forceinline__ void frag_a_from_c(uint32_t a[4], const float c0[4], 
     a[3] = pack_f32(c1[2], c1[3]);
 }
 
+// ldmatrix (variant 3): four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix
+// l / 8 (16-byte aligned). Register i of lane l receives row l/4, columns 2(l%4), 2(l%4)+1 of
+// matrix i; with .trans, rows 2(l%4), 2(l%4)+1 of column l/4 (i.e. of the transposed matrix).
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#else
+    __trap();  // host: ldsm
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#else
+    __trap();  // host: ldsm_trans
+#endif
+}
+
+// Fragment loaders used by the kernels: plain 32/16-bit shared loads (LDSM = false, variant 2)
+// or ldmatrix (LDSM = true, variant 3); identical register contents either way.
+template <int LDS, bool LDSM>
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16* tile, int row0, int col0,
+                                       int lane) {
+    if constexpr (LDSM) {
+        const int m = lane >> 3, r = lane & 7;
+        ldsm_x4(a, tile + (row0 + (m & 1) * 8 + r) * LDS + col0 + (m >> 1) * 8);
+    } else {
+        frag_a<LDS>(a, tile, row0, col0, lane >> 2, lane & 3);
+    }
+}
+// B fragments of n-tiles n0 and n0 + 8, B[k][n] = tile[n][k0 + k].
+template <int LDS, bool LDSM>
+__device__ __forceinline__ void load_b_trans2(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
+                                              int n0, int k0, int lane) {
+    if constexpr (LDSM) {
+        const int m = lane >> 3, r = lane & 7;
+        uint32_t t[4];
+        ldsm_x4(t, tile + (n0 + (m >> 1) * 8 + r) * LDS + k0 + (m & 1) * 8);
+        b0[0] = t[0]; b0[1] = t[1]; b1[0] = t[2]; b1[1] = t[3];
+    } else {
+        frag_b_trans<LDS>(b0, tile, n0, k0, lane >> 2, lane & 3);
+        frag_b_trans<LDS>(b1, tile, n0 + 8, k0, lane >> 2, lane & 3);
+    }
+}
+// B fragments of n-tiles n0 and n0 + 8, B[k][n] = tile[k0 + k][n].
+template <int LDS, bool LDSM>
+__device__ __forceinline__ void load_b2(uint32_t b0[2], uint32_t b1[2], const bf16* tile, int k0,
+                                        int n0, int lane) {
+    if constexpr (LDSM) {
+        const int m = lane >> 3, r = lane & 7;
+        uint32_t t[4];
+        ldsm_x4_trans(t, tile + (k0 + (m & 1) * 8 + r) * LDS + n0 + (m >> 1) * 8);
+        b0[0] = t[0]; b0[1] = t[1]; b1[0] = t[2]; b1[1] = t[3];
+    } else {
+        frag_b<LDS>(b0, tile, k0, n0, lane >> 2, lane & 3);
+        frag_b<LDS>(b1, tile, k0, n0 + 8, lane >> 2, lane & 3);
+    }
+}
+
 template <int HD>
 constexpr int v2_fwd_smem() { return 3 * kV2Rows * (HD + kV2Pad) * 2; }
 
 // Forward. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h (the longest
 // rows first), warp w = rows 16w..16w+15. Loops over the key tiles 0..(last query)/64: S = Q Kᵀ
 // (tensor cores), scaled to log2 units, causal / length mask, online softmax in fp32, O += P V.
-template <int HD>
+template <int HD, bool LDSM>
 __global__ void __launch_bounds__(kV2Threads)
 attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, float scale_log2) {
     constexpr int LDS = HD + kV2Pad, NT_D = HD / 8, NT_K = kV2Rows / 8;
@@ -403,12 +474,13 @@ attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, flo
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t a[4];
-            frag_a<LDS>(a, Qs, wr, kk * 16, gr, tg);
+            load_a<LDS, LDSM>(a, Qs, wr, kk * 16, lane);
 #pragma unroll
-            for (int nt = 0; nt < NT_K; nt++) {
-                uint32_t bb[2];
-                frag_b_trans<LDS>(bb, Ks, nt * 8, kk * 16, gr, tg);
-                mma_16816(s[nt], a, bb);
+            for (int nt = 0; nt < NT_K; nt += 2) {
+                uint32_t b0[2], b1[2];
+                load_b_trans2<LDS, LDSM>(b0, b1, Ks, nt * 8, kk * 16, lane);
+                mma_16816(s[nt], a, b0);
+                mma_16816(s[nt + 1], a, b1);
             }
         }
         // Scale to log2 units and mask (key > query, or key >= T) to -inf.
@@ -455,10 +527,11 @@ attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, flo
             uint32_t a[4];
             frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < NT_D; nt++) {
-                uint32_t bb[2];
-                frag_b<LDS>(bb, Vs, kk * 16, nt * 8, gr, tg);
-                mma_16816(o[nt], a, bb);
+            for (int nt = 0; nt < NT_D; nt += 2) {
+                uint32_t b0[2], b1[2];
+                load_b2<LDS, LDSM>(b0, b1, Vs, kk * 16, nt * 8, lane);
+                mma_16816(o[nt], a, b0);
+                mma_16816(o[nt + 1], a, b1);
             }
         }
     }
@@ -486,7 +559,7 @@ constexpr int v2_dq_smem() { return 4 * kV2Rows * (HD + kV2Pad) * 2; }
 // dQ. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h, warp = 16 rows.
 // Per key tile: S = Q Kᵀ, P = exp2(S·scale·log2e − lse·log2e) (masked to 0), dP = dO Vᵀ,
 // dS = P (dP − D), dQ += dS K; dQ·scale written once at the end.
-template <int HD>
+template <int HD, bool LDSM>
 __global__ void __launch_bounds__(kV2Threads)
 attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
                int T_, int nh, int nkv, float scale, float scale_log2) {
@@ -532,15 +605,17 @@ attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, c
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t a[4], ad[4];
-            frag_a<LDS>(a, Qs, wr, kk * 16, gr, tg);
-            frag_a<LDS>(ad, dOs, wr, kk * 16, gr, tg);
+            load_a<LDS, LDSM>(a, Qs, wr, kk * 16, lane);
+            load_a<LDS, LDSM>(ad, dOs, wr, kk * 16, lane);
 #pragma unroll
-            for (int nt = 0; nt < NT_K; nt++) {
-                uint32_t bb[2];
-                frag_b_trans<LDS>(bb, Ks, nt * 8, kk * 16, gr, tg);
-                mma_16816(s[nt], a, bb);
-                frag_b_trans<LDS>(bb, Vs, nt * 8, kk * 16, gr, tg);
-                mma_16816(dp[nt], ad, bb);
+            for (int nt = 0; nt < NT_K; nt += 2) {
+                uint32_t b0[2], b1[2];
+                load_b_trans2<LDS, LDSM>(b0, b1, Ks, nt * 8, kk * 16, lane);
+                mma_16816(s[nt], a, b0);
+                mma_16816(s[nt + 1], a, b1);
+                load_b_trans2<LDS, LDSM>(b0, b1, Vs, nt * 8, kk * 16, lane);
+                mma_16816(dp[nt], ad, b0);
+                mma_16816(dp[nt + 1], ad, b1);
             }
         }
 #pragma unroll
@@ -561,10 +636,11 @@ attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, c
             uint32_t a[4];
             frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < NT_D; nt++) {
-                uint32_t bb[2];
-                frag_b<LDS>(bb, Ks, kk * 16, nt * 8, gr, tg);
-                mma_16816(dq[nt], a, bb);
+            for (int nt = 0; nt < NT_D; nt += 2) {
+                uint32_t b0[2], b1[2];
+                load_b2<LDS, LDSM>(b0, b1, Ks, kk * 16, nt * 8, lane);
+                mma_16816(dq[nt], a, b0);
+                mma_16816(dq[nt + 1], a, b1);
             }
         }
     }
@@ -592,7 +668,7 @@ constexpr int v2_dkdv_smem() {
 // shared memory), warp = 16 keys. Loops over the query heads of the group and the query tiles
 // from the key tile on (BQ rows each): Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) masked,
 // dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ − D); dV += Pᵀ dO, dK += dSᵀ Q; written once (dK·scale) at the end.
-template <int HD>
+template <int HD, bool LDSM>
 __global__ void __launch_bounds__(kV2Threads)
 attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
                  int T_, int nh, int nkv, float scale, float scale_log2) {
@@ -641,15 +717,17 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
                 uint32_t a[4], av[4];
-                frag_a<LDS>(a, Ks, wr, kk * 16, gr, tg);
-                frag_a<LDS>(av, Vs, wr, kk * 16, gr, tg);
+                load_a<LDS, LDSM>(a, Ks, wr, kk * 16, lane);
+                load_a<LDS, LDSM>(av, Vs, wr, kk * 16, lane);
 #pragma unroll
-                for (int nt = 0; nt < NT_Q; nt++) {
-                    uint32_t bb[2];
-                    frag_b_trans<LDS>(bb, Qs, nt * 8, kk * 16, gr, tg);
-                    mma_16816(st[nt], a, bb);
-                    frag_b_trans<LDS>(bb, dOs, nt * 8, kk * 16, gr, tg);
-                    mma_16816(dpt[nt], av, bb);
+                for (int nt = 0; nt < NT_Q; nt += 2) {
+                    uint32_t b0[2], b1[2];
+                    load_b_trans2<LDS, LDSM>(b0, b1, Qs, nt * 8, kk * 16, lane);
+                    mma_16816(st[nt], a, b0);
+                    mma_16816(st[nt + 1], a, b1);
+                    load_b_trans2<LDS, LDSM>(b0, b1, dOs, nt * 8, kk * 16, lane);
+                    mma_16816(dpt[nt], av, b0);
+                    mma_16816(dpt[nt + 1], av, b1);
                 }
             }
 #pragma unroll
@@ -671,12 +749,14 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
                 frag_a_from_c(ap, st[2 * kk], st[2 * kk + 1]);
                 frag_a_from_c(as, dpt[2 * kk], dpt[2 * kk + 1]);
 #pragma unroll
-                for (int nt = 0; nt < NT_D; nt++) {
-                    uint32_t bb[2];
-                    frag_b<LDS>(bb, dOs, kk * 16, nt * 8, gr, tg);
-                    mma_16816(dv[nt], ap, bb);
-                    frag_b<LDS>(bb, Qs, kk * 16, nt * 8, gr, tg);
-                    mma_16816(dk[nt], as, bb);
+                for (int nt = 0; nt < NT_D; nt += 2) {
+                    uint32_t b0[2], b1[2];
+                    load_b2<LDS, LDSM>(b0, b1, dOs, kk * 16, nt * 8, lane);
+                    mma_16816(dv[nt], ap, b0);
+                    mma_16816(dv[nt + 1], ap, b1);
+                    load_b2<LDS, LDSM>(b0, b1, Qs, kk * 16, nt * 8, lane);
+                    mma_16816(dk[nt], as, b0);
+                    mma_16816(dk[nt + 1], as, b1);
                 }
             }
         }
@@ -697,29 +777,29 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
     }
 }
 
-template <int HD>
+template <int HD, bool LDSM>
 inline void v2_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_, int nh, int nkv,
                        float scale, cudaStream_t s) {
     constexpr int smem = v2_fwd_smem<HD>();
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_v2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_v2<HD, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     dim3 grid((unsigned)ceil_div(T_, kV2Rows), (unsigned)nh, (unsigned)B);
-    attn_fwd_v2<HD><<<grid, kV2Threads, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
+    attn_fwd_v2<HD, LDSM><<<grid, kV2Threads, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
     LDM_LAUNCH_CHECK();
 }
 
-template <int HD>
+template <int HD, bool LDSM>
 inline void v2_backward(bf16* dqkv, const float* D, const bf16* dout, const float* lse,
                         const bf16* qkv, int B, int T_, int nh, int nkv, float scale,
                         cudaStream_t s) {
     constexpr int smem_kv = v2_dkdv_smem<HD>(), smem_q = v2_dq_smem<HD>();
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_v2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_v2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_v2<HD, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_v2<HD, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
     dim3 gkv((unsigned)ceil_div(T_, kV2Rows), (unsigned)nkv, (unsigned)B);
-    attn_bwd_dkdv_v2<HD><<<gkv, kV2Threads, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv,
+    attn_bwd_dkdv_v2<HD, LDSM><<<gkv, kV2Threads, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv,
                                                           scale, scale * kLog2e);
     LDM_LAUNCH_CHECK();
     dim3 gq((unsigned)ceil_div(T_, kV2Rows), (unsigned)nh, (unsigned)B);
-    attn_bwd_dq_v2<HD><<<gq, kV2Threads, smem_q, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv, scale,
+    attn_bwd_dq_v2<HD, LDSM><<<gq, kV2Threads, smem_q, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv, scale,
                                                       scale * kLog2e);
     LDM_LAUNCH_CHECK();
 }
@@ -728,7 +808,7 @@ inline void v2_backward(bf16* dqkv, const float* D, const bf16* dout, const floa
 template <typename T>
 inline bool variant_supported(int variant, int hd) {
     if (variant == 1) return hd >= 2 && hd <= kV1MaxHd && hd % 2 == 0;
-    if (variant == 2) return std::is_same<T, bf16>::value && (hd == 64 || hd == 128);
+    if (variant == 2 || variant == 3) return std::is_same<T, bf16>::value && (hd == 64 || hd == 128);
     return false;
 }
 
@@ -781,10 +861,12 @@ void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int nh, 
         attn_fwd_v1<T><<<(unsigned)ceil_div(rows, kV1Warps), kV1Warps * 32, 0, s>>>(
             out, lse, qkv, B, T_, nh, nkv, hd, scale);
         LDM_LAUNCH_CHECK();
-    } else if (v == 2) {
+    } else if (v == 2 || v == 3) {
         if constexpr (std::is_same<T, bf16>::value) {
-            if (hd == 64) v2_forward<64>(out, lse, qkv, B, T_, nh, nkv, scale, s);
-            else v2_forward<128>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 2 && hd == 64) v2_forward<64, false>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 2 && hd == 128) v2_forward<128, false>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 3 && hd == 64) v2_forward<64, true>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 3 && hd == 128) v2_forward<128, true>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         }
     }
 }
@@ -811,10 +893,12 @@ void attention_backward(T* dqkv, float* scratch, const T* dout, const T* out, co
         attn_bwd_dq_v1<T><<<(unsigned)ceil_div(qrows, kV1Warps), kV1Warps * 32, 0, s>>>(
             dqkv, dout, lse, D, qkv, B, T_, nh, nkv, hd, scale);
         LDM_LAUNCH_CHECK();
-    } else if (v == 2) {
+    } else if (v == 2 || v == 3) {
         if constexpr (std::is_same<T, bf16>::value) {
-            if (hd == 64) v2_backward<64>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-            else v2_backward<128>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 2 && hd == 64) v2_backward<64, false>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 2 && hd == 128) v2_backward<128, false>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 3 && hd == 64) v2_backward<64, true>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+            if (v == 3 && hd == 128) v2_backward<128, true>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         }
     }
 }

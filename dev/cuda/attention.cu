@@ -197,7 +197,10 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        const std::vector<int> variants = {1, 2};
+        const std::vector<int> variants = {1, 2, 3};
+        std::printf("auto variant: fp32 hd=64 -> %d, bf16 hd=64 -> %d, bf16 hd=128 -> %d\n",
+                    attention_variant<float>(64), attention_variant<bf16>(64),
+                    attention_variant<bf16>(128));
         std::vector<Shape> shapes = {
             {1, 1, 2, 1, 64},    {2, 37, 4, 2, 16},    {1, 130, 4, 4, 64},  {2, 257, 8, 2, 128},
             {1, 64, 2, 2, 64},   {3, 100, 6, 2, 128},  {1, 65, 3, 1, 6},    {1, 200, 2, 1, 256},
