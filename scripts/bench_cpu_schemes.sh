@@ -44,10 +44,10 @@ done
 [ -n "$TOK" ] || { echo "error: no gpt2_tokenizer (set LDM_DATA_DIR or run scripts/download_data.sh)" >&2; exit 1; }
 PY=/usr/bin/python3
 [ -n "$OUT" ] || OUT=results/$NAME
-mkdir -p "$OUT/logs" "$OUT/data"
+mkdir -p "$OUT/logs" "$BUILD/bench_data"
 rm -f "$OUT/rows.jsonl" "$OUT"/logs/*.txt
 # One synthetic uint16 shard (llm.c layout, doc/formats.md) of random GPT-2 ids.
-$PY - "$OUT/data/synthetic_train_000001.bin" <<'PY'
+$PY - "$BUILD/bench_data/synthetic_train_000001.bin" <<'PY'
 import os, random, struct, sys
 n = 1 << 18
 rnd = random.Random(1337)
@@ -78,7 +78,7 @@ for s in $SCHEMES; do
   $PY scripts/torch_bench.py run --rows "$OUT/rows.jsonl" --impl cpp --label "$s" --shape "$SHAPE" \
     --timeout "$TIMEOUT" --log "$OUT/logs/cpp_$s.txt" -- \
     "$BUILD/train_cpu" --preset "$PRESET" $cflags -B "$B" -T "$T" --bench "$STEPS" --threads "$THREADS" \
-    --quiet --train-data "$OUT/data/synthetic_train_*.bin" --tokenizer "$TOK" --sample-every -1
+    --quiet --train-data "$BUILD/bench_data/synthetic_train_*.bin" --tokenizer "$TOK" --sample-every -1
   if [ "$TORCH" = 1 ]; then
     # shellcheck disable=SC2086
     $PY scripts/torch_bench.py run --rows "$OUT/rows.jsonl" --impl torch-eager --label "$s" --shape "$SHAPE" \

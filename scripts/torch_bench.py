@@ -263,6 +263,8 @@ def cmd_run(a):
         print("error: run needs a command after --", file=sys.stderr)
         return 2
     row = {"impl": a.impl, "label": a.label, "shape": a.shape, "cmd": " ".join(cmd)}
+    if a.n_layer:
+        row["n_layer"] = a.n_layer
     log = open(a.log, "w") if a.log else open(os.devnull, "w")
     t0 = time.time()
     try:
@@ -461,7 +463,7 @@ def cmd_report(a):
         L.append("")
         hdr = ["scheme", "C++ tokens/s", "vs PreLN", "PyTorch eager", "C++ / eager"]
         if gpu:
-            hdr += ["torch.compile", "C++ / compile", "MFU"]
+            hdr += ["torch.compile", "C++ / compile", "MFU", "C++ ms/layer"]
         hdr += ["C++ peak mem GiB", "mem vs PreLN", "eager mem GiB"]
         L.append("| " + " | ".join(hdr) + " |")
         L.append("|" + "---|" * len(hdr))
@@ -477,7 +479,10 @@ def cmd_report(a):
                      st("torch-eager", e), fmt(ratio(c, e), "%.2fx")]
             if gpu:
                 m = metric(sh, lb, "cpp", "mfu")
-                cells += [st("torch-compile", k), fmt(ratio(c, k), "%.2fx"), fmt(m and 100 * m, "%.1f%%")]
+                rr = by.get((sh, lb, "cpp")) or {}
+                ms = metric(sh, lb, "cpp", "step_ms")
+                cells += [st("torch-compile", k), fmt(ratio(c, k), "%.2fx"), fmt(m and 100 * m, "%.1f%%"),
+                          fmt(ms / rr["n_layer"] if (ms and rr.get("n_layer")) else None, "%.2f")]
             cm = metric(sh, lb, "cpp", "mem")
             cells += [fmt(cm, "%.3f"), fmt(ratio(cm, metric(sh, "preln", "cpp", "mem")), "%.3f"),
                       fmt(metric(sh, lb, "torch-eager", "mem"), "%.3f")]
@@ -559,6 +564,7 @@ def main():
     r.add_argument("--shape", required=True)
     r.add_argument("--timeout", type=float, default=0)
     r.add_argument("--log", default="")
+    r.add_argument("--n-layer", type=int, default=0, help="blocks of the model (GPU table: ms per layer)")
     r.add_argument("cmd", nargs=argparse.REMAINDER)
     p = sub.add_parser("report", help="write bench.md/csv/png from the rows")
     p.add_argument("--kind", required=True, choices=["cpu", "gpu"])
