@@ -352,11 +352,12 @@ __global__ void write_vjp_v1_kernel(Dims D, float* cur, float* dS, const float* 
 }
 
 // ---- v2: one warp per (token, head) ----------------------------------------------------------
-// Lane l owns the rows a = l, l+32, ... of S [dv, dk] (row a is dk contiguous floats, so a warp
-// reads 32 consecutive rows = one contiguous 32·dk·4-byte span per row step: coalesced); k, q,
-// u = P k and P itself (dk <= kV2MaxDk) live in registers of every lane (P is read once per
-// warp, broadcast). The per-row math is the same expression as ldm_math.h's loops; sums over
-// rows (dk-vectors) are warp reductions (fixed butterfly order, deterministic).
+// Lane l owns the rows a = l, l+32, ... of S [dv, dk] (row a is dk contiguous floats, loaded and
+// stored as float4 when dk is 4, 8 or 16, so a warp moves one contiguous 32·dk·4-byte span per
+// row step: coalesced); k, q, u = P k and P itself (dk <= kV2MaxDk) live in registers of every
+// lane (P is read once per warp, broadcast). Registers beyond dk hold 0, so the unguarded sums
+// equal the dk-term sums. The per-row math is the same expression as ldm_math.h's loops; sums
+// over rows (dk-vectors) are warp reductions (fixed butterfly order, deterministic).
 constexpr int kV2MaxDk = 16;
 constexpr int kWarpsPerBlock = 4;
 
@@ -374,43 +375,101 @@ __device__ inline float warp_sum(float x) {
     return x;
 }
 
-// L2n of a dk-vector held (replicated) in registers: returns the norm, x becomes L2n(x).
+// x[0..DK) = p[0..dk) and 0 beyond; float4 loads when dk == DK (16-byte aligned: every row of
+// S, P, dS starts at a multiple of dk floats from a cudaMalloc base).
 template <int DK>
-__device__ inline float l2n_reg(float (&x)[DK], int dk) {
-    float s = 0.f;
+__device__ inline void load_row(const float* p, float (&x)[DK], int dk) {
+    if (DK % 4 == 0 && dk == DK) {
 #pragma unroll
-    for (int b = 0; b < DK; b++)
-        if (b < dk) s += x[b] * x[b];
-    const float nrm = sqrtf(s + 1e-6f), inv = 1.f / nrm;
+        for (int b = 0; b < DK; b += 4) {
+            const float4 t = *reinterpret_cast<const float4*>(p + b);
+            x[b] = t.x; x[b + 1] = t.y; x[b + 2] = t.z; x[b + 3] = t.w;
+        }
+    } else {
 #pragma unroll
-    for (int b = 0; b < DK; b++)
-        if (b < dk) x[b] *= inv;
-    return nrm;
+        for (int b = 0; b < DK; b++) x[b] = b < dk ? p[b] : 0.f;
+    }
+}
+template <int DK>
+__device__ inline void store_row(float* p, const float (&x)[DK], int dk) {
+    if (DK % 4 == 0 && dk == DK) {
+#pragma unroll
+        for (int b = 0; b < DK; b += 4) *reinterpret_cast<float4*>(p + b) = make_float4(x[b], x[b + 1], x[b + 2], x[b + 3]);
+    } else {
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b < dk) p[b] = x[b];
+    }
+}
+// Lane `lane` < dk writes x[lane] to p[lane].
+template <int DK>
+__device__ inline void store_vec_lanes(float* p, const float (&x)[DK], int dk, int lane) {
+    if (lane < dk) {
+#pragma unroll
+        for (int b = 0; b < DK; b++)
+            if (b == lane) p[b] = x[b];
+    }
 }
 
-// v2 read: same outputs as read_v1_kernel.
+// L2n of a dk-vector held (replicated, zero-padded) in registers: returns the norm.
+template <int DK>
+__device__ inline float l2n_reg(float (&x)[DK]) {
+    float s = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++) s += x[b] * x[b];
+    const float nrm = sqrtf(s + 1e-6f), inv = 1.f / nrm;
+#pragma unroll
+    for (int b = 0; b < DK; b++) x[b] *= inv;
+    return nrm;
+}
+// P [dk, dk] (row-major, dk <= DK) into registers Pl[a*DK + b], zero-padded.
+template <int DK>
+__device__ inline void load_P(const float* P, float (&Pl)[DK * DK], int dk) {
+#pragma unroll
+    for (int a = 0; a < DK; a++) {
+        float row[DK];
+        if (a < dk) load_row<DK>(P + a * dk, row, dk);
+        else
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[b] = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++) Pl[a * DK + b] = row[b];
+    }
+}
+// Lanes write P [dk, dk] from registers (element p by lane p % 32).
+template <int DK>
+__device__ inline void store_P(float* P, const float (&Pl)[DK * DK], int dk, int lane) {
+    for (int p = lane; p < dk * dk; p += 32) {
+        const int a = p / dk, b = p % dk;
+        float val = 0.f;
+#pragma unroll
+        for (int c = 0; c < DK * DK; c++)
+            if (c == a * DK + b) val = Pl[c];
+        P[p] = val;
+    }
+}
+
+// v2 read: same outputs as read_v1_kernel (r32 is not written).
 template <typename T, int DK>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 read_v2_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Qnrm,
                const float* src32, const float* a, T* x) {
     LDM_WARP_INDEX(D)
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h);
+    const int dk = D.dk;
     float q[DK];
 #pragma unroll
-    for (int b = 0; b < DK; b++) q[b] = b < D.dk ? raw[kh + b] : 0.f;
-    const float nrm = l2n_reg<DK>(q, D.dk);
-    if (lane < D.dk) {
-#pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b == lane) Qn[kh + b] = q[b];
-    }
+    for (int b = 0; b < DK; b++) q[b] = b < dk ? raw[kh + b] : 0.f;
+    const float nrm = l2n_reg<DK>(q);
+    store_vec_lanes<DK>(Qn + kh, q, dk, lane);
     if (lane == 0) Qnrm[D.tok_off(n, h)] = nrm;
     const float* S = cur + D.state_off(n, h);
     for (int r = lane; r < D.dv; r += 32) {
+        float row[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
         float s = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b < D.dk) s += S[(int64_t)r * D.dk + b] * q[b];
+        for (int b = 0; b < DK; b++) s += row[b] * q[b];
         x[vo + r] = from_f<T>(a ? src32[vo + r] + a[h * D.dv + r] * s : s);
     }
 }
@@ -423,56 +482,47 @@ write_rls_v2_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm
     LDM_WARP_INDEX(D)
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
     const int dk = D.dk;
-    float k[DK], u[DK];
+    float k[DK], u[DK], Pl[DK * DK];
 #pragma unroll
     for (int b = 0; b < DK; b++) k[b] = b < dk ? raw[kh + b] : 0.f;
-    const float nrm = l2n_reg<DK>(k, dk);
-    if (lane < dk) {
-#pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b == lane) Kn[kh + b] = k[b];
-    }
+    const float nrm = l2n_reg<DK>(k);
+    store_vec_lanes<DK>(Kn + kh, k, dk, lane);
     if (lane == 0) Knrm[D.tok_off(n, h)] = nrm;
     float* S = cur + so;
     float* P = S + D.SS;
+    load_P<DK>(P, Pl, dk);
     float kv = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++) {
         float s = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (a < dk && b < dk) s += P[a * dk + b] * k[b];
+        for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
         u[a] = s;
         kv += k[a] * s;
     }
     const float lm = lam[h], gamma = lm + kv, ig = 1.f / gamma, il = 1.f / lm;
     const float* v = v32 + vo;
     for (int r = lane; r < D.dv; r += 32) {
-        float* Sr = S + (int64_t)r * dk;
+        float row[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
         float s = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b < dk) s += Sr[b] * k[b];
+        for (int b = 0; b < DK; b++) s += row[b] * k[b];
         const float e = v[r] - s;
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b < dk) Sr[b] += e * (u[b] * ig);
+        for (int b = 0; b < DK; b++) row[b] += e * (u[b] * ig);
+        store_row<DK>(S + (int64_t)r * dk, row, dk);
     }
-    __syncwarp();
-    for (int p = lane; p < dk * dk; p += 32) {
-        const int a = p / dk, b = p % dk;
-        float ua = 0.f, ub = 0.f;
 #pragma unroll
-        for (int c = 0; c < DK; c++) {
-            if (c == a) ua = u[c];
-            if (c == b) ub = u[c];
-        }
-        P[p] = (P[p] - ua * ub * ig) * il;
-    }
+    for (int p = 0; p < DK * DK; p++) Pl[p] = (Pl[p] - u[p / DK] * u[p % DK] * ig) * il;
+    __syncwarp();
+    store_P<DK>(P, Pl, dk, lane);
 }
 
-// v2 fused unwind + VJP of an rls write (unwind mode): same math as rls_unwind followed by
-// rls_write_vjp (ldm_math.h), rows over lanes; dk-vector sums are warp reductions.
+// v2 fused unwind + VJP of an rls write: same math as rls_unwind (when UNWIND) followed by
+// rls_write_vjp (ldm_math.h). One pass over the rows: each lane unwinds its S row in registers,
+// stores it, and applies the row's part of the VJP with its dS row; dk-vector sums are warp
+// reductions; the P part is computed redundantly by every lane from registers.
 template <int DK, bool UNWIND>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 unwind_vjp_rls_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
@@ -488,48 +538,28 @@ unwind_vjp_rls_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const f
     float* dP = dSs + D.SS;
     const float* v = v32 + vo;
     const float lm = lam[h], il = 1.f / lm;
-    float k[DK], u[DK], g[DK], dg[DK], du[DK], dkk[DK], Pl[DK * DK];
+    float k[DK], u[DK], g[DK], gu[DK], dg[DK], du[DK], dkk[DK], Pl[DK * DK];
 #pragma unroll
     for (int b = 0; b < DK; b++) k[b] = b < dk ? Kn[kh + b] : 0.f;
-    // P into registers (broadcast reads).
-#pragma unroll
-    for (int p = 0; p < DK * DK; p++) Pl[p] = (p / DK < dk && p % DK < dk) ? P[(p / DK) * dk + p % DK] : 0.f;
+    load_P<DK>(P, Pl, dk);
+    float gl = 0.f;
     if (UNWIND) {
-        // g = P k; a = k.g; gamma = lam/(1-a); P_prev = lam P + gamma g g^T; S_prev = S - (gamma/lam) e' g^T
+        // gu = P k; a = k.gu; gamma = lam/(1-a); P_prev = lam P + gamma gu gu^T (rows: below)
         float a_ = 0.f;
 #pragma unroll
         for (int a = 0; a < DK; a++) {
             float s = 0.f;
 #pragma unroll
             for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
-            g[a] = s;
+            gu[a] = s;
             a_ += k[a] * s;
         }
-        const float gm = lm / (1.f - a_), gl = gm / lm;
-        for (int r = lane; r < D.dv; r += 32) {
-            float* Sr = S + (int64_t)r * dk;
-            float s = 0.f;
+        const float gm = lm / (1.f - a_);
+        gl = gm / lm;
 #pragma unroll
-            for (int b = 0; b < DK; b++)
-                if (b < dk) s += Sr[b] * k[b];
-            const float e = (v[r] - s) * gl;
-#pragma unroll
-            for (int b = 0; b < DK; b++)
-                if (b < dk) Sr[b] -= e * g[b];
-        }
-#pragma unroll
-        for (int p = 0; p < DK * DK; p++) Pl[p] = lm * Pl[p] + gm * g[p / DK] * g[p % DK];
-        __syncwarp();
-        for (int p = lane; p < dk * dk; p += 32) {
-            const int a = p / dk, b = p % dk;
-            float val = 0.f;
-#pragma unroll
-            for (int c = 0; c < DK * DK; c++)
-                if (c == a * DK + b) val = Pl[c];
-            P[p] = val;
-        }
+        for (int p = 0; p < DK * DK; p++) Pl[p] = lm * Pl[p] + gm * gu[p / DK] * gu[p % DK];
     }
-    // VJP at the state before (S, Pl).
+    // VJP quantities at the state before the write (S_prev rows, Pl = P_prev).
     float ku = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++) {
@@ -546,25 +576,34 @@ unwind_vjp_rls_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const f
         dg[b] = 0.f;
         dkk[b] = 0.f;
     }
-    // rows: e = v - S k, de = dS' g, dg += dS'^T e; then dv += de, dk -= S^T de, dS_prev = dS' - de k^T
     for (int r = lane; r < D.dv; r += 32) {
-        const float* Sr = S + (int64_t)r * dk;
-        float* dSr = dSs + (int64_t)r * dk;
+        float row[DK], drow[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        if (UNWIND) {  // S_prev = S - (gamma/lam)(v - S k) gu^T
+            float s = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) s += row[b] * k[b];
+            const float e = (v[r] - s) * gl;
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[b] -= e * gu[b];
+            store_row<DK>(S + (int64_t)r * dk, row, dk);
+        }
+        load_row<DK>(dSs + (int64_t)r * dk, drow, dk);
+        // e = v - S k, de = dS' g; dg += dS'^T e; dv += de; dk -= S^T de; dS_prev = dS' - de k^T
         float s = 0.f, t = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b < dk) {
-                s += Sr[b] * k[b];
-                t += dSr[b] * g[b];
-            }
+        for (int b = 0; b < DK; b++) {
+            s += row[b] * k[b];
+            t += drow[b] * g[b];
+        }
         const float e = v[r] - s;
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b < dk) {
-                dg[b] += dSr[b] * e;
-                dkk[b] -= Sr[b] * t;
-                dSr[b] -= t * k[b];
-            }
+        for (int b = 0; b < DK; b++) {
+            dg[b] += drow[b] * e;
+            dkk[b] -= row[b] * t;
+            drow[b] -= t * k[b];
+        }
+        store_row<DK>(dSs + (int64_t)r * dk, drow, dk);
         dvacc[vo + r] = dsrc32[vo + r] + t;
     }
 #pragma unroll
@@ -572,23 +611,24 @@ unwind_vjp_rls_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const f
         dg[b] = warp_sum(dg[b]);
         dkk[b] = warp_sum(dkk[b]);
     }
-    // P part (every lane computes the dk x dk terms redundantly from registers + dP reads).
+    // P part: dP read by every lane (broadcast) into registers.
+    float dPl[DK * DK];
+    load_P<DK>(dP, dPl, dk);
     float dl = 0.f, uDu = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++) du[a] = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++)
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (a < dk && b < dk) {
-                const float dPab = dP[a * dk + b];
-                const float Dp = dPab * il;
-                const float Pn = (Pl[a * DK + b] - u[a] * u[b] * ig) * il;
-                dl -= dPab * Pn * il;
-                du[a] -= Dp * u[b] * ig;
-                du[b] -= Dp * u[a] * ig;
-                uDu += u[a] * Dp * u[b];
-            }
+        for (int b = 0; b < DK; b++) {
+            const float dPab = dPl[a * DK + b];
+            const float Dp = dPab * il;
+            const float Pn = (Pl[a * DK + b] - u[a] * u[b] * ig) * il;
+            dl -= dPab * Pn * il;
+            du[a] -= Dp * u[b] * ig;
+            du[b] -= Dp * u[a] * ig;
+            uDu += u[a] * Dp * u[b];
+        }
     float dgamma = uDu * ig * ig;
     float dgu = 0.f;
 #pragma unroll
@@ -607,27 +647,19 @@ unwind_vjp_rls_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const f
     for (int a = 0; a < DK; a++)
 #pragma unroll
         for (int b = 0; b < DK; b++) dkk[b] += Pl[a * DK + b] * du[a];
-    __syncwarp();
-    for (int p = lane; p < dk * dk; p += 32) {
-        const int a = p / dk, b = p % dk;
-        float dua = 0.f, kb = 0.f;
 #pragma unroll
-        for (int c = 0; c < DK; c++) {
-            if (c == a) dua = du[c];
-            if (c == b) kb = k[c];
-        }
-        dP[p] = dP[p] * il + dua * kb;
-    }
+    for (int p = 0; p < DK * DK; p++) dPl[p] = dPl[p] * il + du[p / DK] * k[p % DK];
+    __syncwarp();
+    if (UNWIND) store_P<DK>(P, Pl, dk, lane);
+    store_P<DK>(dP, dPl, dk, lane);
     // L2n backward of the key gradient: dx = (dy - y (y.dy)) / nrm
     float yd = 0.f;
 #pragma unroll
     for (int b = 0; b < DK; b++) yd += k[b] * dkk[b];
     const float inv = 1.f / Knrm[nh];
-    if (lane < dk) {
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b == lane) draw[kh + b] = (dkk[b] - k[b] * yd) * inv;
-    }
+    for (int b = 0; b < DK; b++) dkk[b] = (dkk[b] - k[b] * yd) * inv;
+    store_vec_lanes<DK>(draw + kh, dkk, dk, lane);
     if (lane == 0) dtok[nh] = dl;
 }
 
@@ -649,18 +681,19 @@ read_bwd_v2_kernel(Dims D, const float* cur, const float* Qn, const float* Qnrm,
         dq[b] = 0.f;
     }
     for (int r = lane; r < D.dv; r += 32) {
-        const float* Sr = S + (int64_t)r * dk;
-        float* dSr = dSs + (int64_t)r * dk;
+        float row[DK], drow[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        load_row<DK>(dSs + (int64_t)r * dk, drow, dk);
         const float dxr = to_f(dx[vo + r]);
         const float g = a ? a[h * D.dv + r] * dxr : dxr;
         float rr = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b < dk) {
-                rr += Sr[b] * q[b];
-                dSr[b] += g * q[b];
-                dq[b] += Sr[b] * g;
-            }
+        for (int b = 0; b < DK; b++) {
+            rr += row[b] * q[b];
+            drow[b] += g * q[b];
+            dq[b] += row[b] * g;
+        }
+        store_row<DK>(dSs + (int64_t)r * dk, drow, dk);
         if (a) prod32[vo + r] = dxr * rr;
     }
 #pragma unroll
@@ -669,11 +702,9 @@ read_bwd_v2_kernel(Dims D, const float* cur, const float* Qn, const float* Qnrm,
 #pragma unroll
     for (int b = 0; b < DK; b++) yd += q[b] * dq[b];
     const float inv = 1.f / Qnrm[D.tok_off(n, h)];
-    if (lane < dk) {
 #pragma unroll
-        for (int b = 0; b < DK; b++)
-            if (b == lane) draw[kh + b] = (dq[b] - q[b] * yd) * inv;
-    }
+    for (int b = 0; b < DK; b++) dq[b] = (dq[b] - q[b] * yd) * inv;
+    store_vec_lanes<DK>(draw + kh, dq, dk, lane);
 }
 
 #undef LDM_TH_INDEX
