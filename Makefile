@@ -22,6 +22,14 @@ CXXFLAGS += -std=c++17 $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I
 LDFLAGS  += -fopenmp $(filter -fsanitize=%,$(OPT))
 LDLIBS   += -lpcre2-8 -lutf8proc -lopenblas -lbz2 -lpthread
 
+# MPI (OpenMPI from scripts/install_deps.sh) for the data-parallel layer core/dist.cpp: include
+# and library flags from the wrapper compiler (only -I / -L / -l, so nvcc accepts them too).
+MPICXX    ?= mpicxx
+MPI_CFLAGS := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
+MPI_LIBS   := $(filter-out -lmpi_cxx,$(filter -L% -l%,$(shell $(MPICXX) --showme:link 2>/dev/null)))
+CXXFLAGS += $(MPI_CFLAGS)
+LDLIBS   += $(MPI_LIBS)
+
 BUILD    ?= build
 
 # Library: everything in core/, dev/cpu/ and data/prep_*.cpp (no main() there).

@@ -27,6 +27,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/dataloader.h"
+#include "core/dist.h"
 #include "core/eval.h"
 #include "core/logger.h"
 #include "core/optim.h"
@@ -75,6 +76,8 @@ struct Options {
     std::string dtype = "fp32";
     int threads = 0;
     bool dry_run = false, unigram_baseline = false, quiet = false;
+    int zero = 0;                 // data parallel: 0 = replicated AdamW, 1 = ZeRO-1 sharded AdamW state
+    bool dist_selftest = false;   // check the MPI collectives and exit (test/test_dist.cpp)
     std::string dump_debug_state;
     int64_t bench = 0;
 };
@@ -82,6 +85,11 @@ struct Options {
 std::string dirname_of(const std::string& p) {
     size_t s = p.find_last_of('/');
     return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+std::string basename_of(const std::string& p) {
+    size_t s = p.find_last_of('/');
+    return s == std::string::npos ? p : p.substr(s + 1);
 }
 
 void mkdir_p(const std::string& d) {
@@ -157,10 +165,18 @@ template <typename R>
 std::string to_bytes(const std::vector<R>& v) {
     return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(R));
 }
+
+// Copies the part of a saved slice (raw values of R covering [ps.offset, ps.offset + ps.count) of
+// the flat parameter index) that falls inside dst, which holds indices [lo, lo + dst.size()).
 template <typename R>
-void from_bytes(std::vector<R>& v, const std::string& b, const std::string& what) {
-    if (b.size() != v.size() * sizeof(R)) throw Error("resume: " + what + " has the wrong size");
-    std::memcpy(v.data(), b.data(), b.size());
+void copy_part(std::vector<R>& dst, int64_t lo, const std::string& bytes, dist::Shard ps, const std::string& what) {
+    if (bytes.size() != size_t(ps.count) * sizeof(R)) throw Error("resume: " + what + " has the wrong size");
+    const int64_t a = std::max(lo, ps.offset), b = std::min(lo + int64_t(dst.size()), ps.offset + ps.count);
+    if (b > a) std::memcpy(dst.data() + (a - lo), bytes.data() + size_t(a - ps.offset) * sizeof(R), size_t(b - a) * sizeof(R));
+}
+template <typename R>
+std::string slice_bytes(const std::vector<R>& v, int64_t offset, int64_t count) {
+    return std::string(reinterpret_cast<const char*>(v.data() + offset), size_t(count) * sizeof(R));
 }
 
 // Sampling: autoregressive from <|endoftext|>, temperature 1 over the real V. Each token runs one
@@ -200,20 +216,32 @@ std::string sample_text(cpu::Model<R>& model, const Tokenizer* tok, uint32_t eot
 template <typename R>
 int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
     const int B = o.B, T = o.T;
-    const int64_t accum = o.total_batch_tokens / (int64_t(B) * T);
+    const int64_t accum = o.total_batch_tokens / (int64_t(B) * T);  // micro-batches per step, all ranks
+    // Data parallel (core/dist.h, doc/distributed.md): rank r of W runs accum / W of the global
+    // batch's micro-batches (the loader gives it windows r, r+W, ...); W = 1 is the plain run.
+    const int W = dist::world(), rank = dist::rank();
+    if (accum % W != 0)
+        throw Error(strprintf("data parallel: the %lld micro-batches of B*T per step (--total-batch-tokens / (B*T)) "
+                              "are not divisible by the world size %d",
+                              (long long)accum, W));
+    const int64_t accum_local = accum / W;
+    const bool zero1 = W > 1 && o.zero == 1;
     const uint32_t V = uint32_t(cfg.vocab_size);
     const uint32_t eot = tok ? tok->eot_id() : V - 1;
 
     // Data first: bad or missing data fails before the large allocations.
     if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");
     if (glob_files(o.train_data).empty()) throw Error("--train-data: no files match '" + o.train_data + "'");
-    DataLoader train(o.train_data, B, T, 0, 1, true, uint64_t(o.seed), V);
+    DataLoader train(o.train_data, B, T, rank, W, true, uint64_t(o.seed), V);
     std::unique_ptr<DataLoader> val;
     if (!o.val_data.empty()) {
         if (glob_files(o.val_data).empty()) throw Error("--val-data: no files match '" + o.val_data + "'");
-        val.reset(new DataLoader(o.val_data, B, T, 0, 1, false, 0, V));
+        val.reset(new DataLoader(o.val_data, B, T, rank, W, false, 0, V));
     }
-    const int val_batches = val ? int(std::min<uint64_t>(uint64_t(o.val_batches), val->batches_per_epoch())) : 0;
+    // val_batches: global count (windows 0..val_batches-1); rank r scores those with index = r mod W.
+    const int val_batches =
+        val ? int(std::min<uint64_t>(uint64_t(o.val_batches), val->batches_per_epoch() * uint64_t(W))) : 0;
+    const int val_batches_local = val_batches > rank ? (val_batches - rank + W - 1) / W : 0;
 
     cpu::Model<R> model(cfg);
     model.init(uint64_t(o.seed));
@@ -227,7 +255,18 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
     ac.eps = o.adam_eps;
     ac.weight_decay = o.weight_decay;
     ac.grad_clip = o.grad_clip;
-    AdamW<R> opt(n, ac, ranges);
+    // ZeRO-1: this rank keeps m, v and updates the parameters of its contiguous shard only; the
+    // global-norm clip is applied before (the shard optimizer runs with clipping off).
+    const dist::Shard shard = dist::shard_range(n, W, rank);
+    std::vector<ParamRange> shard_ranges;
+    for (const auto& r : ranges) {
+        const int64_t a = std::max(r.offset, shard.offset), b = std::min(r.offset + r.numel, shard.offset + shard.count);
+        if (b > a) shard_ranges.push_back({a - shard.offset, b - a, r.decay});
+    }
+    AdamWConfig ac_shard = ac;
+    ac_shard.grad_clip = 0;
+    AdamW<R> opt = zero1 ? AdamW<R>(shard.count, ac_shard, shard_ranges) : AdamW<R>(n, ac, ranges);
+    std::vector<R> gshard(W > 1 ? size_t(shard.count) : 0);  // this rank's reduced gradient shard
     LRSchedule sched;
     sched.kind = o.schedule;
     sched.lr = o.lr;
@@ -243,41 +282,88 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
     const json rflags = resume_flags(o, cfg);
 
     if (!o.resume.empty()) {
-        std::string mpath = o.resume, spath;
-        if (mpath.size() > 6 && mpath.compare(mpath.size() - 6, 6, ".model") == 0)
-            spath = mpath.substr(0, mpath.size() - 6) + ".state";
-        else if (mpath.size() > 6 && mpath.compare(mpath.size() - 6, 6, ".state") == 0)
-            spath = mpath, mpath = mpath.substr(0, mpath.size() - 6) + ".model";
-        else
-            spath = mpath + ".state", mpath = mpath + ".model";
+        // A checkpoint is ckpt_<step>.model plus either one .state file (a single-process run) or
+        // per-rank shards .state.rank<r>of<W0> completed by the marker .done (doc/distributed.md).
+        // Any world size resumes from either: the shards are reassembled and cut for this world.
+        std::string base = o.resume;
+        for (const char* ext : {".model", ".state", ".done"}) {
+            const size_t k = std::strlen(ext);
+            if (base.size() > k && base.compare(base.size() - k, k, ext) == 0) base = base.substr(0, base.size() - k);
+        }
+        const std::string mpath = base + ".model", spath = base + ".state", dpath = base + ".done";
         ModelCheckpoint mc = load_model(mpath);
         std::string d = config_diff(mc.cfg, cfg);
         if (!d.empty())
             throw Error("--resume " + mpath + ": the checkpoint's model config differs from the command line (" + d + ")");
-        TrainState st = load_train_state(spath);
-        check_resume_flags(st.flags, rflags, spath);
-        if (st.step != mc.step)
-            throw Error(strprintf("--resume: model file is at step %lld but training state at step %lld",
-                                  (long long)mc.step, (long long)st.step));
-        if (st.exact_params.empty()) {
-            if (sizeof(R) != 4) throw Error("--resume: " + spath + " has no exact fp64 parameters");
+        std::vector<TrainState> parts;
+        std::vector<dist::Shard> part_shards;
+        int W0 = 1;
+        if (file_exists(spath)) {
+            parts.push_back(load_train_state(spath));
+            part_shards.push_back({0, n});
+            check_resume_flags(parts[0].flags, rflags, spath);
+        } else if (file_exists(dpath)) {
+            json mk;
+            try {
+                mk = json::parse(read_file(dpath));
+                W0 = mk.at("world").get<int>();
+                if (mk.at("param_count").get<int64_t>() != n || mk.at("step").get<int64_t>() != mc.step || W0 < 1)
+                    throw Error("marker does not match the model file");
+            } catch (const std::exception& e) {
+                throw Error("--resume: checkpoint marker " + dpath + ": " + e.what());
+            }
+            for (int p = 0; p < W0; p++) {
+                const std::string sp = base + strprintf(".state.rank%dof%d", p, W0);
+                parts.push_back(load_train_state(sp));
+                part_shards.push_back(dist::shard_range(n, W0, p));
+                check_resume_flags(parts.back().flags, rflags, sp);
+                const json& ex = parts.back().extra;
+                if (ex.value("shard_offset", int64_t(-1)) != part_shards.back().offset ||
+                    ex.value("shard_count", int64_t(-1)) != part_shards.back().count)
+                    throw Error("--resume: " + sp + " does not hold shard " + std::to_string(p) + " of " + std::to_string(W0));
+            }
+        } else {
+            throw Error("--resume: neither " + spath + " nor the shard marker " + dpath +
+                        " exists (a checkpoint without its marker is incomplete)");
+        }
+        for (const TrainState& st : parts)
+            if (st.step != mc.step)
+                throw Error(strprintf("--resume: model file is at step %lld but training state at step %lld",
+                                      (long long)mc.step, (long long)st.step));
+        // Parameters: the exact values of the training dtype (fp64 runs), else the fp32 model file.
+        if (parts[0].exact_params.empty()) {
+            if (sizeof(R) != 4) throw Error("--resume: " + base + " has no exact fp64 parameters");
             for (int64_t i = 0; i < n; i++) model.params[size_t(i)] = R(mc.params[size_t(i)]);
         } else {
-            from_bytes(model.params, st.exact_params, "exact_params");
+            for (size_t p = 0; p < parts.size(); p++)
+                copy_part(model.params, 0, parts[p].exact_params, part_shards[p], "exact_params");
         }
-        from_bytes(opt.m(), st.m, "adam_m");
-        from_bytes(opt.v(), st.v, "adam_v");
-        opt.set_step_count(st.step);
-        train.load_state(st.loader_state);
-        if (st.rng_state.size() != 1) throw Error("--resume: " + spath + ": bad rng state");
-        rng.s = st.rng_state[0];
-        start_step = st.step;
-        std::printf("resumed from %s at step %lld\n", mpath.c_str(), (long long)start_step);
+        // AdamW moments of what this rank updates: its shard (ZeRO-1) or everything.
+        const int64_t lo = zero1 ? shard.offset : 0;
+        for (size_t p = 0; p < parts.size(); p++) {
+            copy_part(opt.m(), lo, parts[p].m, part_shards[p], "adam_m");
+            copy_part(opt.v(), lo, parts[p].v, part_shards[p], "adam_v");
+        }
+        opt.set_step_count(mc.step);
+        if (W0 == W) {
+            train.load_state(parts[size_t(rank)].loader_state);
+        } else {
+            // Another world size: replay this rank's share of the batches already consumed.
+            std::vector<int32_t> xi(size_t(B) * T), yi(size_t(B) * T);
+            for (int64_t k = 0; k < mc.step * accum_local; k++) train.next_batch(xi.data(), yi.data());
+        }
+        if (parts[0].rng_state.size() != 1) throw Error("--resume: " + base + ": bad rng state");
+        rng.s = parts[0].rng_state[0];
+        start_step = mc.step;
+        std::printf("resumed from %s at step %lld", mpath.c_str(), (long long)start_step);
+        if (W0 != W) std::printf(" (resharded: saved by %d process%s, now %d)", W0, W0 == 1 ? "" : "es", W);
+        std::printf("\n");
     }
 
     std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
 
     if (!o.dump_debug_state.empty()) {
+        if (W > 1) throw Error("--dump-debug-state is for a single process (run it without mpirun)");
         train.next_batch(inputs.data(), targets.data());
         model.zero_grad();
         double loss = model.forward(inputs.data(), targets.data(), B, T);
@@ -291,13 +377,16 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
 
     if (!o.out_dir.empty()) mkdir_p(o.out_dir);
     JsonlLogger logger;
-    if (!o.log.empty()) {
+    if (!o.log.empty() && rank == 0) {  // only rank 0 logs
         mkdir_p(dirname_of(o.log));
         logger = JsonlLogger(o.log, start_step > 0);
         if (start_step > 0) logger.log({{"type", "resume"}, {"step", start_step}, {"from", o.resume}});
-        else
-            logger.log({{"type", "config"}, {"config", config_to_json(cfg)}, {"args", options_json(o)},
-                        {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()}});
+        else {
+            json c{{"type", "config"}, {"config", config_to_json(cfg)}, {"args", options_json(o)},
+                   {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()}};
+            if (W > 1) c["data_parallel"] = {{"world", W}, {"zero", o.zero}, {"accum_per_rank", accum_local}};
+            logger.log(c);
+        }
     }
 
     // In-training evaluation (core/eval.h, doc/evaluation.md): binaries loaded and checked once.
@@ -313,6 +402,7 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
     if (do_evals) esets = load_eval_sets(esuite, V);
     std::unique_ptr<ScoringModel> scorer = make_cpu_scoring_model(model);
     auto run_evals = [&](int64_t step) {
+        if (rank != 0) return;  // evaluations run on rank 0 only
         json r = run_eval_suite(*scorer, esuite, esets);
         std::printf("step %6lld | eval\n%s", (long long)step, format_results_table(r).c_str());
         logger.log({{"type", "eval"}, {"step", step}, {"results", r}});
@@ -321,6 +411,11 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
     std::printf("model %s (%s, %s): %lld parameters | B=%d T=%d accum=%lld -> %lld tokens/step | %lld steps | %d threads\n",
                 cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T, (long long)accum,
                 (long long)o.total_batch_tokens, (long long)o.steps, omp_get_max_threads());
+    if (W > 1)
+        std::printf("data parallel: %d processes (%s), %lld micro-batches per rank per step, ZeRO-%d (AdamW shard of "
+                    "rank 0: %lld of %lld parameters)\n",
+                    W, dist::context().launcher.c_str(), (long long)accum_local, zero1 ? 1 : 0,
+                    (long long)(zero1 ? shard.count : n), (long long)n);
     if (cfg.scheme == "hc" || cfg.scheme == "mhc" || cfg.scheme == "attnres-full" || cfg.scheme == "attnres-block") {
         // Live cross-layer state per token, and what the CPU reference keeps for backward.
         const int64_t d = cfg.d_model, D = cfg.n_sublayers();
@@ -349,11 +444,11 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
 
     // Unigram baseline over exactly the val targets the validation loss uses.
     double unigram = NAN;
-    if (o.unigram_baseline && val) {
+    if (o.unigram_baseline && val && rank == 0) {
         std::vector<int32_t> vt;
-        val->reset();
+        DataLoader uval(o.val_data, B, T, 0, 1, false, 0, V);  // all val windows (the ranks' union)
         for (int b = 0; b < val_batches; b++) {
-            val->next_batch(inputs.data(), targets.data());
+            uval.next_batch(inputs.data(), targets.data());
             vt.insert(vt.end(), targets.begin(), targets.end());
         }
         unigram = unigram_baseline(o.train_data, vt, V);
@@ -365,28 +460,75 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
     auto eval_val = [&]() -> double {
         val->reset();
         double s = 0;
-        for (int b = 0; b < val_batches; b++) {
+        for (int b = 0; b < val_batches_local; b++) {
             val->next_batch(inputs.data(), targets.data());
             s += model.forward(inputs.data(), targets.data(), B, T);
         }
-        return s / val_batches;
+        return dist::sum_ordered(s) / val_batches;  // W = 1: s
     };
     auto save_ckpt = [&](int64_t step) {
         if (o.out_dir.empty()) return;
         std::string base = o.out_dir + strprintf("/ckpt_%06lld", (long long)step);
-        save_model(base + ".model", cfg, model.params.data(), step);
+        if (rank == 0) save_model(base + ".model", cfg, model.params.data(), step);
         TrainState st;
         st.step = step;
         st.dtype = o.dtype;
         st.flags = rflags;
-        st.m = to_bytes(opt.m());
-        st.v = to_bytes(opt.v());
-        if (sizeof(R) == 8) st.exact_params = to_bytes(model.params);
         st.loader_state = train.save_state();
         st.rng_state = {rng.s};
-        save_train_state(base + ".state", st);
-        std::printf("checkpoint written: %s.model / .state\n", base.c_str());
+        json states = json::array();
+        if (W == 1) {
+            st.m = to_bytes(opt.m());
+            st.v = to_bytes(opt.v());
+            if (sizeof(R) == 8) st.exact_params = to_bytes(model.params);
+            save_train_state(base + ".state", st);
+            states.push_back(basename_of(base) + ".state");
+        } else {
+            // Every rank writes its shard of the AdamW moments (and of the exact fp64 parameters).
+            const int64_t lo = zero1 ? 0 : shard.offset;  // where the shard starts inside opt.m()
+            st.m = slice_bytes(opt.m(), lo, shard.count);
+            st.v = slice_bytes(opt.v(), lo, shard.count);
+            if (sizeof(R) == 8) st.exact_params = slice_bytes(model.params, shard.offset, shard.count);
+            st.extra = {{"world", W}, {"rank", rank}, {"zero", o.zero}, {"param_count", n},
+                        {"shard_offset", shard.offset}, {"shard_count", shard.count}};
+            save_train_state(base + strprintf(".state.rank%dof%d", rank, W), st);
+            for (int p = 0; p < W; p++) states.push_back(basename_of(base) + strprintf(".state.rank%dof%d", p, W));
+        }
+        dist::barrier();  // every file is complete before the marker says so
+        if (rank == 0) {
+            const std::string mk = json{{"kind", "checkpoint_marker"}, {"step", step}, {"world", W}, {"zero", o.zero},
+                                        {"param_count", n}, {"dtype", o.dtype}, {"model", basename_of(base) + ".model"},
+                                        {"states", states}}
+                                       .dump() + "\n";
+            write_file_atomic(base + ".done", mk.data(), mk.size());
+        }
+        std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
         logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
+    };
+
+    // Data-parallel update (W > 1). Gradients (each rank: the sum over its micro-batches of
+    // grad/accum) are reduce-scattered in rank order (dist::reduce_scatter_ordered), so the result
+    // is the global mean, reproducible run to run. ZeRO-0: the reduced shards are all-gathered
+    // and every rank runs the same full AdamW. ZeRO-1: each rank clips and updates its shard with
+    // the global norm (sum of the ranks' shard sums of squares, in rank order), then the
+    // parameters are all-gathered.
+    auto dp_update = [&](double lr) -> double {
+        dist::reduce_scatter_ordered<R>(dist::Span<const R>(model.grads), dist::Span<R>(gshard));
+        if (!zero1) {
+            std::copy(gshard.begin(), gshard.end(), model.grads.begin() + shard.offset);
+            dist::allgather_shards<R>(dist::Span<R>(model.grads));
+            return opt.step(model.params.data(), model.grads.data(), lr);
+        }
+        double ss = 0;
+        for (R g : gshard) ss += double(g) * double(g);
+        const double norm = std::sqrt(dist::sum_ordered(ss));
+        if (o.grad_clip > 0 && norm > o.grad_clip) {
+            const R c = R(o.grad_clip / norm);  // the same scale AdamW::step would apply
+            for (R& g : gshard) g *= c;
+        }
+        opt.step(model.params.data() + shard.offset, gshard.data(), lr);
+        dist::allgather_shards<R>(dist::Span<R>(model.params));
+        return norm;
     };
 
     double last_val = NAN;
@@ -400,7 +542,7 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
             logger.log({{"type", "val"}, {"step", step}, {"val_loss", last_val}});
         }
         if (do_evals && o.eval_every > 0 && step > 0 && step % o.eval_every == 0) run_evals(step);
-        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) {
+        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0 && rank == 0) {
             std::string s = sample_text(model, tok, eot, o.sample_tokens, T, rng);
             std::printf("step %6lld | sample: %s\n", (long long)step, s.c_str());
             logger.log({{"type", "sample"}, {"step", step}, {"text", s}});
@@ -409,14 +551,14 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
         auto t0 = std::chrono::steady_clock::now();
         model.zero_grad();
         double loss = 0;
-        for (int64_t a = 0; a < accum; a++) {
+        for (int64_t a = 0; a < accum_local; a++) {
             train.next_batch(inputs.data(), targets.data());
             loss += model.forward(inputs.data(), targets.data(), B, T);
             model.backward(1.0 / double(accum));
         }
-        loss /= double(accum);
+        loss = dist::sum_ordered(loss) / double(accum);  // W = 1: loss / accum
         const double lr = sched.lr_at(step);
-        const double gnorm = opt.step(model.params.data(), model.grads.data(), lr);
+        const double gnorm = W == 1 ? opt.step(model.params.data(), model.grads.data(), lr) : dp_update(lr);
         auto t1 = std::chrono::steady_clock::now();
         const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
         const double tps = double(o.total_batch_tokens) / (ms / 1e3);
@@ -454,7 +596,7 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
         logger.log({{"type", "val"}, {"step", o.steps}, {"val_loss", last_val}, {"unigram_loss", unigram}});
     }
     if (do_evals && o.steps > start_step) run_evals(o.steps);
-    if (o.sample_every >= 0 && o.sample_tokens > 0 && tok && o.steps > start_step && o.bench == 0) {
+    if (o.sample_every >= 0 && o.sample_tokens > 0 && tok && o.steps > start_step && o.bench == 0 && rank == 0) {
         std::string s = sample_text(model, tok, eot, o.sample_tokens, T, rng);
         std::printf("sample: %s\n", s.c_str());
         logger.log({{"type", "sample"}, {"step", o.steps}, {"text", s}});
@@ -486,8 +628,59 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    try {
+// Checks the typed MPI collectives under mpirun (test/test_dist.cpp): chunked transfers (chunks of
+// 7 elements), uneven shards, the ordered reduce-scatter against a serial sum, all-gather, broadcast,
+// allreduce of integers and sum_ordered. Prints "dist selftest: OK rank r of W" or throws.
+int dist_selftest() {
+    const int W = dist::world(), r = dist::rank();
+    dist::set_max_chunk_elems(7);
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(5), int64_t(W), int64_t(103), int64_t(1000)}) {
+        // Every rank's input, computed once (so the expected sums use the very same values).
+        std::vector<std::vector<double>> all(static_cast<size_t>(W), std::vector<double>(static_cast<size_t>(n)));
+        for (int p = 0; p < W; p++)
+            for (int64_t i = 0; i < n; i++)
+                all[size_t(p)][size_t(i)] = 0.1 * double(p + 1) + 1e-3 * double(i) + 1.0 / double(7 + i + p);
+        auto val = [&](int p, int64_t i) { return all[size_t(p)][size_t(i)]; };
+        std::vector<double> in = all[size_t(r)];
+        const dist::Shard sh = dist::shard_range(n, W, r);
+        std::vector<double> out(static_cast<size_t>(sh.count));
+        dist::reduce_scatter_ordered<double>(dist::Span<const double>(in), dist::Span<double>(out));
+        for (int64_t i = 0; i < sh.count; i++) {
+            double want = val(0, sh.offset + i);
+            for (int p = 1; p < W; p++) want += val(p, sh.offset + i);
+            if (out[size_t(i)] != want) throw Error(strprintf("selftest: reduce_scatter n=%lld i=%lld", (long long)n, (long long)i));
+        }
+        std::vector<float> g(size_t(n), -1.0f);
+        for (int64_t i = 0; i < sh.count; i++) g[size_t(sh.offset + i)] = float(1000 * r + i);
+        dist::allgather_shards<float>(dist::Span<float>(g));
+        for (int p = 0; p < W; p++) {
+            const dist::Shard sp = dist::shard_range(n, W, p);
+            for (int64_t i = 0; i < sp.count; i++)
+                if (g[size_t(sp.offset + i)] != float(1000 * p + i)) throw Error("selftest: allgather_shards");
+        }
+        std::vector<int64_t> c(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; i++) c[size_t(i)] = i * (r + 1);
+        dist::allreduce_sum<int64_t>(dist::Span<int64_t>(c));
+        for (int64_t i = 0; i < n; i++)
+            if (c[size_t(i)] != i * int64_t(W) * (W + 1) / 2) throw Error("selftest: allreduce_sum");
+        std::vector<uint8_t> b(static_cast<size_t>(n), static_cast<uint8_t>(r));
+        if (r == W - 1)
+            for (int64_t i = 0; i < n; i++) b[size_t(i)] = uint8_t(i * 7);
+        dist::broadcast<uint8_t>(dist::Span<uint8_t>(b), W - 1);
+        for (int64_t i = 0; i < n; i++)
+            if (b[size_t(i)] != uint8_t(i * 7)) throw Error("selftest: broadcast");
+    }
+    double s = dist::sum_ordered(0.1 * (r + 1)), want = 0.1;
+    for (int p = 1; p < W; p++) want += 0.1 * (p + 1);
+    if (s != want) throw Error("selftest: sum_ordered");
+    dist::barrier();
+    std::fprintf(stderr, "dist selftest: OK rank %d of %d (local rank %d of %d, launcher %s)\n", r, W,
+                 dist::context().local_rank, dist::context().local_world, dist::context().launcher.c_str());
+    return 0;
+}
+
+int main_body(int argc, char** argv) {
+    {
         Options o;
         ArgParser ap("train_cpu", "Train the spec §1 backbone on the CPU (reference model). See doc/training.md.");
         ap.section("Model");
@@ -567,7 +760,14 @@ int main(int argc, char** argv) {
         ap.add("--dump-debug-state", &o.dump_debug_state,
                "write params, first batch, logits, loss and all gradients to FILE (doc/formats.md) and exit");
         ap.add("--bench", &o.bench, "benchmark: time N steps (after 2 warm-up) and a peak sgemm; print BENCH json");
+        ap.section("Data parallel (run under mpirun -np N; doc/distributed.md)");
+        ap.add("--zero", &o.zero, "0: every rank keeps the full AdamW state; 1: ZeRO-1, each rank keeps and updates a shard");
+        ap.add("--dist-selftest", &o.dist_selftest, "check the MPI collectives and exit");
         if (!ap.parse(argc, argv)) return 0;
+        if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
+        if (o.dist_selftest) return dist_selftest();
+        // Only rank 0 prints to stdout (errors still go to every rank's stderr).
+        if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout");
 
         if (o.B <= 0) throw Error(strprintf("-B/--batch-size must be > 0, got %d", o.B));
         if (o.T <= 0) throw Error(strprintf("-T/--seq-len must be > 0, got %d", o.T));
@@ -585,7 +785,9 @@ int main(int argc, char** argv) {
             throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
 
         if (o.threads < 0) throw Error("--threads must be >= 0");
-        const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
+        // Default: all cores, shared among the ranks on this node.
+        const int threads =
+            o.threads > 0 ? o.threads : std::max(1, omp_get_num_procs() / std::max(1, dist::context().local_world));
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
 
@@ -641,9 +843,22 @@ int main(int argc, char** argv) {
             return 0;
         }
         return o.dtype == "fp64" ? run<double>(o, cfg, tok.get()) : run<float>(o, cfg, tok.get());
+    }
+}
+
+int main(int argc, char** argv) {
+    int rc = 1;
+    try {
+        dist::init(&argc, &argv);
+        rc = main_body(argc, argv);
     } catch (const std::exception& e) {
         std::fflush(stdout);
-        std::fprintf(stderr, "error: %s\n", e.what());
+        if (dist::world() > 1) std::fprintf(stderr, "error: [rank %d of %d] %s\n", dist::rank(), dist::world(), e.what());
+        else std::fprintf(stderr, "error: %s\n", e.what());
+        std::fflush(stderr);
+        dist::abort_all(1);  // the other ranks would wait forever in the next collective
         return 1;
     }
+    dist::finalize();
+    return rc;
 }

@@ -1,0 +1,151 @@
+// core/dist.h — the data-parallel layer shared by the CPU trainer and the GPU trainers (issue #10).
+// See doc/distributed.md.
+//
+// Who am I: dist::init() reads the launcher's environment, in this order:
+//   1. an MPI launcher (OpenMPI mpirun: OMPI_COMM_WORLD_SIZE; PMIx: PMIX_RANK; MPICH/hydra or
+//      srun --mpi=pmi2: PMI_RANK) -> MPI_Init, rank/world from MPI_COMM_WORLD, local rank from
+//      MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). launcher() == "mpi". Host collectives available.
+//   2. Slurm without MPI (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID): launcher() == "slurm".
+//   3. generic (RANK, WORLD_SIZE, LOCAL_RANK; torchrun style): launcher() == "env".
+//      In 2 and 3 there is no host transport: host collectives with world > 1 throw ldm::Error
+//      (the GPU trainers can still use NCCL with the unique id shared through a file,
+//      cuda/nccl.cuh --nccl-id-file).
+//   4. nothing set, or a world of 1: single process; MPI is NOT initialised and every collective
+//      is a local no-op (a copy where it has an output), so plain runs behave exactly as before.
+// The local rank picks the GPU of a node (device = local_rank % devices).
+//
+// Typed collectives: buffers are passed as Span<T> = (T* data, Elems count) where the count is
+// an ELEMENT count of T held in a strong type (there is no implicit conversion from an integer, and
+// a byte count must be divided by sizeof(T) by the caller on purpose). Bytes on the wire are always
+// computed here as count * sizeof(T). T is mapped to the transport's datatype at compile time
+// (dtype_of<T>(); unsupported types do not compile). Counts above INT_MAX are sent in chunks of at
+// most max_chunk_elems() elements (MPI's counts are int).
+//
+// Determinism: reduce_scatter_ordered and sum_ordered add the ranks' contributions in rank order
+// 0, 1, ..., W-1 (never MPI_SUM, whose order the library chooses), so results are reproducible
+// run to run and the same on every rank.
+#pragma once
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/common.h"
+
+namespace ldm {
+namespace dist {
+
+// ---- Strong element count and typed span ------------------------------------------------------
+struct Elems {
+    constexpr explicit Elems(int64_t n_) : n(n_) {}
+    int64_t n;
+};
+
+// A typed view of `count` elements of T. bytes() = count * sizeof(T) is the only place a byte size
+// is formed.
+template <typename T>
+struct Span {
+    T* data = nullptr;
+    int64_t count = 0;
+    Span() = default;
+    Span(T* p, Elems n) : data(p), count(n.n) {}
+    // Any contiguous container of T (std::vector, std::string for char, ...).
+    template <typename V, typename = typename std::enable_if<
+                              std::is_convertible<decltype(std::declval<V&>().data()), T*>::value>::type>
+    Span(V& vec) : data(vec.data()), count(int64_t(vec.size())) {}
+    // Span<T> -> Span<const T>.
+    template <typename U, typename = typename std::enable_if<std::is_same<const U, T>::value>::type>
+    Span(const Span<U>& s) : data(s.data), count(s.count) {}
+    int64_t bytes() const { return count * int64_t(sizeof(T)); }
+    // [offset, offset+n), checked (ldm::Error).
+    Span<T> sub(int64_t offset, int64_t n) const {
+        if (offset < 0 || n < 0 || offset + n > count)
+            throw Error(strprintf("dist::Span::sub: [%lld, %lld) outside [0, %lld)", (long long)offset,
+                                  (long long)(offset + n), (long long)count));
+        return Span<T>(data + offset, Elems(n));
+    }
+};
+
+// Datatypes known to the transports (MPI here, NCCL in cuda/nccl.cuh).
+enum class DType { f32, f64, i32, i64, u64, u8 };
+template <typename T>
+struct DTypeOf;  // no definition: an unsupported T fails to compile
+template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
+template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::i32; };
+template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::i64; };
+template <> struct DTypeOf<uint64_t> { static constexpr DType value = DType::u64; };
+template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::u8; };
+template <typename T>
+constexpr DType dtype_of() { return DTypeOf<typename std::remove_const<T>::type>::value; }
+int64_t dtype_size(DType t);  // bytes per element: 4, 8, 4, 8, 8, 1
+const char* dtype_name(DType t);
+
+// ---- Shards (ZeRO-1 and the reduce-scatter) ---------------------------------------------------
+// Contiguous shard of rank r among W over n elements: the first n mod W ranks get floor(n/W)+1
+// elements, the others floor(n/W); shards are in rank order and cover [0, n) exactly.
+struct Shard {
+    int64_t offset = 0, count = 0;
+};
+Shard shard_range(int64_t n, int world, int rank);
+
+// Splits `count` elements into pieces of at most max_chunk (> 0): (offset, n) pairs in order.
+std::vector<Shard> split_chunks(int64_t count, int64_t max_chunk);
+// The chunk size used for every transfer (default INT_MAX elements; tests lower it to exercise
+// the chunking). ldm::Error if n < 1 or n > INT_MAX.
+int64_t max_chunk_elems();
+void set_max_chunk_elems(int64_t n);
+
+// ---- Process context -------------------------------------------------------------------------
+struct Context {
+    int rank = 0, world = 1;
+    int local_rank = 0, local_world = 1;  // within the node
+    std::string launcher = "none";         // none | mpi | slurm | env
+    bool mpi = false;                      // MPI initialised (host collectives available)
+};
+
+// Reads the environment (above) and initialises MPI when launched by an MPI launcher. Idempotent.
+// ldm::Error on inconsistent variables (rank outside [0, world), MPI's size differing from the
+// launcher's).
+const Context& init(int* argc, char*** argv);
+const Context& context();  // init(nullptr, nullptr) if not done yet
+inline int rank() { return context().rank; }
+inline int world() { return context().world; }
+inline bool is_root() { return context().rank == 0; }
+// MPI_Finalize when MPI was initialised (after a barrier). Safe to call more than once.
+void finalize();
+// After an error on one rank: MPI_Abort(code) when MPI runs with world > 1 (so the other ranks
+// do not hang in a collective), else returns.
+void abort_all(int code);
+// Pure function of the environment (for tests): what init() would decide without touching MPI.
+// `mpi` is set when an MPI launcher is detected; rank/world come from its variables.
+Context context_from_env();
+
+// ---- Host collectives (world 1: no-ops / copies) ---------------------------------------------
+void barrier();
+// Sum over ranks in place with MPI_SUM (order chosen by MPI: use it for integer counts and flags;
+// floating-point sums that must be reproducible use sum_ordered / reduce_scatter_ordered).
+template <typename T>
+void allreduce_sum(Span<T> data);
+template <typename T>
+void broadcast(Span<T> data, int root);
+// Every rank's x, in rank order.
+template <typename T>
+std::vector<T> allgather_value(T x);
+// sum over ranks of x, added in rank order: ((x_0 + x_1) + x_2) + ... — identical on every rank.
+double sum_ordered(double x);
+// Reduce-scatter with a fixed order. in: [n] on every rank (n equal on all ranks). out: this rank's
+// shard [shard_range(n, W, rank).count]: out[i] = ((in_0[o+i] + in_1[o+i]) + in_2[o+i]) + ... in T
+// arithmetic. in and out must not overlap. Point-to-point, chunked, every rank sends
+// n - shard elements and receives (W-1)*shard.
+template <typename T>
+void reduce_scatter_ordered(Span<const T> in, Span<T> out);
+// All-gather of contiguous shards in place. data: [n]; on entry this rank's shard_range(n, W, rank)
+// part is valid; on exit every part is (bit-identical to its owner's values).
+template <typename T>
+void allgather_shards(Span<T> data);
+
+}  // namespace dist
+}  // namespace ldm

@@ -1,0 +1,398 @@
+// Tests of the data-parallel layer (core/dist.h) and data-parallel training in build/train_cpu
+// (issue #10): typed wrappers (element counts, bytes = count * sizeof(T), chunking past INT_MAX),
+// shards, launcher detection, disjoint loader windows per rank, the MPI collectives under
+// mpirun -np 2/3, and training under mpirun against the single-process run (fp64: 1e-12; fp32:
+// the tolerance of doc/distributed.md), ZeRO-1 on and off, resume with the same world size
+// (bit-exact) and with another one (resharded). Skips visibly when mpirun is not installed.
+#include <catch2/catch.hpp>
+
+#include <climits>
+#include <cmath>
+#include <set>
+
+#include "core/checkpoint.h"
+#include "core/dataloader.h"
+#include "core/dist.h"
+#include "test/test_train_shards.h"
+
+using nlohmann::json;
+using namespace ldm;
+
+namespace {
+
+// ---- compile-time guarantees of the typed wrappers ------------------------------------------
+// A raw integer is not an element count: Span needs Elems{n} (or a container of T).
+static_assert(!std::is_constructible<dist::Span<float>, float*, int64_t>::value, "raw count accepted");
+static_assert(!std::is_constructible<dist::Span<float>, float*, size_t>::value, "raw count accepted");
+static_assert(std::is_constructible<dist::Span<float>, float*, dist::Elems>::value, "Elems rejected");
+// A container of another type does not convert (e.g. a byte buffer is not a float span).
+static_assert(!std::is_constructible<dist::Span<float>, std::vector<uint8_t>&>::value, "bytes as floats");
+static_assert(!std::is_constructible<dist::Span<double>, std::vector<float>&>::value, "floats as doubles");
+static_assert(std::is_constructible<dist::Span<const float>, std::vector<float>&>::value, "const view");
+static_assert(!std::is_constructible<dist::Span<float>, const std::vector<float>&>::value, "const dropped");
+static_assert(!std::is_convertible<int64_t, dist::Elems>::value, "Elems is explicit");
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+std::string mpirun(int np) {
+    return "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 -np " +
+           std::to_string(np) + " ";
+}
+
+// Unsets every launcher variable dist::context_from_env looks at.
+void clear_launcher_env() {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+                          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "MPI_LOCALRANKID", "RANK",
+                          "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
+        unsetenv(v);
+}
+
+std::string shards_or_skip() {
+    std::string dd = data_dir_or_skip("data-parallel training tests need the FineWeb-Edu sample");
+    if (dd.empty()) return "";
+    std::string dir = build_dir_of_test() + "/test_tmp/dist_shards";
+    run_cmd("mkdir -p '" + dir + "'");
+    make_fineweb_shards(dir, dd, 40);
+    return dir;
+}
+
+// A small model (vocabulary of GPT-2) so that one run takes a few seconds on one core per rank.
+// 6 micro-batches of B*T per step: divisible by 1, 2 and 3 ranks.
+std::string train_args(const std::string& shards, const std::string& dtype) {
+    return " --preset tiny --d-model 32 --n-layer 1 --n-head 2 --n-kv-head 1 --head-dim 16 --ffn 64 -B 2 -T 16"
+           " --total-batch-tokens 192 --steps 4 --lr 3e-3 --warmup-steps 1 --val-batches 5 --sample-tokens 0"
+           " --threads 1 --quiet --dtype " +
+           dtype + " --train-data '" + shards + "/train.bin' --val-data '" + shards + "/val.bin'";
+}
+
+RunResult train(int np, const std::string& args) {
+    std::string cmd = (np > 0 ? mpirun(np) : std::string()) + trainer_path() + args;
+    RunResult r = run_cmd(cmd);
+    INFO("command: " << cmd << "\noutput:\n" << r.out);
+    REQUIRE(r.status == 0);
+    return r;
+}
+
+// The training-dtype parameters of checkpoint `base` (ckpt_000004 without extension): the exact
+// fp64 values from the .state file or the rank shards (fp64), else the fp32 model file.
+std::vector<double> params_of(const std::string& base) {
+    std::vector<double> out;
+    ModelCheckpoint mc = load_model(base + ".model");
+    std::vector<std::string> states;
+    if (file_exists(base + ".state")) {
+        states.push_back(base + ".state");
+    } else {
+        REQUIRE(file_exists(base + ".done"));
+        json mk = json::parse(read_file(base + ".done"));
+        for (int p = 0; p < mk.at("world").get<int>(); p++)
+            states.push_back(base + strprintf(".state.rank%dof%d", p, mk.at("world").get<int>()));
+    }
+    for (const auto& s : states) {
+        TrainState st = load_train_state(s);
+        if (st.exact_params.empty()) break;
+        const double* p = reinterpret_cast<const double*>(st.exact_params.data());
+        out.insert(out.end(), p, p + st.exact_params.size() / 8);
+    }
+    if (out.empty()) out.assign(mc.params.begin(), mc.params.end());
+    REQUIRE(out.size() == mc.params.size());
+    return out;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    double m = 0;
+    for (size_t i = 0; i < a.size(); i++) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+}
+
+std::vector<double> step_losses(const std::string& log) {
+    std::vector<double> out;
+    for (const auto& j : read_jsonl(log))
+        if (j.at("type") == "step") out.push_back(j.at("loss").get<double>());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("dist: typed spans count elements, bytes = count * sizeof(T)", "[dist]") {
+    std::vector<float> f(10);
+    std::vector<double> d(7);
+    std::vector<uint8_t> b(13);
+    std::vector<int64_t> l(3);
+    CHECK(dist::Span<float>(f).count == 10);
+    CHECK(dist::Span<float>(f).bytes() == 40);
+    CHECK(dist::Span<double>(d).bytes() == 56);
+    CHECK(dist::Span<uint8_t>(b).bytes() == 13);
+    CHECK(dist::Span<int64_t>(l).bytes() == 24);
+    CHECK(dist::Span<const float>(f.data(), dist::Elems(4)).bytes() == 16);
+    CHECK(dist::Span<float>(f).sub(2, 5).count == 5);
+    CHECK(dist::Span<float>(f).sub(2, 5).data == f.data() + 2);
+    CHECK_THROWS_AS(dist::Span<float>(f).sub(8, 3), Error);
+    // datatype mapping: the transport's element size equals sizeof(T)
+    CHECK(dist::dtype_size(dist::dtype_of<float>()) == sizeof(float));
+    CHECK(dist::dtype_size(dist::dtype_of<double>()) == sizeof(double));
+    CHECK(dist::dtype_size(dist::dtype_of<const double>()) == sizeof(double));
+    CHECK(dist::dtype_size(dist::dtype_of<int32_t>()) == sizeof(int32_t));
+    CHECK(dist::dtype_size(dist::dtype_of<int64_t>()) == sizeof(int64_t));
+    CHECK(dist::dtype_size(dist::dtype_of<uint64_t>()) == sizeof(uint64_t));
+    CHECK(dist::dtype_size(dist::dtype_of<uint8_t>()) == sizeof(uint8_t));
+    CHECK(std::string(dist::dtype_name(dist::dtype_of<float>())) == "f32");
+}
+
+TEST_CASE("dist: chunking of counts above INT_MAX, uneven shards", "[dist]") {
+    const int64_t big = 5'000'000'000LL;  // > 2^32 elements: never a valid int count
+    auto ch = dist::split_chunks(big, INT_MAX);
+    REQUIRE(ch.size() == 3);
+    int64_t at = 0;
+    for (const auto& c : ch) {
+        CHECK(c.offset == at);
+        CHECK(c.count >= 1);
+        CHECK(c.count <= INT_MAX);
+        at += c.count;
+    }
+    CHECK(at == big);
+    CHECK(dist::split_chunks(0, 7).empty());
+    CHECK(dist::split_chunks(14, 7).size() == 2);
+    CHECK(dist::split_chunks(15, 7).back().count == 1);
+    CHECK_THROWS_AS(dist::split_chunks(5, 0), Error);
+    CHECK(dist::max_chunk_elems() == INT_MAX);
+    CHECK_THROWS_AS(dist::set_max_chunk_elems(int64_t(INT_MAX) + 1), Error);
+
+    // shards: contiguous, in rank order, first n mod W ranks one larger, cover [0, n)
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(2), int64_t(10), int64_t(11), big}) {
+        for (int W : {1, 2, 3, 7}) {
+            int64_t next = 0;
+            for (int r = 0; r < W; r++) {
+                dist::Shard s = dist::shard_range(n, W, r);
+                CHECK(s.offset == next);
+                CHECK(s.count == n / W + (r < n % W ? 1 : 0));
+                next += s.count;
+            }
+            CHECK(next == n);
+        }
+    }
+    CHECK(dist::shard_range(10, 3, 0).count == 4);
+    CHECK(dist::shard_range(10, 3, 2).offset == 7);
+    CHECK_THROWS_AS(dist::shard_range(10, 3, 3), Error);
+}
+
+TEST_CASE("dist: rank, world and local rank from the launcher's environment", "[dist]") {
+    clear_launcher_env();
+    dist::Context c = dist::context_from_env();
+    CHECK(c.world == 1);
+    CHECK(c.rank == 0);
+    CHECK(c.launcher == "none");
+    CHECK(!c.mpi);
+
+    setenv("OMPI_COMM_WORLD_SIZE", "16", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "11", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
+    c = dist::context_from_env();
+    CHECK(c.launcher == "mpi");
+    CHECK(c.mpi);
+    CHECK(c.world == 16);
+    CHECK(c.rank == 11);
+    CHECK(c.local_rank == 3);
+    CHECK(c.local_world == 8);
+    setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+    c = dist::context_from_env();
+    CHECK(!c.mpi);  // mpirun -np 1: no MPI needed
+    clear_launcher_env();
+
+    setenv("SLURM_PROCID", "9", 1);
+    setenv("SLURM_NTASKS", "16", 1);
+    setenv("SLURM_LOCALID", "1", 1);
+    c = dist::context_from_env();
+    CHECK(c.launcher == "slurm");
+    CHECK(!c.mpi);
+    CHECK(c.rank == 9);
+    CHECK(c.world == 16);
+    CHECK(c.local_rank == 1);
+    clear_launcher_env();
+
+    setenv("RANK", "2", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("LOCAL_RANK", "2", 1);
+    c = dist::context_from_env();
+    CHECK(c.launcher == "env");
+    CHECK(c.rank == 2);
+    CHECK(c.world == 4);
+    CHECK(c.local_rank == 2);
+    setenv("RANK", "4", 1);
+    CHECK_THROWS_WITH(dist::context_from_env(), Catch::Contains("outside"));
+    setenv("RANK", "x", 1);
+    CHECK_THROWS_WITH(dist::context_from_env(), Catch::Contains("not an integer"));
+    clear_launcher_env();
+}
+
+TEST_CASE("dist: one process, no launcher: collectives are local no-ops", "[dist]") {
+    clear_launcher_env();
+    const dist::Context& c = dist::context();
+    CHECK(c.world == 1);
+    CHECK(!c.mpi);
+    std::vector<double> g{1.5, -2.0, 3.25};
+    std::vector<double> out(3);
+    dist::reduce_scatter_ordered<double>(dist::Span<const double>(g), dist::Span<double>(out));
+    CHECK(out == g);
+    dist::allgather_shards<double>(dist::Span<double>(g));
+    dist::allreduce_sum<double>(dist::Span<double>(g));
+    CHECK(g == std::vector<double>{1.5, -2.0, 3.25});
+    CHECK(dist::sum_ordered(0.1) == 0.1);
+    std::vector<double> wrong(2);
+    CHECK_THROWS_WITH(dist::reduce_scatter_ordered<double>(dist::Span<const double>(g), dist::Span<double>(wrong)),
+                      Catch::Contains("shard"));
+}
+
+TEST_CASE("dist: the ranks' micro-batches of a step are the single process's, disjoint", "[dist]") {
+    // Token i of the shard is i (mod 50000): a window is identified by its first token.
+    const std::string dir = train_scratch("dist_loader");
+    std::vector<uint32_t> toks(6 * 4 * 37 + 1);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = uint32_t(i % 50000);
+    write_shard(dir + "/a.bin", toks.data(), toks.size(), false);
+    const int B = 2, T = 4, accum = 6, steps = 5;
+    std::vector<int32_t> x(B * T), y(B * T);
+    DataLoader single(dir + "/a.bin", B, T, 0, 1, true, 7, 50000);
+    std::vector<std::set<int32_t>> want(steps);
+    for (int s = 0; s < steps; s++)
+        for (int a = 0; a < accum; a++) {
+            single.next_batch(x.data(), y.data());
+            want[size_t(s)].insert(x[0]);
+        }
+    for (int W : {2, 3}) {
+        std::vector<std::set<int32_t>> got(steps);
+        size_t total = 0;
+        for (int r = 0; r < W; r++) {
+            DataLoader dl(dir + "/a.bin", B, T, r, W, true, 7, 50000);
+            for (int s = 0; s < steps; s++)
+                for (int a = 0; a < accum / W; a++) {
+                    dl.next_batch(x.data(), y.data());
+                    got[size_t(s)].insert(x[0]);
+                    total++;
+                }
+        }
+        size_t distinct = 0;
+        for (int s = 0; s < steps; s++) {
+            INFO("W=" << W << " step " << s);
+            CHECK(got[size_t(s)] == want[size_t(s)]);
+            distinct += got[size_t(s)].size();
+        }
+        CHECK(distinct == total);  // no window was taken by two ranks
+    }
+}
+
+TEST_CASE("dist: MPI collectives under mpirun -np 2 and -np 3 (chunked, uneven shards)", "[dist][mpi]") {
+    if (!have_mpirun()) {
+        WARN("skipped: mpirun not found");
+        return;
+    }
+    for (int np : {2, 3}) {
+        RunResult r = run_cmd(mpirun(np) + trainer_path() + " --dist-selftest");
+        INFO(r.out);
+        CHECK(r.status == 0);
+        for (int k = 0; k < np; k++)
+            CHECK_THAT(r.out, Catch::Contains(strprintf("dist selftest: OK rank %d of %d", k, np)));
+    }
+}
+
+TEST_CASE("dist: train_cpu fp64 under mpirun -np 2 and -np 3, ZeRO-1 on and off == one process (1e-12)",
+          "[dist][mpi]") {
+    if (!have_mpirun()) {
+        WARN("skipped: mpirun not found");
+        return;
+    }
+    std::string shards = shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("dist_fp64");
+    const std::string args = train_args(shards, "fp64");
+    train(0, args + " --out-dir " + dir + "/s --log " + dir + "/s/log.jsonl");
+    const std::vector<double> ps = params_of(dir + "/s/ckpt_000004");
+    const std::vector<double> ls = step_losses(dir + "/s/log.jsonl");
+    REQUIRE(ls.size() == 4);
+    struct Case {
+        int np, zero;
+    };
+    for (Case c : {Case{2, 0}, Case{3, 1}, Case{2, 1}}) {
+        const std::string d = dir + strprintf("/np%d_zero%d", c.np, c.zero);
+        RunResult r = train(c.np, args + strprintf(" --zero %d", c.zero) + " --out-dir " + d + " --log " + d + "/log.jsonl");
+        CHECK_THAT(r.out, Catch::Contains(strprintf("data parallel: %d processes", c.np)));
+        INFO("np " << c.np << " zero " << c.zero);
+        for (int k = 0; k < c.np; k++) CHECK(file_exists(d + "/ckpt_000004" + strprintf(".state.rank%dof%d", k, c.np)));
+        const double diff = max_abs_diff(params_of(d + "/ckpt_000004"), ps);
+        WARN("fp64 np=" << c.np << " zero=" << c.zero << ": max |param - single| = " << diff);
+        CHECK(diff <= 1e-12);
+        const std::vector<double> l = step_losses(d + "/log.jsonl");
+        REQUIRE(l.size() == 4);
+        for (size_t i = 0; i < 4; i++) CHECK(std::fabs(l[i] - ls[i]) <= 1e-12);
+        // only rank 0 logs: one config line, 4 steps
+        CHECK(read_jsonl(d + "/log.jsonl").front().at("data_parallel").at("world") == c.np);
+    }
+}
+
+TEST_CASE("dist: train_cpu fp32 under mpirun -np 3 with ZeRO-1 within the documented tolerance", "[dist][mpi]") {
+    if (!have_mpirun()) {
+        WARN("skipped: mpirun not found");
+        return;
+    }
+    std::string shards = shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("dist_fp32");
+    const std::string args = train_args(shards, "fp32");
+    train(0, args + " --out-dir " + dir + "/s --log " + dir + "/s/log.jsonl");
+    train(3, args + " --zero 1 --out-dir " + dir + "/p --log " + dir + "/p/log.jsonl");
+    const double diff = max_abs_diff(params_of(dir + "/p/ckpt_000004"), params_of(dir + "/s/ckpt_000004"));
+    WARN("fp32 np=3 zero=1: max |param - single| = " << diff);
+    CHECK(diff <= 1e-5);  // doc/distributed.md: fp32 within 1e-5 absolute after a few steps
+    const std::vector<double> a = step_losses(dir + "/p/log.jsonl"), b = step_losses(dir + "/s/log.jsonl");
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); i++) CHECK(std::fabs(a[i] - b[i]) <= 1e-5);
+}
+
+TEST_CASE("dist: resume with the same world size is bit-exact; another world size reshards", "[dist][mpi]") {
+    if (!have_mpirun()) {
+        WARN("skipped: mpirun not found");
+        return;
+    }
+    std::string shards = shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("dist_resume");
+    const std::string args = train_args(shards, "fp64");
+    // A: 2 ranks, ZeRO-1, checkpoint at step 2 and the final one at 4.
+    train(2, args + " --zero 1 --ckpt-every 2 --out-dir " + dir + "/A --log " + dir + "/A/log.jsonl");
+    for (const char* f : {".model", ".done", ".state.rank0of2", ".state.rank1of2"})
+        REQUIRE(file_exists(dir + "/A/ckpt_000002" + f));
+    json mk = json::parse(read_file(dir + "/A/ckpt_000002.done"));
+    CHECK(mk.at("world") == 2);
+    CHECK(mk.at("step") == 2);
+
+    // B: resume with the same world size: every final file byte-identical to A's.
+    RunResult b = train(2, args + " --zero 1 --resume " + dir + "/A/ckpt_000002 --out-dir " + dir + "/B");
+    CHECK_THAT(b.out, Catch::Contains("resumed from"));
+    for (const char* f : {".model", ".state.rank0of2", ".state.rank1of2"})
+        CHECK(read_file(dir + "/A/ckpt_000004" + f) == read_file(dir + "/B/ckpt_000004" + f));
+
+    // C: 3 ranks without ZeRO from A's 2 shards; D: one process (no mpirun) from them.
+    const std::vector<double> pa = params_of(dir + "/A/ckpt_000004");
+    RunResult c = train(3, args + " --zero 0 --resume " + dir + "/A/ckpt_000002 --out-dir " + dir + "/C");
+    CHECK_THAT(c.out, Catch::Contains("resharded: saved by 2 processes, now 3"));
+    double dc = max_abs_diff(params_of(dir + "/C/ckpt_000004"), pa);
+    WARN("resharded resume 2 -> 3: max |param - straight 2-rank run| = " << dc);
+    CHECK(dc <= 1e-12);
+    RunResult d = train(0, args + " --resume " + dir + "/A/ckpt_000002 --out-dir " + dir + "/D");
+    CHECK_THAT(d.out, Catch::Contains("resharded: saved by 2 processes, now 1"));
+    CHECK(max_abs_diff(params_of(dir + "/D/ckpt_000004"), pa) <= 1e-12);
+    // F: one process, 6 steps, checkpoint (.state) at 2; E: 3 ranks with ZeRO-1 resume F's
+    // single-process checkpoint (cut into 3 shards): same final parameters to 1e-12.
+    const std::string more = " --steps 6";
+    train(0, args + more + " --ckpt-every 2 --out-dir " + dir + "/F");
+    train(3, args + more + " --zero 1 --resume " + dir + "/F/ckpt_000002 --out-dir " + dir + "/E");
+    CHECK(max_abs_diff(params_of(dir + "/E/ckpt_000006"), params_of(dir + "/F/ckpt_000006")) <= 1e-12);
+
+    // A checkpoint without its marker is refused.
+    run_cmd("rm -f '" + dir + "/A/ckpt_000002.done'");
+    RunResult bad = run_cmd(mpirun(2) + trainer_path() + args + " --resume " + dir + "/A/ckpt_000002 --out-dir " + dir + "/G");
+    CHECK(bad.status != 0);
+    CHECK_THAT(bad.out, Catch::Contains("incomplete"));
+}
