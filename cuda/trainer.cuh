@@ -322,10 +322,10 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
         adam_t += 1;
         T* copy = sizeof(T) == sizeof(float) ? nullptr : model.work.ptr;
         for (const auto& r : ranges)
+            // doubles, rounded inside exactly as core/optim.cpp does (bit-identical update formula)
             adamw_update<T>(model.master.ptr + r.offset, copy ? copy + r.offset : nullptr, m_buf.ptr + r.offset,
-                            v_buf.ptr + r.offset, model.grads.ptr + r.offset, r.numel, float(lr), float(ac.beta1),
-                            float(ac.beta2), float(ac.eps), r.decay ? float(ac.weight_decay) : 0.0f, float(clip),
-                            adam_t, st);
+                            v_buf.ptr + r.offset, model.grads.ptr + r.offset, r.numel, lr, ac.beta1, ac.beta2,
+                            ac.eps, r.decay ? ac.weight_decay : 0.0, clip, adam_t, st);
         CUDA_CHECK(cudaStreamSynchronize(st));
         return norm;
     };
