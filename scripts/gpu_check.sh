@@ -12,7 +12,9 @@
 #     --quick      pass --quick to the workbenches and bench 5 steps instead of 10
 # Environment: BUILD (default build), SCHEMES (default "preln hc mhc attnres-full attnres-block"),
 #   BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (10),
-#   WB_TIMEOUT (90 s per workbench), TEST_TIMEOUT (300 s per test binary), BENCH_TIMEOUT (150 s),
+#   WB_TIMEOUT (60 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
+#   BUDGET (450 s for everything after the build: items not started by then are listed as SKIP),
+#   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
 #   LDM_DATA_DIR (data; else ../shared/data).
 # Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -26,9 +28,10 @@ BENCH_PRESET=${BENCH_PRESET:-llama-400m}
 BENCH_T=${BENCH_T:-2048}
 BENCH_B=${BENCH_B:-8}
 BENCH_STEPS=${BENCH_STEPS:-10}
-WB_TIMEOUT=${WB_TIMEOUT:-90}
-TEST_TIMEOUT=${TEST_TIMEOUT:-300}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}
+WB_TIMEOUT=${WB_TIMEOUT:-60}
+TEST_TIMEOUT=${TEST_TIMEOUT:-240}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
+BUDGET=${BUDGET:-450}   # seconds after the build; later items are skipped (listed as SKIP) past it
 PREBUILT=0
 QUICK=""
 for a in "$@"; do
@@ -46,6 +49,14 @@ TABLE="$OUTDIR/table.txt"
 rm -f "$OUTDIR/bench_lines.txt"
 FAILS=0
 row() { printf '%s\n' "$*" >> "$TABLE"; }
+SKIPPED=0
+T_RUN=0   # set after the build
+over_budget() {  # over_budget <label>: true (and a SKIP row) when the time budget is spent
+  if [ $(( $(date +%s) - T_RUN )) -ge "$BUDGET" ]; then
+    row "$(printf '%-26s SKIP  (time budget %d s spent)' "$1" "$BUDGET")"; SKIPPED=$((SKIPPED + 1)); return 0
+  fi
+  return 1
+}
 
 # ---- build
 if [ "$PREBUILT" = 0 ]; then
@@ -59,6 +70,7 @@ if [ "$PREBUILT" = 0 ]; then
   fi
 fi
 
+T_RUN=$(date +%s)
 TRAINER="$BUILD/cuda/train_gpt_baselines"
 GPU_DESC=""
 if [ -x "$TRAINER" ]; then
@@ -85,6 +97,7 @@ for src in dev/cuda/*.cu; do
   if [ ! -x "$bin" ]; then
     row "$(printf 'workbench %-16s FAIL  (not built)' "$name")"; FAILS=$((FAILS + 1)); continue
   fi
+  over_budget "workbench $name" && continue
   echo "== workbench $name"
   t0=$(date +%s)
   timeout -k 5 "$WB_TIMEOUT" "$bin" $QUICK > "$log" 2>&1; rc=$?
@@ -104,6 +117,7 @@ for bin in "$BUILD"/test/test_gpu_*; do
   case "$bin" in *.o|*.d) continue ;; esac
   name=$(basename "$bin")
   log="$OUTDIR/$name.log"
+  over_budget "test $name" && continue
   echo "== test $name"
   t0=$(date +%s)
   timeout -k 5 "$TEST_TIMEOUT" "$bin" > "$log" 2>&1; rc=$?
@@ -153,6 +167,7 @@ TOK_FLAG=""
 # ---- benchmarks
 bench() {  # bench <label> <extra flags...>
   local label=$1; shift
+  over_budget "bench $label" && return
   local log="$OUTDIR/bench_$label.log"
   echo "== bench $label"
   local t0=$(date +%s)
@@ -167,7 +182,7 @@ j = json.loads(sys.argv[1][6:])
 print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f GiB, scheme %d B/token" % (
     j["tokens_per_s"], j["step_ms"], 100 * j["mfu"], j["peak_bf16_tflops"], j["peak_mem_gib"],
     j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
-    echo "    $line" >> "$OUTDIR/bench_lines.txt"
+    printf '%s\t%s\n' "$label" "${line#BENCH }" >> "$OUTDIR/bench_lines.txt"
   elif grep -q "not implemented on the GPU" "$log"; then
     row "$(printf 'bench %-20s n/a   (scheme not in this trainer yet)' "$label")"
   else
@@ -177,7 +192,7 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
 }
 if [ -x "$TRAINER" ]; then
   for s in $SCHEMES; do bench "$s" --scheme "$s"; done
-  case " $SCHEMES " in *" preln "*) bench "preln-recompute2" --scheme preln --recompute 2 ;; esac
+  [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
 else
   row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))
 fi
@@ -186,6 +201,19 @@ fi
 echo
 echo "================ gpu_check: $GPU_DESC ================"
 cat "$TABLE"
-[ -f "$OUTDIR/bench_lines.txt" ] && { echo "BENCH json:"; cat "$OUTDIR/bench_lines.txt"; }
-echo "total $(( $(date +%s) - T0 )) s; logs in $OUTDIR; $([ "$FAILS" = 0 ] && echo 'ALL PASS' || echo "$FAILS FAILED")"
+if [ -f "$OUTDIR/bench_lines.txt" ]; then
+  python3 - "$OUTDIR/bench_lines.txt" <<'EOF' || cat "$OUTDIR/bench_lines.txt"
+import json, sys
+rows = [l.rstrip("\n").split("\t", 1) for l in open(sys.argv[1]) if "\t" in l]
+rows = [(k, json.loads(v)) for k, v in rows]
+base = dict(rows).get("preln")
+print("%-22s %10s %9s %6s %9s %12s %12s" % ("benchmark", "tok/s", "ms/step", "MFU", "mem GiB", "tok/s/preln", "mem/preln"))
+for k, j in rows:
+    rel_t = "%.3f" % (j["tokens_per_s"] / base["tokens_per_s"]) if base else "-"
+    rel_m = "%.3f" % (j["peak_mem_gib"] / base["peak_mem_gib"]) if base else "-"
+    print("%-22s %10.0f %9.1f %5.1f%% %9.1f %12s %12s" % (k, j["tokens_per_s"], j["step_ms"], 100 * j["mfu"],
+                                                        j["peak_mem_gib"], rel_t, rel_m))
+EOF
+fi
+echo "total $(( $(date +%s) - T0 )) s; logs in $OUTDIR; $([ "$FAILS" = 0 ] && echo 'ALL PASS' || echo "$FAILS FAILED")$([ "$SKIPPED" != 0 ] && echo ", $SKIPPED SKIPPED (time budget)")"
 [ "$FAILS" = 0 ]
