@@ -57,6 +57,7 @@ NVCCFLAGS ?= $(NVCC_OPT) -std=c++17 -lineinfo -I. -MMD -MP \
              --Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror \
              -Xcompiler -fopenmp -DLDM_SOURCE_DIR=\"$(CURDIR)\"
 CUDA_LIBS ?= -lcublasLt -lcublas
+CUDA_LIBS += -lnccl  # NCCL collectives (cuda/nccl.cuh); nccl.h and libnccl come with /usr/local/cuda
 CU_SRCS  := $(wildcard train_*.cu) $(wildcard dev/cuda/*.cu)
 CU_BINS  := $(foreach s,$(CU_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
 

@@ -1,0 +1,158 @@
+// dev/cuda/nccl.cu — workbench of cuda/nccl.cuh (issue #10): checks NCCL all-reduce,
+// reduce-scatter and all-gather through the typed wrappers against a CPU sum over the ranks'
+// inputs (every rank computes every rank's input on the host), for fp32 and bf16, at several sizes
+// including odd ones, with outputs poisoned (NaN) first; then times each collective on a
+// gradient-sized buffer (llama-400m-like: 4e8 fp32 values; --quick: 2^24).
+//
+//   build/cuda/nccl [--quick] [--nccl-id-file PATH]                   world size 1 (one GPU)
+//   mpirun -np 8 build/cuda/nccl                                      8 GPUs of a node
+//
+// Output (doc/cuda.md workbench convention), from every rank's check and rank 0's timing:
+//   CHECK nccl <op> <dtype> n=<count> rel=<x> max_abs=<y> PASS|FAIL
+//   BENCH nccl <op> <dtype> n=<count> ms=<x> GB/s=<bus bandwidth> TFLOP/s=-
+// Bus bandwidth (nccl-tests convention): all-reduce bytes*2(W-1)/W / t; reduce-scatter and
+// all-gather bytes*(W-1)/W / t, bytes = the full buffer; with W = 1 the algorithm bandwidth
+// bytes / t is printed instead. Exit status non-zero if any CHECK fails. No GPU: "skipped: no GPU".
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/dist.h"
+#include "cuda/common.cuh"
+#include "cuda/nccl.cuh"
+
+using namespace ldm;
+using namespace ldm::gpu;
+
+namespace {
+
+// Rank p's input value at index i: a multiple of 1/4 in [-8, 8), exact in bf16 and in any sum of
+// up to 64 ranks in fp32.
+float input_value(int p, int64_t i) { return float(((i * 7 + int64_t(p) * 13) % 64) - 32) * 0.25f; }
+
+template <typename T>
+int check_all(NcclComm& comm, cudaStream_t s, int64_t n, double tol) {
+    const int W = comm.world, r = comm.rank;
+    int fails = 0;
+    auto report = [&](const char* op, const std::vector<float>& got, const std::vector<float>& want) {
+        Compare c = compare(got.data(), want.data(), int64_t(want.size()));
+        const bool ok = c.finite && c.rel <= tol;
+        std::printf("CHECK nccl %s %s n=%lld rel=%.3g max_abs=%.3g %s (rank %d of %d)\n", op, dtype_name<T>(),
+                    (long long)n, c.rel, c.max_abs, ok ? "PASS" : "FAIL", r, W);
+        if (!ok) fails++;
+    };
+    // all-reduce, in place
+    {
+        std::vector<float> h(static_cast<size_t>(n)), want(static_cast<size_t>(n), 0.0f);
+        for (int64_t i = 0; i < n; i++) {
+            h[size_t(i)] = input_value(r, i);
+            for (int p = 0; p < W; p++) want[size_t(i)] += input_value(p, i);
+        }
+        DeviceBuffer<T> d(n);
+        upload(d.ptr, h.data(), n);
+        nccl_all_reduce_sum<T>(comm, d.ptr, d.ptr, dist::Elems(n), s);
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        report("all_reduce", download(d.ptr, n), want);
+    }
+    // reduce-scatter of n per rank (send [W*n])
+    {
+        std::vector<float> h(static_cast<size_t>(W) * static_cast<size_t>(n)), want(static_cast<size_t>(n), 0.0f);
+        for (int64_t i = 0; i < int64_t(h.size()); i++) h[size_t(i)] = input_value(r, i);
+        for (int64_t i = 0; i < n; i++)
+            for (int p = 0; p < W; p++) want[size_t(i)] += input_value(p, int64_t(r) * n + i);
+        DeviceBuffer<T> send(int64_t(h.size())), recv(n);
+        upload(send.ptr, h.data(), int64_t(h.size()));
+        fill(recv.ptr, n, NAN, s);
+        nccl_reduce_scatter_sum<T>(comm, send.ptr, recv.ptr, dist::Elems(n), s);
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        report("reduce_scatter", download(recv.ptr, n), want);
+    }
+    // all-gather of n per rank (recv [W*n])
+    {
+        std::vector<float> h(static_cast<size_t>(n)), want(static_cast<size_t>(W) * static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; i++) h[size_t(i)] = input_value(r, i);
+        for (int p = 0; p < W; p++)
+            for (int64_t i = 0; i < n; i++) want[size_t(p) * size_t(n) + size_t(i)] = input_value(p, i);
+        DeviceBuffer<T> send(n), recv(int64_t(want.size()));
+        upload(send.ptr, h.data(), n);
+        fill(recv.ptr, int64_t(want.size()), NAN, s);
+        nccl_all_gather<T>(comm, send.ptr, recv.ptr, dist::Elems(n), s);
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        report("all_gather", download(recv.ptr, int64_t(want.size())), want);
+    }
+    return fails;
+}
+
+template <typename T>
+void bench_all(NcclComm& comm, cudaStream_t s, int64_t n) {
+    const int W = comm.world;
+    const int64_t shard = padded_shard(n, W), full = shard * W;
+    DeviceBuffer<T> buf(full), part(shard);
+    fill(buf.ptr, full, 0.5f, s);
+    fill(part.ptr, shard, 0.25f, s);
+    const double bytes = double(full) * sizeof(T);
+    const double f_ar = W > 1 ? 2.0 * (W - 1) / W : 1.0, f_rs = W > 1 ? double(W - 1) / W : 1.0;
+    struct Op {
+        const char* name;
+        double factor;
+        std::function<void()> fn;
+    };
+    std::vector<Op> ops = {
+        {"all_reduce", f_ar, [&] { nccl_all_reduce_sum<T>(comm, buf.ptr, buf.ptr, dist::Elems(full), s); }},
+        {"reduce_scatter", f_rs, [&] { nccl_reduce_scatter_sum<T>(comm, buf.ptr, part.ptr, dist::Elems(shard), s); }},
+        {"all_gather", f_rs, [&] { nccl_all_gather<T>(comm, part.ptr, buf.ptr, dist::Elems(shard), s); }},
+    };
+    for (auto& op : ops) {
+        float ms = time_median_ms(op.fn, 3, 20, s);
+        if (comm.rank == 0)
+            std::printf("BENCH nccl %s %s n=%lld ms=%.4f GB/s=%.1f TFLOP/s=- (world %d)\n", op.name, dtype_name<T>(),
+                        (long long)full, ms, bytes * op.factor / (ms * 1e-3) / 1e9, W);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        dist::init(&argc, &argv);
+        if (!gpu_available()) {
+            std::printf("nccl: skipped: no GPU\n");
+            dist::finalize();
+            return 0;
+        }
+        bool quick = false;
+        std::string id_file;
+        for (int i = 1; i < argc; i++) {
+            std::string a = argv[i];
+            if (a == "--quick") quick = true;
+            else if (a == "--nccl-id-file" && i + 1 < argc) id_file = argv[++i];
+            else throw Error("usage: nccl [--quick] [--nccl-id-file PATH]");
+        }
+        NcclComm comm;
+        comm.init(dist::context(), id_file);
+        if (comm.rank == 0)
+            std::printf("nccl workbench: world %d, rank 0 on device %d (%s), NCCL %d\n", comm.world, comm.device,
+                        device_description(comm.device).c_str(), NCCL_VERSION_CODE);
+        cudaStream_t s;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        int fails = 0;
+        for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000), int64_t(65537), int64_t((1 << 20) + 3)}) {
+            fails += check_all<float>(comm, s, n, 1e-6);
+            fails += check_all<bf16>(comm, s, n, 1e-2);
+        }
+        const int64_t nb = quick ? (int64_t(1) << 24) : int64_t(400) * 1000 * 1000;
+        bench_all<float>(comm, s, nb);
+        bench_all<bf16>(comm, s, nb);
+        CUDA_CHECK(cudaStreamDestroy(s));
+        std::vector<int64_t> f{fails};
+        dist::allreduce_sum<int64_t>(dist::Span<int64_t>(f));
+        if (comm.rank == 0) std::printf("nccl: %lld failed checks over %d ranks\n", (long long)f[0], comm.world);
+        dist::finalize();
+        return f[0] == 0 ? 0 : 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        dist::abort_all(1);
+        return 1;
+    }
+}
