@@ -13,6 +13,9 @@ and the report writer used by scripts/bench_cpu_schemes.sh and scripts/bench_gpu
       Runs CMD (its own process group), keeps its output in --log, takes its last `BENCH {json}`
       line, its wall time and its peak RSS (wait4), and appends one JSON row to ROWS (status ok |
       error | timeout | oom). Exit status 0 even when CMD failed (the row says so).
+  torch_bench.py check DUMP [DUMP ...]
+      The peer's loss on `train_cpu --dump-debug-state` dumps equals the C++ reference's (fp64:
+      1e-9 relative, fp32: 1e-4): the peer is the same model.
   torch_bench.py report --kind cpu|gpu --rows ROWS.jsonl --out DIR [--title TEXT]
       Writes DIR/bench.md, DIR/bench.csv, DIR/bench_tokens.png and DIR/bench_memory.png:
       tokens/s and peak memory per scheme and shape, ratios vs PreLN and vs PyTorch (eager,
@@ -60,12 +63,13 @@ def load_spec(a):
 
 def init_params(torch, cfg, specs, device):
     """Random parameters in param_specs order (values irrelevant for timing, kept well-scaled)."""
-    g = torch.Generator().manual_seed(1234)
+    g = torch.Generator(device=device).manual_seed(1234)
     P = {}
     n = cfg["hc_streams"]
     for s in specs:
         name, shape = s["name"], s["shape"]
         leaf = name.split(".")[-1]
+        t = None
         if name.endswith("norm.w") or (name.startswith("scheme.attnres") and leaf == "g"):
             t = torch.ones(shape)
         elif leaf in ("bq", "bk", "bv", "b_pre", "b_post", "b_res", "bbeta", "theta") or \
@@ -85,13 +89,13 @@ def init_params(torch, cfg, specs, device):
             t = torch.ones(shape)
         elif name.startswith("scheme.hc.") and leaf in ("w_m", "w_r", "w_b"):
             t = torch.zeros(shape)
-        else:
-            t = torch.randn(shape, generator=g) * 0.02
+        if t is None:  # matrices: N(0, 0.02), drawn on the device (fast for the large presets)
+            t = torch.randn(shape, generator=g, device=device) * 0.02
         P[name] = t.to(device).requires_grad_(True)
     return P
 
 
-def make_loss_fn(torch, ref, cfg, T, device):
+def make_loss_fn(torch, ref, cfg, T, device, table_dtype=None):
     F = torch.nn.functional
     d, nh, nkv, hd = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
     V, eps, theta, L = cfg["vocab_size"], cfg["norm_eps"], cfg["rope_theta"], cfg["n_layer"]
@@ -99,24 +103,44 @@ def make_loss_fn(torch, ref, cfg, T, device):
     half = hd // 2
     inv = theta ** (-torch.arange(0, half, dtype=torch.float64) * 2.0 / hd)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).float().to(device)  # [T, hd]
-    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).float().to(device)
+    tdt = table_dtype or torch.float32
+    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).to(device=device, dtype=tdt)  # [T, hd]
+    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(device=device, dtype=tdt)
     sdpa = getattr(F, "scaled_dot_product_attention", None)
     mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
-    def rms(x, w):
-        return w * x * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps).to(x.dtype)
+    def rms(x, w):  # statistics in at least fp32 (bf16 activations under autocast)
+        xs = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return w * x * torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps).to(x.dtype)
 
     def rope(x):  # [B, H, T, hd]
         x1, x2 = x[..., :half], x[..., half:]
         return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
+
+    class LdmMemoryOn(ref.LdmMemory):
+        """torch_ref's LdmMemory with its initial state (S = 0, P = I/delta) allocated on the
+        embedding's device (torch_ref allocates on the default device, the CPU)."""
+
+        def __init__(self, cfg, P, e):  # the same fields as ref.LdmMemory.__init__
+            self.P_, self.cfg = P, cfg
+            B, T, d = e.shape
+            self.Hm, self.dk = cfg["ldm_heads"], cfg["ldm_dk"]
+            self.dv = d // self.Hm
+            self.rule, self.res = cfg["ldm_rule"], cfg["ldm_residual"]
+            self.forget = cfg["ldm_forget"] and self.rule != "delta"
+            self.D = 2 * cfg["n_layer"]
+            self.S = torch.zeros(B, T, self.Hm, self.dv, self.dk, dtype=e.dtype, device=e.device)
+            eye = torch.eye(self.dk, dtype=e.dtype, device=e.device) / cfg["ldm_delta"]
+            self.Pm = eye.expand(B, T, self.Hm, self.dk, self.dk).clone()
+            self.src = e
+            self.write(0, e)
 
     def loss_fn(P, tokens, targets):
         B = tokens.shape[0]
         h = P["wte"][tokens]
         mem = None
         if scheme == "ldm":
-            mem = ref.LdmMemory(cfg, P, h)
+            mem = LdmMemoryOn(cfg, P, h)
         elif scheme in ("hc", "mhc"):
             mem = ref.HyperStreams(cfg, P, h, scheme == "mhc")
         elif scheme in ("attnres-full", "attnres-block"):
@@ -154,7 +178,8 @@ def make_loss_fn(torch, ref, cfg, T, device):
         y = rms(mem.input(2 * L + 1) if mem else h, P["final_norm.w"])
         W = P["wte"] if cfg["tied"] else P["lm_head"]
         logits = (y @ W.T)[..., :V]
-        return F.cross_entropy(logits.reshape(B * T, V).float(), targets.reshape(B * T))
+        lg = logits.reshape(B * T, V)
+        return F.cross_entropy(lg.float() if lg.dtype in (torch.float16, torch.bfloat16) else lg, targets.reshape(B * T))
 
     return loss_fn
 
@@ -193,8 +218,6 @@ def cmd_bench(a):
     V = cfg["vocab_size"]
     tokens = torch.randint(0, V, (a.B, a.T), generator=g).to(dev)
     targets = torch.randint(0, V, (a.B, a.T), generator=g).to(dev)
-    if a.device == "cuda" and hasattr(torch, "set_default_device"):
-        torch.set_default_device("cuda")  # torch_ref's schemes allocate their state without a device
     loss_fn = make_loss_fn(torch, ref, cfg, a.T, dev)
     if a.mode == "compile":
         if not hasattr(torch, "compile"):
@@ -251,6 +274,33 @@ def cmd_bench(a):
     print("BENCH " + json.dumps(r, sort_keys=True))
     sys.stdout.flush()
     return 0
+
+
+def cmd_check(a):
+    """The peer's loss on debug-state dumps of the C++ reference (train_cpu --dump-debug-state)."""
+    import numpy as np
+    import torch
+    sys.path.insert(0, HERE)
+    import torch_ref as ref
+    bad = 0
+    for path in a.dumps:
+        header, ts = ref.read_container(path)
+        cfg = header["config"]
+        dt = torch.float64 if header["dtype"] == "fp64" else torch.float32
+        tol = 1e-9 if header["dtype"] == "fp64" else 1e-4
+        P = {}
+        for s in header["param_specs"]:
+            v = ts["params"][s["offset"]:s["offset"] + s["numel"]].reshape(s["shape"])
+            P[s["name"]] = torch.tensor(v.astype(np.float64), dtype=dt)
+        tokens = torch.tensor(ts["inputs"].astype(np.int64))
+        targets = torch.tensor(ts["targets"].astype(np.int64))
+        loss = float(make_loss_fn(torch, ref, cfg, header["T"], torch.device("cpu"), dt)(P, tokens, targets))
+        rel = abs(loss - header["loss"]) / abs(header["loss"])
+        ok = rel <= tol
+        bad += not ok
+        print("%s %s: C++ loss %.12g, torch_bench %.12g, rel %.2e %s" % (
+            path, cfg["scheme"], header["loss"], loss, rel, "PASS" if ok else "FAIL"))
+    return 1 if bad else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,6 +616,8 @@ def main():
     r.add_argument("--log", default="")
     r.add_argument("--n-layer", type=int, default=0, help="blocks of the model (GPU table: ms per layer)")
     r.add_argument("cmd", nargs=argparse.REMAINDER)
+    c = sub.add_parser("check", help="compare the peer's loss with C++ debug-state dumps")
+    c.add_argument("dumps", nargs="+")
     p = sub.add_parser("report", help="write bench.md/csv/png from the rows")
     p.add_argument("--kind", required=True, choices=["cpu", "gpu"])
     p.add_argument("--rows", required=True)
@@ -578,6 +630,8 @@ def main():
         return cmd_bench(a)
     if a.cmd_name == "run":
         return cmd_run(a)
+    if a.cmd_name == "check":
+        return cmd_check(a)
     if a.cmd_name == "report":
         return cmd_report(a)
     ap.print_help()

@@ -102,3 +102,38 @@ TEST_CASE("bench_cpu_schemes.sh --quick writes bench.md/csv/png with sane values
     CHECK(md.find("C++ >= 2x PyTorch eager") != std::string::npos);
     CHECK(md.find("did not finish") == std::string::npos);
 }
+
+TEST_CASE("torch_bench.py's PyTorch peer is the C++ model: equal loss on fp64 debug dumps",
+          "[bench][torch]") {
+    const std::string dd = data_dir_or_skip("torch_bench check");
+    if (dd.empty()) return;
+    const std::string bin = build_dir_of_test();
+    const std::string dir = train_scratch("bench_peer_check");
+    REQUIRE(make_fineweb_shards(dir, dd, 10));
+    std::string dumps;
+    const std::vector<std::pair<std::string, std::string>> schemes = {
+        // (each dump holds ~100 MB of fp64 params + grads: four schemes keep the test quick; all
+        // nine variants were checked by hand, see doc/benchmarks.md)
+        {"preln", "--scheme preln"},
+        {"mhc", "--scheme mhc"},
+        {"attnres-block", "--scheme attnres-block --attnres-blocks 2"},
+        {"ldm-delta-nores", "--scheme ldm --ldm-rule delta --no-residual"}};
+    for (const auto& s : schemes) {
+        const std::string dump = dir + "/" + s.first + ".dump";
+        const std::string cmd = bin + "/train_cpu --preset tiny " + s.second + " -B 2 -T 16 --dtype fp64 --threads 1 " +
+                                "--train-data '" + dir + "/train.bin' --tokenizer '" + dd + "/gpt2_tokenizer' " +
+                                "--dump-debug-state '" + dump + "' > /dev/null 2>&1";
+        INFO(cmd);
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        dumps += " '" + dump + "'";
+    }
+    const std::string cmd = "/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/torch_bench.py' check" + dumps + " > '" + dir +
+                            "/check.txt' 2>&1";
+    const int rc = std::system(cmd.c_str());
+    const std::string out = slurp(dir + "/check.txt");
+    INFO(out);
+    CHECK(rc == 0);
+    size_t pass = 0;
+    for (size_t p = out.find("PASS"); p != std::string::npos; p = out.find("PASS", p + 1)) pass++;
+    CHECK(pass == schemes.size());
+}
