@@ -4,10 +4,13 @@
 // and passes. Tolerances (relative L2 per tensor; doc/cuda.md "Precision and tolerances"):
 //   one step, --dtype fp32: loss 1e-5, logits 1e-4, every gradient 1e-4
 //   one step, --dtype bf16: loss 1e-2, logits 3e-2, matrix gradients 3e-2, 1-D gradients 5e-2
+//   (the bf16 bounds are first estimates from the bf16 unit roundoff, not yet tuned on a GPU run;
+//   every compared tensor is listed with its error in the failure output)
 //   (a gradient tensor also passes when its difference is below 1e-3·tol·max|g|·sqrt(numel))
 //   10-step loss trajectory: fp32 1e-4, bf16 2e-2 relative per step
 //   gradient accumulation (fp32): 2 micro-batches of B=2 == one CPU batch of B=4 over the same tokens, 1e-4
 //   resume on the GPU: 5 steps + checkpoint + resume 5 == 10 straight, byte-identical .model/.state
+//   cross-trainer checkpoints (fp32): GPU 3 steps -> CPU 3 steps vs CPU 3 -> GPU 3, params 1e-3
 #include <catch2/catch.hpp>
 
 #include "core/checkpoint.h"
@@ -207,6 +210,7 @@ TEST_CASE("gpu: a GPU checkpoint loads in the CPU trainer and vice versa (fp32)"
                                b = ldm::load_model(dir + "/G2/ckpt_000006.model");
     REQUIRE(a.params.size() == b.params.size());
     Diff d = diff(b.params.data(), a.params.data(), int64_t(a.params.size()));
+    // Different summation orders (fp32) + 3 AdamW steps on each side: close, not identical.
     INFO("GPU-resumed vs CPU-resumed params after 6 steps: rel " << d.rel);
-    CHECK(d.rel < 1e-4);
+    CHECK(d.rel < 1e-3);
 }
