@@ -141,7 +141,7 @@ const R* Inference<R>::step(const int32_t* tokens, int n, bool all_logits) {
         }
         // Causal attention of the n new queries over the L cached positions (query t sees
         // positions 0 .. len+t), per (sequence, query head); GQA: head h reads kv head h / G.
-#pragma omp parallel if ((int64_t)B * nh * n * L * hd >= (1 << 16))
+#pragma omp parallel if ((int64_t)B * nh * n * L * hd >= (1 << 20))
         {
             std::vector<R> sc((size_t)n * L);
 #pragma omp for schedule(dynamic, 1)
