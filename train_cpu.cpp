@@ -166,14 +166,6 @@ std::string to_bytes(const std::vector<R>& v) {
     return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(R));
 }
 
-// Copies the part of a saved slice (raw values of R covering [ps.offset, ps.offset + ps.count) of
-// the flat parameter index) that falls inside dst, which holds indices [lo, lo + dst.size()).
-template <typename R>
-void copy_part(std::vector<R>& dst, int64_t lo, const std::string& bytes, dist::Shard ps, const std::string& what) {
-    if (bytes.size() != size_t(ps.count) * sizeof(R)) throw Error("resume: " + what + " has the wrong size");
-    const int64_t a = std::max(lo, ps.offset), b = std::min(lo + int64_t(dst.size()), ps.offset + ps.count);
-    if (b > a) std::memcpy(dst.data() + (a - lo), bytes.data() + size_t(a - ps.offset) * sizeof(R), size_t(b - a) * sizeof(R));
-}
 template <typename R>
 std::string slice_bytes(const std::vector<R>& v, int64_t offset, int64_t count) {
     return std::string(reinterpret_cast<const char*>(v.data() + offset), size_t(count) * sizeof(R));
@@ -285,64 +277,27 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
         // A checkpoint is ckpt_<step>.model plus either one .state file (a single-process run) or
         // per-rank shards .state.rank<r>of<W0> completed by the marker .done (doc/distributed.md).
         // Any world size resumes from either: the shards are reassembled and cut for this world.
-        std::string base = o.resume;
-        for (const char* ext : {".model", ".state", ".done"}) {
-            const size_t k = std::strlen(ext);
-            if (base.size() > k && base.compare(base.size() - k, k, ext) == 0) base = base.substr(0, base.size() - k);
-        }
-        const std::string mpath = base + ".model", spath = base + ".state", dpath = base + ".done";
+        const std::string base = dist::checkpoint_base(o.resume), mpath = base + ".model";
         ModelCheckpoint mc = load_model(mpath);
         std::string d = config_diff(mc.cfg, cfg);
         if (!d.empty())
             throw Error("--resume " + mpath + ": the checkpoint's model config differs from the command line (" + d + ")");
-        std::vector<TrainState> parts;
-        std::vector<dist::Shard> part_shards;
-        int W0 = 1;
-        if (file_exists(spath)) {
-            parts.push_back(load_train_state(spath));
-            part_shards.push_back({0, n});
-            check_resume_flags(parts[0].flags, rflags, spath);
-        } else if (file_exists(dpath)) {
-            json mk;
-            try {
-                mk = json::parse(read_file(dpath));
-                W0 = mk.at("world").get<int>();
-                if (mk.at("param_count").get<int64_t>() != n || mk.at("step").get<int64_t>() != mc.step || W0 < 1)
-                    throw Error("marker does not match the model file");
-            } catch (const std::exception& e) {
-                throw Error("--resume: checkpoint marker " + dpath + ": " + e.what());
-            }
-            for (int p = 0; p < W0; p++) {
-                const std::string sp = base + strprintf(".state.rank%dof%d", p, W0);
-                parts.push_back(load_train_state(sp));
-                part_shards.push_back(dist::shard_range(n, W0, p));
-                check_resume_flags(parts.back().flags, rflags, sp);
-                const json& ex = parts.back().extra;
-                if (ex.value("shard_offset", int64_t(-1)) != part_shards.back().offset ||
-                    ex.value("shard_count", int64_t(-1)) != part_shards.back().count)
-                    throw Error("--resume: " + sp + " does not hold shard " + std::to_string(p) + " of " + std::to_string(W0));
-            }
-        } else {
-            throw Error("--resume: neither " + spath + " nor the shard marker " + dpath +
-                        " exists (a checkpoint without its marker is incomplete)");
-        }
-        for (const TrainState& st : parts)
-            if (st.step != mc.step)
-                throw Error(strprintf("--resume: model file is at step %lld but training state at step %lld",
-                                      (long long)mc.step, (long long)st.step));
+        const dist::SavedState saved = dist::load_saved_state(base, n, mc.step, rflags);
+        const std::vector<TrainState>& parts = saved.parts;
+        const int W0 = saved.world;
         // Parameters: the exact values of the training dtype (fp64 runs), else the fp32 model file.
         if (parts[0].exact_params.empty()) {
             if (sizeof(R) != 4) throw Error("--resume: " + base + " has no exact fp64 parameters");
             for (int64_t i = 0; i < n; i++) model.params[size_t(i)] = R(mc.params[size_t(i)]);
         } else {
             for (size_t p = 0; p < parts.size(); p++)
-                copy_part(model.params, 0, parts[p].exact_params, part_shards[p], "exact_params");
+                dist::copy_saved_part(model.params.data(), 0, n, parts[p].exact_params, saved.shards[p], "exact_params");
         }
         // AdamW moments of what this rank updates: its shard (ZeRO-1) or everything.
         const int64_t lo = zero1 ? shard.offset : 0;
         for (size_t p = 0; p < parts.size(); p++) {
-            copy_part(opt.m(), lo, parts[p].m, part_shards[p], "adam_m");
-            copy_part(opt.v(), lo, parts[p].v, part_shards[p], "adam_v");
+            dist::copy_saved_part(opt.m().data(), lo, int64_t(opt.m().size()), parts[p].m, saved.shards[p], "adam_m");
+            dist::copy_saved_part(opt.v().data(), lo, int64_t(opt.v().size()), parts[p].v, saved.shards[p], "adam_v");
         }
         opt.set_step_count(mc.step);
         if (W0 == W) {
@@ -352,7 +307,6 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
             std::vector<int32_t> xi(size_t(B) * T), yi(size_t(B) * T);
             for (int64_t k = 0; k < mc.step * accum_local; k++) train.next_batch(xi.data(), yi.data());
         }
-        if (parts[0].rng_state.size() != 1) throw Error("--resume: " + base + ": bad rng state");
         rng.s = parts[0].rng_state[0];
         start_step = mc.step;
         std::printf("resumed from %s at step %lld", mpath.c_str(), (long long)start_step);
@@ -476,7 +430,7 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
         st.flags = rflags;
         st.loader_state = train.save_state();
         st.rng_state = {rng.s};
-        json states = json::array();
+        std::vector<std::string> states;
         if (W == 1) {
             st.m = to_bytes(opt.m());
             st.v = to_bytes(opt.v());
@@ -491,17 +445,11 @@ int run(const Options& o, const ModelConfig& cfg, const Tokenizer* tok) {
             if (sizeof(R) == 8) st.exact_params = slice_bytes(model.params, shard.offset, shard.count);
             st.extra = {{"world", W}, {"rank", rank}, {"zero", o.zero}, {"param_count", n},
                         {"shard_offset", shard.offset}, {"shard_count", shard.count}};
-            save_train_state(base + strprintf(".state.rank%dof%d", rank, W), st);
-            for (int p = 0; p < W; p++) states.push_back(basename_of(base) + strprintf(".state.rank%dof%d", p, W));
+            save_train_state(dist::shard_state_path(base, rank, W), st);
+            for (int p = 0; p < W; p++) states.push_back(basename_of(dist::shard_state_path(base, p, W)));
         }
         dist::barrier();  // every file is complete before the marker says so
-        if (rank == 0) {
-            const std::string mk = json{{"kind", "checkpoint_marker"}, {"step", step}, {"world", W}, {"zero", o.zero},
-                                        {"param_count", n}, {"dtype", o.dtype}, {"model", basename_of(base) + ".model"},
-                                        {"states", states}}
-                                       .dump() + "\n";
-            write_file_atomic(base + ".done", mk.data(), mk.size());
-        }
+        if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, o.dtype, states);
         std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
         logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
     };

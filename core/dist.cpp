@@ -342,6 +342,69 @@ void allgather_shards(Span<T> d) {
 #endif
 }
 
+std::string checkpoint_base(const std::string& arg) {
+    std::string base = arg;
+    for (const char* ext : {".model", ".state", ".done"}) {
+        const size_t k = std::strlen(ext);
+        if (base.size() > k && base.compare(base.size() - k, k, ext) == 0) return base.substr(0, base.size() - k);
+    }
+    return base;
+}
+
+std::string shard_state_path(const std::string& base, int rank, int world) {
+    return base + strprintf(".state.rank%dof%d", rank, world);
+}
+
+void write_checkpoint_marker(const std::string& base, int64_t step, int world, int zero, int64_t n,
+                             const std::string& dtype, const std::vector<std::string>& states) {
+    const size_t k = base.find_last_of('/');
+    const std::string name = k == std::string::npos ? base : base.substr(k + 1);
+    const std::string mk = nlohmann::json{{"kind", "checkpoint_marker"}, {"step", step}, {"world", world},
+                                          {"zero", zero}, {"param_count", n}, {"dtype", dtype},
+                                          {"model", name + ".model"}, {"states", states}}
+                               .dump() + "\n";
+    write_file_atomic(base + ".done", mk.data(), mk.size());
+}
+
+SavedState load_saved_state(const std::string& base, int64_t n, int64_t step, const nlohmann::json& flags) {
+    SavedState s;
+    const std::string spath = base + ".state", dpath = base + ".done";
+    if (file_exists(spath)) {
+        s.parts.push_back(load_train_state(spath));
+        s.shards.push_back({0, n});
+        check_resume_flags(s.parts[0].flags, flags, spath);
+    } else if (file_exists(dpath)) {
+        try {
+            nlohmann::json mk = nlohmann::json::parse(read_file(dpath));
+            s.world = mk.at("world").get<int>();
+            if (mk.at("param_count").get<int64_t>() != n || mk.at("step").get<int64_t>() != step || s.world < 1)
+                throw Error("marker does not match the model file");
+        } catch (const std::exception& e) {
+            throw Error("--resume: checkpoint marker " + dpath + ": " + e.what());
+        }
+        for (int p = 0; p < s.world; p++) {
+            const std::string sp = shard_state_path(base, p, s.world);
+            s.parts.push_back(load_train_state(sp));
+            s.shards.push_back(shard_range(n, s.world, p));
+            check_resume_flags(s.parts.back().flags, flags, sp);
+            const nlohmann::json& ex = s.parts.back().extra;
+            if (ex.value("shard_offset", int64_t(-1)) != s.shards.back().offset ||
+                ex.value("shard_count", int64_t(-1)) != s.shards.back().count)
+                throw Error("--resume: " + sp + " does not hold shard " + std::to_string(p) + " of " +
+                            std::to_string(s.world));
+        }
+    } else {
+        throw Error("--resume: neither " + spath + " nor the shard marker " + dpath +
+                    " exists (a checkpoint without its marker is incomplete)");
+    }
+    for (const TrainState& st : s.parts)
+        if (st.step != step)
+            throw Error(strprintf("--resume: model file is at step %lld but training state at step %lld",
+                                  (long long)step, (long long)st.step));
+    if (s.parts[0].rng_state.size() != 1) throw Error("--resume: " + base + ": bad rng state");
+    return s;
+}
+
 #define LDM_DIST_INST(T)                                                    \
     template void allreduce_sum<T>(Span<T>);                                \
     template void broadcast<T>(Span<T>, int);                               \

@@ -25,13 +25,16 @@
 // 0, 1, ..., W-1 (never MPI_SUM, whose order the library chooses), so results are reproducible
 // run to run and the same on every rank.
 #pragma once
+#include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/checkpoint.h"
 #include "core/common.h"
 
 namespace ldm {
@@ -146,6 +149,42 @@ void reduce_scatter_ordered(Span<const T> in, Span<T> out);
 // part is valid; on exit every part is (bit-identical to its owner's values).
 template <typename T>
 void allgather_shards(Span<T> data);
+
+// ---- Sharded checkpoints (doc/distributed.md "Checkpoints") -----------------------------------
+// A checkpoint ckpt_<s> is <base>.model plus either <base>.state (one process) or the rank files
+// <base>.state.rank<r>of<W> (rank r's slice shard_range(n, W, r) of the AdamW moments and, for fp64,
+// of the exact parameters; header extra: world, rank, zero, param_count, shard_offset,
+// shard_count), completed by the marker <base>.done written last by rank 0.
+
+// "--resume" argument -> base (strips .model, .state or .done).
+std::string checkpoint_base(const std::string& arg);
+std::string shard_state_path(const std::string& base, int rank, int world);
+// Rank 0, after a barrier that follows every rank's write: <base>.done, atomically. `states`:
+// the file names (without directory) of the training states.
+void write_checkpoint_marker(const std::string& base, int64_t step, int world, int zero, int64_t n,
+                             const std::string& dtype, const std::vector<std::string>& states);
+
+// The saved training state of a checkpoint, in its own shard layout.
+struct SavedState {
+    int world = 1;                  // world size that wrote it (1 for a .state file)
+    std::vector<TrainState> parts;  // rank order
+    std::vector<Shard> shards;      // the flat-parameter range each part holds
+};
+// Loads <base>.state, else <base>.done and every rank file it names. Checks each part's resume
+// flags (check_resume_flags against `flags`), its step (== step) and shard layout; ldm::Error
+// naming the file otherwise, and when neither file exists ("incomplete" checkpoint).
+SavedState load_saved_state(const std::string& base, int64_t n, int64_t step, const nlohmann::json& flags);
+
+// Copies the part of a saved slice (raw values of R for [ps.offset, ps.offset + ps.count) of the
+// flat index) that falls inside dst, which holds [lo, lo + dst_count). ldm::Error if `bytes` does
+// not hold ps.count values of R.
+template <typename R>
+void copy_saved_part(R* dst, int64_t lo, int64_t dst_count, const std::string& bytes, Shard ps, const char* what) {
+    if (bytes.size() != size_t(ps.count) * sizeof(R))
+        throw Error(std::string("resume: ") + what + " has the wrong size");
+    const int64_t a = std::max(lo, ps.offset), b = std::min(lo + dst_count, ps.offset + ps.count);
+    if (b > a) std::memcpy(dst + (a - lo), bytes.data() + size_t(a - ps.offset) * sizeof(R), size_t(b - a) * sizeof(R));
+}
 
 }  // namespace dist
 }  // namespace ldm

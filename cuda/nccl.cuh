@@ -143,9 +143,100 @@ inline void nccl_all_gather(NcclComm& c, const T* send, T* recv, dist::Elems sen
     NCCL_CHECK(ncclAllGather(send, recv, size_t(send_count.n), NcclType<T>::value, c.comm, s));
 }
 
-// Equal NCCL shards over n elements: shard = ceil(n / world); the padded buffer holds
-// world * shard >= n elements (the tail past n is padding, kept at zero).
-inline int64_t padded_shard(int64_t n, int world) { return (n + world - 1) / world; }
+// Equal NCCL shards over n elements: shard = ceil(n / world) rounded up to a multiple of 64
+// elements (so every rank's slice starts 256-byte aligned, like the full arrays); the padded
+// buffer holds world * shard >= n elements (the tail past n is padding, kept at zero).
+inline int64_t padded_shard(int64_t n, int world) { return ((n + world - 1) / world + 63) / 64 * 64; }
+
+// ---- Data parallelism of the GPU trainers (cuda/trainer.cuh; doc/distributed.md) -------------
+// One process per GPU. Gradients (fp32 [n], already scaled by 1/global micro-batches) are summed
+// over the ranks after the backward pass of the step's last micro-batch, on the compute stream
+// (not overlapped per layer: the backward lives in cuda/gpt.cuh and has no per-layer hook yet).
+//   ZeRO-0: in-place all-reduce of the gradients; every rank runs the full AdamW.
+//   ZeRO-1: the gradients are copied into a buffer padded to W * S (S >= ceil(n / W)) and
+//   reduce-scattered; rank r owns [r S, min(n, (r+1) S)) of the AdamW state (S: padded_shard) and updates that slice
+//   of the fp32 master weights, which are then all-gathered (fp32: the schemes read some
+//   parameters from the master copy, and every rank's master stays complete for checkpoints);
+//   the bf16 working copy is refreshed locally.
+// With W = 1 and force_nccl the same path runs on a one-rank communicator (to measure its cost).
+struct GpuDataParallel {
+    int world = 1, rank = 0;
+    bool nccl = false, zero1 = false, mpi = false;
+    int64_t n = 0, S = 0, own_off = 0, own_count = 0;
+    NcclComm comm;
+    DeviceBuffer<float> pad;       // [W * S] ZeRO-1 staging (tail past n stays zero)
+    DeviceBuffer<double> scalar;   // [1] NCCL scalar sums without MPI
+
+    // Sets the device (local rank) and, when W > 1 or force_nccl, the communicator.
+    void init(const dist::Context& c, int64_t n_params, int zero, bool force_nccl, const std::string& id_file) {
+        world = c.world;
+        rank = c.rank;
+        mpi = c.mpi;
+        n = n_params;
+        nccl = world > 1 || force_nccl;
+        if (nccl) comm.init(c, id_file);
+        else CUDA_CHECK(cudaSetDevice(local_device(c)));
+        zero1 = nccl && zero == 1;
+        S = padded_shard(n, world);
+        own_off = zero1 ? int64_t(rank) * S : 0;
+        own_count = zero1 ? std::max<int64_t>(0, std::min(n, own_off + S) - own_off) : n;
+        if (zero1) {
+            pad.alloc(int64_t(world) * S);
+            CUDA_CHECK(cudaMemset(pad.ptr, 0, size_t(pad.bytes())));
+        }
+        if (nccl) scalar.alloc(1);
+    }
+    // Length of this rank's AdamW state: S (ZeRO-1) or n.
+    int64_t state_len() const { return zero1 ? S : n; }
+
+    // Sums the gradients over the ranks. Returns the reduced gradients this rank updates with:
+    // grads itself (ZeRO-0 / no NCCL), or its own slice [own_off, own_off + own_count) (ZeRO-1).
+    float* reduce_grads(float* grads, cudaStream_t s) {
+        if (!nccl) return grads;
+        if (!zero1) {
+            nccl_all_reduce_sum<float>(comm, grads, grads, dist::Elems(n), s);
+            return grads;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(pad.ptr, grads, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        float* mine = pad.ptr + int64_t(rank) * S;
+        nccl_reduce_scatter_sum<float>(comm, pad.ptr, mine, dist::Elems(S), s);
+        return mine;
+    }
+    // ZeRO-1, after this rank updated master[own_off, +own_count): every rank gets all of master.
+    void allgather_master(float* master, cudaStream_t s) { allgather_full(master, s); }
+    // ZeRO-1: all-gathers a vector of which this rank holds [own_off, +own_count) into full [n]
+    // (in place in `full`); also used for the AdamW moments at checkpoint time (own = state[0:S]).
+    void allgather_full(float* full, cudaStream_t s, const float* own = nullptr) {
+        if (!zero1) return;
+        float* mine = pad.ptr + int64_t(rank) * S;
+        if (own_count > 0)
+            CUDA_CHECK(cudaMemcpyAsync(mine, own ? own : full + own_off, size_t(own_count) * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, s));
+        nccl_all_gather<float>(comm, mine, pad.ptr, dist::Elems(S), s);
+        CUDA_CHECK(cudaMemcpyAsync(full, pad.ptr, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        // the staging tail must stay zero for the next reduce-scatter
+        if (int64_t(world) * S > n)
+            CUDA_CHECK(cudaMemsetAsync(pad.ptr + n, 0, size_t(int64_t(world) * S - n) * sizeof(float), s));
+    }
+    // Sum of a host scalar over the ranks (identical on every rank): rank-ordered over MPI when
+    // there is MPI, else an NCCL fp64 all-reduce; x itself when W = 1.
+    double sum(double x, cudaStream_t s) {
+        if (world == 1) return x;
+        if (mpi) return dist::sum_ordered(x);
+        CUDA_CHECK(cudaMemcpyAsync(scalar.ptr, &x, sizeof(double), cudaMemcpyHostToDevice, s));
+        nccl_all_reduce_sum<double>(comm, scalar.ptr, scalar.ptr, dist::Elems(1), s);
+        CUDA_CHECK(cudaMemcpyAsync(&x, scalar.ptr, sizeof(double), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        return x;
+    }
+    // Every rank waits for every other (MPI barrier, else an NCCL sum).
+    void barrier(cudaStream_t s) {
+        if (world == 1) return;
+        if (mpi) dist::barrier();
+        else (void)sum(0.0, s);
+    }
+};
 
 }  // namespace gpu
 }  // namespace ldm

@@ -396,3 +396,50 @@ TEST_CASE("dist: resume with the same world size is bit-exact; another world siz
     CHECK(bad.status != 0);
     CHECK_THAT(bad.out, Catch::Contains("incomplete"));
 }
+
+TEST_CASE("scripts/paper: --dry-run prints the recipe's commands; auto-resume takes the newest marker", "[dist][scripts]") {
+    const std::string src = LDM_SOURCE_DIR;
+    const std::string dir = train_scratch("paper_scripts");
+    // the whole sweep: 2 sizes x 6 schemes x 3 LRs + 6 schemes x 2 aspect ratios
+    RunResult l = run_cmd(src + "/scripts/paper/sweep.sh --out " + dir + " --list");
+    INFO(l.out);
+    REQUIRE(l.status == 0);
+    CHECK_THAT(l.out, Catch::Contains("# 48 runs"));
+    CHECK_THAT(l.out, Catch::Contains("400m_attnres-block_lr4e-3 --size 400m --scheme attnres-block --lr 4e-3"));
+    CHECK_THAT(l.out, Catch::Contains("400m_ldm_lr1e-3 --size 400m --scheme ldm --lr 1e-3 --ldm-dk 4"));
+    CHECK_THAT(l.out, Catch::Contains("400m_L70_d640_mhc_lr2e-3"));
+
+    // 2 nodes via mpirun: 16 ranks, 2^20 tokens per step, the paper's step count
+    RunResult d = run_cmd(src + "/scripts/paper/sweep.sh --out " + dir + " --sizes 400m --schemes ldm --part lr --nodes 2 --dry-run");
+    INFO(d.out);
+    REQUIRE(d.status == 0);
+    CHECK_THAT(d.out, Catch::Contains("mpirun -np 16 --npernode 8"));
+    CHECK_THAT(d.out, Catch::Contains("build/cuda/train_ldm --preset llama-400m --scheme ldm --ldm-dk 4 -B 16 -T 2048 "
+                                      "--total-batch-tokens 1048576 --steps 47684 --lr 5e-4"));
+    // 8 nodes via srun, 1.5B: 64 ranks, B = 8, no accumulation
+    RunResult s = run_cmd(src + "/scripts/paper/train.sh --size 1.5b --scheme mhc --lr 2e-3 --out " + dir +
+                          "/m --nodes 8 --launcher srun --dry-run");
+    INFO(s.out);
+    REQUIRE(s.status == 0);
+    CHECK_THAT(s.out, Catch::Contains("srun --nodes 8 --ntasks 64 --ntasks-per-node 8"));
+    CHECK_THAT(s.out, Catch::Contains("--preset qwen-1.5b --scheme mhc -B 8 -T 2048 --total-batch-tokens 1048576 --steps 94972"));
+    CHECK_THAT(s.out, Catch::Contains("accumulation 1"));
+    CHECK(s.out.find("--resume") == std::string::npos);
+    // auto-resume: newest complete checkpoint; one without a marker is ignored
+    run_cmd("mkdir -p " + dir + "/m && touch " + dir + "/m/ckpt_001000.done " + dir + "/m/ckpt_002000.done " + dir +
+            "/m/ckpt_003000.model " + dir + "/m/ckpt_003000.state.rank0of64");
+    s = run_cmd(src + "/scripts/paper/train.sh --size 1.5b --scheme mhc --lr 2e-3 --out " + dir + "/m --nodes 8 --dry-run");
+    CHECK_THAT(s.out, Catch::Contains("--resume " + dir + "/m/ckpt_002000"));
+    // bad node counts and flags are refused
+    RunResult b = run_cmd(src + "/scripts/paper/train.sh --size 400m --scheme preln --lr 1e-3 --out " + dir + "/b --nodes 3 --dry-run");
+    CHECK(b.status != 0);
+    CHECK_THAT(b.out, Catch::Contains("do not divide"));
+    b = run_cmd(src + "/scripts/paper/train.sh --size 7b --scheme preln --lr 1e-3 --out " + dir + "/b --dry-run");
+    CHECK(b.status != 0);
+    // evaluation over the newest marker of each run
+    RunResult e = run_cmd(src + "/scripts/paper/eval.sh --runs " + dir + " --out " + dir + "/table --dry-run");
+    INFO(e.out);
+    REQUIRE(e.status == 0);
+    CHECK_THAT(e.out, Catch::Contains("scripts/eval_checkpoints.sh --out " + dir + "/table"));
+    CHECK_THAT(e.out, Catch::Contains(dir + "/m/ckpt_002000.model"));
+}
