@@ -19,10 +19,13 @@
 // needed for backward anyway): output(j) writes p + o_j straight into pv_{j+1}, or into the block
 // source b_n at the block end; no running copy. In backward dL/dp accumulates in place in
 // dL/db_n's buffer (final once the block's last sublayer is reached).
+// Block backward variant 2 (LDM_ATTNRES_VARIANT=2, see GpuAttnRes): the block sources' gradients
+// are applied once per block from per-sublayer scalars and a dx stash instead of once per sublayer.
 // Parameters: w_j, g_j (and the readout's w_f, g_f, index D+1) are read from the fp32 master
 // array; gradients fp32, accumulated (+=). Activations T (float or bf16), arithmetic fp32.
 #pragma once
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 
 #include "core/config.h"
@@ -224,15 +227,158 @@ __global__ void to_act_kernel(T* out, const float* in, int64_t n) {
         out[i] = from_f<T>(in[i]);
 }
 
+// ---- Block backward, variant 2 (deferred block-source gradients) ------------------------------
+// Per sublayer j of block n (position i): like aggregate_backward_kernel for the scores, but the
+// block sources b_0..b_{n-1} (the first S.K0 sources) are NOT updated: their per-token scalars
+// α_k, β_k = ds_k r_k, γ_k = ds_k s_k r_k²/d are written to a[t·ldc + k], b[..], c[..] and dx is
+// stashed (stash [N, d]); only the partial-sum source p (S.Ux, when present) is updated now
+// (dL/dp is needed by output_backward(j-1)), with its dq contribution in dq_part [gridDim, d].
+// block_flush_kernel later applies, once per block, du_k += Σ_j (α_jk dx_j + β_jk q_j − γ_jk u_k).
+// Dynamic smem: (2·nwarps + 3)·K + d floats.
+template <typename T>
+__global__ void block_scores_backward_kernel(float* dq_part, float* ca, float* cb, float* cc, int ldc, T* stash,
+                                             const T* dx, Sources S, const float* w, const float* g, int N, int d) {
+    extern __shared__ float sm[];
+    const int K = S.K(), nw = (blockDim.x + 31) >> 5, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float* pq = sm;
+    float* pd = pq + nw * K;
+    float* sc = pd + nw * K;
+    float* al = sc + K;
+    float* da = al + K;
+    float* dq = da + K;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] = 0.f;
+    for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
+        const T* dxt = dx + t * d;
+        for (int k = 0; k < K; k++) {
+            const T* u = src_row<T>(S, k, t, N, d);
+            float a = 0.f, b = 0.f;
+            for (int c = threadIdx.x; c < d; c += blockDim.x) {
+                const float uc = to_f(u[c]);
+                a += (w[c] * g[c]) * uc;
+                b += to_f(dxt[c]) * uc;
+            }
+            a = warp_sum(a);
+            b = warp_sum(b);
+            if (lane == 0) {
+                pq[wid * K + k] = a;
+                pd[wid * K + k] = b;
+            }
+        }
+        __syncthreads();
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            float a = 0.f, b = 0.f;
+            for (int q = 0; q < nw; q++) {
+                a += pq[q * K + k];
+                b += pd[q * K + k];
+            }
+            sc[k] = a * src_r(S, k, t, N);
+            al[k] = sc[k];
+            da[k] = b;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            attnres_softmax(al, K);
+            attnres_softmax_backward(da, al, K);
+        }
+        __syncthreads();
+        for (int k = threadIdx.x; k < S.K0; k += blockDim.x) {
+            const float r = src_r(S, k, t, N);
+            ca[t * ldc + k] = al[k];
+            cb[t * ldc + k] = da[k] * r;
+            cc[t * ldc + k] = da[k] * sc[k] * r * r / (float)d;
+        }
+        for (int c = threadIdx.x; c < d; c += blockDim.x) stash[t * d + c] = dxt[c];
+        if (S.Ux) {
+            const int k = S.K0;
+            const T* u = src_row<T>(S, k, t, N, d);
+            float* du = src_grad(S, k, t, N, d);
+            const float ak = al[k], ds = da[k], r = src_r(S, k, t, N), sk = sc[k];
+            for (int c = threadIdx.x; c < d; c += blockDim.x) {
+                const float uc = to_f(u[c]);
+                du[c] += ak * to_f(dxt[c]) + attnres_score_grad(ds, r, sk, w[c] * g[c], uc, d);
+                dq[c] += ds * r * uc;
+            }
+        }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dq_part[(int64_t)blockIdx.x * d + c] = dq[c];
+}
+
+// Once per block (after its first sublayer's scores): for the K0 block sources u_k (U [K0, N, d],
+// gradients dU, fp32) and the block's ns sublayers (coefficients ca/cb/cc [ns][N, ldc], stashed dx
+// [ns][N, d], parameters wg = the first sublayer's (w, g) block, 2d floats per sublayer):
+// dU_k += Σ_s (α_sk dx_s + β_sk q_s) − (Σ_s γ_sk) u_k, and dq_part [gridDim, ns, d] = this grid
+// block's Σ_t Σ_k β_sk u_k. Dynamic smem: ns·d + 3·ns floats.
+template <typename T>
+__global__ void block_flush_kernel(float* dq_part, const float* ca, const float* cb, const float* cc, int ldc,
+                                   const T* stash, const T* U, float* dU, int K0, const float* wg, int ns, int N,
+                                   int d) {
+    extern __shared__ float sm[];
+    float* dq = sm;             // [ns, d]
+    float* co = sm + ns * d;    // [3, ns]: α, β, γ of the current (t, k)
+    const int64_t Nd = (int64_t)N * d;
+    for (int e = threadIdx.x; e < ns * d; e += blockDim.x) dq[e] = 0.f;
+    for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
+        for (int k = 0; k < K0; k++) {
+            __syncthreads();
+            for (int s = threadIdx.x; s < ns; s += blockDim.x) {
+                const int64_t o = (int64_t)s * N * ldc + t * ldc + k;
+                co[s] = ca[o];
+                co[ns + s] = cb[o];
+                co[2 * ns + s] = cc[o];
+            }
+            __syncthreads();
+            float gam = 0.f;
+            for (int s = 0; s < ns; s++) gam += co[2 * ns + s];
+            const T* u = U + (int64_t)k * Nd + t * d;
+            float* du = dU + (int64_t)k * Nd + t * d;
+            for (int c = threadIdx.x; c < d; c += blockDim.x) {
+                const float uc = to_f(u[c]);
+                float acc = 0.f;
+                for (int s = 0; s < ns; s++) {
+                    const float* ws = wg + (int64_t)s * 2 * d;
+                    const float bs = co[ns + s];
+                    acc += co[s] * to_f(stash[(int64_t)s * Nd + t * d + c]) + bs * (ws[c] * ws[d + c]);
+                    dq[s * d + c] += bs * uc;
+                }
+                du[c] += acc - gam * uc;
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ns * d; e += blockDim.x) dq_part[(int64_t)blockIdx.x * ns * d + e] = dq[e];
+}
+
+// For each of ns sublayers (blockIdx.y = s; parameters wg + s·2d = (w, g), gradients gwg + s·2d):
+// dq = Σ_b dq_part[b, s, c] (fixed order); gw[c] += dq·g[c], gg[c] += dq·w[c].
+template <typename F = float>
+__global__ void dq_reduce_multi_kernel(F* gwg, const F* dq_part, int nblocks, int ns, const F* wg, int d) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
+    if (c >= d) return;
+    float acc = 0.f;
+    for (int b = 0; b < nblocks; b++) acc += dq_part[((int64_t)b * ns + s) * d + c];
+    const F* w = wg + (int64_t)s * 2 * d;
+    F* gw = gwg + (int64_t)s * 2 * d;
+    gw[c] += acc * w[d + c];
+    gw[d + c] += acc * w[c];
+}
+
 }  // namespace ar_detail
 
 // AttnRes Full (block = false) and Block (block = true) behind GpuScheme<T>. Parameter block
 // (core/config.cpp): per sublayer j = 1..D: w [d], g [d]; then w_f [d], g_f [d] (readout, j = D+1).
 // Buffers (resize): sources src [K, N, d] (T; Full K = D+1: v_0..v_D, Block K = N_b+1:
 // b_0..b_N), their r [K, N] and fp32 gradients [K, N, d]; Block also pv [D, N, d] (T) and r [D, N].
+// Backward variants (Block only; Full always uses 1):
+//   1: every sublayer adds its gradient into each of its sources' fp32 rows (read-modify-write of
+//      K·d fp32 per sublayer and token);
+//   2: the block sources' gradients are deferred: each sublayer stores 3 scalars per source and
+//      stashes dx_j (T); once per block one flush kernel adds Σ_j (α dx_j + β q_j − γ u_k) into
+//      each block source (one read-modify-write per block instead of per sublayer).
+// variant 0 = from the environment variable LDM_ATTNRES_VARIANT (1 or 2), default 1.
 template <typename T>
 struct GpuAttnRes final : GpuScheme<T> {
-    GpuAttnRes(const ModelConfig& cfg, bool block)
+    GpuAttnRes(const ModelConfig& cfg, bool block, int variant = 0)
         : d_(cfg.d_model), D_(cfg.n_sublayers()), block_(block), eps_((float)cfg.norm_eps) {
         if (block_) {
             nb_ = std::min(cfg.attnres_blocks, D_);
@@ -243,7 +389,15 @@ struct GpuAttnRes final : GpuScheme<T> {
             nb_ = D_;
             S_ = 1;
         }
+        if (variant == 0) {
+            const char* e = std::getenv("LDM_ATTNRES_VARIANT");
+            variant = e ? std::atoi(e) : 1;
+        }
+        if (variant != 1 && variant != 2) throw Error(strprintf("attnres: backward variant %d (1 or 2)", variant));
+        v2_ = block_ && variant == 2;
+        smax_ = block_ ? std::max(S_, D_ - (nb_ - 1) * S_) : 1;
     }
+    int variant() const { return v2_ ? 2 : 1; }
 
     void bind(const T* params, const float* master, float* grads) override {
         P_ = params;
@@ -262,6 +416,14 @@ struct GpuAttnRes final : GpuScheme<T> {
             grow(rp_, (int64_t)D_ * N);
         }
         grow(dq_part_, (int64_t)bwd_blocks() * d);
+        if (v2_) {
+            grow(co_, 3 * (int64_t)smax_ * N * nb_);
+            grow(stash_, (int64_t)smax_ * N * d);
+            grow(dq2_part_, (int64_t)bwd_blocks() * smax_ * d);
+            if (flush_smem() > 227 * 1024)
+                throw Error(strprintf("attnres-block variant 2: %d sublayers per block x d = %d need %zu bytes of "
+                                      "shared memory; use LDM_ATTNRES_VARIANT=1", smax_, d_, flush_smem()));
+        }
     }
 
     void begin(const T* e, cudaStream_t s) override {
@@ -300,7 +462,10 @@ struct GpuAttnRes final : GpuScheme<T> {
         to_act(d_o, DU(n), s);
     }
 
-    void input_backward(int j, const T* dx, cudaStream_t s) override { aggregate_backward(j, dx, false, s); }
+    void input_backward(int j, const T* dx, cudaStream_t s) override {
+        if (v2_) block_backward_v2(j, dx, s);
+        else aggregate_backward(j, dx, false, s);
+    }
 
     void begin_backward(T* de, cudaStream_t s) override { to_act(de, DU(0), s); }
 
@@ -310,6 +475,7 @@ struct GpuAttnRes final : GpuScheme<T> {
         const int64_t d = d_, K = nb_ + 1, tb = sizeof(T);
         int64_t v = K * d * tb + K * 4 + K * d * 4;
         if (block_) v += (int64_t)D_ * d * tb + (int64_t)D_ * 4;
+        if (v2_) v += 3 * (int64_t)smax_ * nb_ * 4 + (int64_t)smax_ * d * tb;  // scalars + dx stash
         return v;
     }
     int n_blocks() const { return nb_; }
@@ -324,6 +490,8 @@ struct GpuAttnRes final : GpuScheme<T> {
    private:
     int d_, D_, nb_ = 0, S_ = 1;
     bool block_;
+    bool v2_ = false;
+    int smax_ = 1;  // most sublayers in one block (the last block takes the remainder)
     float eps_;
     int N_ = 0;
     const T* P_ = nullptr;
@@ -331,6 +499,8 @@ struct GpuAttnRes final : GpuScheme<T> {
     float* G_ = nullptr;
     DeviceBuffer<T> src_, pv_;
     DeviceBuffer<float> rsrc_, dsrc_, rp_, dq_part_;
+    DeviceBuffer<T> stash_;                 // v2: dx_j of the current block [smax, N, d]
+    DeviceBuffer<float> co_, dq2_part_;     // v2: α, β, γ [3][smax][N][nb]; flush dq partials
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
@@ -388,6 +558,50 @@ struct GpuAttnRes final : GpuScheme<T> {
                                                                                        d_, overwrite);
         LDM_LAUNCH_CHECK();
         ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nb, w, g, d_);
+        LDM_LAUNCH_CHECK();
+    }
+
+    size_t flush_smem() const { return ((size_t)smax_ * d_ + 3 * (size_t)smax_) * sizeof(float); }
+
+    // Variant 2 backward of sublayer j (Block): scores + p-source update now, block sources at the
+    // block's first sublayer (the last one in backward order).
+    void block_backward_v2(int j, const T* dx, cudaStream_t s) {
+        int n, i;
+        locate(j, &n, &i);
+        const ar_detail::Sources S = sources(j);
+        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
+        const float* g = w + d_;
+        float* gw = G_ + (int64_t)(j - 1) * 2 * d_;
+        float* gg = gw + d_;
+        const int nw = ar_detail::kThreads / 32, nbk = bwd_blocks();
+        const int64_t N = N_, plane = (int64_t)smax_ * N * nb_;
+        float* ca = co_.ptr + (int64_t)(i - 1) * N * nb_;
+        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
+        if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_scores_backward_kernel<T>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ar_detail::block_scores_backward_kernel<T><<<nbk, ar_detail::kThreads, smem, s>>>(
+            dq_part_.ptr, ca, ca + plane, ca + 2 * plane, nb_, stash_.ptr + (int64_t)(i - 1) * N * d_, dx, S, w, g, N_,
+            d_);
+        LDM_LAUNCH_CHECK();
+        if (S.Ux) {
+            ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nbk,
+                                                                                            w, g, d_);
+            LDM_LAUNCH_CHECK();
+        }
+        if (i != 1) return;
+        // Flush: the block's ns sublayers j .. j+ns-1 into the block sources b_0..b_{n-1}.
+        const int ns = n < nb_ ? S_ : D_ - (nb_ - 1) * S_;
+        const size_t fsm = ((size_t)ns * d_ + 3 * (size_t)ns) * sizeof(float);
+        if (fsm > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush_kernel<T>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
+        ar_detail::block_flush_kernel<T><<<nbk, ar_detail::kThreads, fsm, s>>>(
+            dq2_part_.ptr, co_.ptr, co_.ptr + plane, co_.ptr + 2 * plane, nb_, stash_.ptr, U(0), DU(0), n, w, ns, N_,
+            d_);
+        LDM_LAUNCH_CHECK();
+        dim3 rg((unsigned)ceil_div(d_, 256), (unsigned)ns);
+        ar_detail::dq_reduce_multi_kernel<float><<<rg, 256, 0, s>>>(gw, dq2_part_.ptr, nbk, ns, w, d_);
         LDM_LAUNCH_CHECK();
     }
 

@@ -4,7 +4,8 @@
 //
 // State: n streams H_j [N, n, d] (type T, token-major, stream rows of d) for j = 0..D, the
 // sublayer outputs o_j [N, d] (T) and, per sublayer, the raw coefficient projection
-// P_j = H_{j-1}·W_jᵀ (fp32; HC: [N·n, n+2] = n²+2n per token, mHC: [N, 2n+n²]) and the inverse
+// P_j = H_{j-1}·W_jᵀ (fp32; HC: [N·n, n+2] = n²+2n per token, mHC: [N, 2n+n²]; rows padded to a
+// multiple of 8 values, proj_ld) and the inverse
 // RMS of H_{j-1} (fp32; HC per stream row [N, n], mHC per token [N]). The RMS normalisation of
 // the projection input is folded into the coefficients: u = rstd·P (HC rows, mHC whole vec(H)),
 // so the GEMM reads H directly and no normalised copy is ever written.
@@ -20,7 +21,8 @@
 // Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products;
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
 // reduces the small parameter gradients deterministically (per-token partials, fixed-order column
-// sums), accumulates dW_j += dPᵀ·H_{j-1} and dZ = dP·W_j (Matmul), and one fused kernel writes
+// sums), accumulates dW_j += dPᵀ·H_{j-1} (Matmul) and, for mHC, dZ = dP·Φ_j (Matmul, type T; HC
+// computes its dZ inside the combine kernel, W_j being only (n+2) rows), and one fused kernel writes
 // dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i (the RMS backward's projection term
 // β_i is a per-row scalar computed from dP and P, no d-sized pass).
 //
@@ -79,6 +81,10 @@ __device__ inline void block_sums(float (&v)[V], float* smem) {
 // H_post). The gradient scratch dcoef has the same layout.
 LDM_HD inline int coef_width(int n) { return 2 * n + n * n; }
 
+// Row stride (elements) of the projection P and of its gradient dP: the row length m rounded up to
+// a multiple of 8 (16-byte aligned rows for the GEMMs; the padding columns are never read).
+LDM_HD constexpr int proj_ld(int m) { return (m + 7) / 8 * 8; }
+
 // H0[t, i, :] = e[t, :] for every stream; inverse RMS of the rows (HC: per row over d; mHC: per
 // token over n·d). Grid N blocks.
 template <typename T, int NS>
@@ -103,25 +109,25 @@ __global__ void begin_kernel(T* H0, float* rs0, const T* e, int d, float eps, bo
     }
 }
 
-// HC coefficients (spec §2.2) per token from P [N, n, n+2] (raw) and row rstd [N, n]; q = the
+// HC coefficients (spec §2.2) per token from P [N, n, n+2] (raw, row stride proj_ld(n+2)) and row rstd [N, n]; q = the
 // sublayer's fp32 scalars (s_a, s_b, A_m0 [n], A_r0 [n,n], B0 [n]). One thread per token.
 template <int NS>
 __global__ void hc_coef_kernel(float* coef, const float* P, const float* rs, const float* q, int N) {
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (t >= N) return;
-    constexpr int m = NS + 2, CW = 2 * NS + NS * NS;
+    constexpr int L = proj_ld(NS + 2), CW = 2 * NS + NS * NS;
     const float s_a = q[0], s_b = q[1];
     const float* am0 = q + 2;
     const float* ar0 = am0 + NS;
     const float* b0 = ar0 + NS * NS;
-    const float* Pt = P + t * NS * m;
+    const float* Pt = P + t * NS * L;
     const float* r = rs + t * NS;
     float* ct = coef + t * CW;
-    for (int i = 0; i < NS; i++) ct[i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * m]), am0[i]);
+    for (int i = 0; i < NS; i++) ct[i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * L]), am0[i]);
     for (int k = 0; k < NS; k++)
         for (int i = 0; i < NS; i++)
-            ct[NS + k * NS + i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * m + 1 + k]), ar0[i * NS + k]);
-    for (int k = 0; k < NS; k++) ct[NS + NS * NS + k] = hc_coef(s_b, ldm_tanh(r[k] * Pt[k * m + NS + 1]), b0[k]);
+            ct[NS + k * NS + i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * L + 1 + k]), ar0[i * NS + k]);
+    for (int k = 0; k < NS; k++) ct[NS + NS * NS + k] = hc_coef(s_b, ldm_tanh(r[k] * Pt[k * L + NS + 1]), b0[k]);
 }
 
 // mHC coefficients (spec §2.3) per token from P [N, 2n+n²] (raw: pre, post, res) and rstd [N];
@@ -133,13 +139,13 @@ __global__ void mhc_coef_kernel(float* coef, float* work, const float* P, const 
                                 const float* q, int N, int iters, int ws) {
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (t >= N) return;
-    constexpr int m = 2 * NS + NS * NS, CW = 2 * NS + NS * NS, nn = NS * NS;
+    constexpr int L = proj_ld(2 * NS + NS * NS), CW = 2 * NS + NS * NS, nn = NS * NS;
     const float a_pre = q[0], a_post = q[1], a_res = q[2];
     const float* b_pre = q + 3;
     const float* b_post = b_pre + NS;
     const float* b_res = b_post + NS;
     const float r = rs[t];
-    const float* Pt = P + t * m;
+    const float* Pt = P + t * L;
     float* ct = coef + t * CW;
     float* w = work + t * ws;
     float* Rt = w + sinkhorn_work_size(NS, iters);
@@ -336,9 +342,9 @@ __global__ void hc_coef_backward_kernel(T* dPp, float* beta, float* part, const 
                                         const float* P, const float* rs, const float* q, int N, int d) {
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (t >= N) return;
-    constexpr int m = NS + 2, CW = 2 * NS + NS * NS, NP = 2 + 2 * NS + NS * NS;
+    constexpr int m = NS + 2, L = proj_ld(NS + 2), CW = 2 * NS + NS * NS, NP = 2 + 2 * NS + NS * NS;
     const float s_a = q[0], s_b = q[1];
-    const float* Pt = P + t * NS * m;
+    const float* Pt = P + t * NS * L;
     const float* r = rs + t * NS;
     const float* dct = dcoef + t * CW;
     float* pt = part + t * NP;
@@ -347,18 +353,18 @@ __global__ void hc_coef_backward_kernel(T* dPp, float* beta, float* part, const 
     for (int i = 0; i < NS; i++) {
         const float dc = dct[i];
         pt[2 + i] = dc;
-        du[i * m] = hc_coef_backward(dc, s_a, ldm_tanh(r[i] * Pt[i * m]), &dsa);
+        du[i * m] = hc_coef_backward(dc, s_a, ldm_tanh(r[i] * Pt[i * L]), &dsa);
     }
     for (int k = 0; k < NS; k++)
         for (int i = 0; i < NS; i++) {
             const float dc = dct[NS + k * NS + i];
             pt[2 + NS + i * NS + k] = dc;
-            du[i * m + 1 + k] = hc_coef_backward(dc, s_a, ldm_tanh(r[i] * Pt[i * m + 1 + k]), &dsa);
+            du[i * m + 1 + k] = hc_coef_backward(dc, s_a, ldm_tanh(r[i] * Pt[i * L + 1 + k]), &dsa);
         }
     for (int k = 0; k < NS; k++) {
         const float dc = dct[NS + NS * NS + k];
         pt[2 + NS + NS * NS + k] = dc;
-        du[k * m + NS + 1] = hc_coef_backward(dc, s_b, ldm_tanh(r[k] * Pt[k * m + NS + 1]), &dsb);
+        du[k * m + NS + 1] = hc_coef_backward(dc, s_b, ldm_tanh(r[k] * Pt[k * L + NS + 1]), &dsb);
     }
     pt[0] = dsa;
     pt[1] = dsb;
@@ -366,8 +372,8 @@ __global__ void hc_coef_backward_kernel(T* dPp, float* beta, float* part, const 
         float bs = 0.f;
         for (int c = 0; c < m; c++) {
             const float v = r[i] * du[i * m + c];
-            dPp[(t * NS + i) * m + c] = from_f<T>(v);
-            bs += v * Pt[i * m + c];
+            dPp[(t * NS + i) * L + c] = from_f<T>(v);
+            bs += v * Pt[i * L + c];
         }
         beta[t * NS + i] = r[i] * r[i] / (float)d * bs;
     }
@@ -382,13 +388,13 @@ __global__ void mhc_coef_backward_kernel(T* dPp, float* beta, float* part, float
                                          const float* q, int N, int d, int iters, int ws) {
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (t >= N) return;
-    constexpr int m = 2 * NS + NS * NS, CW = 2 * NS + NS * NS, nn = NS * NS, NP = 3 + m;
+    constexpr int m = 2 * NS + NS * NS, L = proj_ld(m), CW = 2 * NS + NS * NS, nn = NS * NS, NP = 3 + m;
     const float a_pre = q[0], a_post = q[1], a_res = q[2];
     const float* b_pre = q + 3;
     const float* b_post = b_pre + NS;
     const float* b_res = b_post + NS;
     const float r = rs[t];
-    const float* Pt = P + t * m;
+    const float* Pt = P + t * L;
     const float* dct = dcoef + t * CW;
     float* pt = part + t * NP;
     float* w = work + t * ws;
@@ -415,7 +421,7 @@ __global__ void mhc_coef_backward_kernel(T* dPp, float* beta, float* part, float
         da[grp] += dc[e] * (r * Pt[e]);
         pt[3 + e] = dc[e];
         const float v = r * a_grp[grp] * dc[e];
-        dPp[t * m + e] = from_f<T>(v);
+        dPp[t * L + e] = from_f<T>(v);
         bs += v * Pt[e];
     }
     pt[0] = da[0];
@@ -437,13 +443,21 @@ __global__ void column_sums_kernel(F* grads, const F* part, int N, int NP) {
 }
 
 // Backward combine (input_backward): dHp[t, i] = Σ_k Mix[k,i] G[t, k] + a_i dx[t] + dZ[t, i]
-// − β_i H[t, i] (written). beta per row ([N, n]) or per token ([N]). Grid N blocks.
+// − β_i H[t, i] (written). beta per row ([N, n]) or per token ([N]). dZ = dP·W from the GEMM
+// (mHC, [N, n·d]); dZ == nullptr (HC): computed here from dPp [N, n, n+2] and W [(n+2), d]
+// (W is small and stays in cache: no dZ buffer written and read). Grid N blocks.
 template <typename T, int NS>
-__global__ void combine_kernel(float* dHp, const float* G, const T* dx, const float* dZ, const T* H,
-                               const float* coef, const float* beta, bool per_row, int d) {
-    constexpr int CW = 2 * NS + NS * NS;
+__global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T* dZ, const T* dPp, const T* W,
+                               const T* H, const float* coef, const float* beta, bool per_row, int d) {
+    constexpr int CW = 2 * NS + NS * NS, m = NS + 2, L = proj_ld(NS + 2);
     const int64_t t = blockIdx.x;
-    float a[NS], mix[NS * NS], bt[NS];
+    float a[NS], mix[NS * NS], bt[NS], dp[NS * m];
+    if (dZ == nullptr) {
+#pragma unroll
+        for (int i = 0; i < NS; i++)
+#pragma unroll
+            for (int e = 0; e < m; e++) dp[i * m + e] = to_f(dPp[(t * NS + i) * L + e]);
+    }
 #pragma unroll
     for (int i = 0; i < NS; i++) {
         a[i] = coef[t * CW + i];
@@ -463,7 +477,14 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const fl
             float v = a[i] * dxv;
 #pragma unroll
             for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[k];
-            v += dZ[idx] - bt[i] * to_f(H[idx]);
+            float z = 0.f;
+            if (dZ) {
+                z = to_f(dZ[idx]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < m; e++) z += dp[i * m + e] * to_f(W[(int64_t)e * d + c]);
+            }
+            v += z - bt[i] * to_f(H[idx]);
             dHp[idx] = v;
         }
     }
@@ -507,6 +528,7 @@ struct GpuHC final : GpuScheme<T> {
         hc_detail::dispatch_streams(n_, [](auto) {});  // validates n
         if (mhc_ && iters_ < 1) throw Error("mhc: sinkhorn_iters must be >= 1");
         wrows_ = mhc_ ? 2 * n_ + n_ * n_ : n_ + 2;
+        ldp_ = hc_detail::proj_ld(wrows_);
         kdim_ = mhc_ ? n_ * d_ : d_;
         prow_ = mhc_ ? 1 : n_;
         np_ = mhc_ ? 3 + wrows_ : 2 + 2 * n_ + n_ * n_;
@@ -527,15 +549,15 @@ struct GpuHC final : GpuScheme<T> {
         const int64_t N = N_, n = n_, d = d_, D = D_;
         grow(Hs_, (D + 1) * N * n * d);
         grow(Os_, D * N * d);
-        grow(Ps_, D * N * prow_ * wrows_);
+        grow(Ps_, D * N * prow_ * ldp_);
         grow(rs_, (D + 1) * N * nr());
         grow(coef_, N * cw_);
         grow(dcoef_, N * cw_);
         grow(work_, mhc_ ? N * ws_ : 0);
-        grow(dPp_, N * prow_ * wrows_);
+        grow(dPp_, N * prow_ * ldp_);
         grow(beta_, N * n);
         grow(part_, N * np_);
-        grow(dZ_, N * n * d);
+        grow(dZ_, mhc_ ? N * n * d : 0);
         grow(dH_, N * n * d);
         grow(dHp_, N * n * d);
     }
@@ -619,15 +641,17 @@ struct GpuHC final : GpuScheme<T> {
         LDM_LAUNCH_CHECK();
         const int64_t rows = (int64_t)N_ * prow_;
         // dW_j += dPpᵀ · H_{j-1}   ([wrows, rows] x [rows, kdim])
-        mm_.gemm<T, float>(true, false, wrows_, kdim_, rows, 1.f, dPp_.ptr, wrows_, H(j - 1), kdim_, 1.f,
+        mm_.gemm<T, float>(true, false, wrows_, kdim_, rows, 1.f, dPp_.ptr, ldp_, H(j - 1), kdim_, 1.f,
                            gW, kdim_, nullptr, s);
-        // dZ = dPp · W_j   ([rows, wrows] x [wrows, kdim])
-        mm_.gemm<T, float>(false, false, rows, kdim_, wrows_, 1.f, dPp_.ptr, wrows_, W, kdim_, 0.f, dZ_.ptr,
-                           kdim_, nullptr, s);
+        // mHC: dZ = dPp · Φ_j ([rows, wrows] x [wrows, kdim], type T); HC: fused into combine_kernel.
+        if (mhc_)
+            mm_.gemm<T, T>(false, false, rows, kdim_, wrows_, 1.f, dPp_.ptr, ldp_, W, kdim_, 0.f, dZ_.ptr, kdim_,
+                           nullptr, s);
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             hc_detail::combine_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
-                dHp_.ptr, dH_.ptr, dx, dZ_.ptr, H(j - 1), coef_.ptr, beta_.ptr, !mhc_, d_);
+                dHp_.ptr, dH_.ptr, dx, mhc_ ? dZ_.ptr : nullptr, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, !mhc_,
+                d_);
         });
         LDM_LAUNCH_CHECK();
         std::swap(dH_, dHp_);
@@ -648,30 +672,30 @@ struct GpuHC final : GpuScheme<T> {
     // Sinkhorn work).
     int64_t extra_bytes_per_token() const override {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
-        const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * wrows_ * 4 + (D + 1) * nr() * 4;
-        const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * wrows_ * tb + n * 4 + np_ * 4 +
-                                n * d * 4 + 2 * n * d * 4;
+        const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
+        const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 +
+                                (mhc_ ? n * d * tb : 0) + 2 * n * d * 4;
         return kept + scratch;
     }
     // Only the part kept for backward (for documentation / tests).
     int64_t kept_bytes_per_token() const {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
-        return (D + 1) * n * d * tb + D * d * tb + D * prow_ * wrows_ * 4 + (D + 1) * nr() * 4;
+        return (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
     }
 
    private:
     bool mhc_;
     int d_, n_, D_, iters_;
     float eps_;
-    int wrows_ = 0, kdim_ = 0, prow_ = 0, np_ = 0, cw_ = 0, ws_ = 0;
+    int wrows_ = 0, ldp_ = 0, kdim_ = 0, prow_ = 0, np_ = 0, cw_ = 0, ws_ = 0;
     int64_t block_ = 0;
     int N_ = 0;
     Matmul mm_;
     const T* P_ = nullptr;
     const float* M_ = nullptr;
     float* G_ = nullptr;
-    DeviceBuffer<T> Hs_, Os_, dPp_;
-    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dZ_, dH_, dHp_;
+    DeviceBuffer<T> Hs_, Os_, dPp_, dZ_;
+    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dH_, dHp_;
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
@@ -680,7 +704,7 @@ struct GpuHC final : GpuScheme<T> {
     int nr() const { return mhc_ ? 1 : n_; }
     T* H(int j) const { return Hs_.ptr + (int64_t)j * N_ * n_ * d_; }
     T* O(int j) const { return Os_.ptr + (int64_t)(j - 1) * N_ * d_; }
-    float* Pj(int j) const { return Ps_.ptr + (int64_t)(j - 1) * N_ * prow_ * wrows_; }
+    float* Pj(int j) const { return Ps_.ptr + (int64_t)(j - 1) * N_ * prow_ * ldp_; }
     float* RS(int j) const { return rs_.ptr + (int64_t)j * N_ * nr(); }
     template <typename F>
     void dispatch(F&& f) const { hc_detail::dispatch_streams(n_, std::forward<F>(f)); }
@@ -689,7 +713,7 @@ struct GpuHC final : GpuScheme<T> {
     void project(int j, cudaStream_t s) {
         const T* W = P_ + (int64_t)(j - 1) * block_;
         mm_.gemm<T, float>(false, true, (int64_t)N_ * prow_, wrows_, kdim_, 1.f, H(j - 1), kdim_, W, kdim_, 0.f,
-                           Pj(j), wrows_, nullptr, s);
+                           Pj(j), ldp_, nullptr, s);
     }
     // Per-token coefficients of sublayer j into coef_ (from P_j and the inverse RMS of H_{j-1}).
     void coefficients(int j, cudaStream_t s) {

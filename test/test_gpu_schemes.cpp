@@ -19,12 +19,15 @@ namespace {
 struct SchemeCase {
     const char* scheme;
     const char* extra;  // scheme flags
+    const char* env;    // environment prefix of the GPU command ("" or "VAR=value ")
+    const char* label;
 };
 const SchemeCase kSchemes[] = {
-    {"hc", " --hc-streams 4"},
-    {"mhc", " --hc-streams 4 --sinkhorn-iters 20"},
-    {"attnres-full", ""},
-    {"attnres-block", " --attnres-blocks 2"},  // tiny: D = 4 -> 2 blocks of 2 sublayers
+    {"hc", " --hc-streams 4", "", "hc"},
+    {"mhc", " --hc-streams 4 --sinkhorn-iters 20", "", "mhc"},
+    {"attnres-full", "", "", "attnres-full"},
+    {"attnres-block", " --attnres-blocks 2", "", "attnres-block"},  // tiny: D = 4 -> 2 blocks of 2
+    {"attnres-block", " --attnres-blocks 2", "LDM_ATTNRES_VARIANT=2 ", "attnres-block-v2"},  // deferred backward
 };
 
 std::string shards_or_skip() {
@@ -66,7 +69,7 @@ TEST_CASE("gpu schemes: the trainer accepts hc, mhc, attnres-full, attnres-block
     }
     for (const SchemeCase& s : kSchemes) {
         RunResult d = run_cmd("'" + p + "' --preset llama-400m -T 2048 -B 8 --dry-run --scheme " + s.scheme + s.extra);
-        INFO(s.scheme << ":\n" << d.out);
+        INFO(s.label << ":\n" << d.out);
         CHECK(d.status == 0);
     }
 }
@@ -77,20 +80,20 @@ TEST_CASE("gpu schemes: one training step == CPU reference (logits, loss, every 
     const std::string shards = shards_or_skip();
     if (shards.empty()) return;
     for (const SchemeCase& s : kSchemes) {
-        const std::string dir = train_scratch(std::string("gpu_scheme_step_") + s.scheme);
+        const std::string dir = train_scratch(std::string("gpu_scheme_step_") + s.label);
         const std::string f = flags(shards, s, 4, 64);
         run_ok(trainer_path() + f + " --dump-debug-state " + dir + "/cpu.dbg");
         const DebugState ref = load_debug_state(dir + "/cpu.dbg");
         for (std::string dtype : {"fp32", "bf16"}) {
-            RunResult r0 = run_cmd(gpu + f + " --dtype " + dtype + " --dump-debug-state " + dir + "/gpu_" + dtype +
-                                   ".dbg");
-            INFO(s.scheme << " " << dtype << " output:\n" << r0.out);
+            RunResult r0 = run_cmd(s.env + gpu + f + " --dtype " + dtype + " --dump-debug-state " + dir + "/gpu_" +
+                                   dtype + ".dbg");
+            INFO(s.label << " " << dtype << " output:\n" << r0.out);
             REQUIRE(r0.status == 0);
             const DebugState got = load_debug_state(dir + "/gpu_" + dtype + ".dbg");
             const CompareReport r = compare_debug_states(got, ref, tolerances(dtype));
-            INFO(s.scheme << " " << dtype << ":\n" << r.table);
+            INFO(s.label << " " << dtype << ":\n" << r.table);
             CHECK(r.pass);
-            WARN(s.scheme << " " << dtype << ": loss gpu " << got.loss << " cpu " << ref.loss << ", worst gradient "
+            WARN(s.label << " " << dtype << ": loss gpu " << got.loss << " cpu " << ref.loss << ", worst gradient "
                           << r.worst_grad << " rel " << r.worst_grad_rel);
             CHECK(got.params == ref.params);  // same host init
         }
@@ -103,19 +106,19 @@ TEST_CASE("gpu schemes: 10-step loss trajectory == CPU reference", "[gpu][scheme
     const std::string shards = shards_or_skip();
     if (shards.empty()) return;
     for (const SchemeCase& s : kSchemes) {
-        const std::string dir = train_scratch(std::string("gpu_scheme_traj_") + s.scheme);
+        const std::string dir = train_scratch(std::string("gpu_scheme_traj_") + s.label);
         const std::string f =
             flags(shards, s, 4, 64) + " --steps 10 --lr 3e-3 --warmup-steps 2 --sample-every -1 --quiet";
         run_ok(trainer_path() + f + " --log " + dir + "/cpu.jsonl");
         const std::vector<double> ref = step_losses(dir + "/cpu.jsonl");
         REQUIRE(ref.size() == 10);
         for (std::string dtype : {"fp32", "bf16"}) {
-            run_ok(gpu + f + " --dtype " + dtype + " --log " + dir + "/gpu_" + dtype + ".jsonl");
+            run_ok(s.env + gpu + f + " --dtype " + dtype + " --log " + dir + "/gpu_" + dtype + ".jsonl");
             const std::vector<double> got = step_losses(dir + "/gpu_" + dtype + ".jsonl");
             REQUIRE(got.size() == 10);
             const double tol = dtype == "fp32" ? 1e-4 : 2e-2;
             for (size_t i = 0; i < 10; i++) {
-                INFO(s.scheme << " " << dtype << " step " << i + 1 << ": gpu " << got[i] << " cpu " << ref[i]);
+                INFO(s.label << " " << dtype << " step " << i + 1 << ": gpu " << got[i] << " cpu " << ref[i]);
                 CHECK(std::fabs(got[i] - ref[i]) <= tol * std::fabs(ref[i]));
             }
         }
@@ -128,9 +131,9 @@ TEST_CASE("gpu schemes: startup prints the scheme's extra activation memory per 
     const std::string shards = shards_or_skip();
     if (shards.empty()) return;
     for (const SchemeCase& s : kSchemes) {
-        const std::string dir = train_scratch(std::string("gpu_scheme_mem_") + s.scheme);
-        RunResult r = run_cmd(gpu + flags(shards, s, 2, 32) + " --steps 1 --sample-every -1 --out-dir " + dir);
-        INFO(s.scheme << ":\n" << r.out);
+        const std::string dir = train_scratch(std::string("gpu_scheme_mem_") + s.label);
+        RunResult r = run_cmd(s.env + gpu + flags(shards, s, 2, 32) + " --steps 1 --sample-every -1 --out-dir " + dir);
+        INFO(s.label << ":\n" << r.out);
         CHECK(r.status == 0);
         // trainer startup line: "... | scheme <name> <bytes> B/token (<GiB>) ..."
         CHECK_THAT(r.out, Catch::Contains(std::string("scheme ") + s.scheme + " ") && Catch::Contains("B/token"));

@@ -14,8 +14,10 @@ using namespace ldm;
 using namespace ldm::gpu;
 
 template <typename T>
-static wb::Factory<T> factory(bool block) {
-    return [block](const ModelConfig& c) { return std::unique_ptr<GpuScheme<T>>(new GpuAttnRes<T>(c, block)); };
+static wb::Factory<T> factory(bool block, int variant = 1) {
+    return [block, variant](const ModelConfig& c) {
+        return std::unique_ptr<GpuScheme<T>>(new GpuAttnRes<T>(c, block, variant));
+    };
 }
 
 template <typename T>
@@ -25,32 +27,49 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     ok &= wb::check_scheme<T>("attnres", "attnres-full", {2, 33, 67, 3, 4, 8}, factory<T>(false), tol_act, tol_grad, 21, 0.3);
     if (!quick)
         ok &= wb::check_scheme<T>("attnres", "attnres-full", {3, 50, 1024, 2, 4, 8}, factory<T>(false), tol_act, tol_grad, 22, 0.3);
-    // Block: D = 6 in 2 blocks of 3; D = 6 in 4 blocks (S = 1, the last takes 3); N_b > D (clamped).
-    ok &= wb::check_scheme<T>("attnres", "attnres-block", {2, 33, 67, 3, 4, 2}, factory<T>(true), tol_act, tol_grad, 23, 0.3);
-    ok &= wb::check_scheme<T>("attnres", "attnres-block", {1, 9, 96, 3, 4, 4}, factory<T>(true), tol_act, tol_grad, 24, 0.3);
-    if (!quick) {
-        ok &= wb::check_scheme<T>("attnres", "attnres-block", {1, 5, 64, 2, 4, 9}, factory<T>(true), tol_act, tol_grad, 25, 0.3);
-        ok &= wb::check_scheme<T>("attnres", "attnres-block", {3, 50, 1024, 4, 4, 3}, factory<T>(true), tol_act, tol_grad, 26, 0.3);
+    // Block, backward variants 1 and 2: D = 6 in 2 blocks of 3; D = 6 in 4 blocks (S = 1, the last
+    // takes 3); N_b > D (clamped); D = 8 in 3 blocks at d = 1024.
+    for (int v : {1, 2}) {
+        const std::string name = v == 1 ? "attnres-block" : "attnres-block-v2";
+        auto chk = [&](const wb::Shape& sh, uint64_t seed) {
+            return wb::check_scheme<T>("attnres", "attnres-block", sh, factory<T>(true, v), tol_act, tol_grad, seed,
+                                       0.3, name);
+        };
+        ok &= chk({2, 33, 67, 3, 4, 2}, 23);
+        ok &= chk({1, 9, 96, 3, 4, 4}, 24);
+        if (!quick) {
+            ok &= chk({1, 5, 64, 2, 4, 9}, 25);
+            ok &= chk({3, 50, 1024, 4, 4, 3}, 26);
+        }
     }
     return ok;
 }
 
 // Estimated traffic per token of fwd+bwd: per aggregation over K sources 2·K·d·tb (two passes)
-// forward, 2·K·d·tb + 8·K·d (fp32 gradient read-modify-write) backward, plus x/xn/dx/new-source rows.
+// forward; backward variant 1: 2·K·d·tb + 8·K·d (fp32 gradient read-modify-write); variant 2
+// (Block): K·d·tb per sublayer plus the p source's update, the dx stash, and once per block
+// (tb + 8)·d per block source; plus x/xn/dx/new-source rows.
 template <typename T>
-static double traffic(bool block, int D, int nb, double d) {
+static double traffic(bool block, int D, int nb, double d, bool v2 = false) {
     const double tb = sizeof(T);
     double b = 0;
     const int S = D / nb;
     for (int j = 1; j <= D + 1; j++) {
-        int K;
+        int K, n = 0, i = 1;
         if (j == D + 1) K = (block ? nb : D) + 1;
         else if (!block) K = j;
         else {
-            int n = std::min((j - 1) / S + 1, nb), i = j - (n - 1) * S;
+            n = std::min((j - 1) / S + 1, nb);
+            i = j - (n - 1) * S;
             K = n + (i >= 2 ? 1 : 0);
         }
-        b += K * d * (4 * tb + 8) + 6 * d * tb + 8 * d;
+        b += 2 * K * d * tb + 6 * d * tb + 8 * d;  // forward + rows
+        if (!v2 || j == D + 1) {
+            b += K * d * (2 * tb + 8);
+        } else {
+            b += K * d * tb + (i >= 2 ? d * (tb + 8) : 0) + 2 * d * tb;
+            if (i == 1) b += n * d * (tb + 8);
+        }
     }
     return b;
 }
@@ -58,7 +77,9 @@ static double traffic(bool block, int D, int nb, double d) {
 template <typename T>
 static void run_bench() {
     const wb::Shape full{8, 2048, 1024, 24, 4, 8};
-    wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true), traffic<T>(true, 48, 8, 1024));
+    wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true, 1), traffic<T>(true, 48, 8, 1024));
+    wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true, 2), traffic<T>(true, 48, 8, 1024, true), 20,
+                        "attnres-block-v2");
     wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false), traffic<T>(false, 48, 48, 1024));
 }
 

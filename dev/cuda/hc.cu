@@ -35,11 +35,11 @@ template <typename T>
 static void run_bench() {
     const wb::Shape big{8, 2048, 1024, 24, 4, 8};
     const double n = 4, d = 1024, D = 48, tb = sizeof(T);
-    // Estimated traffic per sublayer and token: forward (4n+4)·d·tb, backward (7n+4)·d·tb + 8·n·d
-    // (dZ fp32 written and read).
-    const double bytes = D * ((11 * n + 8) * d * tb + 8 * n * d);
     for (const char* sch : {"hc", "mhc"}) {
         const bool m = std::strcmp(sch, "mhc") == 0;
+        // Estimated traffic per sublayer and token: forward (4n+4)·d·tb, backward (4n+4)·d·tb (HC)
+        // or (6n+4)·d·tb (mHC, dZ) + 12·n·d (fp32 stream gradients) — see doc/cuda.md.
+        const double bytes = D * ((m ? 10 * n + 8 : 8 * n + 8) * d * tb + 12 * n * d);
         wb::Factory<T> f = [m](const ModelConfig& c) { return std::unique_ptr<GpuScheme<T>>(new GpuHC<T>(c, m)); };
         wb::bench_scheme<T>("hc", sch, big, f, bytes);
     }

@@ -100,7 +100,8 @@ inline bool report(const char* family, const std::string& variant, const char* d
 // parameter gradients (per tensor, relative to max(||g_cpu||, 1e-3·max over tensors)).
 template <typename T>
 bool check_scheme(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
-                  double tol_act, double tol_grad, uint64_t seed, double param_scale) {
+                  double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label = "") {
+    if (label.empty()) label = scheme;
     const ModelConfig c = make_config(scheme, sh);
     const int B = sh.B, Tn = sh.T, d = sh.d, D = c.n_sublayers();
     const int64_t N = (int64_t)B * Tn, Nd = N * d;
@@ -218,13 +219,13 @@ bool check_scheme(const char* family, const std::string& scheme, const Shape& sh
     const char* dt = dtype_name<T>();
     const std::string shs = sh.str();
     bool ok = true;
-    ok &= report(family, scheme, dt, shs, "x", wx, tol_act);
-    ok &= report(family, scheme, dt, shs, "xn", wxn, tol_act);
-    ok &= report(family, scheme, dt, shs, "rstd", wrs, tol_act);
-    ok &= report(family, scheme, dt, shs, "y", wy, tol_act);
-    ok &= report(family, scheme, dt, shs, "d_o", wdo, tol_act);
-    ok &= report(family, scheme, dt, shs, "de", wde, tol_act);
-    ok &= report(family, scheme, dt, shs, "grads", wg, tol_grad);
+    ok &= report(family, label, dt, shs, "x", wx, tol_act);
+    ok &= report(family, label, dt, shs, "xn", wxn, tol_act);
+    ok &= report(family, label, dt, shs, "rstd", wrs, tol_act);
+    ok &= report(family, label, dt, shs, "y", wy, tol_act);
+    ok &= report(family, label, dt, shs, "d_o", wdo, tol_act);
+    ok &= report(family, label, dt, shs, "de", wde, tol_act);
+    ok &= report(family, label, dt, shs, "grads", wg, tol_grad);
     return ok;
 }
 
@@ -251,7 +252,8 @@ inline void rand_fill(T* p, int64_t n, uint32_t seed) {
 // bytes_per_token: the scheme's estimated global-memory traffic per token for fwd+bwd (GB/s).
 template <typename T>
 void bench_scheme(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
-                  double bytes_per_token, int reps = 20) {
+                  double bytes_per_token, int reps = 20, std::string label = "") {
+    if (label.empty()) label = scheme;
     const ModelConfig c = make_config(scheme, sh);
     const int B = sh.B, Tn = sh.T, d = sh.d, D = c.n_sublayers();
     const int64_t N = (int64_t)B * Tn, Nd = N * d;
@@ -300,10 +302,10 @@ void bench_scheme(const char* family, const std::string& scheme, const Shape& sh
     const float ms_b = time_median_ms(bwd, 2, reps, st);
     const double gb = bytes_per_token * (double)N / 1e9;
     const char* dt = dtype_name<T>();
-    std::printf("BENCH %s %s.fwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", family, scheme.c_str(), dt, sh.str().c_str(), ms_f);
-    std::printf("BENCH %s %s.bwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", family, scheme.c_str(), dt, sh.str().c_str(), ms_b);
+    std::printf("BENCH %s %s.fwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", family, label.c_str(), dt, sh.str().c_str(), ms_f);
+    std::printf("BENCH %s %s.bwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", family, label.c_str(), dt, sh.str().c_str(), ms_b);
     std::printf("BENCH %s %s.fwd+bwd %s %s ms=%.3f GB/s=%.0f TFLOP/s=-  (per sublayer %.3f ms; %.1f MiB/token allocated)\n",
-                family, scheme.c_str(), dt, sh.str().c_str(), ms_f + ms_b, gb / ((ms_f + ms_b) * 1e-3),
+                family, label.c_str(), dt, sh.str().c_str(), ms_f + ms_b, gb / ((ms_f + ms_b) * 1e-3),
                 (ms_f + ms_b) / D, (double)gs->extra_bytes_per_token() / (1024.0 * 1024.0));
     CUDA_CHECK(cudaDeviceSynchronize());
 }
