@@ -12,8 +12,9 @@
 //
 // Kernels: v1 = one thread per (token, head) calling the per token-head math of
 // dev/cpu/ldm_math.h directly on global memory (the reference-identical path); v2 (read, write,
-// unwind+VJP) = one warp per (token, head), S rows spread over the lanes, k/q/P in registers
-// (dk <= 16). Select with LdmGpuScheme::variant (default 2 where it applies, else 1).
+// unwind+VJP, outer/delta write and VJP) = one warp per (token, head), S rows spread over the
+// lanes, k/q/P in registers (dk <= 16). Select with LdmGpuScheme::variant (default 2 for
+// dk <= 16; the recompute writes of window/checkpoint segments and separate unwinds stay v1).
 //
 // Window mode: the forward applies the writes one by one (exactly equal math to the Woodbury
 // form of spec §2.5, not the same rounding) and keeps the state at each window start like the
@@ -474,23 +475,29 @@ read_v2_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Qnr
     }
 }
 
-// v2 rls write (forward, with forgetting): same math as rls_write.
-template <int DK>
+// v2 rls write (forward, with forgetting): same math as rls_write, from the state src_state to
+// cur (out of place in store mode, so the forward needs no extra copy; in place when equal).
+// RECOMP: re-applies a stored write (window / checkpoint recompute): raw is the stored normalised
+// key Kn, nothing but the state is written.
+template <int DK, bool RECOMP = false>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-write_rls_v2_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
-                    const float* lam) {
+write_rls_v2_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
+                    float* Knrm, const float* v32, const float* lam) {
     LDM_WARP_INDEX(D)
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
     const int dk = D.dk;
     float k[DK], u[DK], Pl[DK * DK];
 #pragma unroll
     for (int b = 0; b < DK; b++) k[b] = b < dk ? raw[kh + b] : 0.f;
-    const float nrm = l2n_reg<DK>(k);
-    store_vec_lanes<DK>(Kn + kh, k, dk, lane);
-    if (lane == 0) Knrm[D.tok_off(n, h)] = nrm;
-    float* S = cur + so;
+    if (!RECOMP) {
+        const float nrm = l2n_reg<DK>(k);
+        store_vec_lanes<DK>(Kn + kh, k, dk, lane);
+        if (lane == 0) Knrm[D.tok_off(n, h)] = nrm;
+    }
+    float* S = cur + so;  // output state (may alias the input src_state)
     float* P = S + D.SS;
-    load_P<DK>(P, Pl, dk);
+    const float* Si = src_state + so;
+    load_P<DK>(Si + D.SS, Pl, dk);
     float kv = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++) {
@@ -504,7 +511,7 @@ write_rls_v2_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm
     const float* v = v32 + vo;
     for (int r = lane; r < D.dv; r += 32) {
         float row[DK];
-        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        load_row<DK>(Si + (int64_t)r * dk, row, dk);
         float s = 0.f;
 #pragma unroll
         for (int b = 0; b < DK; b++) s += row[b] * k[b];
@@ -663,6 +670,183 @@ unwind_vjp_rls_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const f
     if (lane == 0) dtok[nh] = dl;
 }
 
+// v2 outer / delta write (forward): same math as outer_write / delta_write (in place on cur).
+// delta: beta = β_max sigmoid(zraw + bb) -> beta.
+// RECOMP: re-applies a stored write (k = raw = Kn, delta: beta read from beta), state only.
+template <int RULE, int DK, bool RECOMP = false>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+write_od_v2_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
+                   const float* lam, const float* zraw, const float* bb, float* beta) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), nh = D.tok_off(n, h);
+    const int dk = D.dk;
+    float k[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) k[b] = b < dk ? raw[kh + b] : 0.f;
+    float bt = 0.f;
+    if (RECOMP) {
+        if (RULE == kDelta) bt = beta[nh];
+    } else {
+        const float nrm = l2n_reg<DK>(k);
+        store_vec_lanes<DK>(Kn + kh, k, dk, lane);
+        if (RULE == kDelta) bt = kBetaMax * sigmoid(zraw[nh] + bb[h]);
+        if (lane == 0) {
+            Knrm[nh] = nrm;
+            if (RULE == kDelta) beta[nh] = bt;
+        }
+    }
+    float* S = cur + D.state_off(n, h);
+    const float* v = v32 + vo;
+    const float lm = lam[h];
+    for (int r = lane; r < D.dv; r += 32) {
+        float row[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        if (RULE == kOuter) {
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[b] = lm * row[b] + v[r] * k[b];
+        } else {
+            float s = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) s += row[b] * k[b];
+            const float e = bt * (v[r] - s);
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[b] += e * k[b];
+        }
+        store_row<DK>(S + (int64_t)r * dk, row, dk);
+    }
+}
+
+// v2 VJP of an outer / delta write at the state before it (UNWIND, outer only: first unwinds the
+// row in place, S_prev = (S - v kᵀ)/λ). Same math as outer_write_vjp / delta_write_vjp; outputs
+// as write_vjp_v1_kernel (dtok = dL/dλ for outer, dL/dz for delta).
+template <int RULE, int DK, bool UNWIND>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+vjp_od_v2_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const float* v32,
+                 const float* lam, const float* beta, const float* dsrc32, float* dvacc, float* draw,
+                 float* dtok) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h),
+                  nh = D.tok_off(n, h);
+    const int dk = D.dk;
+    float* S = cur + so;
+    float* dSs = dS + so;
+    const float* v = v32 + vo;
+    const float lm = lam[h], il = 1.f / lm;
+    const float bt = RULE == kDelta ? beta[nh] : 0.f;
+    float k[DK], dkk[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) {
+        k[b] = b < dk ? Kn[kh + b] : 0.f;
+        dkk[b] = 0.f;
+    }
+    float dsc = 0.f;  // dλ (outer) or dβ (delta), this lane's rows
+    for (int r = lane; r < D.dv; r += 32) {
+        float row[DK], G[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        if (UNWIND && RULE == kOuter) {
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[b] = (row[b] - v[r] * k[b]) * il;
+            store_row<DK>(S + (int64_t)r * dk, row, dk);
+        }
+        load_row<DK>(dSs + (int64_t)r * dk, G, dk);
+        float t = 0.f;
+        if (RULE == kOuter) {
+#pragma unroll
+            for (int b = 0; b < DK; b++) {
+                dsc += G[b] * row[b];
+                t += G[b] * k[b];
+                dkk[b] += G[b] * v[r];
+                G[b] = lm * G[b];
+            }
+            dvacc[vo + r] = dsrc32[vo + r] + t;
+        } else {
+            float s = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) {
+                s += row[b] * k[b];
+                t += G[b] * k[b];
+            }
+            const float e = v[r] - s;
+            dsc += e * t;
+            const float de = bt * t;
+#pragma unroll
+            for (int b = 0; b < DK; b++) {
+                dkk[b] += bt * G[b] * e - row[b] * de;
+                G[b] -= de * k[b];
+            }
+            dvacc[vo + r] = dsrc32[vo + r] + de;
+        }
+        store_row<DK>(dSs + (int64_t)r * dk, G, dk);
+    }
+#pragma unroll
+    for (int b = 0; b < DK; b++) dkk[b] = warp_sum(dkk[b]);
+    dsc = warp_sum(dsc);
+    float yd = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++) yd += k[b] * dkk[b];
+    const float inv = 1.f / Knrm[nh];
+#pragma unroll
+    for (int b = 0; b < DK; b++) dkk[b] = (dkk[b] - k[b] * yd) * inv;
+    store_vec_lanes<DK>(draw + kh, dkk, dk, lane);
+    if (lane == 0) dtok[nh] = RULE == kDelta ? dsc * bt * (1.f - bt / kBetaMax) : dsc;
+}
+
+// v2 unwind of write i alone (cur: after -> before), rls / outer: same math as rls_unwind /
+// outer_unwind. Used where the unwound state is compared (drift) before its VJP.
+template <int RULE, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+unwind_v2_kernel(Dims D, float* cur, const float* Kn, const float* v32, const float* lam) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
+    const int dk = D.dk;
+    float* S = cur + so;
+    float* P = S + D.SS;
+    const float* v = v32 + vo;
+    const float lm = lam[h], il = 1.f / lm;
+    float k[DK], g[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) {
+        k[b] = b < dk ? Kn[kh + b] : 0.f;
+        g[b] = 0.f;
+    }
+    float gl = 0.f;
+    if (RULE == kRls) {
+        float Pl[DK * DK];
+        load_P<DK>(P, Pl, dk);
+        float a_ = 0.f;
+#pragma unroll
+        for (int a = 0; a < DK; a++) {
+            float s = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
+            g[a] = s;
+            a_ += k[a] * s;
+        }
+        const float gm = lm / (1.f - a_);
+        gl = gm / lm;
+#pragma unroll
+        for (int p = 0; p < DK * DK; p++) Pl[p] = lm * Pl[p] + gm * g[p / DK] * g[p % DK];
+        __syncwarp();
+        store_P<DK>(P, Pl, dk, lane);
+    }
+    for (int r = lane; r < D.dv; r += 32) {
+        float row[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        if (RULE == kRls) {
+            float s = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) s += row[b] * k[b];
+            const float e = (v[r] - s) * gl;
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[b] -= e * g[b];
+        } else {
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[b] = (row[b] - v[r] * k[b]) * il;
+        }
+        store_row<DK>(S + (int64_t)r * dk, row, dk);
+    }
+}
+
 // v2 read backward (rls/outer/delta alike): same outputs as read_bwd_v1_kernel except that dr32
 // is not written (dr is formed in registers).
 template <typename T, int DK>
@@ -756,14 +940,23 @@ struct LdmGpuScheme final : GpuScheme<T> {
     void input(int j, T* x, cudaStream_t s);
     // Test hooks: live state [N, ST] on the host, checkpoint interval in use.
     std::vector<float> state_host() const {
-        std::vector<float> h((size_t)cur_.n);
-        CUDA_CHECK(cudaMemcpy(h.data(), cur_.ptr, (size_t)cur_.bytes(), cudaMemcpyDeviceToHost));
+        std::vector<float> h((size_t)N_ * dims_.ST);
+        CUDA_CHECK(cudaMemcpy(h.data(), live_, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
         return h;
     }
     int checkpoint_every() const { return ckpt_; }
     int64_t allocated_bytes() const;
-    // 1 = one thread per (token, head) (ldm_math.h on global memory); 2 = warp per (token, head)
-    // where implemented (read, rls write, rls unwind+VJP, read backward; dk <= 16), else v1.
+    template <typename E>
+    static void grow(DeviceBuffer<E>& b, int64_t n) {
+        if (b.n < n) b.alloc(n);
+    }
+    // 1 = one thread per (token, head) (ldm_math.h on global memory) everywhere.
+    // 2 = warp per (token, head) for reads, read backward, rls write and rls (unwind +) VJP
+    //     (dk <= 16); the rest v1. Validated on an H200 (dev/cuda/ldm, test/test_gpu_ldm).
+    // 3 = 2 plus warp kernels for the outer/delta writes and VJPs, the separate unwinds and the
+    //     recompute writes, and store mode without state copies (writes out of place into the
+    //     kept slots, backward reads them in place). Compiled and checked by the workbench, but
+    //     NOT yet run on a GPU when written: make it the default once build/cuda/ldm passes.
     int variant = 2;
 
    private:
@@ -777,7 +970,12 @@ struct LdmGpuScheme final : GpuScheme<T> {
     const float* v32(int i, cudaStream_t s);  // O_i as fp32 (alias for T = float)
     const T* drawT(const float* draw, int64_t n, T* buf, cudaStream_t s);
     float* state(int64_t k) const { return stored_.ptr + k * (int64_t)N_ * dims_.ST; }
-    bool v2() const { return variant == 2 && dk_ <= ldmk::kV2MaxDk; }
+    bool v2() const { return variant >= 2 && dk_ <= ldmk::kV2MaxDk; }
+    bool v3() const { return variant >= 3 && dk_ <= ldmk::kV2MaxDk; }
+    // store mode with variant 3: every state lives in stored_ (state(i) = after write i) and
+    // live_ points at the one in use, so neither forward nor backward copies states; otherwise
+    // live_ = cur_ and store mode copies cur_ -> state(i) (forward) and back (backward).
+    bool slots() const { return v3() && !window_ && ckpt_ == 0 && !unwind_; }
 
     ModelConfig cfg_;
     int d_, D_, Hm_, dk_, dv_, HK_;
@@ -800,6 +998,7 @@ struct LdmGpuScheme final : GpuScheme<T> {
         Qn_, Qnrm_, Kn_, Knrm_, beta_, dtok_, lam_, lgrad_, scratch_, partial_;
     DeviceBuffer<T> srcT_, O_, drawT_, dtokT_;  // srcT_/drawT_/dtokT_ only for T != float
     DeviceBuffer<unsigned> drift_;
+    float* live_ = nullptr;  // the state reads and VJPs use (cur_ or a slot of stored_)
 };
 
 template <typename T>
@@ -872,36 +1071,39 @@ void LdmGpuScheme<T>::bind(const T* params, const float* master, float* grads) {
 
 template <typename T>
 void LdmGpuScheme<T>::resize(int B, int T_) {
+    // Buffers only grow (the trainer calls resize before every forward, e.g. with a smaller
+    // evaluation batch); everything is indexed with N_, never with a buffer's capacity.
     N_ = B * T_;
     dims_ = ldmk::make_dims(cfg_, N_);
     const int64_t N = N_, W = D_ + 1, nd = N * d_, st = N * dims_.ST;
     const bool f32 = std::is_same<T, float>::value;
-    src32_.alloc(nd);
-    if (!f32) srcT_.alloc(nd);
-    O_.alloc(W * nd);
-    Qn_.alloc(W * N * HK_);
-    Kn_.alloc(W * N * HK_);
-    Qnrm_.alloc(W * N * Hm_);
-    Knrm_.alloc(W * N * Hm_);
-    beta_.alloc(delta_ ? W * N * Hm_ : 0);
-    cur_.alloc(st);
+    grow(src32_, nd);
+    if (!f32) grow(srcT_, nd);
+    grow(O_, W * nd);
+    grow(Qn_, W * N * HK_);
+    grow(Kn_, W * N * HK_);
+    grow(Qnrm_, W * N * Hm_);
+    grow(Knrm_, W * N * Hm_);
+    grow(beta_, delta_ ? W * N * Hm_ : 0);
+    grow(cur_, st);
+    live_ = cur_.ptr;
     // kept states for the interval in use (a drift fallback re-sizes this buffer itself)
     const int64_t kept = ldm_gpu_kept_states(cfg_, ckpt_);
-    stored_.alloc(kept * st);
-    dS_.alloc(st);
-    dsrc_.alloc(nd);
-    tmp32_.alloc(nd);
-    prod32_.alloc(residual_ ? nd : 0);
-    v32_.alloc(f32 ? 0 : nd);
-    raw_.alloc(N * HK_);
-    draw_.alloc(N * HK_);
+    grow(stored_, kept * st);
+    grow(dS_, st);
+    grow(dsrc_, nd);
+    grow(tmp32_, nd);
+    grow(prod32_, residual_ ? nd : 0);
+    grow(v32_, f32 ? 0 : nd);
+    grow(raw_, N * HK_);
+    grow(draw_, N * HK_);
     if (!f32) {
-        drawT_.alloc(N * HK_);
-        dtokT_.alloc(N * Hm_);
+        grow(drawT_, N * HK_);
+        grow(dtokT_, N * Hm_);
     }
-    dtok_.alloc(N * Hm_);
-    scratch_.alloc(N * Hm_ * ldmk::v1_scratch_per_th(dims_));
-    partial_.alloc(std::max(ldmk::colsum_scratch(N, d_), ldmk::colsum_scratch(N, Hm_)));
+    grow(dtok_, N * Hm_);
+    grow(scratch_, N * Hm_ * ldmk::v1_scratch_per_th(dims_));
+    grow(partial_, std::max(ldmk::colsum_scratch(N, d_), ldmk::colsum_scratch(N, Hm_)));
 }
 
 template <typename T>
@@ -938,7 +1140,9 @@ void LdmGpuScheme<T>::begin(const T* e, cudaStream_t s) {
         W * Hm_, forget_ ? theta_ : nullptr, (float)cfg_.ldm_lambda_min, lam_.ptr, lgrad_.ptr);
     LDM_LAUNCH_CHECK();
     init_state(dims_, cur_.ptr, (float)cfg_.ldm_delta, s);
-    if (window_) CUDA_CHECK(cudaMemcpyAsync(state(0), cur_.ptr, (size_t)cur_.bytes(), cudaMemcpyDeviceToDevice, s));
+    live_ = cur_.ptr;
+    if (window_)
+        CUDA_CHECK(cudaMemcpyAsync(state(0), cur_.ptr, (size_t)N_ * dims_.ST * 4, cudaMemcpyDeviceToDevice, s));
     const int64_t nd = (int64_t)N_ * d_;
     T* srcT = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32_.ptr) : srcT_.ptr;
     output_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, e, O_.ptr, src32_.ptr, srcT, false);
@@ -958,28 +1162,46 @@ void LdmGpuScheme<T>::write_forward(int i, const T* /*o (already in O_i)*/, cuda
     float* Knrm = Knrm_.ptr + (int64_t)i * N * Hm_;
     const float* lam = lam_.ptr + (int64_t)i * Hm_;
     const float* v = v32(i, s);
+    // store mode: write from the previous state straight into its slot (no copy)
+    float* dst = slots() ? state(i) : cur_.ptr;
+    const float* from = live_;
+    if (!(rls_ && v2()) && dst != from)
+        CUDA_CHECK(cudaMemcpyAsync(dst, from, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
     if (rls_) {
-        if (v2() ) {
+        if (v2()) {
             switch (dk_ <= 4 ? 4 : dk_ <= 8 ? 8 : 16) {
-                case 4: write_rls_v2_kernel<4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam); break;
-                case 8: write_rls_v2_kernel<8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam); break;
-                default: write_rls_v2_kernel<16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam); break;
+                case 4: write_rls_v2_kernel<4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam); break;
+                case 8: write_rls_v2_kernel<8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam); break;
+                default: write_rls_v2_kernel<16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam); break;
             }
         } else {
-            write_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam,
+            write_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam,
                                                                     nullptr, nullptr, nullptr, scratch_.ptr);
         }
+    } else if (outer_ && v3()) {
+        const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+        if (dk_ <= 4) write_od_v2_kernel<kOuter, 4><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, nullptr);
+        else if (dk_ <= 8) write_od_v2_kernel<kOuter, 8><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, nullptr);
+        else write_od_v2_kernel<kOuter, 16><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, nullptr);
     } else if (outer_) {
-        write_v1_kernel<kOuter><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam,
+        write_v1_kernel<kOuter><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam,
                                                                   nullptr, nullptr, nullptr, scratch_.ptr);
     } else {
         // z [N, Hm] = O_i · w_βᵀ (bias b_β added in the kernel from the fp32 master)
         mm_.template gemm<T, float>(false, true, N, Hm_, d_, 1.f, Oi, d_, Wb_[i], d_, 0.f, dtok_.ptr, Hm_,
                                     nullptr, s);
-        write_v1_kernel<kDelta><<<th_blocks(dims_), kThreads, 0, s>>>(
-            dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i],
-            beta_.ptr + (int64_t)i * N * Hm_, scratch_.ptr);
+        float* beta = beta_.ptr + (int64_t)i * N * Hm_;
+        if (v3()) {
+            const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+            if (dk_ <= 4) write_od_v2_kernel<kDelta, 4><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i], beta);
+            else if (dk_ <= 8) write_od_v2_kernel<kDelta, 8><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i], beta);
+            else write_od_v2_kernel<kDelta, 16><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i], beta);
+        } else {
+            write_v1_kernel<kDelta><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam,
+                                                                      dtok_.ptr, Bb_[i], beta, scratch_.ptr);
+        }
     }
+    live_ = dst;
     LDM_LAUNCH_CHECK();
     if (window_) {
         if ((i + 1) % w_ == 0 && i < D_)  // state at the start of the next window
@@ -987,7 +1209,7 @@ void LdmGpuScheme<T>::write_forward(int i, const T* /*o (already in O_i)*/, cuda
     } else if (ckpt_ > 0) {
         if (i % ckpt_ == 0)
             CUDA_CHECK(cudaMemcpyAsync(state(i / ckpt_), cur_.ptr, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
-    } else if (!unwind_) {
+    } else if (!unwind_ && !slots()) {
         CUDA_CHECK(cudaMemcpyAsync(state(i), cur_.ptr, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
     }
 }
@@ -1004,12 +1226,12 @@ void LdmGpuScheme<T>::input(int j, T* x, cudaStream_t s) {
     const float* a = residual_ ? A_[j] : nullptr;
     if (v2()) {
         switch (dk_ <= 4 ? 4 : dk_ <= 8 ? 8 : 16) {
-            case 4: read_v2_kernel<T, 4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
-            case 8: read_v2_kernel<T, 8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
-            default: read_v2_kernel<T, 16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
+            case 4: read_v2_kernel<T, 4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
+            case 8: read_v2_kernel<T, 8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
+            default: read_v2_kernel<T, 16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
         }
     } else {
-        read_v1_kernel<T><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, tmp32_.ptr,
+        read_v1_kernel<T><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, tmp32_.ptr,
                                                                src32_.ptr, a, x);
     }
     LDM_LAUNCH_CHECK();
@@ -1036,12 +1258,12 @@ void LdmGpuScheme<T>::read_backward(int j, const T* dx, cudaStream_t s) {
     const float* a = residual_ ? A_[j] : nullptr;
     if (v2()) {
         switch (dk_ <= 4 ? 4 : dk_ <= 8 ? 8 : 16) {
-            case 4: read_bwd_v2_kernel<T, 4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
-            case 8: read_bwd_v2_kernel<T, 8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
-            default: read_bwd_v2_kernel<T, 16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
+            case 4: read_bwd_v2_kernel<T, 4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
+            case 8: read_bwd_v2_kernel<T, 8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
+            default: read_bwd_v2_kernel<T, 16><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, Qn, Qnrm, dx, a, dS_.ptr, draw_.ptr, prod32_.ptr); break;
         }
     } else {
-        read_bwd_v1_kernel<T><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Qn, Qnrm, dx, a, dS_.ptr,
+        read_bwd_v1_kernel<T><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, live_, Qn, Qnrm, dx, a, dS_.ptr,
                                                                    draw_.ptr, tmp32_.ptr, prod32_.ptr);
     }
     LDM_LAUNCH_CHECK();
@@ -1067,7 +1289,15 @@ void LdmGpuScheme<T>::unwind(int i, cudaStream_t s) {
     const float* Kn = Kn_.ptr + (int64_t)i * N_ * HK_;
     const float* v = v32(i, s);
     const float* lam = lam_.ptr + (int64_t)i * Hm_;
-    if (rls_) unwind_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, scratch_.ptr);
+    if (v3()) {
+        const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+        float* c = cur_.ptr;
+#define LDM_V2_UW(DK)                                                                                   \
+    if (rls_) unwind_v2_kernel<kRls, DK><<<gw, tw, 0, s>>>(dims_, c, Kn, v, lam);                      \
+    else unwind_v2_kernel<kOuter, DK><<<gw, tw, 0, s>>>(dims_, c, Kn, v, lam);
+        if (dk_ <= 4) { LDM_V2_UW(4) } else if (dk_ <= 8) { LDM_V2_UW(8) } else { LDM_V2_UW(16) }
+#undef LDM_V2_UW
+    } else if (rls_) unwind_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, scratch_.ptr);
     else unwind_v1_kernel<kOuter><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, scratch_.ptr);
     LDM_LAUNCH_CHECK();
 }
@@ -1079,7 +1309,17 @@ void LdmGpuScheme<T>::rewrite(int w, cudaStream_t s) {
     const float* v = v32(w, s);
     const float* lam = lam_.ptr + (int64_t)w * Hm_;
     const float* beta = delta_ ? beta_.ptr + (int64_t)w * N_ * Hm_ : nullptr;
-    if (rls_) rewrite_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, beta, scratch_.ptr);
+    if (v3()) {
+        const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+        float* c = cur_.ptr;
+        float* bw = const_cast<float*>(beta);  // read only with RECOMP
+#define LDM_V2_RE(DK)                                                                                        \
+    if (rls_) write_rls_v2_kernel<DK, true><<<gw, tw, 0, s>>>(dims_, c, c, Kn, nullptr, nullptr, v, lam);     \
+    else if (outer_) write_od_v2_kernel<kOuter, DK, true><<<gw, tw, 0, s>>>(dims_, c, Kn, nullptr, nullptr, v, lam, nullptr, nullptr, nullptr); \
+    else write_od_v2_kernel<kDelta, DK, true><<<gw, tw, 0, s>>>(dims_, c, Kn, nullptr, nullptr, v, lam, nullptr, nullptr, bw);
+        if (dk_ <= 4) { LDM_V2_RE(4) } else if (dk_ <= 8) { LDM_V2_RE(8) } else { LDM_V2_RE(16) }
+#undef LDM_V2_RE
+    } else if (rls_) rewrite_v1_kernel<kRls><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, beta, scratch_.ptr);
     else if (outer_) rewrite_v1_kernel<kOuter><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, beta, scratch_.ptr);
     else rewrite_v1_kernel<kDelta><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, Kn, v, lam, beta, scratch_.ptr);
     LDM_LAUNCH_CHECK();
@@ -1095,16 +1335,25 @@ bool LdmGpuScheme<T>::prev_state(int i, cudaStream_t s) {
         CUDA_CHECK(cudaMemcpyAsync(cur_.ptr, src, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
     };
     if (window_) {
+        live_ = cur_.ptr;
         const int start = i / w_ * w_;
         copy_from(state(i / w_));
         for (int w = start; w < i; w++) rewrite(w, s);
         return false;
     }
-    if (ckpt_ == 0 && !unwind_) {
-        if (i == 0) set_init();
-        else copy_from(state(i - 1));
+    if (ckpt_ == 0 && !unwind_) {  // store mode
+        if (i == 0) {
+            set_init();
+            live_ = cur_.ptr;
+        } else if (slots()) {
+            live_ = state(i - 1);  // point at the stored state (no copy)
+        } else {
+            live_ = cur_.ptr;
+            copy_from(state(i - 1));
+        }
         return false;
     }
+    live_ = cur_.ptr;
     if (i == 0) {
         if (!delta_) {
             unwind(0, s);
@@ -1148,18 +1397,26 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s) {
     if (rls_ && v2()) {
         const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
 #define LDM_V2_VJP(DK)                                                                                     \
-    if (fused) unwind_vjp_rls_v2_kernel<DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr); \
-    else unwind_vjp_rls_v2_kernel<DK, false><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr);
+    if (fused) unwind_vjp_rls_v2_kernel<DK, true><<<gw, tw, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr); \
+    else unwind_vjp_rls_v2_kernel<DK, false><<<gw, tw, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr);
         if (dk_ <= 4) { LDM_V2_VJP(4) } else if (dk_ <= 8) { LDM_V2_VJP(8) } else { LDM_V2_VJP(16) }
 #undef LDM_V2_VJP
+    } else if (!rls_ && v3()) {
+        const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+#define LDM_V2_OD(DK)                                                                                     \
+    if (delta_) vjp_od_v2_kernel<kDelta, DK, false><<<gw, tw, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr); \
+    else if (fused) vjp_od_v2_kernel<kOuter, DK, true><<<gw, tw, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr); \
+    else vjp_od_v2_kernel<kOuter, DK, false><<<gw, tw, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr);
+        if (dk_ <= 4) { LDM_V2_OD(4) } else if (dk_ <= 8) { LDM_V2_OD(8) } else { LDM_V2_OD(16) }
+#undef LDM_V2_OD
     } else if (rls_) {
-        if (fused) write_vjp_v1_kernel<kRls, true><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
-        else write_vjp_v1_kernel<kRls, false><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+        if (fused) write_vjp_v1_kernel<kRls, true><<<gb, tb, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+        else write_vjp_v1_kernel<kRls, false><<<gb, tb, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
     } else if (outer_) {
-        if (fused) write_vjp_v1_kernel<kOuter, true><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
-        else write_vjp_v1_kernel<kOuter, false><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+        if (fused) write_vjp_v1_kernel<kOuter, true><<<gb, tb, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+        else write_vjp_v1_kernel<kOuter, false><<<gb, tb, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
     } else {
-        write_vjp_v1_kernel<kDelta, false><<<gb, tb, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
+        write_vjp_v1_kernel<kDelta, false><<<gb, tb, 0, s>>>(dims_, live_, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
     }
     LDM_LAUNCH_CHECK();
     // d_o += draw · W_k ; dW_k += drawᵀ · O_i (fp32 accumulation in dvacc)
@@ -1183,13 +1440,13 @@ void LdmGpuScheme<T>::readout_backward(const T* dy, cudaStream_t s) {
     drift_S_ = drift_P_ = 0;
     CUDA_CHECK(cudaMemsetAsync(drift_.ptr, 0, 2 * sizeof(unsigned), s));
     drift_pending_ = false;
-    CUDA_CHECK(cudaMemsetAsync(dS_.ptr, 0, (size_t)dS_.bytes(), s));
+    CUDA_CHECK(cudaMemsetAsync(dS_.ptr, 0, (size_t)N_ * dims_.ST * 4, s));
     const int64_t nd = (int64_t)N_ * d_;
     if (residual_) {
         ldmk::add_grad_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, dy, dsrc_.ptr, false);
         LDM_LAUNCH_CHECK();
     } else {
-        CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)dsrc_.bytes(), s));
+        CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)N_ * d_ * 4, s));
     }
     read_backward(D_ + 1, dy, s);
 }
@@ -1204,7 +1461,7 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
     // d_o = dsrc (+ the write's VJP, inside write_backward); without residual dsrc restarts at 0
     // after being handed to d_o.
     write_backward(j, d_o, s);
-    if (!residual_) CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)dsrc_.bytes(), s));
+    if (!residual_) CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)N_ * d_ * 4, s));
 }
 
 template <typename T>
@@ -1234,7 +1491,7 @@ void LdmGpuScheme<T>::begin_backward(T* de, cudaStream_t s) {
         ckpt_ = cfg_.ldm_checkpoint_every > 0 ? cfg_.ldm_checkpoint_every
                                               : std::max(1, (int)std::lround(std::sqrt((double)(D_ + 1))));
         fell_back_ = true;
-        stored_.alloc(ldm_gpu_kept_states(cfg_, ckpt_) * (int64_t)N_ * dims_.ST);
+        grow(stored_, ldm_gpu_kept_states(cfg_, ckpt_) * (int64_t)N_ * dims_.ST);
         if (!warned_) {
             std::fprintf(stderr,
                          "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back "

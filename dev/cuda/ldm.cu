@@ -4,7 +4,7 @@
 //    "ldm") and LdmGpuScheme<T> through the same begin / input / output / readout / backward
 //    sequence with the same random parameters and tensors (random non-zero, GPU outputs
 //    poisoned with NaN first) for every rule (rls, delta, outer), mode (store, unwind,
-//    checkpoint-every, window), no-residual, no-forget, kernel variant (v1, v2) and dtype, at
+//    checkpoint-every, window), no-residual, no-forget, kernel variant (1, 2, 3) and dtype, at
 //    small odd shapes; compares every x_j, y, do_j, de, the final state and all scheme gradients.
 // 2. Bench: each kernel at N=16384, d=1024, H_m=4, d_k=8, D=48 (read, write, unwind+VJP, and a
 //    whole window-mode write), GB/s against the state bytes the kernel must move
@@ -271,7 +271,7 @@ void bench(bool quick) {
     }, 2, reps, s);
     line("write-rls-v1", ms, 2 * SP);
     ms = time_median_ms([&] {
-        write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+        write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("write-rls-v2", ms, 2 * SP);
     // unwind + VJP: reads S,P,dS,dP and writes all four (fused); state drifts across reps but
@@ -292,10 +292,79 @@ void bench(bool quick) {
     // state traffic is w times that of the deferred form's one pass.
     ms = time_median_ms([&] {
         for (int t = 0; t < 4; t++)
-            write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+            write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("window4-sequential-v2", ms, 2 * SP);  // GB/s vs the ONE pass a Woodbury window needs
     CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Whole scheme, one forward + backward (all D+1 writes, D+1 reads, GEMMs included) at the bench
+// shape, per mode: the LDM overhead of a training step at N tokens.
+template <typename T>
+void bench_scheme(const std::string& rule, const std::string& mode, int variant, bool quick) {
+    Case k;
+    k.N = 16384;
+    k.d = 1024;
+    k.n_layer = 24;
+    k.rule = rule;
+    k.mode = mode;
+    k.window = 4;
+    const ModelConfig cfg = make_cfg(k);
+    const int D = cfg.n_sublayers();
+    const int64_t nd = (int64_t)k.N * k.d;
+    std::vector<ParamSpec> specs = scheme_param_specs(cfg);
+    int64_t P = 0;
+    for (auto& sp : specs) P = std::max(P, sp.offset + sp.numel);
+    std::vector<float> host((size_t)P);
+    Rnd rng(5);
+    for (auto& sp : specs)
+        for (int64_t i = 0; i < sp.numel; i++)
+            host[(size_t)(sp.offset + i)] = sp.name.find("theta") != std::string::npos ? 3.f
+                                            : sp.name.find("ldm.a.") != std::string::npos ? 1.f
+                                                                                        : (float)(0.02 * rng.normal());
+    DeviceBuffer<T> pw(P), e(nd), o(nd), x(nd), g(nd);
+    DeviceBuffer<float> pm(P), gr(P);
+    upload(pw.ptr, host.data(), P);
+    upload(pm.ptr, host.data(), P);
+    std::vector<float> hx((size_t)nd);
+    for (auto& v : hx) v = (float)rng.normal();
+    upload(e.ptr, hx.data(), nd);
+    upload(o.ptr, hx.data(), nd);
+    cudaStream_t s = 0;
+    fill(gr.ptr, P, 0.f, s);
+    fill(g.ptr, nd, 1e-3f, s);
+    LdmGpuScheme<T> sc(cfg);
+    sc.variant = variant;
+    sc.bind(pw.ptr, pm.ptr, gr.ptr);
+    sc.resize(1, k.N);
+    auto fwd = [&] {
+        sc.begin(e.ptr, s);
+        for (int j = 1; j <= D; j++) {
+            sc.input(j, x.ptr, s);
+            sc.output(j, o.ptr, s);
+        }
+        sc.readout(x.ptr, s);
+    };
+    auto bwd = [&] {
+        sc.readout_backward(g.ptr, s);
+        for (int j = D; j >= 1; j--) {
+            sc.output_backward(j, x.ptr, s);
+            sc.input_backward(j, g.ptr, s);
+        }
+        sc.begin_backward(x.ptr, s);
+    };
+    const int reps = 3;
+    (void)quick;
+    const float fms = time_median_ms(fwd, 1, reps, s);
+    const float tms = time_median_ms([&] { fwd(); bwd(); }, 1, reps, s);
+    std::printf("BENCH ldm scheme-%s-%s-v%d-fwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", rule.c_str(), mode.c_str(), variant,
+                dtype_name<T>(), k.shape().c_str(), fms);
+    std::printf("BENCH ldm scheme-%s-%s-v%d-fwd+bwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", rule.c_str(), mode.c_str(), variant,
+                dtype_name<T>(), k.shape().c_str(), tms);
+    std::string met;
+    for (auto& kv : sc.metrics()) met += strprintf(" %s=%.3g", kv.first.c_str(), kv.second);
+    std::printf("INFO ldm scheme-%s-%s-v%d %s allocates %.1f KiB/token%s\n", rule.c_str(), mode.c_str(), variant, dtype_name<T>(),
+                sc.allocated_bytes() / (double)k.N / 1024.0, met.c_str());
 }
 
 }  // namespace
@@ -326,13 +395,17 @@ int main(int argc, char** argv) {
         { Case c; c.N = 67; c.d = 96; c.Hm = 3; c.dk = 16; c.mode = "unwind"; add(c); }
         { Case c; c.N = 33; c.d = 48; c.Hm = 2; c.dk = 3; c.n_layer = 3; c.mode = "store"; c.ckpt = 3; add(c); }
         for (const Case& c : cases) {
-            for (int v : {1, 2}) {
+            for (int v : {1, 2, 3}) {
                 run_case<float>(c, v);
                 if (!quick || v == 2) run_case<bf16>(c, v);
             }
         }
         bench<float>(quick);
         bench<bf16>(quick);
+        for (int v : {2, 3})
+            for (const char* m : {"store", "unwind", "window"}) bench_scheme<bf16>("rls", m, v, quick);
+        bench_scheme<bf16>("outer", "unwind", 3, quick);  // (variant 2 runs these rules with v1)
+        bench_scheme<bf16>("delta", "store", 3, quick);
     } catch (const std::exception& ex) {
         std::printf("error: %s\n", ex.what());
         return 1;
