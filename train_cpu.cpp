@@ -713,6 +713,10 @@ int main_body(int argc, char** argv) {
         ap.add("--dist-selftest", &o.dist_selftest, "check the MPI collectives and exit");
         if (!ap.parse(argc, argv)) return 0;
         if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
+        if (dist::world() > 1 && !dist::context().mpi)
+            throw Error(strprintf("%d processes launched by '%s' without MPI: the CPU trainer needs MPI for its "
+                                  "collectives (mpirun, or srun --mpi=pmix)",
+                                  dist::world(), dist::context().launcher.c_str()));
         if (o.dist_selftest) return dist_selftest();
         // Only rank 0 prints to stdout (errors still go to every rank's stderr).
         if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout");

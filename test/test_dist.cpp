@@ -443,3 +443,60 @@ TEST_CASE("scripts/paper: --dry-run prints the recipe's commands; auto-resume ta
     CHECK_THAT(e.out, Catch::Contains("scripts/eval_checkpoints.sh --out " + dir + "/table"));
     CHECK_THAT(e.out, Catch::Contains(dir + "/m/ckpt_002000.model"));
 }
+
+TEST_CASE("dist: GPU trainer, one GPU: the NCCL path (--nccl, ZeRO-0 and ZeRO-1) gives the plain run's bytes", "[dist][gpu]") {
+    const std::string tr = build_dir_of_test() + "/cuda/train_gpt_baselines";
+    if (!file_exists(tr)) {
+        WARN("skipped: " << tr << " not built (no nvcc)");
+        return;
+    }
+    if (run_cmd(tr + " --gpu-info").status != 0) {
+        WARN("skipped: no GPU");
+        return;
+    }
+    std::string shards = shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("dist_gpu");
+    const std::string args = " --preset tiny -B 2 -T 32 --total-batch-tokens 192 --steps 4 --lr 3e-3 --warmup-steps 1"
+                             " --val-batches 3 --sample-tokens 0 --quiet --dtype bf16 --train-data '" +
+                             shards + "/train.bin' --val-data '" + shards + "/val.bin'";
+    // 1 GPU: plain, NCCL all-reduce, NCCL ZeRO-1 (one-rank communicator): identical updates
+    auto gpu = [&](const std::string& a) {
+        RunResult r = run_cmd(tr + a);
+        INFO("command: " << tr + a << "\noutput:\n" << r.out);
+        REQUIRE(r.status == 0);
+        return r;
+    };
+    gpu(args + " --ckpt-every 2 --out-dir " + dir + "/plain");
+    RunResult z0 = gpu(args + " --nccl --zero 0 --out-dir " + dir + "/z0");
+    CHECK_THAT(z0.out, Catch::Contains("data parallel: 1 GPU process"));
+    gpu(args + " --nccl --zero 1 --ckpt-every 2 --out-dir " + dir + "/z1");
+    for (const char* sub : {"/z0", "/z1"})
+        for (const char* f : {"/ckpt_000004.model", "/ckpt_000004.state"}) {
+            INFO(sub << f);
+            CHECK(read_file(dir + "/plain" + f) == read_file(dir + sub + f));
+        }
+    // resume of a ZeRO-1 checkpoint on the plain path and vice versa: bit-exact
+    gpu(args + " --resume " + dir + "/z1/ckpt_000002 --out-dir " + dir + "/r1");
+    gpu(args + " --nccl --zero 1 --resume " + dir + "/plain/ckpt_000002 --out-dir " + dir + "/r2");
+    for (const char* sub : {"/r1", "/r2"})
+        for (const char* f : {"/ckpt_000004.model", "/ckpt_000004.state"}) {
+            INFO(sub << f);
+            CHECK(read_file(dir + "/plain" + f) == read_file(dir + sub + f));
+        }
+    // the NCCL workbench at world size 1
+    const std::string wb = build_dir_of_test() + "/cuda/nccl";
+    if (file_exists(wb)) {
+        RunResult w = run_cmd(wb + " --quick");
+        INFO(w.out);
+        CHECK(w.status == 0);
+        CHECK_THAT(w.out, Catch::Contains("0 failed checks"));
+    }
+}
+
+TEST_CASE("dist: train_cpu launched by Slurm/env variables without MPI fails clearly", "[dist]") {
+    RunResult r = run_cmd("env RANK=0 WORLD_SIZE=2 " + trainer_path() + " --preset tiny --train-data x");
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("without MPI"));
+}
