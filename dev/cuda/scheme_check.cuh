@@ -99,9 +99,8 @@ inline bool report(const char* family, const std::string& variant, const char* d
 // Runs the comparison for one scheme / shape / dtype. tol_act: x, xn, y, d_o, de; tol_grad: the
 // parameter gradients (per tensor, relative to max(||g_cpu||, 1e-3·max over tensors)).
 template <typename T>
-bool check_scheme(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
-                  double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label = "") {
-    if (label.empty()) label = scheme;
+bool check_scheme_impl(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
+                       double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label) {
     const ModelConfig c = make_config(scheme, sh);
     const int B = sh.B, Tn = sh.T, d = sh.d, D = c.n_sublayers();
     const int64_t N = (int64_t)B * Tn, Nd = N * d;
@@ -229,6 +228,22 @@ bool check_scheme(const char* family, const std::string& scheme, const Shape& sh
     return ok;
 }
 
+// check_scheme_impl, with an exception (e.g. a GEMM shape cuBLASLt rejects) reported as a FAIL
+// line so that the remaining checks still run.
+template <typename T>
+bool check_scheme(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
+                  double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label = "") {
+    if (label.empty()) label = scheme;
+    try {
+        return check_scheme_impl<T>(family, scheme, sh, make, tol_act, tol_grad, seed, param_scale, label);
+    } catch (const std::exception& e) {
+        std::printf("CHECK %s %s %s %s rel=- max_abs=- FAIL  exception: %s\n", family, label.c_str(), dtype_name<T>(),
+                    sh.str().c_str(), e.what());
+        (void)cudaGetLastError();
+        return false;
+    }
+}
+
 // Device fill with pseudo-random values in [-1, 1) (timing inputs; no host generation).
 template <typename T>
 __global__ void rand_fill_kernel(T* p, int64_t n, uint32_t seed) {
@@ -251,9 +266,8 @@ inline void rand_fill(T* p, int64_t n, uint32_t seed) {
 // random inputs (o_j and dx_j share one buffer each) and spec-init parameters + 0.1 noise.
 // bytes_per_token: the scheme's estimated global-memory traffic per token for fwd+bwd (GB/s).
 template <typename T>
-void bench_scheme(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
-                  double bytes_per_token, int reps = 20, std::string label = "") {
-    if (label.empty()) label = scheme;
+void bench_scheme_impl(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
+                       double bytes_per_token, int reps, const std::string& label) {
     const ModelConfig c = make_config(scheme, sh);
     const int B = sh.B, Tn = sh.T, d = sh.d, D = c.n_sublayers();
     const int64_t N = (int64_t)B * Tn, Nd = N * d;
@@ -308,6 +322,20 @@ void bench_scheme(const char* family, const std::string& scheme, const Shape& sh
                 family, label.c_str(), dt, sh.str().c_str(), ms_f + ms_b, gb / ((ms_f + ms_b) * 1e-3),
                 (ms_f + ms_b) / D, (double)gs->extra_bytes_per_token() / (1024.0 * 1024.0));
     CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// bench_scheme_impl; an exception (e.g. out of memory) is printed and the run goes on.
+template <typename T>
+void bench_scheme(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
+                  double bytes_per_token, int reps = 20, std::string label = "") {
+    if (label.empty()) label = scheme;
+    try {
+        bench_scheme_impl<T>(family, scheme, sh, make, bytes_per_token, reps, label);
+    } catch (const std::exception& e) {
+        std::printf("BENCH %s %s.fwd+bwd %s %s ms=- GB/s=- TFLOP/s=-  exception: %s\n", family, label.c_str(),
+                    dtype_name<T>(), sh.str().c_str(), e.what());
+        (void)cudaGetLastError();
+    }
 }
 
 }  // namespace wb
