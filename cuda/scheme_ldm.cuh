@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -957,6 +958,8 @@ struct LdmGpuScheme final : GpuScheme<T> {
     //     recompute writes, and store mode without state copies (writes out of place into the
     //     kept slots, backward reads them in place). Compiled and checked by the workbench, but
     //     NOT yet run on a GPU when written: make it the default once build/cuda/ldm passes.
+    // The environment variable LDM_LDM_VARIANT (1, 2, 3) overrides the default at construction
+    // (so the trainer and test/test_gpu_ldm can run every variant).
     int variant = 2;
 
    private:
@@ -1028,6 +1031,11 @@ LdmGpuScheme<T>::LdmGpuScheme(const ModelConfig& cfg) : cfg_(cfg) {
     lam_.alloc((int64_t)W * Hm_);
     lgrad_.alloc((int64_t)W * Hm_);
     drift_.alloc(2);
+    if (const char* e = std::getenv("LDM_LDM_VARIANT")) {  // trainer runs: 1, 2 or 3
+        const int v = std::atoi(e);
+        if (v < 1 || v > 3) throw Error(strprintf("LDM_LDM_VARIANT must be 1, 2 or 3, got '%s'", e));
+        variant = v;
+    }
 }
 
 template <typename T>

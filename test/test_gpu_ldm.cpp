@@ -5,6 +5,8 @@
 // prints "skipped: no GPU" (WARN) and passes. Tolerances (test/gpu_compare.h, doc/cuda.md):
 //   one step, --dtype fp32: loss 1e-5, logits 1e-4, every gradient 1e-4 (DebugTolerances::fp32)
 //   one step, --dtype bf16 (rls unwind only): DebugTolerances::bf16
+//   every one-step run is repeated with kernel variants 2 and 3 (LDM_LDM_VARIANT; rls unwind also 1)
+//   resume: 5 steps + checkpoint + resume 5 == 10 straight, byte-identical .model/.state
 //   10-step loss trajectory, fp32: 1e-4 relative per step (--no-residual: 3e-3 after step 5, see
 //   below); unwind runs log the drift every step
 #include <catch2/catch.hpp>
@@ -103,18 +105,19 @@ TEST_CASE("gpu ldm: one step == CPU reference for every rule and mode (fp32; bf1
         const std::string flags = data_flags(shards, 4, 64) + c.flags;
         run_ok(trainer_path() + flags + " --dump-debug-state " + dir + "/cpu.dbg");
         const DebugState ref = load_debug_state(dir + "/cpu.dbg");
-        std::vector<std::string> dtypes = {"fp32"};
-        if (std::string(c.name) == "rls-unwind") dtypes.push_back("bf16");
-        for (const std::string& dtype : dtypes) {
-            const std::string out = dir + "/gpu_" + dtype + ".dbg";
-            run_ok(gpu + flags + " --dtype " + dtype + " --dump-debug-state " + out);
+        std::vector<std::string> runs = {"fp32 2", "fp32 3"};  // dtype, kernel variant (LDM_LDM_VARIANT)
+        if (std::string(c.name) == "rls-unwind") runs.insert(runs.end(), {"bf16 2", "bf16 3", "fp32 1"});
+        for (const std::string& run : runs) {
+            const std::string dtype = run.substr(0, 4), var = run.substr(5);
+            const std::string out = dir + "/gpu_" + dtype + "_v" + var + ".dbg";
+            run_ok("LDM_LDM_VARIANT=" + var + " " + gpu + flags + " --dtype " + dtype + " --dump-debug-state " + out);
             const DebugState got = load_debug_state(out);
             const CompareReport r =
                 compare_debug_states(got, ref, dtype == "fp32" ? DebugTolerances::fp32() : DebugTolerances::bf16());
-            INFO(c.name << " " << dtype << ":\n" << r.table);
+            INFO(c.name << " " << dtype << " variant " << var << ":\n" << r.table);
             CHECK(r.pass);
-            WARN(c.name << " " << dtype << ": loss gpu " << got.loss << " cpu " << ref.loss << ", worst gradient "
-                        << r.worst_grad << " rel " << r.worst_grad_rel);
+            WARN(c.name << " " << dtype << " variant " << var << ": loss gpu " << got.loss << " cpu " << ref.loss
+                        << ", worst gradient " << r.worst_grad << " rel " << r.worst_grad_rel);
             CHECK(got.params == ref.params);
         }
     }
@@ -154,6 +157,31 @@ TEST_CASE("gpu ldm: 10-step loss trajectory == CPU reference; drift logged every
                 CHECK(gs[i]["ldm_fallback"].get<double>() == 0.0);
             }
         }
+    }
+}
+
+TEST_CASE("gpu ldm: 5 steps + checkpoint + resume 5 == 10 straight (bit-exact, rls unwind and store)",
+          "[gpu][ldm]") {
+    const std::string gpu = gpu_trainer_or_skip("train_ldm");
+    if (gpu.empty()) return;
+    const std::string shards = ldm_shards_or_skip();
+    if (shards.empty()) return;
+    for (std::string mode : {"unwind", "store"}) {
+        const std::string dir = train_scratch("gpu_ldm_resume_" + mode);
+        const std::string cmd = gpu + data_flags(shards, 2, 32) + "--ldm-mode " + mode +
+                                " --dtype bf16 --quiet --steps 10 --lr 3e-3 --warmup-steps 2 --sample-every -1";
+        run_ok(cmd + " --out-dir " + dir + "/C --log " + dir + "/C/log.jsonl");
+        run_ok(cmd + " --ckpt-every 5 --out-dir " + dir + "/A");
+        REQUIRE(ldm::file_exists(dir + "/A/ckpt_000005.state"));
+        run_ok(cmd + " --resume " + dir + "/A/ckpt_000005 --out-dir " + dir + "/B --log " + dir + "/B/log.jsonl");
+        for (const char* ext : {".model", ".state"}) {
+            INFO(mode << " " << ext);
+            CHECK(ldm::read_file(dir + "/C/ckpt_000010" + ext) == ldm::read_file(dir + "/B/ckpt_000010" + ext));
+        }
+        const std::vector<double> lc = step_losses(dir + "/C/log.jsonl"), lb = step_losses(dir + "/B/log.jsonl");
+        REQUIRE(lc.size() == 10);
+        REQUIRE(lb.size() == 5);
+        for (size_t i = 0; i < 5; i++) CHECK(lb[i] == lc[i + 5]);
     }
 }
 
