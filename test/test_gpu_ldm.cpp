@@ -7,6 +7,7 @@
 //   one step, --dtype bf16 (rls unwind only): DebugTolerances::bf16
 //   every one-step run is repeated with kernel variants 2 and 3 (LDM_LDM_VARIANT; rls unwind also 1)
 //   resume: 5 steps + checkpoint + resume 5 == 10 straight, byte-identical .model/.state
+//   drift fallback (--ldm-drift-tol 1e-12): GPU and CPU both switch to c = 2 after step 1, same losses
 //   10-step loss trajectory, fp32: 1e-4 relative per step (--no-residual: 3e-3 after step 5, see
 //   below); unwind runs log the drift every step
 #include <catch2/catch.hpp>
@@ -182,6 +183,33 @@ TEST_CASE("gpu ldm: 5 steps + checkpoint + resume 5 == 10 straight (bit-exact, r
         REQUIRE(lc.size() == 10);
         REQUIRE(lb.size() == 5);
         for (size_t i = 0; i < 5; i++) CHECK(lb[i] == lc[i + 5]);
+    }
+}
+
+TEST_CASE("gpu ldm: drift above --ldm-drift-tol falls back to checkpointed segments, like the CPU", "[gpu][ldm]") {
+    const std::string gpu = gpu_trainer_or_skip("train_ldm");
+    if (gpu.empty()) return;
+    const std::string shards = ldm_shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("gpu_ldm_fallback");
+    // a tolerance no fp32 unwind meets: both trainers fall back after step 1 (c = round(sqrt(D+1)) = 2)
+    const std::string flags = data_flags(shards, 4, 64) +
+                              "--ldm-mode unwind --ldm-drift-tol 1e-12 --steps 6 --lr 3e-3 --warmup-steps 2 "
+                              "--sample-every -1 --quiet";
+    run_ok(trainer_path() + flags + " --log " + dir + "/cpu.jsonl");
+    RunResult r = run_cmd(gpu + flags + " --dtype fp32 --log " + dir + "/gpu.jsonl");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("falling back to checkpointed segments every 2 writes"));
+    const std::vector<nlohmann::json> cs = step_records(dir + "/cpu.jsonl"), gs = step_records(dir + "/gpu.jsonl");
+    REQUIRE(cs.size() == 6);
+    REQUIRE(gs.size() == 6);
+    for (size_t i = 0; i < 6; i++) {
+        INFO("step " << i + 1 << ": gpu " << gs[i].dump() << "\ncpu " << cs[i].dump());
+        CHECK(gs[i]["ldm_fallback"].get<double>() == 1.0);
+        CHECK(gs[i]["ldm_ckpt"].get<double>() == cs[i]["ldm_ckpt"].get<double>());
+        const double lg = gs[i]["loss"].get<double>(), lc = cs[i]["loss"].get<double>();
+        CHECK(std::fabs(lg - lc) <= 1e-4 * std::fabs(lc));
     }
 }
 
