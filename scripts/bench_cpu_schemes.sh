@@ -72,8 +72,9 @@ scheme_flags() {  # C++ train_cpu flags | torch_bench flags
 }
 SHAPE="$PRESET T=$T B=$B"
 echo "bench_cpu_schemes: $SHAPE, $STEPS timed steps, threads ${THREADS} (0 = all: $(nproc)), out $OUT"
-# One untimed PreLN run first: page cache, tokenizer and BLAS warm (the first item was an outlier).
-"$BUILD/train_cpu" --preset "$PRESET" -B "$B" -T "$T" --bench 1 --threads "$THREADS" --quiet \
+# One untimed PreLN run first (not in --quick): page cache, tokenizer and BLAS warm (the first
+# item was an outlier without it).
+[ "$QUICK" = 1 ] || "$BUILD/train_cpu" --preset "$PRESET" -B "$B" -T "$T" --bench 1 --threads "$THREADS" --quiet \
   --train-data "$BUILD/bench_data/synthetic_train_*.bin" --tokenizer "$TOK" --sample-every -1 > /dev/null 2>&1 || true
 for s in $SCHEMES; do
   f=$(scheme_flags "$s"); cflags=${f%%|*}; tflags=${f#*|}
