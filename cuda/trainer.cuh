@@ -29,6 +29,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/dataloader.h"
+#include "core/dist.h"
 #include "core/eval.h"
 #include "core/logger.h"
 #include "core/optim.h"
@@ -38,6 +39,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gpt.cuh"
 #include "cuda/matmul.cuh"
+#include "cuda/nccl.cuh"
 
 namespace ldm {
 namespace gpu {
@@ -81,6 +83,10 @@ struct TrainOptions {
     // GPU only
     int recompute = 0, attn_variant = -1;
     bool gpu_info = false;
+    // data parallel (doc/distributed.md): one process per GPU under mpirun/srun
+    int zero = 0;               // 1: ZeRO-1 (AdamW state sharded over the ranks)
+    bool nccl = false;          // NCCL path even with one GPU (measures its cost)
+    std::string nccl_id_file;   // share the NCCL id through this file (launchers without MPI)
 };
 
 namespace trainer_detail {
@@ -262,28 +268,41 @@ template <typename T>
 int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     using nlohmann::json;
     const int B = o.B, T_ = o.T;
-    const int64_t accum = o.total_batch_tokens / (int64_t(B) * T_);
+    const int64_t accum = o.total_batch_tokens / (int64_t(B) * T_);  // micro-batches per step, all ranks
+    // Data parallel (cuda/nccl.cuh GpuDataParallel): rank r of W runs accum / W micro-batches.
+    const dist::Context& dctx = dist::context();
+    const int W = dctx.world, rank = dctx.rank;
+    if (accum % W != 0)
+        throw Error(strprintf("data parallel: the %lld micro-batches of B*T per step are not divisible by the world size %d",
+                              (long long)accum, W));
+    const int64_t accum_local = accum / W;
     const uint32_t V = uint32_t(cfg.vocab_size);
     const uint32_t eot = tok ? tok->eot_id() : V - 1;
 
     if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");
     if (glob_files(o.train_data).empty()) throw Error("--train-data: no files match '" + o.train_data + "'");
-    DataLoader train(o.train_data, B, T_, 0, 1, true, uint64_t(o.seed), V);
+    DataLoader train(o.train_data, B, T_, rank, W, true, uint64_t(o.seed), V);
     std::unique_ptr<DataLoader> val;
     if (!o.val_data.empty()) {
         if (glob_files(o.val_data).empty()) throw Error("--val-data: no files match '" + o.val_data + "'");
-        val.reset(new DataLoader(o.val_data, B, T_, 0, 1, false, 0, V));
+        val.reset(new DataLoader(o.val_data, B, T_, rank, W, false, 0, V));
     }
-    const int val_batches = val ? int(std::min<uint64_t>(uint64_t(o.val_batches), val->batches_per_epoch())) : 0;
+    // global count; rank r scores the windows with index = r mod W
+    const int val_batches =
+        val ? int(std::min<uint64_t>(uint64_t(o.val_batches), val->batches_per_epoch() * uint64_t(W))) : 0;
+    const int val_batches_local = val_batches > rank ? (val_batches - rank + W - 1) / W : 0;
 
-    CUDA_CHECK(cudaSetDevice(0));
-    const std::string device = device_description(0);
+    const int dev = local_device(dctx);  // the GPU of this rank on its node
+    CUDA_CHECK(cudaSetDevice(dev));
+    const std::string device = device_description(dev);
     GPT<T> model(cfg, B, T_, o.recompute, o.attn_variant);
     model.init(uint64_t(o.seed));
     const int64_t n = model.n_params;
+    GpuDataParallel dp;
+    dp.init(dctx, n, o.zero, o.nccl, o.nccl_id_file);
 
     // AdamW state (fp32) and the per-range weight-decay flags (adjacent tensors merged).
-    DeviceBuffer<float> m_buf(n), v_buf(n), nscratch(std::max<int64_t>(global_norm_scratch(), 1)),
+    DeviceBuffer<float> m_buf(dp.state_len()), v_buf(dp.state_len()), nscratch(std::max<int64_t>(global_norm_scratch(), 1)),
         norm_out(1);
     CUDA_CHECK(cudaMemset(m_buf.ptr, 0, (size_t)m_buf.bytes()));
     CUDA_CHECK(cudaMemset(v_buf.ptr, 0, (size_t)v_buf.bytes()));
@@ -313,19 +332,30 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     sched.validate();
     cudaStream_t st = model.stream;
     // One AdamW step on the device; returns the global gradient norm before clipping.
+    // With W > 1 the gradients are first summed over the ranks (GpuDataParallel::reduce_grads);
+    // ZeRO-1 updates only this rank's slice [own_off, own_off + own_count), then all-gathers.
     auto opt_step = [&](double lr) -> double {
-        global_norm_squared(norm_out.ptr, nscratch.ptr, model.grads.ptr, n, st);
+        float* g = dp.reduce_grads(model.grads.ptr, st);
+        global_norm_squared(norm_out.ptr, nscratch.ptr, g, dp.own_count, st);
         std::vector<float> sq = download(norm_out.ptr, 1);
-        const double norm = std::sqrt(double(sq[0]));
+        const double norm = std::sqrt(dp.zero1 ? dp.sum(double(sq[0]), st) : double(sq[0]));
         double clip = 1.0;
         if (ac.grad_clip > 0 && norm > ac.grad_clip) clip = ac.grad_clip / norm;
         adam_t += 1;
         T* copy = sizeof(T) == sizeof(float) ? nullptr : model.work.ptr;
-        for (const auto& r : ranges)
+        for (const auto& r : ranges) {
+            const int64_t a = std::max(r.offset, dp.own_off);
+            const int64_t b = std::min(r.offset + r.numel, dp.own_off + dp.own_count);
+            if (b <= a) continue;
+            const int64_t k = a - dp.own_off;  // index in this rank's state and reduced gradients
             // doubles, rounded inside exactly as core/optim.cpp does (bit-identical update formula)
-            adamw_update<T>(model.master.ptr + r.offset, copy ? copy + r.offset : nullptr, m_buf.ptr + r.offset,
-                            v_buf.ptr + r.offset, model.grads.ptr + r.offset, r.numel, lr, ac.beta1, ac.beta2,
-                            ac.eps, r.decay ? ac.weight_decay : 0.0, clip, adam_t, st);
+            adamw_update<T>(model.master.ptr + a, copy ? copy + a : nullptr, m_buf.ptr + k, v_buf.ptr + k, g + k,
+                            b - a, lr, ac.beta1, ac.beta2, ac.eps, r.decay ? ac.weight_decay : 0.0, clip, adam_t, st);
+        }
+        if (dp.zero1) {
+            dp.allgather_master(model.master.ptr, st);
+            model.refresh_working_copy();
+        }
         CUDA_CHECK(cudaStreamSynchronize(st));
         return norm;
     };
@@ -336,41 +366,44 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     const json rflags = resume_flags(o, cfg);
 
     if (!o.resume.empty()) {
-        std::string mpath = o.resume, spath;
-        if (mpath.size() > 6 && mpath.compare(mpath.size() - 6, 6, ".model") == 0)
-            spath = mpath.substr(0, mpath.size() - 6) + ".state";
-        else if (mpath.size() > 6 && mpath.compare(mpath.size() - 6, 6, ".state") == 0)
-            spath = mpath, mpath = mpath.substr(0, mpath.size() - 6) + ".model";
-        else
-            spath = mpath + ".state", mpath = mpath + ".model";
+        // ckpt_<s>.model + .state (one process) or the rank shards + .done marker (doc/distributed.md);
+        // any world size resumes from either (the AdamW moments are cut for this rank).
+        const std::string base = dist::checkpoint_base(o.resume), mpath = base + ".model";
         ModelCheckpoint mc = load_model(mpath);
         std::string d = config_diff(mc.cfg, cfg);
         if (!d.empty())
             throw Error("--resume " + mpath + ": the checkpoint's model config differs from the command line (" + d + ")");
-        TrainState ts = load_train_state(spath);
-        check_resume_flags(ts.flags, rflags, spath);
-        if (ts.step != mc.step)
-            throw Error(strprintf("--resume: model file is at step %lld but training state at step %lld",
-                                  (long long)mc.step, (long long)ts.step));
-        if (!ts.exact_params.empty() || ts.dtype != "fp32")
-            throw Error("--resume: " + spath + " holds fp64 training state; the GPU trainer resumes fp32 states only");
+        const dist::SavedState saved = dist::load_saved_state(base, n, mc.step, rflags);
+        for (const TrainState& ts : saved.parts)
+            if (!ts.exact_params.empty() || ts.dtype != "fp32")
+                throw Error("--resume: " + base + " holds fp64 training state; the GPU trainer resumes fp32 states only");
         model.set_master(mc.params.data());
-        std::vector<float> hm((size_t)n), hv((size_t)n);
-        from_bytes(hm, ts.m, "adam_m");
-        from_bytes(hv, ts.v, "adam_v");
-        CUDA_CHECK(cudaMemcpy(m_buf.ptr, hm.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(v_buf.ptr, hv.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-        adam_t = ts.step;
-        train.load_state(ts.loader_state);
-        if (ts.rng_state.size() != 1) throw Error("--resume: " + spath + ": bad rng state");
-        rng.s = ts.rng_state[0];
-        start_step = ts.step;
-        std::printf("resumed from %s at step %lld\n", mpath.c_str(), (long long)start_step);
+        const int64_t len = dp.state_len();
+        std::vector<float> hm((size_t)len, 0.0f), hv((size_t)len, 0.0f);
+        for (size_t p = 0; p < saved.parts.size(); p++) {
+            dist::copy_saved_part(hm.data(), dp.own_off, dp.own_count, saved.parts[p].m, saved.shards[p], "adam_m");
+            dist::copy_saved_part(hv.data(), dp.own_off, dp.own_count, saved.parts[p].v, saved.shards[p], "adam_v");
+        }
+        CUDA_CHECK(cudaMemcpy(m_buf.ptr, hm.data(), size_t(len) * 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(v_buf.ptr, hv.data(), size_t(len) * 4, cudaMemcpyHostToDevice));
+        adam_t = mc.step;
+        if (saved.world == W) {
+            train.load_state(saved.parts[size_t(rank)].loader_state);
+        } else {  // another world size: replay this rank's share of the consumed batches
+            std::vector<int32_t> xi(size_t(B) * T_), yi(size_t(B) * T_);
+            for (int64_t k = 0; k < mc.step * accum_local; k++) train.next_batch(xi.data(), yi.data());
+        }
+        rng.s = saved.parts[0].rng_state[0];
+        start_step = mc.step;
+        std::printf("resumed from %s at step %lld", mpath.c_str(), (long long)start_step);
+        if (saved.world != W) std::printf(" (resharded: saved by %d process%s, now %d)", saved.world, saved.world == 1 ? "" : "es", W);
+        std::printf("\n");
     }
 
     std::vector<int32_t> inputs(size_t(B) * T_), targets(size_t(B) * T_);
 
     if (!o.dump_debug_state.empty()) {
+        if (W > 1) throw Error("--dump-debug-state is for a single process (run it without mpirun)");
         // One optimizer step's gradients. With --total-batch-tokens > B*T the `accum` micro-batches
         // are accumulated (grads of the mean over all of them) and the dump holds all of them:
         // inputs/targets/logits [accum*B, T] (header B = accum*B).
@@ -398,7 +431,7 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
 
     if (!o.out_dir.empty()) mkdir_p(o.out_dir);
     JsonlLogger logger;
-    if (!o.log.empty()) {
+    if (!o.log.empty() && rank == 0) {  // only rank 0 logs
         mkdir_p(dirname_of(o.log));
         logger = JsonlLogger(o.log, start_step > 0);
         if (start_step > 0)
@@ -406,7 +439,8 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
         else
             logger.log({{"type", "config"}, {"config", config_to_json(cfg)}, {"args", options_json(o)},
                         {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()},
-                        {"device", device}});
+                        {"device", device},
+                        {"data_parallel", {{"world", W}, {"zero", dp.zero1 ? 1 : 0}, {"nccl", dp.nccl}}}});
     }
 
     EvalSuite esuite;
@@ -421,6 +455,7 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     if (do_evals) esets = load_eval_sets(esuite, V);
     GpuScoringModel<T> scorer(model);
     auto run_evals = [&](int64_t step) {
+        if (rank != 0) return;  // evaluations run on rank 0 only
         json r = run_eval_suite(scorer, esuite, esets);
         std::printf("step %6lld | eval\n%s", (long long)step, format_results_table(r).c_str());
         logger.log({{"type", "eval"}, {"step", step}, {"results", r}});
@@ -429,6 +464,10 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     std::printf("model %s (%s, %s): %lld parameters | B=%d T=%d accum=%lld -> %lld tokens/step | %lld steps | %s\n",
                 cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T_, (long long)accum,
                 (long long)o.total_batch_tokens, (long long)o.steps, device.c_str());
+    if (dp.nccl)
+        std::printf("data parallel: %d GPU process%s (%s), %lld micro-batches per rank per step, ZeRO-%d, NCCL %d\n", W,
+                    W == 1 ? "" : "es", dctx.launcher.c_str(), (long long)accum_local, dp.zero1 ? 1 : 0,
+                    NCCL_VERSION_CODE);
     {
         GptMemory mem = model.memory();
         const double tok_mb = double(B) * T_;
@@ -443,11 +482,11 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     }
 
     double unigram = NAN;
-    if (o.unigram_baseline && val) {
+    if (o.unigram_baseline && val && rank == 0) {
         std::vector<int32_t> vt;
-        val->reset();
+        DataLoader uval(o.val_data, B, T_, 0, 1, false, 0, V);  // all val windows (the ranks' union)
         for (int b = 0; b < val_batches; b++) {
-            val->next_batch(inputs.data(), targets.data());
+            uval.next_batch(inputs.data(), targets.data());
             vt.insert(vt.end(), targets.begin(), targets.end());
         }
         unigram = unigram_baseline(o.train_data, vt, V);
@@ -459,27 +498,53 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     auto eval_val = [&]() -> double {
         val->reset();
         double s = 0;
-        for (int b = 0; b < val_batches; b++) {
+        for (int b = 0; b < val_batches_local; b++) {
             val->next_batch(inputs.data(), targets.data());
             s += model.forward(inputs.data(), targets.data(), B, T_, 0.0);
         }
-        return s / val_batches;
+        return dp.sum(s, st) / val_batches;  // one GPU: s
     };
     auto save_ckpt = [&](int64_t step) {
         if (o.out_dir.empty()) return;
         std::string base = o.out_dir + strprintf("/ckpt_%06lld", (long long)step);
-        std::vector<float> p = model.get_master();
-        save_model<float>(base + ".model", cfg, p.data(), step);
+        std::vector<float> p = model.get_master();  // complete on every rank (ZeRO-1 all-gathers it)
+        if (rank == 0) save_model<float>(base + ".model", cfg, p.data(), step);
         TrainState ts;
         ts.step = step;
         ts.dtype = "fp32";  // dtype of m, v (always fp32 on the GPU)
         ts.flags = rflags;
-        ts.m = to_bytes(download(m_buf.ptr, n));
-        ts.v = to_bytes(download(v_buf.ptr, n));
+        std::vector<float> hm, hv;  // full AdamW moments [n]
+        if (dp.zero1) {
+            DeviceBuffer<float> full(n);
+            dp.allgather_full(full.ptr, st, m_buf.ptr);
+            hm = download(full.ptr, n);
+            dp.allgather_full(full.ptr, st, v_buf.ptr);
+            hv = download(full.ptr, n);
+        } else {
+            hm = download(m_buf.ptr, n);
+            hv = download(v_buf.ptr, n);
+        }
         ts.loader_state = train.save_state();
         ts.rng_state = {rng.s};
-        save_train_state(base + ".state", ts);
-        std::printf("checkpoint written: %s.model / .state\n", base.c_str());
+        const std::string name = base.substr(base.find_last_of('/') + 1);
+        std::vector<std::string> states;
+        if (W == 1) {
+            ts.m = to_bytes(hm);
+            ts.v = to_bytes(hv);
+            save_train_state(base + ".state", ts);
+            states.push_back(name + ".state");
+        } else {  // rank r writes its slice dist::shard_range(n, W, r), the layout of train_cpu
+            const dist::Shard sh = dist::shard_range(n, W, rank);
+            ts.m = std::string(reinterpret_cast<const char*>(hm.data() + sh.offset), size_t(sh.count) * 4);
+            ts.v = std::string(reinterpret_cast<const char*>(hv.data() + sh.offset), size_t(sh.count) * 4);
+            ts.extra = {{"world", W}, {"rank", rank}, {"zero", dp.zero1 ? 1 : 0}, {"param_count", n},
+                        {"shard_offset", sh.offset}, {"shard_count", sh.count}};
+            save_train_state(dist::shard_state_path(base, rank, W), ts);
+            for (int q = 0; q < W; q++) states.push_back(name + strprintf(".state.rank%dof%d", q, W));
+        }
+        dp.barrier(st);  // every file is complete before the marker says so
+        if (rank == 0) dist::write_checkpoint_marker(base, step, W, dp.zero1 ? 1 : 0, n, "fp32", states);
+        std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
         logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
     };
 
@@ -496,7 +561,7 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
             logger.log({{"type", "val"}, {"step", step}, {"val_loss", last_val}});
         }
         if (do_evals && o.eval_every > 0 && step > 0 && step % o.eval_every == 0) run_evals(step);
-        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) {
+        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0 && rank == 0) {
             std::string s = sample_text(model, tok, eot, o.sample_tokens, T_, rng);
             std::printf("step %6lld | sample: %s\n", (long long)step, s.c_str());
             logger.log({{"type", "sample"}, {"step", step}, {"text", s}});
@@ -505,12 +570,12 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
         auto t0 = std::chrono::steady_clock::now();
         model.zero_grad();
         double loss = 0;
-        for (int64_t a = 0; a < accum; a++) {
+        for (int64_t a = 0; a < accum_local; a++) {
             train.next_batch(inputs.data(), targets.data());
             loss += model.forward(inputs.data(), targets.data(), B, T_, 1.0 / double(accum));
             model.backward(1.0 / double(accum));
         }
-        loss /= double(accum);
+        loss = dp.sum(loss, st) / double(accum);  // one GPU: loss / accum
         if (step == start_step) {
             size_t f = 0, t = 0;
             CUDA_CHECK(cudaMemGetInfo(&f, &t));
@@ -552,7 +617,7 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
         logger.log({{"type", "val"}, {"step", o.steps}, {"val_loss", last_val}, {"unigram_loss", unigram}});
     }
     if (do_evals && o.steps > start_step) run_evals(o.steps);
-    if (o.sample_every >= 0 && o.sample_tokens > 0 && tok && o.steps > start_step && o.bench == 0) {
+    if (o.sample_every >= 0 && o.sample_tokens > 0 && tok && o.steps > start_step && o.bench == 0 && rank == 0) {
         std::string s = sample_text(model, tok, eot, o.sample_tokens, T_, rng);
         std::printf("sample: %s\n", s.c_str());
         logger.log({{"type", "sample"}, {"step", o.steps}, {"text", s}});
@@ -581,7 +646,7 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
 
 // main() of a GPU trainer: parses the flags (train_cpu's, plus the GPU ones), checks for a GPU
 // and runs the loop with T = bf16 or float.
-inline int trainer_main(int argc, char** argv, const char* program, const char* description) {
+inline int trainer_main_body(int argc, char** argv, const char* program, const char* description) {
     using namespace trainer_detail;
     try {
         TrainOptions o;
@@ -668,7 +733,16 @@ inline int trainer_main(int argc, char** argv, const char* program, const char* 
                "activation recompute in backward: 0 off | 1 SwiGLU output | 2 also the RMSNorm outputs");
         ap.add("--attn-variant", &o.attn_variant, "attention kernel variant (-1 = best for the shape)");
         ap.add("--gpu-info", &o.gpu_info, "print the CUDA device and exit (exit code 2 without a GPU)");
+        ap.section("Data parallel (one process per GPU under mpirun / srun; doc/distributed.md)");
+        ap.add("--zero", &o.zero, "0: gradients all-reduced, full AdamW on every GPU; 1: ZeRO-1 (reduce-scatter, "
+                                  "sharded AdamW state, parameter all-gather)");
+        ap.add("--nccl", &o.nccl, "use the NCCL path even on one GPU (to measure its cost)");
+        ap.add("--nccl-id-file", &o.nccl_id_file,
+               "share the NCCL unique id through this file (shared filesystem) when launched without MPI");
         if (!ap.parse(argc, argv)) return 0;
+        if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
+        // Only rank 0 prints to stdout (errors still go to every rank's stderr).
+        if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout");
 
         if (o.gpu_info) {
             if (!gpu_available()) {
@@ -757,9 +831,28 @@ inline int trainer_main(int argc, char** argv, const char* program, const char* 
         return o.dtype == "bf16" ? run<bf16>(o, cfg, tok.get()) : run<float>(o, cfg, tok.get());
     } catch (const std::exception& e) {
         std::fflush(stdout);
+        if (dist::world() > 1) std::fprintf(stderr, "error: [rank %d of %d] %s\n", dist::rank(), dist::world(), e.what());
+        else std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
+
+// main() of a GPU trainer: the data-parallel context (core/dist.h: mpirun, srun or none), then the
+// trainer; a failing rank aborts the job so the other ranks do not wait forever.
+inline int trainer_main(int argc, char** argv, const char* program, const char* description) {
+    try {
+        dist::init(&argc, &argv);
+    } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }
+    const int rc = trainer_main_body(argc, argv, program, description);
+    if (rc != 0) {
+        std::fflush(stderr);
+        dist::abort_all(rc);
+    }
+    dist::finalize();
+    return rc;
 }
 
 }  // namespace gpu
