@@ -58,6 +58,9 @@ NVCCFLAGS ?= $(NVCC_OPT) -std=c++17 -lineinfo -I. -MMD -MP \
              -Xcompiler -fopenmp -DLDM_SOURCE_DIR=\"$(CURDIR)\"
 CUDA_LIBS ?= -lcublasLt -lcublas
 CUDA_LIBS += -lnccl  # NCCL collectives (cuda/nccl.cuh); nccl.h and libnccl come with /usr/local/cuda
+# nvcc links without -lpthread: glibc >= 2.34 has it in libc, and nvlink aborts ("elfLink
+# internal error") on the stub libpthread.a of Ubuntu 24.04 (seen on the H200 image).
+NVCC_LDLIBS = $(filter-out -lpthread,$(LDLIBS))
 CU_SRCS  := $(wildcard train_*.cu) $(wildcard dev/cuda/*.cu)
 CU_BINS  := $(foreach s,$(CU_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
 
@@ -86,10 +89,10 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(LDLIBS) -lgomp -o $@
+	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
 $(BUILD)/cuda/%: dev/cuda/%.cu $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(LDLIBS) -lgomp -o $@
+	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
 
 deps:
 	@bash scripts/install_deps.sh
