@@ -820,7 +820,9 @@ inline int resolve_variant(int variant, int hd) {
             int v = std::atoi(env);
             if (variant_supported<T>(v, hd)) return v;
         }
-        for (int v : {2, 1})
+        // 3 first: on an H200 (2026-11-30) it passed every workbench check and ran 1.2-1.4x
+        // faster than 2 (doc/results_gpu.md); the trainer tests of that run used 2.
+        for (int v : {3, 2, 1})
             if (variant_supported<T>(v, hd)) return v;
     }
     if (!variant_supported<T>(variant, hd))
