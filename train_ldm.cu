@@ -72,5 +72,6 @@ int main(int argc, char** argv) {
     args.push_back(nullptr);
     return ldm::gpu::trainer_main((int)args.size() - 1, args.data(), "train_ldm",
                                   "Train the spec §1 backbone with Linear Depth Memory (spec §2.5) on one "
-                                  "GPU. See doc/cuda.md \"LDM kernels\".");
+                                  "GPU; --scheme is always ldm here, whatever the shared flag list below says "
+                                  "its default is. See doc/cuda.md \"LDM kernels\".");
 }

@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;; --preset) PRESET=$2; shift 2 ;; --steps) STEPS=$2; shift 2 ;;
     -B) B=$2; shift 2 ;; -T) T=$2; shift 2 ;; --lr) LR=$2; shift 2 ;;
     --schemes) SCHEMES=$2; shift 2 ;; --eval-max-examples) EVAL_MAX=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; exit 2 ;;
   esac
 done

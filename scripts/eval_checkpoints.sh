@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --eval-dir) evdir="${2:?}"; shift 2 ;;
     --bin) bin="${2:?}"; shift 2 ;;
     --extra) extra="${2:?}"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     --*) die "unknown flag $1" ;;
     *) ckpts+=("$1"); shift ;;
   esac

@@ -6,7 +6,7 @@
 # Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s').
 set -u
 cd "$(dirname "$0")/.."
-passed=0; failed=0; crashed=()
+passed=0; failed=0; crashed=(); gpu_skipped=()
 start=$(date +%s)
 for t in "$@"; do
   echo "=== $t"
@@ -21,9 +21,14 @@ for t in "$@"; do
     passed=$((passed + p)); failed=$((failed + f))
     if [ "$rc" != 0 ] && [ "$f" = 0 ]; then crashed+=("$t (exit $rc)"); failed=$((failed + 1)); fi
   fi
+  # A test binary that needs a GPU passes without one after printing "skipped: no GPU": list it.
+  if echo "$out" | grep -q 'skipped: no GPU'; then gpu_skipped+=("$(basename "$t")"); fi
   echo "=== $t: $(( $(date +%s) - t0 )) s"
 done
 for c in "${crashed[@]+"${crashed[@]}"}"; do echo "CRASHED or failed without a report: $c"; done
+if [ ${#gpu_skipped[@]} -gt 0 ]; then
+  echo "skipped (no GPU): the GPU cases of ${gpu_skipped[*]} passed without running"
+fi
 echo "suite time: $(( $(date +%s) - start )) s"
 echo "tests: $passed passed, $failed failed"
 [ "$failed" = 0 ]
