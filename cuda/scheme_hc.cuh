@@ -444,11 +444,10 @@ __global__ void column_sums_kernel(F* grads, const F* part, int N, int NP) {
 
 // Backward combine (input_backward): dHp[t, i] = Σ_k Mix[k,i] G[t, k] + a_i dx[t] + dZ[t, i]
 // − β_i H[t, i] (written). beta per row ([N, n]) or per token ([N]). dZ = dP·W from the GEMM
-// (mHC, [N, n·d], fp32: it enters a difference with β_i H_i, so it is not rounded to T); dZ ==
-// nullptr (HC): computed here from dPp [N, n, n+2] and W [(n+2), d]
+// (mHC, [N, n·d]); dZ == nullptr (HC): computed here from dPp [N, n, n+2] and W [(n+2), d]
 // (W is small and stays in cache: no dZ buffer written and read). Grid N blocks.
 template <typename T, int NS>
-__global__ void combine_kernel(float* dHp, const float* G, const T* dx, const float* dZ, const T* dPp, const T* W,
+__global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T* dZ, const T* dPp, const T* W,
                                const T* H, const float* coef, const float* beta, bool per_row, int d) {
     constexpr int CW = 2 * NS + NS * NS, m = NS + 2, L = proj_ld(NS + 2);
     const int64_t t = blockIdx.x;
@@ -480,7 +479,7 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const fl
             for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[k];
             float z = 0.f;
             if (dZ) {
-                z = dZ[idx];
+                z = to_f(dZ[idx]);
             } else {
 #pragma unroll
                 for (int e = 0; e < m; e++) z += dp[i * m + e] * to_f(W[(int64_t)e * d + c]);
@@ -644,9 +643,9 @@ struct GpuHC final : GpuScheme<T> {
         // dW_j += dPpᵀ · H_{j-1}   ([wrows, rows] x [rows, kdim])
         mm_.gemm<T, float>(true, false, wrows_, kdim_, rows, 1.f, dPp_.ptr, ldp_, H(j - 1), kdim_, 1.f,
                            gW, kdim_, nullptr, s);
-        // mHC: dZ = dPp · Φ_j ([rows, wrows] x [wrows, kdim], fp32 output); HC: fused into combine_kernel.
+        // mHC: dZ = dPp · Φ_j ([rows, wrows] x [wrows, kdim], type T); HC: fused into combine_kernel.
         if (mhc_)
-            mm_.gemm<T, float>(false, false, rows, kdim_, wrows_, 1.f, dPp_.ptr, ldp_, W, kdim_, 0.f, dZ_.ptr, kdim_,
+            mm_.gemm<T, T>(false, false, rows, kdim_, wrows_, 1.f, dPp_.ptr, ldp_, W, kdim_, 0.f, dZ_.ptr, kdim_,
                            nullptr, s);
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
@@ -675,7 +674,7 @@ struct GpuHC final : GpuScheme<T> {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
         const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
         const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 +
-                                (mhc_ ? n * d * 4 : 0) + 2 * n * d * 4;
+                                (mhc_ ? n * d * tb : 0) + 2 * n * d * 4;
         return kept + scratch;
     }
     // Only the part kept for backward (for documentation / tests).
@@ -695,8 +694,7 @@ struct GpuHC final : GpuScheme<T> {
     const T* P_ = nullptr;
     const float* M_ = nullptr;
     float* G_ = nullptr;
-    DeviceBuffer<T> Hs_, Os_, dPp_;
-    DeviceBuffer<float> dZ_;  // mHC dL/dvec(H) through the projection, fp32 (see combine_kernel)
+    DeviceBuffer<T> Hs_, Os_, dPp_, dZ_;
     DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dH_, dHp_;
 
     template <typename E>
