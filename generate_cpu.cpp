@@ -130,7 +130,8 @@ int main(int argc, char** argv) {
         ap.add("--preset", &o.preset, "without --checkpoint: a randomly initialised preset (timing only)");
         ap.add("--scheme", &o.scheme, "random-init model: preln|hc|mhc|attnres-full|attnres-block|ldm");
         ap.add("--ldm-rule", &o.ldm_rule, "random-init model: rls|delta|outer");
-        ap.add("--ldm-no-residual", &o.ldm_no_residual, "random-init model: LDM without the residual");
+        ap.add("--no-residual", &o.ldm_no_residual, "random-init model: LDM without the residual (as train_cpu)");
+        ap.add("--ldm-no-residual", &o.ldm_no_residual, "same as --no-residual (older spelling)");
         ap.add("--seq-len", &o.seq_len, "random-init model: context length");
         ap.add("--n-layer", &o.n_layer, "random-init model: override the preset's number of blocks (0 = preset)");
         ap.add("--vocab-size", &o.vocab_size, "random-init model: V (0 = the tokenizer's, else 50257)");

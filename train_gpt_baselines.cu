@@ -1,6 +1,6 @@
 // train_gpt_baselines.cu — the GPU trainer for the baseline schemes (build/cuda/train_gpt_baselines):
-// the spec §1 backbone (cuda/gpt.cuh) with PreLN (spec §2.1); HC, mHC and AttnRes (issue #8) plug
-// in at make_gpu_scheme below. Same flags, logs, checkpoints and data as build/train_cpu, plus
+// the spec §1 backbone (cuda/gpt.cuh) with PreLN (spec §2.1), HC / mHC (§2.2-2.3) or AttnRes Full /
+// Block (§2.4), chosen by --scheme at make_gpu_scheme below. Same flags, logs, checkpoints and data as build/train_cpu, plus
 // --dtype bf16|fp32, --recompute, --attn-variant, --gpu-info (doc/cuda.md "Trainer").
 //
 //   build/cuda/train_gpt_baselines --preset llama-400m -B 8 -T 2048 --steps 1000 --lr 3e-4
@@ -10,7 +10,7 @@
 #include "cuda/scheme.cuh"
 #include "cuda/trainer.cuh"
 
-// ==== schemes of this trainer (issue #8: hc / mhc / attnres-full / attnres-block) ====
+// ==== schemes of this trainer (preln in cuda/scheme.cuh; hc / mhc / attnres-full / attnres-block) ====
 #include "cuda/scheme_attnres.cuh"
 #include "cuda/scheme_hc.cuh"
 
@@ -25,7 +25,7 @@ std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
     if (cfg.scheme == "attnres-full") return std::make_unique<GpuAttnRes<T>>(cfg, false);  // spec §2.4
     if (cfg.scheme == "attnres-block") return std::make_unique<GpuAttnRes<T>>(cfg, true);
     if (cfg.scheme == "ldm") throw Error("scheme 'ldm' runs on the GPU in train_ldm, not train_gpt_baselines");
-    throw Error("scheme '" + cfg.scheme + "' is not implemented on the GPU yet (train_gpt_baselines supports: preln, hc, mhc, attnres-full, attnres-block)");
+    throw Error("unknown scheme '" + cfg.scheme + "' (train_gpt_baselines supports: preln, hc, mhc, attnres-full, attnres-block)");
 }
 
 }  // namespace gpu
@@ -34,5 +34,5 @@ std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
 int main(int argc, char** argv) {
     return ldm::gpu::trainer_main(argc, argv, "train_gpt_baselines",
                                   "Train the spec §1 backbone with a baseline depth scheme on one GPU "
-                                  "(PreLN; HC, mHC, AttnRes with issue #8). See doc/cuda.md.");
+                                  "(PreLN, HC, mHC, AttnRes Full and Block). See doc/cuda.md.");
 }

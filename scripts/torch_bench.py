@@ -52,7 +52,7 @@ def load_spec(a):
     cmd = [a.spec_bin, "--preset", a.preset, "--scheme", a.scheme, "--seq-len", str(a.T), "--print-config",
            "--ldm-rule", a.ldm_rule]
     if a.no_residual:
-        cmd.append("--ldm-no-residual")
+        cmd.append("--no-residual")
     if a.n_layer:
         cmd += ["--n-layer", str(a.n_layer)]
     if a.vocab_size:

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/config.h"
@@ -97,7 +98,8 @@ inline bool report(const char* family, const std::string& variant, const char* d
 }
 
 // Runs the comparison for one scheme / shape / dtype. tol_act: x, xn, y, d_o, de; tol_grad: the
-// parameter gradients (per tensor, relative to max(||g_cpu||, 1e-3·max over tensors)).
+// parameter gradients (per tensor, relative to max(||g_cpu||, f·max over tensors), f = 1e-3 for
+// fp32 and 1e-2 for bf16, see grad_floor).
 template <typename T>
 bool check_scheme_impl(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
                        double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label) {
@@ -206,6 +208,13 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
         for (int64_t k = 0; k < s.numel; k++) nrm += grads[(size_t)(s.offset + k)] * grads[(size_t)(s.offset + k)];
         gmax = std::max(gmax, std::sqrt(nrm));
     }
+    // Floor of the per-tensor relative error: a tensor whose gradient is tiny next to the largest
+    // one is compared against grad_floor·gmax. bf16: 1e-2 (the stream states hold 8 bits, about
+    // 4e-3 relative; small tensors are projected remainders of coefficient gradients of size
+    // ~gmax, e.g. mHC's res logits through the Sinkhorn Jacobian: at B2T33d67D6n4 the CPU's
+    // |dL/dphi_res| of sublayer 3 is 1.1e-3·gmax, so bf16 noise of the size of gmax·1e-4 — what the
+    // H200 showed — is 8% of its own norm). fp32: 1e-3.
+    const double grad_floor = std::is_same<T, float>::value ? 1e-3 : 1e-2;
     for (const auto& s : specs) {
         std::vector<float> a((size_t)s.numel);
         std::vector<double> b((size_t)s.numel);
@@ -213,7 +222,7 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
             a[(size_t)k] = gg[(size_t)(s.offset + k)] - g0[(size_t)(s.offset + k)];
             b[(size_t)k] = grads[(size_t)(s.offset + k)];
         }
-        wg.add(compare_d(a, b, 1e-3 * gmax), s.name);
+        wg.add(compare_d(a, b, grad_floor * gmax), s.name);
     }
     const char* dt = dtype_name<T>();
     const std::string shs = sh.str();
