@@ -110,6 +110,102 @@ std::vector<Shard> split_chunks(int64_t count, int64_t max_chunk) {
     return out;
 }
 
+int grad_stage_of(const std::string& name, int n_layer) {
+    if (name == "final_norm.w" || name == "lm_head") return grad_stage_head();
+    if (name == "wte" || name.rfind("scheme.", 0) == 0) return grad_stage_end(n_layer);
+    if (name.rfind("blocks.", 0) == 0) {
+        const size_t dot = name.find('.', 7);
+        if (dot != std::string::npos && dot > 7) {
+            int l = 0;
+            for (size_t i = 7; i < dot; i++) {
+                if (name[i] < '0' || name[i] > '9') throw Error("dist::grad_stage_of: bad block name '" + name + "'");
+                l = l * 10 + (name[i] - '0');
+                if (l > n_layer) break;
+            }
+            if (l < n_layer) return grad_stage_block(l, n_layer);
+        }
+    }
+    throw Error(strprintf("dist::grad_stage_of: '%s' is not a parameter of a %d-block model", name.c_str(), n_layer));
+}
+
+std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamSpec>& specs, int n_layer, int64_t min_elems) {
+    if (n_layer < 1 || min_elems < 0)
+        throw Error(strprintf("dist::plan_grad_buckets: n_layer=%d min_elems=%lld", n_layer, (long long)min_elems));
+    // 1. runs of adjacent tensors with the same stage
+    std::vector<GradBucket> runs;
+    int64_t end = 0;
+    for (const ParamSpec& s : specs) {
+        if (s.offset != end || s.numel < 0)
+            throw Error("dist::plan_grad_buckets: parameter '" + s.name + "' does not follow its predecessor");
+        const int st = grad_stage_of(s.name, n_layer);
+        if (!runs.empty() && runs.back().stage == st) runs.back().count.n += s.numel;
+        else {
+            GradBucket b;
+            b.offset = s.offset;
+            b.count = Elems(s.numel);
+            b.stage = st;
+            runs.push_back(b);
+        }
+        end += s.numel;
+    }
+    runs.erase(std::remove_if(runs.begin(), runs.end(), [](const GradBucket& b) { return b.count.n == 0; }), runs.end());
+    // 2. backward order
+    std::stable_sort(runs.begin(), runs.end(), [](const GradBucket& a, const GradBucket& b) {
+        return a.stage != b.stage ? a.stage < b.stage : a.offset > b.offset;
+    });
+    // 3. small buckets absorb the next range when adjacent in memory
+    std::vector<GradBucket> out;
+    for (const GradBucket& r : runs) {
+        if (!out.empty()) {
+            GradBucket& c = out.back();
+            const bool adjacent = r.offset + r.count.n == c.offset || c.offset + c.count.n == r.offset;
+            if (c.count.n < min_elems && adjacent) {
+                c.offset = std::min(c.offset, r.offset);
+                c.count.n += r.count.n;
+                c.stage = std::max(c.stage, r.stage);
+                continue;
+            }
+        }
+        out.push_back(r);
+    }
+    return out;
+}
+
+int64_t padded_shard_size(int64_t n, int world) {
+    if (n < 0 || world < 1) throw Error(strprintf("dist::padded_shard_size: n=%lld world=%d", (long long)n, world));
+    return ((n + world - 1) / world + 63) / 64 * 64;
+}
+
+Shard padded_shard_range(int64_t n, int world, int rank) {
+    if (rank < 0 || rank >= world) throw Error(strprintf("dist::padded_shard_range: rank %d of %d", rank, world));
+    const int64_t S = padded_shard_size(n, world);
+    Shard s;
+    s.offset = std::min(n, int64_t(rank) * S);
+    s.count = std::max<int64_t>(0, std::min(n, s.offset + S) - s.offset);
+    return s;
+}
+
+std::vector<ReducePiece> split_by_owner(int64_t offset, Elems count, int64_t n, int world) {
+    if (offset < 0 || count.n < 0 || offset + count.n > n)
+        throw Error(strprintf("dist::split_by_owner: [%lld, %lld) outside [0, %lld)", (long long)offset,
+                              (long long)(offset + count.n), (long long)n));
+    const int64_t S = padded_shard_size(n, world);
+    std::vector<ReducePiece> out;
+    int64_t a = offset;
+    const int64_t b = offset + count.n;
+    while (a < b) {
+        const int r = int(a / S);  // S >= 1 whenever a < n
+        const int64_t e = std::min(b, int64_t(r + 1) * S);
+        ReducePiece p;
+        p.offset = a;
+        p.count = Elems(e - a);
+        p.root = r;
+        out.push_back(p);
+        a = e;
+    }
+    return out;
+}
+
 int64_t max_chunk_elems() { return g_max_chunk; }
 void set_max_chunk_elems(int64_t n) {
     if (n < 1 || n > INT_MAX) throw Error(strprintf("dist::set_max_chunk_elems: %lld not in [1, INT_MAX]", (long long)n));

@@ -36,6 +36,7 @@
 
 #include "core/checkpoint.h"
 #include "core/common.h"
+#include "core/config.h"
 
 namespace ldm {
 namespace dist {
@@ -100,6 +101,50 @@ std::vector<Shard> split_chunks(int64_t count, int64_t max_chunk);
 // the chunking). ldm::Error if n < 1 or n > INT_MAX.
 int64_t max_chunk_elems();
 void set_max_chunk_elems(int64_t n);
+
+// ---- Gradient buckets of the GPU trainers (reduction overlapped with backward) ----------------
+// Pure host code (tested on the CPU: test/test_grad_buckets.cpp); used by cuda/nccl.cuh
+// GpuDataParallel and cuda/gpt.cuh GPT::backward. doc/distributed.md "Overlap".
+//
+// Backward stages: the points of GPT::backward at which it calls its gradient hook, in time order.
+//   stage 0          after the head (LM head and final RMSNorm backward);
+//   stage L - l      after the backward of block l (l = L-1 .. 0, so stages 1 .. L);
+//   stage L + 1      at the end (embedding backward; the scheme's begin_backward has run).
+// On the step's last micro-batch a parameter's gradient is final at (grad_stage_of):
+//   final_norm.w, lm_head -> 0;  blocks.<l>.* -> L - l;  wte (also the tied LM head) and every
+//   scheme.* parameter (a scheme accumulates into its parameters over all sublayers) -> L + 1.
+inline int grad_stage_head() { return 0; }
+inline int grad_stage_block(int layer, int n_layer) { return n_layer - layer; }
+inline int grad_stage_end(int n_layer) { return n_layer + 1; }
+// ldm::Error for a name outside the layout of core/config.h param_specs.
+int grad_stage_of(const std::string& param_name, int n_layer);
+
+// A contiguous range of the flat gradient, reduced as one unit once backward reaches `stage`.
+struct GradBucket {
+    int64_t offset = 0;
+    Elems count{0};  // fp32 gradient elements
+    int stage = 0;
+};
+// Buckets over the flat layout `specs` (param_specs order: contiguous from 0, ldm::Error
+// otherwise), in backward order (stage ascending; within a stage, offset descending). Runs of
+// adjacent tensors with the same stage form one range; then, in that order, a bucket smaller than
+// min_elems absorbs the next range when the two are adjacent in memory (the merged bucket takes the
+// later stage, so its gradients are still final when it is reduced). Every element is in exactly
+// one bucket. min_elems = 0: no merging.
+std::vector<GradBucket> plan_grad_buckets(const std::vector<ParamSpec>& specs, int n_layer, int64_t min_elems);
+
+// The GPU trainers' ZeRO-1 shard layout (cuda/nccl.cuh): S = ceil(n / W) rounded up to a multiple
+// of 64 elements; rank r owns [r S, min(n, (r+1) S)) (empty for trailing ranks when n is small).
+int64_t padded_shard_size(int64_t n, int world);
+Shard padded_shard_range(int64_t n, int world, int rank);
+// ZeRO-1 reduction of one bucket: the bucket cut at the owners' shard boundaries; piece k is
+// reduced to rank `root` (its owner). Pieces in offset order, non-empty, inside their root's shard.
+struct ReducePiece {
+    int64_t offset = 0;
+    Elems count{0};
+    int root = 0;
+};
+std::vector<ReducePiece> split_by_owner(int64_t offset, Elems count, int64_t n, int world);
 
 // ---- Process context -------------------------------------------------------------------------
 struct Context {

@@ -15,11 +15,13 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
+#include "core/dist.h"
 #include "cuda/attention.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/common.cuh"
@@ -84,6 +86,13 @@ struct GPT {
     double forward(const int32_t* tokens, const int32_t* targets, int B, int T_, double grad_scale);
     // grads += grad_scale · d(mean loss)/d(params) (needs a forward with targets).
     void backward(double grad_scale);
+    // Backward hook for the data-parallel overlap (cuda/nccl.cuh GpuDataParallel): when set,
+    // backward() calls grad_hook(stage) on the host at each backward stage of core/dist.h
+    // (dist::grad_stage_head() after the head, dist::grad_stage_block(l, L) after block l,
+    // dist::grad_stage_end(L) after the embedding), right after the last kernel writing the
+    // gradients final at that stage was enqueued on `stream`. The hook may record an event on
+    // `stream` but must not enqueue work on it. Empty (the default): backward is unchanged.
+    std::function<void(int)> grad_hook;
     // [B*T, Vp] logits of the last forward as fp32 (columns >= V are 0); only valid when the
     // forward ran with grad_scale <= 0.
     std::vector<float> logits_host() const;
@@ -395,6 +404,7 @@ void GPT<T>::backward(double grad_scale) {
                        false, scr, s, Vp);
     rmsnorm_backward<T>(dy_.ptr, G(final_norm_), scr, dyn_.ptr, y_.ptr, P(final_norm_), rstd_f_.ptr, N, d,
                         false, s);
+    if (grad_hook) grad_hook(dist::grad_stage_head());
     S.readout_backward(dy_.ptr, s);
 
     for (int l = c.n_layer - 1; l >= 0; l--) {
@@ -429,6 +439,7 @@ void GPT<T>::backward(double grad_scale) {
                            P(p.wqkv), N, d, qkvd_, false, scr, s);
         rmsnorm_backward<T>(dx_.ptr, G(p.attn_norm), scr, dln_.ptr, a.x_att.ptr, P(p.attn_norm),
                             a.rstd_att.ptr, N, d, false, s);
+        if (grad_hook) grad_hook(dist::grad_stage_block(l, c.n_layer));
         S.input_backward(2 * l + 1, dx_.ptr, s);
     }
     // Embedding: de in dx_; deterministic bucketed backward (buckets built on the host).
@@ -439,6 +450,7 @@ void GPT<T>::backward(double grad_scale) {
     CUDA_CHECK(cudaMemcpyAsync(start_.ptr, bk.start.data(), bk.start.size() * 4, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(pos_.ptr, bk.pos.data(), bk.pos.size() * 4, cudaMemcpyHostToDevice, s));
     embedding_backward<T>(G(wte_), dx_.ptr, uniq_.ptr, start_.ptr, pos_.ptr, U, d, s);
+    if (grad_hook) grad_hook(dist::grad_stage_end(c.n_layer));
     CUDA_CHECK(cudaStreamSynchronize(s));  // the host bucket vectors die here
 }
 

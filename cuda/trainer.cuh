@@ -87,6 +87,7 @@ struct TrainOptions {
     int zero = 0;               // 1: ZeRO-1 (AdamW state sharded over the ranks)
     bool nccl = false;          // NCCL path even with one GPU (measures its cost)
     std::string nccl_id_file;   // share the NCCL id through this file (launchers without MPI)
+    int nccl_overlap = 0;       // 1: per-bucket reduction overlapped with backward (GpuDataParallel)
 };
 
 namespace trainer_detail {
@@ -299,7 +300,12 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     model.init(uint64_t(o.seed));
     const int64_t n = model.n_params;
     GpuDataParallel dp;
-    dp.init(dctx, n, o.zero, o.nccl, o.nccl_id_file);
+    dp.init(dctx, n, o.zero, o.nccl, o.nccl_id_file, o.nccl_overlap != 0);
+    dp.plan_overlap(model.specs, cfg.n_layer, model.grads.ptr, kNcclMinBucketElems);
+    // first fp32 master element the schemes read (their parameters follow the backbone's); n = none
+    int64_t scheme_lo = n;
+    for (const auto& s : model.specs)
+        if (s.name.rfind("scheme.", 0) == 0) scheme_lo = std::min(scheme_lo, s.offset);
 
     // AdamW state (fp32) and the per-range weight-decay flags (adjacent tensors merged).
     DeviceBuffer<float> m_buf(dp.state_len()), v_buf(dp.state_len()), nscratch(std::max<int64_t>(global_norm_scratch(), 1)),
@@ -352,7 +358,9 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
             adamw_update<T>(model.master.ptr + a, copy ? copy + a : nullptr, m_buf.ptr + k, v_buf.ptr + k, g + k,
                             b - a, lr, ac.beta1, ac.beta2, ac.eps, r.decay ? ac.weight_decay : 0.0, clip, adam_t, st);
         }
-        if (dp.zero1) {
+        if (dp.zero1 && dp.overlap) {
+            dp.gather_params<T>(copy, model.master.ptr, scheme_lo, st);  // bf16 working copy (+ scheme fp32)
+        } else if (dp.zero1) {
             dp.allgather_master(model.master.ptr, st);
             model.refresh_working_copy();
         }
@@ -440,7 +448,8 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
             logger.log({{"type", "config"}, {"config", config_to_json(cfg)}, {"args", options_json(o)},
                         {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()},
                         {"device", device},
-                        {"data_parallel", {{"world", W}, {"zero", dp.zero1 ? 1 : 0}, {"nccl", dp.nccl}}}});
+                        {"data_parallel", {{"world", W}, {"zero", dp.zero1 ? 1 : 0}, {"nccl", dp.nccl},
+                                           {"overlap", dp.overlap}, {"buckets", dp.buckets.size()}}}});
     }
 
     EvalSuite esuite;
@@ -465,9 +474,11 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
                 cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T_, (long long)accum,
                 (long long)o.total_batch_tokens, (long long)o.steps, device.c_str());
     if (dp.nccl)
-        std::printf("data parallel: %d GPU process%s (%s), %lld micro-batches per rank per step, ZeRO-%d, NCCL %d\n", W,
+        std::printf("data parallel: %d GPU process%s (%s), %lld micro-batches per rank per step, ZeRO-%d, NCCL %d, %s\n", W,
                     W == 1 ? "" : "es", dctx.launcher.c_str(), (long long)accum_local, dp.zero1 ? 1 : 0,
-                    NCCL_VERSION_CODE);
+                    NCCL_VERSION_CODE,
+                    dp.overlap ? strprintf("reduction overlapped with backward (%zu buckets)", dp.buckets.size()).c_str()
+                               : "reduction after backward");
     {
         GptMemory mem = model.memory();
         const double tok_mb = double(B) * T_;
@@ -507,7 +518,10 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
     auto save_ckpt = [&](int64_t step) {
         if (o.out_dir.empty()) return;
         std::string base = o.out_dir + strprintf("/ckpt_%06lld", (long long)step);
-        std::vector<float> p = model.get_master();  // complete on every rank (ZeRO-1 all-gathers it)
+        // ZeRO-1 overlap path: the fp32 master is complete only in this rank's slice (and the scheme
+        // range); gather it first (the flat path all-gathers it every step)
+        if (dp.zero1 && dp.overlap) dp.allgather_master(model.master.ptr, st);
+        std::vector<float> p = model.get_master();  // complete on every rank
         if (rank == 0) save_model<float>(base + ".model", cfg, p.data(), step);
         TrainState ts;
         ts.step = step;
@@ -573,8 +587,14 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
         for (int64_t a = 0; a < accum_local; a++) {
             train.next_batch(inputs.data(), targets.data());
             loss += model.forward(inputs.data(), targets.data(), B, T_, 1.0 / double(accum));
+            // overlap path: the last micro-batch's backward starts each bucket's reduction as soon
+            // as its gradients are final (cuda/nccl.cuh GpuDataParallel::on_grads_final)
+            const bool hook = dp.overlap && a + 1 == accum_local;
+            if (hook) model.grad_hook = [&](int stage) { dp.on_grads_final(stage, st); };
             model.backward(1.0 / double(accum));
+            if (hook) model.grad_hook = nullptr;
         }
+        dp.finish_reduction(st);                  // the compute stream waits for the reductions
         loss = dp.sum(loss, st) / double(accum);  // one GPU: loss / accum
         if (step == start_step) {
             size_t f = 0, t = 0;
@@ -739,8 +759,13 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         ap.add("--nccl", &o.nccl, "use the NCCL path even on one GPU (to measure its cost)");
         ap.add("--nccl-id-file", &o.nccl_id_file,
                "share the NCCL unique id through this file (shared filesystem) when launched without MPI");
+        ap.add("--nccl-overlap", &o.nccl_overlap,
+               "1: reduce the gradients bucket by bucket (about one block each) on a second stream during the "
+               "backward pass, ZeRO-1 gathers the bf16 working copy; 0: one reduction after backward (fp32 gather)");
         if (!ap.parse(argc, argv)) return 0;
         if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
+        if (o.nccl_overlap != 0 && o.nccl_overlap != 1)
+            throw Error(strprintf("--nccl-overlap must be 0 or 1, got %d", o.nccl_overlap));
         // Only rank 0 prints to stdout (errors still go to every rank's stderr).
         if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout");
 

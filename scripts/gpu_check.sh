@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh — the one GPU check (issue #7 item 5): builds everything, runs every
 # dev/cuda workbench (build/cuda/<x> for each dev/cuda/*.cu), every GPU test
-# (build/test/test_gpu_*), and a short training benchmark (train_gpt_baselines --bench on
+# (build/test/test_gpu_*, and the "[gpu]" case of build/test/test_dist), and a short training benchmark (train_gpt_baselines --bench on
 # llama-400m, T=2048, B=8, bf16; plus each scheme of $SCHEMES the trainer supports), each with its
 # own timeout. It never stops at the first failure. Full logs go to $OUT (if set) or
 # ./gpu_check_out; a compact table (CHECK/BENCH lines, test totals, benchmarks) is printed LAST.
@@ -15,6 +15,8 @@
 #   WB_TIMEOUT (60 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
 #   BUDGET (450 s for everything after the build: items not started by then are listed as SKIP),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
+#   NCCL_BENCH (1, the default: also bench preln with --nccl --zero 1, reduction after backward and
+#   overlapped with it, on one GPU; 0: skip),
 #   LDM_DATA_DIR (data; else ../shared/data).
 # Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -38,7 +40,7 @@ for a in "$@"; do
   case "$a" in
     --prebuilt) PREBUILT=1 ;;
     --quick) QUICK="--quick"; BENCH_STEPS=5 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$a' (see --help)" >&2; exit 1 ;;
   esac
 done
@@ -138,6 +140,23 @@ for bin in "$BUILD"/test/test_gpu_*; do
   grep -E 'FAIL$|worst gradient' "$log" | head -20 | sed 's/^/    /' >> "$TABLE"
 done
 
+# ---- the data-parallel GPU case of test_dist (one GPU: --nccl ZeRO-0/1, overlap on/off == plain)
+DIST_BIN="$BUILD/test/test_dist"
+if [ -x "$DIST_BIN" ] && ! over_budget "test test_dist[gpu]"; then
+  echo "== test test_dist [gpu]"
+  log="$OUTDIR/test_dist_gpu.log"
+  t0=$(date +%s)
+  timeout -k 5 "$TEST_TIMEOUT" "$DIST_BIN" "[gpu]" > "$log" 2>&1; rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  tot=$(grep '^LDM_TEST_TOTALS' "$log" | tail -1)
+  if [ -n "$tot" ]; then read -r _ p f <<< "$tot"; else p=0; f="?"; fi
+  st=PASS
+  if [ "$rc" != 0 ] || [ "$f" != 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
+  [ "$rc" = 124 ] && st="FAIL (timeout ${TEST_TIMEOUT}s)"
+  row "$(printf 'test %-21s %s  %s passed, %s failed, exit %d, %d s' "test_dist[gpu]" "$st" "$p" "$f" "$rc" "$dt")"
+  grep -E 'FAILED|with expansion' "$log" | head -20 | sed 's/^/    /' >> "$TABLE"
+fi
+
 # ---- benchmark data: FineWeb-Edu sample shards (or a synthetic shard without the data)
 DATA_DIR=${LDM_DATA_DIR:-$ROOT/../shared/data}
 BDATA="$OUTDIR/bench_data"
@@ -193,6 +212,10 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
 if [ -x "$TRAINER" ]; then
   for s in $SCHEMES; do bench "$s" --scheme "$s"; done
   [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
+  if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
+    bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
+    bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1
+  fi
 else
   row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))
 fi

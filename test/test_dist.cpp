@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <set>
+#include <sstream>
 
 #include "core/checkpoint.h"
 #include "core/dataloader.h"
@@ -444,7 +445,7 @@ TEST_CASE("scripts/paper: --dry-run prints the recipe's commands; auto-resume ta
     CHECK_THAT(e.out, Catch::Contains(dir + "/m/ckpt_002000.model"));
 }
 
-TEST_CASE("dist: GPU trainer, one GPU: the NCCL path (--nccl, ZeRO-0 and ZeRO-1) gives the plain run's bytes", "[dist][gpu]") {
+TEST_CASE("dist: GPU trainer, one GPU: the NCCL paths (--nccl, ZeRO-0/1, overlap on/off) give the plain run's bytes", "[dist][gpu]") {
     const std::string tr = build_dir_of_test() + "/cuda/train_gpt_baselines";
     if (!file_exists(tr)) {
         WARN("skipped: " << tr << " not built (no nvcc)");
@@ -460,26 +461,59 @@ TEST_CASE("dist: GPU trainer, one GPU: the NCCL path (--nccl, ZeRO-0 and ZeRO-1)
     const std::string args = " --preset tiny -B 2 -T 32 --total-batch-tokens 192 --steps 4 --lr 3e-3 --warmup-steps 1"
                              " --val-batches 3 --sample-tokens 0 --quiet --dtype bf16 --train-data '" +
                              shards + "/train.bin' --val-data '" + shards + "/val.bin'";
-    // 1 GPU: plain, NCCL all-reduce, NCCL ZeRO-1 (one-rank communicator): identical updates
+    // 1 GPU: plain, NCCL all-reduce, NCCL ZeRO-1 (one-rank communicator), each with the reduction
+    // after backward (--nccl-overlap 0) and overlapped per bucket (1): identical updates
     auto gpu = [&](const std::string& a) {
         RunResult r = run_cmd(tr + a);
         INFO("command: " << tr + a << "\noutput:\n" << r.out);
         REQUIRE(r.status == 0);
         return r;
     };
-    gpu(args + " --ckpt-every 2 --out-dir " + dir + "/plain");
-    RunResult z0 = gpu(args + " --nccl --zero 0 --out-dir " + dir + "/z0");
+    // the step losses of a run's JSONL log, as printed (%.17g through the JSON dump)
+    auto losses = [&](const std::string& sub) {
+        std::vector<std::string> out;
+        std::istringstream in(read_file(dir + sub + "/log.jsonl"));
+        for (std::string line; std::getline(in, line);) {
+            if (line.empty()) continue;
+            json j = json::parse(line);
+            if (j.value("type", "") == "step" || j.value("type", "") == "val") out.push_back(j.dump());
+        }
+        return out;
+    };
+    auto strip_ms = [](std::vector<std::string> v) {  // step lines carry times; keep loss/norm/lr
+        for (auto& l : v) {
+            json j = json::parse(l);
+            j.erase("ms");
+            j.erase("tokens_per_s");
+            l = j.dump();
+        }
+        return v;
+    };
+    auto logged = [&](const std::string& sub) { return " --log " + dir + sub + "/log.jsonl --out-dir " + dir + sub; };
+    gpu(args + " --ckpt-every 2" + logged("/plain"));
+    RunResult z0 = gpu(args + " --nccl --zero 0 --nccl-overlap 0" + logged("/z0"));
     CHECK_THAT(z0.out, Catch::Contains("data parallel: 1 GPU process"));
-    gpu(args + " --nccl --zero 1 --ckpt-every 2 --out-dir " + dir + "/z1");
-    for (const char* sub : {"/z0", "/z1"})
+    CHECK_THAT(z0.out, Catch::Contains("reduction after backward"));
+    gpu(args + " --nccl --zero 1 --nccl-overlap 0 --ckpt-every 2" + logged("/z1"));
+    RunResult z0o = gpu(args + " --nccl --zero 0 --nccl-overlap 1" + logged("/z0o"));
+    CHECK_THAT(z0o.out, Catch::Contains("reduction overlapped with backward"));
+    gpu(args + " --nccl --zero 1 --nccl-overlap 1 --ckpt-every 2" + logged("/z1o"));
+    const std::vector<std::string> base = strip_ms(losses("/plain"));
+    CHECK(base.size() >= 5);
+    for (const char* sub : {"/z0", "/z1", "/z0o", "/z1o"}) {
+        INFO(sub);
+        CHECK(strip_ms(losses(sub)) == base);
         for (const char* f : {"/ckpt_000004.model", "/ckpt_000004.state"}) {
-            INFO(sub << f);
+            INFO(f);
             CHECK(read_file(dir + "/plain" + f) == read_file(dir + sub + f));
         }
-    // resume of a ZeRO-1 checkpoint on the plain path and vice versa: bit-exact
+    }
+    // resume of a ZeRO-1 checkpoint on the plain path and vice versa (both NCCL paths): bit-exact
     gpu(args + " --resume " + dir + "/z1/ckpt_000002 --out-dir " + dir + "/r1");
-    gpu(args + " --nccl --zero 1 --resume " + dir + "/plain/ckpt_000002 --out-dir " + dir + "/r2");
-    for (const char* sub : {"/r1", "/r2"})
+    gpu(args + " --nccl --zero 1 --nccl-overlap 0 --resume " + dir + "/plain/ckpt_000002 --out-dir " + dir + "/r2");
+    gpu(args + " --resume " + dir + "/z1o/ckpt_000002 --out-dir " + dir + "/r3");
+    gpu(args + " --nccl --zero 1 --nccl-overlap 1 --resume " + dir + "/plain/ckpt_000002 --out-dir " + dir + "/r4");
+    for (const char* sub : {"/r1", "/r2", "/r3", "/r4"})
         for (const char* f : {"/ckpt_000004.model", "/ckpt_000004.state"}) {
             INFO(sub << f);
             CHECK(read_file(dir + "/plain" + f) == read_file(dir + sub + f));
@@ -492,6 +526,21 @@ TEST_CASE("dist: GPU trainer, one GPU: the NCCL path (--nccl, ZeRO-0 and ZeRO-1)
         CHECK(w.status == 0);
         CHECK_THAT(w.out, Catch::Contains("0 failed checks"));
     }
+}
+
+TEST_CASE("dist: GPU trainer flags --nccl-overlap (no GPU needed)", "[dist]") {
+    const std::string tr = build_dir_of_test() + "/cuda/train_gpt_baselines";
+    if (!file_exists(tr)) {
+        WARN("skipped: " << tr << " not built (no nvcc)");
+        return;
+    }
+    RunResult h = run_cmd(tr + " --help");
+    CHECK(h.status == 0);
+    CHECK_THAT(h.out, Catch::Contains("--nccl-overlap"));
+    RunResult b = run_cmd(tr + " --nccl-overlap 2 --preset tiny --train-data x.bin");
+    INFO(b.out);
+    CHECK(b.status == 1);
+    CHECK_THAT(b.out, Catch::Contains("--nccl-overlap must be 0 or 1"));
 }
 
 TEST_CASE("dist: train_cpu launched by Slurm/env variables without MPI fails clearly", "[dist]") {

@@ -13,11 +13,26 @@
 // Bus bandwidth (nccl-tests convention): all-reduce bytes*2(W-1)/W / t; reduce-scatter and
 // all-gather bytes*(W-1)/W / t, bytes = the full buffer; with W = 1 the algorithm bandwidth
 // bytes / t is printed instead. Exit status non-zero if any CHECK fails. No GPU: "skipped: no GPU".
+//
+// The trainers' overlap path (GpuDataParallel with overlap, issue #10 item 3) on the gradient
+// layout of a model (tiny + mHC for the checks; llama-400m for the timing, --quick: small):
+//   CHECK nccl bucketed_zero<z> fp32 n=... buckets=... max_abs=... PASS|FAIL
+//     the buckets reduced stage by stage through on_grads_final / finish_reduction (as
+//     GPT::backward drives them) == the expected sum (ZeRO-0: every element; ZeRO-1: this rank's
+//     slice), exactly; the inputs are multiples of 1/4, so every summation order gives the same
+//     bits and the check is about coverage and placement, not order (see doc/distributed.md);
+//   CHECK nccl gather_params bf16 ... : the ZeRO-1 bf16 working-copy gather (+ fp32 scheme range);
+//   BENCH nccl bucketed_all_reduce / bucketed_reduce_zero1 fp32 n=... ms=... buckets=... and
+//   BENCH nccl gather_params bf16 ...: the same reductions back to back (no backward to hide
+//   behind), to compare with the flat all_reduce / reduce_scatter lines of the same n.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "core/dist.h"
 #include "cuda/common.cuh"
 #include "cuda/nccl.cuh"
@@ -111,6 +126,111 @@ void bench_all(NcclComm& comm, cudaStream_t s, int64_t n) {
     }
 }
 
+// A fresh id file per extra communicator (rank 0 rewrites it; the others must not read an old one).
+std::string next_id_file(const std::string& id_file) {
+    static int k = 0;
+    return id_file.empty() ? id_file : id_file + ".dp" + std::to_string(++k);
+}
+
+// Drives dp's bucketed reduction of g [n] the way GPT::backward does: every stage in order, then
+// the compute stream s waits.
+void reduce_all_stages(GpuDataParallel& dp, int n_layer, float* g, cudaStream_t s) {
+    (void)g;
+    for (int st = 0; st <= dist::grad_stage_end(n_layer); st++) dp.on_grads_final(st, s);
+    (void)dp.reduce_grads(g, s);
+}
+
+// The overlap path of GpuDataParallel (ZeRO-`zero`) against the expected sums on the layout of cfg.
+int check_buckets(const ModelConfig& cfg, int zero, const std::string& id_file, cudaStream_t s) {
+    const std::vector<ParamSpec> specs = param_specs(cfg);
+    const int64_t n = count_params(cfg);
+    GpuDataParallel dp;
+    dp.init(dist::context(), n, zero, true, next_id_file(id_file), true);
+    const int W = dp.world, r = dp.rank;
+    DeviceBuffer<float> g(n);
+    dp.plan_overlap(specs, cfg.n_layer, g.ptr, int64_t(1) << 16);
+    std::vector<float> h(static_cast<size_t>(n), 0.0f);
+    for (int64_t i = 0; i < n; i++) h[size_t(i)] = input_value(r, i);
+    upload(g.ptr, h.data(), n);
+    reduce_all_stages(dp, cfg.n_layer, g.ptr, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<float> got = download(g.ptr, n);
+    const int64_t lo = dp.own_off, cnt = dp.own_count;  // ZeRO-0: [0, n)
+    double max_abs = 0;
+    bool ok = true;
+    for (int64_t i = lo; i < lo + cnt; i++) {
+        float want = 0;
+        for (int p = 0; p < W; p++) want += input_value(p, i);
+        const double e = std::fabs(double(got[size_t(i)]) - double(want));
+        if (!(e == 0)) ok = false;
+        if (e > max_abs || e != e) max_abs = e;
+    }
+    int fails = ok ? 0 : 1;
+    std::printf("CHECK nccl bucketed_zero%d fp32 n=%lld buckets=%zu max_abs=%.3g %s (rank %d of %d)\n", zero,
+                (long long)n, dp.buckets.size(), max_abs, ok ? "PASS" : "FAIL", r, W);
+    if (zero == 1) {
+        // bf16 working copy: this rank's slice holds its owner's values, the rest NaN; the fp32
+        // master likewise; after gather_params every element holds its owner's value (work), and
+        // the master's scheme range [lo_s, n) too.
+        int64_t lo_s = n;
+        for (const auto& sp : specs)
+            if (sp.name.rfind("scheme.", 0) == 0) lo_s = std::min(lo_s, sp.offset);
+        std::vector<float> want(static_cast<size_t>(n)), mine(static_cast<size_t>(n), NAN);
+        for (int q = 0; q < W; q++) {
+            const dist::Shard sh = dist::padded_shard_range(n, W, q);
+            for (int64_t i = sh.offset; i < sh.offset + sh.count; i++) {
+                want[size_t(i)] = input_value(q, i);
+                if (q == r) mine[size_t(i)] = want[size_t(i)];
+            }
+        }
+        DeviceBuffer<bf16> work(n);
+        DeviceBuffer<float> master(n);
+        upload(work.ptr, mine.data(), n);
+        upload(master.ptr, mine.data(), n);
+        dp.gather_params<bf16>(work.ptr, master.ptr, lo_s, s);
+        std::vector<float> gw = download(work.ptr, n), gm = download(master.ptr, n);
+        Compare cw = compare(gw.data(), want.data(), n);
+        Compare cm = compare(gm.data() + lo_s, want.data() + lo_s, n - lo_s);
+        const bool okg = cw.finite && cw.max_abs == 0 && cm.finite && cm.max_abs == 0;
+        std::printf("CHECK nccl gather_params bf16 n=%lld scheme_fp32=%lld max_abs=%.3g %s (rank %d of %d)\n",
+                    (long long)n, (long long)(n - lo_s), std::max(cw.max_abs, cm.max_abs), okg ? "PASS" : "FAIL",
+                    r, W);
+        if (!okg) fails++;
+    }
+    return fails;
+}
+
+// Times the overlap path's reductions (all stages back to back) and the bf16 gather on cfg's layout.
+void bench_buckets(const ModelConfig& cfg, const std::string& id_file, cudaStream_t s) {
+    const int64_t n = count_params(cfg);
+    for (int zero : {0, 1}) {
+        GpuDataParallel dp;
+        dp.init(dist::context(), n, zero, true, next_id_file(id_file), true);
+        DeviceBuffer<float> g(n);
+        fill(g.ptr, n, 0.5f, s);
+        dp.plan_overlap(param_specs(cfg), cfg.n_layer, g.ptr, kNcclMinBucketElems);
+        const int W = dp.world;
+        const double bytes = double(n) * sizeof(float);
+        const double f = W > 1 ? (zero == 0 ? 2.0 : 1.0) * (W - 1) / W : 1.0;
+        float ms = time_median_ms([&] { reduce_all_stages(dp, cfg.n_layer, g.ptr, s); }, 2, 10, s);
+        if (dp.rank == 0)
+            std::printf("BENCH nccl %s fp32 n=%lld ms=%.4f GB/s=%.1f TFLOP/s=- (world %d, %zu buckets, %s)\n",
+                        zero == 0 ? "bucketed_all_reduce" : "bucketed_reduce_zero1", (long long)n, ms,
+                        bytes * f / (ms * 1e-3) / 1e9, W, dp.buckets.size(), cfg.preset.c_str());
+        if (zero == 1) {
+            DeviceBuffer<bf16> work(n);
+            DeviceBuffer<float> master(n);
+            fill(work.ptr, n, 0.25f, s);
+            fill(master.ptr, n, 0.25f, s);
+            float mg = time_median_ms([&] { dp.gather_params<bf16>(work.ptr, master.ptr, n, s); }, 2, 10, s);
+            if (dp.rank == 0)
+                std::printf("BENCH nccl gather_params bf16 n=%lld ms=%.4f GB/s=%.1f TFLOP/s=- (world %d, %s)\n",
+                            (long long)n, mg, double(n) * 2 * (W > 1 ? double(W - 1) / W : 1.0) / (mg * 1e-3) / 1e9,
+                            W, cfg.preset.c_str());
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,9 +261,16 @@ int main(int argc, char** argv) {
             fails += check_all<float>(comm, s, n, 1e-6);
             fails += check_all<bf16>(comm, s, n, 1e-2);
         }
+        {
+            ModelConfig tc = preset_config("tiny", 50257);
+            tc.scheme = "mhc";
+            tc.validate();
+            for (int zero : {0, 1}) fails += check_buckets(tc, zero, id_file, s);
+        }
         const int64_t nb = quick ? (int64_t(1) << 24) : int64_t(400) * 1000 * 1000;
         bench_all<float>(comm, s, nb);
         bench_all<bf16>(comm, s, nb);
+        bench_buckets(preset_config(quick ? "small" : "llama-400m", 50257), id_file, s);
         CUDA_CHECK(cudaStreamDestroy(s));
         std::vector<int64_t> f{fails};
         dist::allreduce_sum<int64_t>(dist::Span<int64_t>(f));

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Cost of the data-parallel path on ONE GPU (issue #10 performance target: NCCL on vs off <= 2%):
-# times train_gpt_baselines --bench with the plain path, with --nccl (one-rank communicator, ZeRO-0
-# all-reduce) and with --nccl --zero 1 (reduce-scatter + master all-gather), and prints the step
+# times train_gpt_baselines --bench with the plain path and with --nccl (one-rank communicator)
+# for ZeRO-0 and ZeRO-1, each with the reduction after backward (--nccl-overlap 0: flat all-reduce,
+# or reduce-scatter + fp32 master all-gather) and overlapped per bucket with backward
+# (--nccl-overlap 1: per-bucket all-reduce, or per-owner reduce + bf16 gather), and prints the step
 # times and the overheads. Without a GPU: "skipped: no GPU", exit 0.
 #
 #   scripts/paper/nccl_overhead.sh [--bin build/cuda] [--preset llama-400m] [-B 8] [-T 1024]
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS="${2:?}"; shift 2 ;;
     --train-data) DATA="${2:?}"; shift 2 ;;
     --tokenizer) TOK="${2:?}"; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown flag $1" >&2; exit 1 ;;
   esac
 done
@@ -46,13 +48,15 @@ ms() {  # ms <flags...>: step_ms of one --bench run
     python3 -c 'import json,sys; print("%.3f" % json.loads(sys.stdin.read()[6:])["step_ms"])'
 }
 off=$(ms)
-on0=$(ms --nccl --zero 0)
-on1=$(ms --nccl --zero 1)
-python3 - "$off" "$on0" "$on1" <<'PY'
+on0=$(ms --nccl --zero 0 --nccl-overlap 0)
+on1=$(ms --nccl --zero 1 --nccl-overlap 0)
+ov0=$(ms --nccl --zero 0 --nccl-overlap 1)
+ov1=$(ms --nccl --zero 1 --nccl-overlap 1)
+python3 - "$off" "$on0" "$on1" "$ov0" "$ov1" <<'PY'
 import sys
-off, on0, on1 = map(float, sys.argv[1:])
+off, on0, on1, ov0, ov1 = map(float, sys.argv[1:])
 print("BENCH nccl_overhead off ms=%.3f" % off)
-for name, v in (("nccl_zero0", on0), ("nccl_zero1", on1)):
+for name, v in (("nccl_zero0", on0), ("nccl_zero1", on1), ("nccl_zero0_overlap", ov0), ("nccl_zero1_overlap", ov1)):
     ov = 100 * (v / off - 1)
     print("BENCH nccl_overhead %s ms=%.3f overhead=%.2f%% %s" % (name, v, ov, "PASS" if ov <= 2 else "FAIL (target <= 2%)"))
 PY
