@@ -38,6 +38,7 @@
 #include "cuda/adamw.cuh"
 #include "cuda/common.cuh"
 #include "cuda/gpt.cuh"
+#include "cuda/infer_cli.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/nccl.cuh"
 
@@ -87,6 +88,8 @@ struct TrainOptions {
     int zero = 0;               // 1: ZeRO-1 (AdamW state sharded over the ranks)
     bool nccl = false;          // NCCL path even with one GPU (measures its cost)
     std::string nccl_id_file;   // share the NCCL id through this file (launchers without MPI)
+    // generation / inference benchmark instead of training (cuda/infer_cli.cuh)
+    InferOptions infer;
 };
 
 namespace trainer_detail {
@@ -739,6 +742,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         ap.add("--nccl", &o.nccl, "use the NCCL path even on one GPU (to measure its cost)");
         ap.add("--nccl-id-file", &o.nccl_id_file,
                "share the NCCL unique id through this file (shared filesystem) when launched without MPI");
+        add_infer_flags(ap, o.infer);
         if (!ap.parse(argc, argv)) return 0;
         if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
         // Only rank 0 prints to stdout (errors still go to every rank's stderr).
@@ -769,6 +773,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
             throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
         if (o.threads < 0) throw Error("--threads must be >= 0");
         omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
+        if (o.infer.active()) check_infer_options(o.infer, o.resume, o.T);  // flag errors even without a GPU
         if (!o.dry_run && !gpu_available()) {
             std::fflush(stdout);
             std::fprintf(stderr, "error: no usable CUDA GPU (cudaGetDeviceCount failed or found 0 devices); "
@@ -785,7 +790,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         if (!tpath.empty()) {
             if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
             tok.reset(new Tokenizer(Tokenizer::load(tpath)));
-        } else if (!o.dry_run) {
+        } else if (!o.dry_run && !o.infer.active()) {  // inference without one: V = 50257, token ids only
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
         }
         const int V = tok ? int(tok->vocab_size()) : 50257;
@@ -828,6 +833,10 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
                         model_flops_per_token(cfg, o.T) / 1e9);
             return 0;
         }
+        if (o.infer.active())  // generation / inference benchmark (cuda/infer_cli.cuh)
+            return o.dtype == "bf16"
+                       ? run_infer<bf16>(o.infer, cfg, o.B, o.T, uint64_t(o.seed), o.attn_variant, o.resume, o.dtype, tok.get())
+                       : run_infer<float>(o.infer, cfg, o.B, o.T, uint64_t(o.seed), o.attn_variant, o.resume, o.dtype, tok.get());
         return o.dtype == "bf16" ? run<bf16>(o, cfg, tok.get()) : run<float>(o, cfg, tok.get());
     } catch (const std::exception& e) {
         std::fflush(stdout);
