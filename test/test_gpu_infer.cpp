@@ -108,6 +108,8 @@ TEST_CASE("gpu infer: flag errors are clear (no GPU needed)", "[gpu][infer]") {
             {" --generate --bench-infer 4:4", "only one of"},
         };
         for (const Bad& b : bad) {
+            // the checks are shared code (cuda/infer_cli.cuh): train_ldm runs only the first two
+            if (std::string(trainer) == "train_ldm" && &b - bad.data() >= 2) break;
             RunResult r = run_cmd("'" + p + "' --preset tiny" + b.args);
             INFO(trainer << b.args << ":\n" << r.out);
             CHECK(r.status == 1);
