@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "cuda/adamw.cuh"  // gpt.cuh uses global_norm_scratch without including it
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 #include "cuda/embedding.cuh"
