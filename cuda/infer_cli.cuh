@@ -279,6 +279,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
                {"decode_ms_mean", dmean}, {"decode_ms_median", dmed},
                {"decode_tokens_per_s", dmed > 0 ? double(B) * 1e3 / dmed : 0.0},
                {"kv_cache_bytes", inf.cache_bytes()}, {"infer_alloc_gib", gib(double(inf.allocated_bytes()))},
+               {"model_alloc_gib", gib(double(model.allocated_bytes()))},
                {"peak_mem_gib", gib(double(peak))}, {"device", device}};
         std::printf("inference %s %s %s B=%d: prefill %d tokens in %.2f ms (%.0f tokens/s) | decode %.3f ms/step median "
                     "(%.3f mean, %.0f tokens/s) | KV cache %.1f MiB | device memory used %.2f GiB\n",

@@ -1,7 +1,7 @@
 // GPU inference (cuda/infer.cuh GpuInference through the trainers' --infer-check hook, cuda/
 // infer_cli.cuh) against the GPU's own full forward and the CPU reference (dev/cpu/infer.h), for
-// every scheme of both GPU trainers and three backbone variants (QK-norm + tied head, q/k/v biases,
-// head_dim 64 for the tensor-core prefill attention). Each run: B = 2 sequences of T = 16 random
+// every scheme of both GPU trainers (LDM: every rule and training mode) and three backbone
+// variants (QK-norm + tied head, q/k/v biases, head_dim 64 for the tensor-core prefill attention). Each run: B = 2 sequences of T = 16 random
 // tokens, prefill of P = 10, then G = 6 single-token decode steps (teacher forced), and greedy
 // generation of G tokens from sequence 0's prompt. Checks (relative L2 over the real V columns):
 //   GPU prefill / each decode step vs the GPU full forward at the same positions: fp32 1e-4, bf16 3e-2
@@ -53,6 +53,8 @@ std::vector<InferCase> cases() {
         {l, kTiny + " --no-residual", "ldm rls --no-residual"},
         {l, kTiny + " --ldm-mode unwind", "ldm rls unwind"},
         {l, kTiny + " --ldm-mode window --ldm-window 3", "ldm rls window 3"},
+        {l, kTiny + " --ldm-mode unwind --ldm-checkpoint-every 2", "ldm rls checkpoint-every 2"},
+        {l, kTiny + " --ldm-no-forget", "ldm rls --ldm-no-forget"},
         {l, kQwen3, "qk-norm+tied ldm"},
     };
 }
