@@ -189,6 +189,20 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         GPT<T> model(cfg, B, Tn, 0, attn_variant);
         load(model);
         const std::vector<int32_t> tokens = random_ids(seed, (int64_t)B * Tn, V);
+        // one training step's loss and gradients (targets: the next token, cyclically), before and
+        // after the inference below: they must be bitwise equal (inference leaves training alone)
+        std::vector<int32_t> targets(tokens.size());
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < Tn; t++) targets[(size_t)b * Tn + t] = tokens[(size_t)b * Tn + (t + 1) % Tn];
+        auto train_step = [&](double* loss) {
+            model.zero_grad();
+            *loss = model.forward(tokens.data(), targets.data(), B, Tn, 1.0);
+            model.backward(1.0);
+            return model.get_grads();
+        };
+        double loss0 = 0, loss1 = 0;
+        train_step(&loss0);  // twice: a scheme that adapts after a backward (LDM drift fallback) is settled
+        const std::vector<float> grads0 = train_step(&loss0);
         model.forward(tokens.data(), nullptr, B, Tn, 0.0);
         const std::vector<float> full = model.logits_host();
         GpuInference<T> inf(model, B, Tn, attn_variant);
@@ -209,12 +223,15 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         sp.greedy = true;
         std::vector<int32_t> p0(tokens.begin(), tokens.begin() + P);
         std::vector<int32_t> greedy = gpu_generate(inf1, p0, G, sp, seed);
-        // the model's own forward is unchanged by the inference (bitwise)
+        // the model's own forward and training step are unchanged by the inference (bitwise)
         model.forward(tokens.data(), nullptr, B, Tn, 0.0);
         const std::vector<float> again = model.logits_host();
-        const bool unchanged = again.size() == full.size() && std::equal(full.begin(), full.end(), again.begin(), [](float a, float b) {
-                                   return std::memcmp(&a, &b, 4) == 0;
-                               });
+        auto bitwise = [](const std::vector<float>& x, const std::vector<float>& y) {
+            return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * 4) == 0);
+        };
+        const std::vector<float> grads1 = train_step(&loss1);
+        const bool unchanged = bitwise(full, again) && bitwise(grads0, grads1) &&
+                               std::memcmp(&loss0, &loss1, sizeof(double)) == 0;
         const std::vector<float> params = model.get_master();
         json h{{"config", config_to_json(cfg)}, {"dtype", dtype}, {"B", B}, {"T", Tn}, {"P", P}, {"G", G},
                {"seed", seed}, {"forward_unchanged", unchanged}, {"device", device}};
@@ -228,7 +245,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         ts.push_back({"decode_logits", "f32", {G, B, Vp}, f32_bytes(dec.data(), dec.size())});
         ts.push_back({"greedy", "i32", {(int64_t)greedy.size()}, i32_bytes(greedy.data(), greedy.size())});
         write_container(io.infer_check, "LDMINFCK", h, ts);
-        std::printf("infer check (%s, %s, B=%d T=%d P=%d G=%d, forward unchanged: %s) written to %s\n",
+        std::printf("infer check (%s, %s, B=%d T=%d P=%d G=%d, forward and training step unchanged: %s) written to %s\n",
                     cfg.scheme.c_str(), dtype.c_str(), B, Tn, P, G, unchanged ? "yes" : "NO", io.infer_check.c_str());
         return 0;
     }

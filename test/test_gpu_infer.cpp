@@ -6,7 +6,8 @@
 // generation of G tokens from sequence 0's prompt. Checks (relative L2 over the real V columns):
 //   GPU prefill / each decode step vs the GPU full forward at the same positions: fp32 1e-4, bf16 3e-2
 //   GPU prefill / each decode step vs CPU Inference (fp32, the GPU's weights): fp32 1e-4, bf16 3e-2
-//   the model's full forward is bitwise unchanged after the inference (training unaffected)
+//   the model's full forward and a training step (loss, every gradient) are bitwise unchanged
+//   after the inference (training unaffected)
 //   greedy tokens == CPU greedy tokens (fp32; a difference only at a near-tie of the CPU logits)
 // Without a usable GPU the GPU cases print "skipped: no GPU" (WARN) and pass. The flag-error cases
 // need only the trainer binary (errors are raised before the GPU check).
