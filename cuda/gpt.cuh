@@ -22,6 +22,7 @@
 
 #include "core/config.h"
 #include "core/dist.h"
+#include "cuda/adamw.cuh"  // global_norm_scratch (the shared scratch is sized for it)
 #include "cuda/attention.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/common.cuh"

@@ -38,6 +38,7 @@
 #include "cuda/adamw.cuh"
 #include "cuda/common.cuh"
 #include "cuda/gpt.cuh"
+#include "cuda/infer_cli.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/nccl.cuh"
 
@@ -88,6 +89,8 @@ struct TrainOptions {
     bool nccl = false;          // NCCL path even with one GPU (measures its cost)
     std::string nccl_id_file;   // share the NCCL id through this file (launchers without MPI)
     int nccl_overlap = 0;       // 1: per-bucket reduction overlapped with backward (GpuDataParallel)
+    // generation / inference benchmark instead of training (cuda/infer_cli.cuh)
+    InferOptions infer;
 };
 
 namespace trainer_detail {
@@ -762,6 +765,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         ap.add("--nccl-overlap", &o.nccl_overlap,
                "1: reduce the gradients bucket by bucket (about one block each) on a second stream during the "
                "backward pass, ZeRO-1 gathers the bf16 working copy; 0: one reduction after backward (fp32 gather)");
+        add_infer_flags(ap, o.infer);
         if (!ap.parse(argc, argv)) return 0;
         if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
         if (o.nccl_overlap != 0 && o.nccl_overlap != 1)
@@ -794,6 +798,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
             throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
         if (o.threads < 0) throw Error("--threads must be >= 0");
         omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
+        if (o.infer.active()) check_infer_options(o.infer, o.resume, o.T);  // flag errors even without a GPU
         if (!o.dry_run && !gpu_available()) {
             std::fflush(stdout);
             std::fprintf(stderr, "error: no usable CUDA GPU (cudaGetDeviceCount failed or found 0 devices); "
@@ -810,7 +815,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         if (!tpath.empty()) {
             if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
             tok.reset(new Tokenizer(Tokenizer::load(tpath)));
-        } else if (!o.dry_run) {
+        } else if (!o.dry_run && !o.infer.active()) {  // inference without one: V = 50257, token ids only
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
         }
         const int V = tok ? int(tok->vocab_size()) : 50257;
@@ -853,6 +858,10 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
                         model_flops_per_token(cfg, o.T) / 1e9);
             return 0;
         }
+        if (o.infer.active())  // generation / inference benchmark (cuda/infer_cli.cuh)
+            return o.dtype == "bf16"
+                       ? run_infer<bf16>(o.infer, cfg, o.B, o.T, uint64_t(o.seed), o.attn_variant, o.resume, o.dtype, tok.get())
+                       : run_infer<float>(o.infer, cfg, o.B, o.T, uint64_t(o.seed), o.attn_variant, o.resume, o.dtype, tok.get());
         return o.dtype == "bf16" ? run<bf16>(o, cfg, tok.get()) : run<float>(o, cfg, tok.get());
     } catch (const std::exception& e) {
         std::fflush(stdout);

@@ -8,10 +8,14 @@
 # results/NAME/{bench.md, bench.csv, bench_tokens.png, bench_memory.png, rows.jsonl, logs/,
 # env.txt}: tokens/s, MFU, ms per layer, peak memory, ratios vs PreLN and vs PyTorch, and the
 # spec's targets marked met / missed.
+# Inference (cuda/infer.cuh): for every C++ row also one `--bench-infer P:G` call (B sequences,
+# prefill of P = T/2 random tokens, then G = min(128, T/2) greedy decode steps with the KV cache):
+# prefill tokens/s, decode ms/token, KV cache and peak memory, as an "Inference" section of
+# bench.md and infer.csv (infer_rows.jsonl). --no-infer skips it. Compiles; not yet run on a GPU.
 #
 #   scripts/bench_gpu.sh [--quick] [--name gpu_bench | --out DIR] [--steps 20]
 #        [--shapes "llama-400m:2048:8 ..."] [--schemes "preln hc ..."] [--no-torch] [--no-compile]
-#        [--timeout S] [--ldm-mode unwind] [--dtype bf16] [--no-workbench] [--prebuilt]
+#        [--timeout S] [--ldm-mode unwind] [--dtype bf16] [--no-workbench] [--prebuilt] [--no-infer]
 #
 # Shapes are PRESET:T:B[:N_LAYER] (default: the spec's list, larger Qwen3 presets with 4 blocks):
 #   llama-400m:2048:8 qwen-1.5b:2048:4 qwen3-1.7b:2048:4 qwen3-1.7b:8192:1
@@ -29,7 +33,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 NAME=gpu_bench; OUT=""; STEPS=20; TORCH=1; COMPILE=1; TIMEOUT=900; LDM_MODE=unwind; DTYPE=bf16
-WORKBENCH=1; QUICK=0; TORCH_WARMUP=2; PREBUILT=0
+WORKBENCH=1; QUICK=0; TORCH_WARMUP=2; PREBUILT=0; INFER=1
 SHAPES="llama-400m:2048:8 qwen-1.5b:2048:4 qwen3-1.7b:2048:4 qwen3-1.7b:8192:1 qwen3-4b:2048:4:4 qwen3-8b:2048:4:4 qwen3-14b:2048:4:4"
 SCHEMES="preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer"
 while [ $# -gt 0 ]; do
@@ -39,7 +43,8 @@ while [ $# -gt 0 ]; do
     --no-compile) COMPILE=0; shift ;; --timeout) TIMEOUT=$2; shift 2 ;; --ldm-mode) LDM_MODE=$2; shift 2 ;;
     --dtype) DTYPE=$2; shift 2 ;; --no-workbench) WORKBENCH=0; shift ;; --quick) QUICK=1; shift ;;
     --prebuilt) PREBUILT=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-infer) INFER=0; shift ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -75,7 +80,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 mkdir -p "$OUT/logs" "$BUILD/bench_data"
-rm -f "$OUT/rows.jsonl" "$OUT"/logs/*.txt
+rm -f "$OUT/rows.jsonl" "$OUT/infer_rows.jsonl" "$OUT"/logs/*.txt
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
@@ -132,6 +137,24 @@ for shape in $SHAPES; do
       "$BUILD/cuda/$bin" --preset "$preset" "${lflag[@]}" $cflags -B "$B" -T "$T" --bench "$STEPS" \
       --dtype "$DTYPE" --quiet --train-data "$BUILD/bench_data/synthetic_train_*.bin" --tokenizer "$TOK" \
       --sample-every -1
+    if [ "$INFER" = 1 ]; then  # inference: prefill T/2 tokens, then min(128, T/2) decode steps
+      P=$((T / 2)); G=$((T / 2 < 128 ? T / 2 : 128))
+      ilog="$OUT/logs/cpp_infer_${preset}_${T}_${s}.txt"
+      # shellcheck disable=SC2086
+      timeout -k 5 "$TIMEOUT" "$BUILD/cuda/$bin" --preset "$preset" "${lflag[@]}" $cflags -B "$B" -T "$T" \
+        --dtype "$DTYPE" --tokenizer "$TOK" --bench-infer "$P:$G" > "$ilog" 2>&1
+      irc=$?
+      iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
+      $PY - "$OUT/infer_rows.jsonl" "$s" "$label" "$irc" "${iline#BENCH_INFER }" "$(grep -m1 'error' "$ilog")" <<'PY'
+import json, sys
+path, scheme, shape, rc, line, err = sys.argv[1:7]
+row = {"scheme": scheme, "shape": shape, "status": "ok" if rc == "0" and line else "fail (exit %s) %s" % (rc, err)}
+if line:
+    row.update(json.loads(line))
+with open(path, "a") as f:
+    f.write(json.dumps(row) + "\n")
+PY
+    fi
     if [ "$TORCH" = 1 ]; then
       modes="eager"; [ "$COMPILE" = 1 ] && modes="eager compile"
       for m in $modes; do
@@ -147,6 +170,33 @@ done
 
 $PY scripts/torch_bench.py report --kind gpu --rows "$OUT/rows.jsonl" --out "$OUT" \
   --title "GPU benchmark ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)): C++ trainers vs PyTorch, every scheme"
+
+# Inference rows: an "Inference" section of bench.md and infer.csv.
+if [ "$INFER" = 1 ] && [ -f "$OUT/infer_rows.jsonl" ]; then
+  $PY - "$OUT/infer_rows.jsonl" "$OUT/infer.csv" >> "$OUT/bench.md" <<'PY'
+import csv, json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+cols = ["shape", "scheme", "status", "B", "prompt_tokens", "decode_steps", "prefill_tokens_per_s", "decode_ms_median",
+        "decode_ms_mean", "decode_tokens_per_s", "kv_cache_bytes", "peak_mem_gib"]
+with open(sys.argv[2], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([r.get(c, "") for c in cols])
+print("## Inference (C++ GpuInference: prefill + KV-cache decode, `--bench-infer P:G`)")
+print()
+print("| shape | scheme | B | P | G | prefill tokens/s | decode ms/token (median) | decode tokens/s | KV cache MiB | peak GiB | status |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if r["status"] != "ok":
+        print("| %s | %s | | | | | | | | | %s |" % (r["shape"], r["scheme"], r["status"].replace("|", "/")))
+        continue
+    print("| %s | %s | %d | %d | %d | %.0f | %.3f | %.0f | %.1f | %.2f | ok |" % (
+        r["shape"], r["scheme"], r["B"], r["prompt_tokens"], r["decode_steps"], r["prefill_tokens_per_s"],
+        r["decode_ms_median"], r["decode_tokens_per_s"], r["kv_cache_bytes"] / 2**20, r["peak_mem_gib"]))
+print()
+PY
+fi
 
 # The LDM kernels' achieved bandwidth (bytes the state moves per sublayer): workbench BENCH lines.
 if [ "$WORKBENCH" = 1 ] && [ -x "$BUILD/cuda/ldm" ]; then

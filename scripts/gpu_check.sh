@@ -2,7 +2,9 @@
 # scripts/gpu_check.sh — the one GPU check (issue #7 item 5): builds everything, runs every
 # dev/cuda workbench (build/cuda/<x> for each dev/cuda/*.cu), every GPU test
 # (build/test/test_gpu_*, and the "[gpu]" case of build/test/test_dist), and a short training benchmark (train_gpt_baselines --bench on
-# llama-400m, T=2048, B=8, bf16; plus each scheme of $SCHEMES the trainer supports), each with its
+# llama-400m, T=2048, B=8, bf16; plus each scheme of $SCHEMES the trainer supports), an inference
+# benchmark (train_gpt_baselines --bench-infer: prefill tokens/s, decode ms/token; INFER_BENCH=0
+# skips it; test_gpu_infer runs with the other GPU tests), each with its
 # own timeout. It never stops at the first failure. Full logs go to $OUT (if set) or
 # ./gpu_check_out; a compact table (CHECK/BENCH lines, test totals, benchmarks) is printed LAST.
 # Target: under 8 minutes on one H200 (with --prebuilt).
@@ -202,7 +204,7 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
     j["tokens_per_s"], j["step_ms"], 100 * j["mfu"], j["peak_bf16_tflops"], j["peak_mem_gib"],
     j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
     printf '%s\t%s\n' "$label" "${line#BENCH }" >> "$OUTDIR/bench_lines.txt"
-  elif grep -q "not implemented on the GPU" "$log"; then
+  elif grep -q "not implemented on the GPU\|unknown scheme\|runs on the GPU in train_ldm" "$log"; then
     row "$(printf 'bench %-20s n/a   (scheme not in this trainer yet)' "$label")"
   else
     FAILS=$((FAILS + 1))
@@ -215,6 +217,27 @@ if [ -x "$TRAINER" ]; then
   if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
     bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
     bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1
+  fi
+  # inference (cuda/infer.cuh): prefill of T/2 tokens, then 128 decode steps, B sequences
+  if [ "${INFER_BENCH:-1}" = 1 ] && ! over_budget "bench infer-preln"; then
+    ilog="$OUTDIR/bench_infer_preln.log"
+    echo "== bench infer-preln"
+    t0=$(date +%s)
+    timeout -k 5 "$BENCH_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
+      --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):128" > "$ilog" 2>&1
+    rc=$? dt=$(( $(date +%s) - t0 ))
+    iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
+    if [ "$rc" = 0 ] && [ -n "$iline" ]; then
+      row "$(printf 'bench %-20s PASS  %s' "infer-preln" "$(python3 -c '
+import json, sys
+j = json.loads(sys.argv[1][12:])
+print("prefill %.0f tok/s (B=%d, P=%d), decode %.3f ms/token median (%.0f tok/s), KV cache %.0f MiB, peak mem %.1f GiB" % (
+    j["prefill_tokens_per_s"], j["B"], j["prompt_tokens"], j["decode_ms_median"], j["decode_tokens_per_s"],
+    j["kv_cache_bytes"] / 2**20, j["peak_mem_gib"]))' "$iline" 2>/dev/null || echo "$iline")")"
+    else
+      FAILS=$((FAILS + 1))
+      row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "infer-preln" "$rc" "$dt" "$(grep -m1 'error' "$ilog")")"
+    fi
   fi
 else
   row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))
