@@ -227,113 +227,37 @@ void LDMScheme<R>::write_forward(int i, const R* o) {
     }
 }
 
-// ---- window mode (spec §2.5 "window w"): per token-head pending writes of the current window.
-// Kt [w, dk]: k~_m = k_m / sqrt(c_m); Et [w, dv]: e~_m = (v_m - S k_m) / sqrt(c_m) = v~_m - S k~_m;
-// Lc [w, w]: Cholesky factor of C = I + K~^T P K~, grown one row per write; c_m = prod of the
-// window's lambdas up to and including write m. S, P in cur_ stay at the window start.
+// ---- window mode (spec §2.5 "window w"): per token-head pending writes of the current window in
+// Kt_, Et_, Lc_ (layouts and math: ldm_math.h window_*); S, P in cur_ stay at the window start.
 template <typename R>
 void LDMScheme<R>::window_append(int n, int h, int i, const R* k, const R* v, R* u) {
-    const int dk = dk_, dv = dv_, w = w_, m = i % w_, s = i - m;
-    R c = 1;
-    for (int t = s; t <= i; t++) c *= lam_[(size_t)t * Hm_ + h];
+    const int m = i % w_, s = i - m;
+    const R c = window_decay(lam_.data() + (size_t)s * Hm_ + h, m + 1, Hm_);
     const R isc = R(1) / ldm_sqrt(c);
     const size_t th = (size_t)n * Hm_ + h;
-    R* Kt = Kt_.data() + th * w * dk;
-    R* Et = Et_.data() + th * w * dv;
-    R* L = Lc_.data() + th * w * w;
     const R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-    const R* P = S + SS_;
-    for (int b = 0; b < dk; b++) Kt[m * dk + b] = k[b] * isc;
-    for (int a = 0; a < dv; a++) {
-        R sk = 0;
-        for (int b = 0; b < dk; b++) sk += S[a * dk + b] * k[b];
-        Et[m * dv + a] = (v[a] - sk) * isc;
-    }
-    // u = P k~_m; row m of C: C[m][b] = k~_b^T u + [b == m]; append the Cholesky row.
-    for (int a = 0; a < dk; a++) {
-        R t = 0;
-        for (int b = 0; b < dk; b++) t += P[a * dk + b] * Kt[m * dk + b];
-        u[a] = t;
-    }
-    for (int b = 0; b <= m; b++) {
-        R cmb = b == m ? R(1) : R(0);
-        for (int a = 0; a < dk; a++) cmb += Kt[b * dk + a] * u[a];
-        for (int p = 0; p < b; p++) cmb -= L[m * w + p] * L[b * w + p];
-        L[m * w + b] = b == m ? ldm_sqrt(cmb) : cmb / L[b * w + b];
-    }
+    ldm::window_append(S, S + SS_, k, v, isc, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_,
+                       Lc_.data() + th * w_ * w_, m, w_, dv_, dk_, u);
 }
 
 // r += E~_m^T C_m^-1 K~_m^T P q for the m pending writes (r already holds S q).
 template <typename R>
 void LDMScheme<R>::window_read(int n, int h, int m, const R* q, R* r, R* scr) {
-    const int dk = dk_, dv = dv_, w = w_;
     const size_t th = (size_t)n * Hm_ + h;
-    const R* Kt = Kt_.data() + th * w * dk;
-    const R* Et = Et_.data() + th * w * dv;
-    const R* L = Lc_.data() + th * w * w;
     const R* P = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_) + SS_;
-    R* t = scr;       // P q [dk]
-    R* z = scr + dk;  // [m]
-    for (int a = 0; a < dk; a++) {
-        R x = 0;
-        for (int b = 0; b < dk; b++) x += P[a * dk + b] * q[b];
-        t[a] = x;
-    }
-    for (int a = 0; a < m; a++) {  // forward substitution L z = K~^T t
-        R x = 0;
-        for (int b = 0; b < dk; b++) x += Kt[a * dk + b] * t[b];
-        for (int p = 0; p < a; p++) x -= L[a * w + p] * z[p];
-        z[a] = x / L[a * w + a];
-    }
-    for (int a = m - 1; a >= 0; a--) {  // back substitution L^T z' = z
-        R x = z[a];
-        for (int p = a + 1; p < m; p++) x -= L[p * w + a] * z[p];
-        z[a] = x / L[a * w + a];
-    }
-    for (int a = 0; a < m; a++)
-        for (int c = 0; c < dv; c++) r[c] += z[a] * Et[a * dv + c];
+    ldm::window_read(P, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_, Lc_.data() + th * w_ * w_,
+                     m, w_, q, r, dv_, dk_, scr);
 }
 
-// Applies the window's m = i - s + 1 writes at once: U = P K~, X = L^-1 U^T, P <- (P - X^T X)/c,
-// G^T = L^-T X, S <- S + E~^T G^T.
+// Applies the window's m = i - s + 1 writes at once (ldm_math.h window_flush).
 template <typename R>
 void LDMScheme<R>::window_flush(int n, int h, int i, R* scr) {
-    const int dk = dk_, dv = dv_, w = w_, m = i % w_ + 1, s = i + 1 - m;
-    R c = 1;
-    for (int t = s; t <= i; t++) c *= lam_[(size_t)t * Hm_ + h];
+    const int m = i % w_ + 1, s = i + 1 - m;
+    const R c = window_decay(lam_.data() + (size_t)s * Hm_ + h, m, Hm_);
     const size_t th = (size_t)n * Hm_ + h;
-    const R* Kt = Kt_.data() + th * w * dk;
-    const R* Et = Et_.data() + th * w * dv;
-    const R* L = Lc_.data() + th * w * w;
     R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-    R* P = S + SS_;
-    R* X = scr;  // [m, dk]
-    for (int a = 0; a < m; a++)
-        for (int b = 0; b < dk; b++) {
-            R u = 0;
-            for (int e = 0; e < dk; e++) u += P[b * dk + e] * Kt[a * dk + e];
-            for (int p = 0; p < a; p++) u -= L[a * w + p] * X[p * dk + b];
-            X[a * dk + b] = u / L[a * w + a];
-        }
-    const R ic = R(1) / c;
-    for (int a = 0; a < dk; a++)
-        for (int b = 0; b < dk; b++) {
-            R x = 0;
-            for (int p = 0; p < m; p++) x += X[p * dk + a] * X[p * dk + b];
-            P[a * dk + b] = (P[a * dk + b] - x) * ic;
-        }
-    for (int a = m - 1; a >= 0; a--)  // X <- L^-T X (in place, rows from the bottom)
-        for (int b = 0; b < dk; b++) {
-            R x = X[a * dk + b];
-            for (int p = a + 1; p < m; p++) x -= L[p * w + a] * X[p * dk + b];
-            X[a * dk + b] = x / L[a * w + a];
-        }
-    for (int a = 0; a < dv; a++)
-        for (int b = 0; b < dk; b++) {
-            R x = 0;
-            for (int p = 0; p < m; p++) x += Et[p * dv + a] * X[p * dk + b];
-            S[a * dk + b] += x;
-        }
+    ldm::window_flush(S, S + SS_, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_,
+                      Lc_.data() + th * w_ * w_, m, w_, c, dv_, dk_, scr);
 }
 
 template <typename R>
