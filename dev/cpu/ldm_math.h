@@ -416,4 +416,43 @@ LDM_HD inline void window_flush(R* S, R* P, const R* Kt, const R* Et, const R* L
         }
 }
 
+// ---- window mode without the error rows E~ (the GPU's v2 form; same math, other rounding) ----
+// E~ = V~ - S K~ with S the window-start memory, so E~ need not be stored: with v~_p = v_p/sqrt(c_p)
+//   read:  r = S q + E~^T z = S (q - K~ z) + V~ z                 (z = window_solve)
+//   flush: S_row += sum_p (v~_p[row] - S_row . k~_p) X_p          (X = window_flush_coef)
+// so a read moves S once and appending a write does not touch S at all (window_append_key).
+
+// qeff [dk] = q - sum_p z_p k~_p  (m pending writes).
+template <typename R>
+LDM_HD inline void window_qeff(const R* Kt, const R* z, int m, const R* q, R* qeff, int dk) {
+    for (int b = 0; b < dk; b++) {
+        R x = q[b];
+        for (int p = 0; p < m; p++) x -= z[p] * Kt[p * dk + b];
+        qeff[b] = x;
+    }
+}
+// One value of the read: S_row . qeff + sum_p z_p vt[p]  (vt[p] = v~_p[row]).
+template <typename R>
+LDM_HD inline R window_read_row(const R* Srow, const R* qeff, const R* z, const R* vt, int m, int dk) {
+    R x = 0;
+    for (int b = 0; b < dk; b++) x += Srow[b] * qeff[b];
+    for (int p = 0; p < m; p++) x += z[p] * vt[p];
+    return x;
+}
+// One row of the flush: S_row += sum_p (vt[p] - S_row . k~_p) X_p (S_row on entry = window start).
+// scratch e: m values.
+template <typename R>
+LDM_HD inline void window_flush_row(R* Srow, const R* Kt, const R* X, const R* vt, int m, int dk, R* e) {
+    for (int p = 0; p < m; p++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += Srow[b] * Kt[p * dk + b];
+        e[p] = vt[p] - s;
+    }
+    for (int b = 0; b < dk; b++) {
+        R x = 0;
+        for (int p = 0; p < m; p++) x += e[p] * X[p * dk + b];
+        Srow[b] += x;
+    }
+}
+
 }  // namespace ldm

@@ -27,7 +27,9 @@ int64_t ldm_state_size(const ModelConfig& c) {
 
 static int64_t kept_states(const ModelConfig& c, int ckpt, bool unwind) {
     const int64_t W = c.n_sublayers() + 1;  // writes 0..D
-    if (c.ldm_mode == "window") return (W + c.ldm_window - 1) / c.ldm_window;  // one per window start
+    // window: unwinding keeps none; after a drift fallback (or with a checkpoint interval set)
+    // the state at every window start.
+    if (c.ldm_mode == "window") return ckpt > 0 ? (W + c.ldm_window - 1) / c.ldm_window : 0;
     if (ckpt > 0) return (W + ckpt - 1) / ckpt;
     return unwind ? 0 : W;
 }
@@ -76,11 +78,11 @@ LDMScheme<R>::LDMScheme(const ModelConfig& cfg) : cfg_(cfg) {
     ST_ = Hm_ * (SS_ + PP_);
     residual_ = cfg.ldm_residual;
     forget_ = cfg.ldm_forget && !delta_;
-    unwind_ = cfg.ldm_mode == "unwind";
-    ckpt_ = cfg.ldm_checkpoint_every;
     window_ = cfg.ldm_mode == "window";
+    unwind_ = cfg.ldm_mode == "unwind" || window_;  // window mode unwinds in backward too
+    ckpt_ = cfg.ldm_checkpoint_every;
     w_ = cfg.ldm_window;
-    if (window_) ckpt_ = 0;  // window mode keeps its own per-window states
+    if (window_ && ckpt_ > 0) ckpt_ = w_;  // window mode checkpoints = the window-start states
     lam_.assign((size_t)(D_ + 1) * Hm_, R(1));
 }
 
@@ -217,7 +219,7 @@ void LDMScheme<R>::write_forward(int i, const R* o) {
             for (int n = 0; n < N; n++)
                 for (int h = 0; h < Hm; h++)
                     window_flush(n, h, i, scratch_.data() + (size_t)omp_get_thread_num() * scr_size());
-            if (i < D_)
+            if (i < D_ && ckpt_ > 0)
                 std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)((i + 1) / w_) * st);
         }
     } else if (ckpt_ > 0) {
@@ -293,7 +295,7 @@ void LDMScheme<R>::begin(const R* e) {
             R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
             ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv_, dk_, (R)cfg_.ldm_delta);
         }
-    if (window_) std::copy(cur_.begin(), cur_.end(), stored_.begin());  // state before write 0
+    if (window_ && ckpt_ > 0) std::copy(cur_.begin(), cur_.end(), stored_.begin());  // before write 0
     write_forward(0, e);
 }
 
@@ -405,7 +407,7 @@ void LDMScheme<R>::prev_state(int i) {
                 ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv, dk, (R)cfg_.ldm_delta);
             }
     };
-    if (window_) {  // recompute from the state kept at the start of write i's window
+    if (window_ && ckpt_ > 0) {  // recompute from the state kept at the start of write i's window
         const int s = i / w_ * w_;
         std::copy(stored_.begin() + (size_t)(i / w_) * st, stored_.begin() + (size_t)(i / w_ + 1) * st,
                   cur_.begin());
@@ -551,7 +553,8 @@ void LDMScheme<R>::begin_backward(R* de) {
     write_backward(0, de);
     const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
     if (unwinding && ckpt_ == 0 && std::max(drift_S_, drift_P_) > cfg_.ldm_drift_tol) {
-        ckpt_ = cfg_.ldm_checkpoint_every > 0
+        ckpt_ = window_ ? w_  // window mode: keep the window-start states
+                : cfg_.ldm_checkpoint_every > 0
                     ? cfg_.ldm_checkpoint_every
                     : std::max(1, (int)std::lround(std::sqrt((double)(D_ + 1))));
         fell_back_ = true;
