@@ -15,6 +15,8 @@
 #   WB_TIMEOUT (60 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
 #   BUDGET (450 s for everything after the build: items not started by then are listed as SKIP),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
+#   LDM_BENCH (1: also bench train_ldm rls unwind and window 4 with each window path,
+#   LDM_LDM_WINDOW=0/1/2; see doc/cuda.md "LDM kernels"),
 #   LDM_DATA_DIR (data; else ../shared/data).
 # Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -38,7 +40,7 @@ for a in "$@"; do
   case "$a" in
     --prebuilt) PREBUILT=1 ;;
     --quick) QUICK="--quick"; BENCH_STEPS=5 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$a' (see --help)" >&2; exit 1 ;;
   esac
 done
@@ -193,6 +195,13 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
 if [ -x "$TRAINER" ]; then
   for s in $SCHEMES; do bench "$s" --scheme "$s"; done
   [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
+  if [ "${LDM_BENCH:-0}" = 1 ]; then  # LDM window paths (train_ldm); the workbench checks them first
+    TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-unwind" --ldm-rule rls --ldm-mode unwind
+    for wi in 0 1 2; do
+      TRAINER="$BUILD/cuda/train_ldm" LDM_LDM_WINDOW=$wi bench "ldm-rls-window4-w$wi" --ldm-rule rls \
+        --ldm-mode window --ldm-window 4
+    done
+  fi
 else
   row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))
 fi
