@@ -250,6 +250,54 @@ TEST_CASE("ldm: window math (ldm_math.h window_*) equals sequential RLS writes (
     }
 }
 
+TEST_CASE("ldm: window v2 form (no E~) over D+1 writes with a remainder window == sequential", "[ldm]") {
+    // The GPU v2 path's bookkeeping for one (token, head): write i appends with m = i % w
+    // (key row only), flushes when m + 1 == w or i == W - 1; read j (after writes 0..j-1) has
+    // m = j % w pending writes s0 = j - m .. j - 1, whose v are read back from the saved inputs O.
+    const int dv = 6, dk = 4, W = 7;
+    for (int w = 1; w <= 8; w++) {
+        INFO("w = " << w);
+        Rng rng(300 + w);
+        std::vector<double> S(dv * dk), P(dk * dk), Sr, Pr;
+        ldm_init_state(S.data(), P.data(), dv, dk, 0.1);
+        Sr = S, Pr = P;
+        std::vector<double> K(W * dk), O(W * dv), lam(W), u(dk), Kt(w * dk), L(w * w), z(w), t(dk), qeff(dk),
+            vt(w), e(w), X(w * dk), q(dk);
+        for (auto& x : K) x = rng.normal();
+        for (auto& x : O) x = rng.normal();
+        for (auto& x : lam) x = 0.95 + 0.05 * rng.uniform();
+        for (int i = 0; i < W; i++) {
+            const int m = i % w, s0 = i - m;
+            const double isc = 1.0 / std::sqrt(window_decay(&lam[s0], m + 1, 1));
+            window_append_key(P.data(), &K[i * dk], isc, Kt.data(), L.data(), m, w, dk, u.data());
+            rls_write(Sr.data(), Pr.data(), &K[i * dk], &O[i * dv], lam[i], dv, dk, u.data());
+            if (m + 1 == w || i == W - 1) {
+                window_flush_coef(P.data(), Kt.data(), L.data(), m + 1, w, window_decay(&lam[s0], m + 1, 1), X.data(),
+                                  P.data(), dk);
+                for (int a = 0; a < dv; a++) {
+                    for (int p = 0; p <= m; p++)
+                        vt[p] = O[(s0 + p) * dv + a] / std::sqrt(window_decay(&lam[s0], p + 1, 1));
+                    window_flush_row(&S[a * dk], Kt.data(), X.data(), vt.data(), m + 1, dk, e.data());
+                }
+            }
+            // read j = i + 1
+            const int j = i + 1, mj = j < W ? j % w : 0, sj = j - mj;  // the readout (j = W): none pending
+            for (auto& x : q) x = rng.normal();
+            std::vector<double> ref(dv);
+            ldm_read(Sr.data(), q.data(), ref.data(), dv, dk);
+            window_solve(P.data(), Kt.data(), L.data(), mj, w, q.data(), z.data(), t.data(), dk);
+            window_qeff(Kt.data(), z.data(), mj, q.data(), qeff.data(), dk);
+            for (int a = 0; a < dv; a++) {
+                for (int p = 0; p < mj; p++) vt[p] = O[(sj + p) * dv + a] / std::sqrt(window_decay(&lam[sj], p + 1, 1));
+                const double r = window_read_row(&S[a * dk], qeff.data(), z.data(), vt.data(), mj, dk);
+                REQUIRE(std::fabs(r - ref[a]) < 1e-11 * (1 + std::fabs(ref[a])));
+            }
+        }
+        for (int i = 0; i < dv * dk; i++) REQUIRE(std::fabs(S[i] - Sr[i]) < 1e-11 * (1 + std::fabs(Sr[i])));
+        for (int i = 0; i < dk * dk; i++) REQUIRE(std::fabs(P[i] - Pr[i]) < 1e-11 * (1 + std::fabs(Pr[i])));
+    }
+}
+
 TEST_CASE("ldm: write and read VJPs match finite differences (float64)", "[ldm]") {
     const int dv = 5, dk = 3;
     for (std::string rule : {"rls", "delta", "outer"}) {
