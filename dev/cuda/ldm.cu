@@ -311,6 +311,10 @@ void bench(bool quick) {
         fill(Et.ptr, Et.n, 0.01f, s);
         fill(lamw.ptr, lamw.n, 0.99f, s);
         init_state(Dm, cur.ptr, 0.1f, s);
+        // counted bytes (doc/cuda.md "LDM kernels"): append-key-v2 P read; append-v1 S, P read +
+        // the E~ row written; read-v1-m2 S, P + 2 E~ rows; read-v2-m2 S, P + 2
+        // saved v rows (T); flush-v1-w4 S, P read + write + 4 E~ rows; flush-v2-w4 the same with
+        // 4 v rows (T). Small K~, L, q, k traffic is not counted.
         const double Pb = (double)TH * Dm.PP * 4, Ob = (double)nd * sizeof(T), Eb = (double)nd * 4;
         // fill K~ and L for m = 0..3 (valid factors), key-only append
         for (int m = 0; m < w; m++)
@@ -319,28 +323,28 @@ void bench(bool quick) {
         ms = time_median_ms([&] {
             window_append_v1_kernel<false><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, 3, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-append-key (v2 path; P read)", ms, Pb);
+        line("window-append-key-v2", ms, Pb);
         ms = time_median_ms([&] {
             window_append_v1_kernel<true><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lamw.ptr, 3, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-append-v1 (S,P read, E~ row written)", ms, S_only + Pb + 2 * Eb);
+        line("window-append-v1", ms, S_only + Pb + Eb);
         ms = time_median_ms([&] {
             window_read_v1_kernel<T><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-read-v1 m=2 (S,P + 2 E~ rows)", ms, S_only + Pb + 2 * Eb);
+        line("window-read-v1-m2", ms, S_only + Pb + 2 * Eb);
         ms = time_median_ms([&] {
             window_read_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Lc.ptr, O.ptr, nd, lamw.ptr);
         }, 2, reps, s);
-        line("window-read-v2 m=2 (S,P + 2 v rows)", ms, S_only + Pb + 2 * Ob);
+        line("window-read-v2-m2", ms, S_only + Pb + 2 * Ob);
         // flushes modify S, P in place; the timing does not depend on the values
         ms = time_median_ms([&] {
             window_flush_v1_kernel<<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-flush-v1 w=4 (S,P r+w + 4 E~ rows)", ms, 2 * SP + w * Eb);
+        line("window-flush-v1-w4", ms, 2 * SP + w * Eb);
         ms = time_median_ms([&] {
             window_flush_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Lc.ptr, O.ptr, nd, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-flush-v2 w=4 (S,P r+w + 4 v rows)", ms, 2 * SP + w * Ob);
+        line("window-flush-v2-w4", ms, 2 * SP + w * Ob);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
 }
