@@ -28,7 +28,8 @@ namespace gpu {
 // Memory per token of the LDM scheme in the configured mode (printed once at startup).
 inline void print_ldm_memory(const ModelConfig& c, int64_t act_bytes) {
     const int64_t W = c.n_sublayers() + 1, HK = (int64_t)c.ldm_heads * c.ldm_dk;
-    const int wimpl = ldm_gpu_window_impl_env();  // window path (env LDM_LDM_WINDOW)
+    int wimpl = ldm_gpu_window_impl_env();  // window path (env LDM_LDM_WINDOW)
+    if (wimpl == 2 && (c.ldm_window > ldmk::kWinMaxV2 || c.ldm_dk > ldmk::kV2MaxDk)) wimpl = 1;  // as the scheme
     const int64_t st = ldm_gpu_state_bytes(c), kept = ldm_gpu_kept_states(c, c.ldm_checkpoint_every, wimpl);
     const int64_t saved = W * c.d_model * act_bytes            // v of every write (o_j, e)
                           + 2 * W * (HK + c.ldm_heads) * 4      // normalised q, k and their norms
