@@ -4,7 +4,8 @@
 // defaults to ldm here and any other scheme is refused. The LDM flags are those of train_cpu:
 // --ldm-rule rls|delta|outer, --no-residual, --ldm-heads, --ldm-dk, --ldm-delta, --ldm-lambda-min,
 // --ldm-no-forget, --ldm-mode store|unwind|window, --ldm-window, --ldm-checkpoint-every,
-// --ldm-drift-tol. At startup it prints the LDM state's memory per token and what backward keeps
+// --ldm-drift-tol. Window mode = deferred (Woodbury) writes in the forward and unwinding in the
+// backward by default; LDM_LDM_WINDOW=0|1|2 picks the window path (cuda/scheme_ldm.cuh). At startup it prints the LDM state's memory per token and what backward keeps
 // in the chosen mode; every step logs the unwind drift (ldm_drift_S, ldm_drift_P, ldm_fallback,
 // ldm_ckpt in the JSONL step record, as train_cpu does).
 //
@@ -27,12 +28,20 @@ namespace gpu {
 // Memory per token of the LDM scheme in the configured mode (printed once at startup).
 inline void print_ldm_memory(const ModelConfig& c, int64_t act_bytes) {
     const int64_t W = c.n_sublayers() + 1, HK = (int64_t)c.ldm_heads * c.ldm_dk;
-    const int64_t st = ldm_gpu_state_bytes(c), kept = ldm_gpu_kept_states(c, c.ldm_checkpoint_every);
+    int wimpl = ldm_gpu_window_impl_env();  // window path (env LDM_LDM_WINDOW)
+    if (wimpl == 2 && (c.ldm_window > ldmk::kWinMaxV2 || c.ldm_dk > ldmk::kV2MaxDk)) wimpl = 1;  // as the scheme
+    const int64_t st = ldm_gpu_state_bytes(c), kept = ldm_gpu_kept_states(c, c.ldm_checkpoint_every, wimpl);
     const int64_t saved = W * c.d_model * act_bytes            // v of every write (o_j, e)
                           + 2 * W * (HK + c.ldm_heads) * 4      // normalised q, k and their norms
                           + (c.ldm_rule == "delta" ? W * c.ldm_heads * 4 : 0);
     std::string mode = c.ldm_mode;
-    if (c.ldm_mode == "window") mode += " w=" + std::to_string(c.ldm_window);
+    if (c.ldm_mode == "window") {
+        mode += " w=" + std::to_string(c.ldm_window);
+        mode += wimpl == 0 ? " (sequential writes, window-start states; LDM_LDM_WINDOW=0)"
+                           : std::string(" (Woodbury ") + (wimpl == 1 ? "v1" : "v2") +
+                                 " forward, " + (c.ldm_checkpoint_every > 0 ? "window-start states" : "unwinding") +
+                                 " backward; LDM_LDM_WINDOW=" + std::to_string(wimpl) + ")";
+    }
     if (c.ldm_mode != "window" && c.ldm_checkpoint_every > 0)
         mode += " checkpoint-every " + std::to_string(c.ldm_checkpoint_every);
     std::printf("LDM: rule %s%s%s, H_m %d, d_k %d, delta %g, lambda_min %g, D+1 = %lld writes, mode %s\n",

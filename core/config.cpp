@@ -287,7 +287,7 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
                       W = D + 1, ST = Hm * (dv * dk + (c.ldm_rule == "rls" ? dk * dk : 0)),
                       ce = c.ldm_checkpoint_every,
                       win = c.ldm_mode == "window" ? c.ldm_window : 0,
-                      kept = win > 0 ? (W + win - 1) / win
+                      kept = win > 0 ? (ce > 0 ? (W + win - 1) / win : 0)  // window: unwinds
                                      : ce > 0 ? (W + ce - 1) / ce : (c.ldm_mode == "unwind" ? 0 : W);
         scheme = d + W * d + 2 * W * HK + 2 * W * Hm + (c.ldm_rule == "delta" ? W * Hm : 0) + ST +
                  kept * ST + ST + 2 * d + 2 * HK + Hm + Hm * (win * dk + win * dv + win * win);

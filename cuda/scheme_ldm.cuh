@@ -16,11 +16,20 @@
 // lanes, k/q/P in registers (dk <= 16). Select with LdmGpuScheme::variant (default 2 for
 // dk <= 16; the recompute writes of window/checkpoint segments and separate unwinds stay v1).
 //
-// Window mode: the forward applies the writes one by one (exactly equal math to the Woodbury
-// form of spec §2.5, not the same rounding) and keeps the state at each window start like the
-// CPU; the backward recomputes a window's states from its start, as the CPU does. The Woodbury /
-// Cholesky deferred form is NOT implemented on the GPU yet, so window mode saves memory but not
-// state traffic (see doc/cuda.md).
+// Window mode (spec §2.5 "window w"), selected by LdmGpuScheme::window_impl (env LDM_LDM_WINDOW):
+//   1 (default) Woodbury v1: the forward defers the writes (one thread per (token, head) calling
+//     ldm_math.h window_append / window_read / window_flush on global memory: the CPU's exact
+//     math) and applies a window's writes at once; the backward UNWINDS like unwind mode (fused
+//     unwind + VJP kernels of `variant`, drift check, fallback to keeping the window-start states
+//     and recomputing a window from its start); only the final state is kept.
+//   2 Woodbury v2: as 1, but without the error rows E~ (ldm_math.h window_append_key /
+//     window_qeff / window_read_row / window_flush_row): appending a write never touches S, a read
+//     moves S once (one warp per (token, head)), the flush moves S, P once per window.
+//     dk <= 16 and w <= 8 (else 1). Compiles; not yet run on a GPU.
+//   0 sequential (the path run on an H200 before the Woodbury kernels existed): applies the
+//     writes one by one (equal math, other rounding), keeps the state at each window start and
+//     recomputes a window's states in backward. Saves memory vs store, not state traffic.
+// Paths 1 and 2 compile but have not yet run on a GPU (doc/cuda.md "LDM kernels").
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -892,6 +901,141 @@ read_bwd_v2_kernel(Dims D, const float* cur, const float* Qn, const float* Qnrm,
     store_vec_lanes<DK>(draw + kh, dq, dk, lane);
 }
 
+
+// ---- window mode, Woodbury form (spec §2.5; ldm_math.h window_*) --------------------------------
+// Pending writes of the current window per (token, head) th = n·Hm + h (the CPU's layout):
+//   Kt [N·Hm, w, dk], Lc [N·Hm, w, w], Et [N·Hm, w, dv] (v1 only). lamw = λ of the window's first
+// write (lam + s·Hm, s = window start); m = this write's / the read's pending count.
+constexpr int kWinMaxV2 = 8;  // v2 keeps per-write coefficients in small local arrays
+
+// Append write i = s + m: k = L2n(raw) -> Kn, Knrm; K~/L rows (+ E~ row when WITH_ERR, which
+// reads S once). One thread per (token, head).
+template <bool WITH_ERR>
+__global__ void window_append_v1_kernel(Dims D, const float* cur, const float* raw, float* Kn,
+                                        float* Knrm, const float* v32, const float* lamw, int m,
+                                        int w, float* Kt, float* Et, float* Lc, float* scratch,
+                                        int64_t scr_stride) {
+    LDM_TH_INDEX(D)
+    const int64_t kh = D.key_off(n, h), nh = D.tok_off(n, h);
+    float* k = Kn + kh;
+    Knrm[nh] = l2n_forward(raw + kh, k, D.dk);
+    const float c = window_decay(lamw + h, m + 1, D.Hm);
+    const float isc = 1.f / ldm_sqrt(c);
+    const float* S = cur + D.state_off(n, h);
+    float* u = scratch + t_ * scr_stride;
+    if (WITH_ERR)
+        window_append(S, S + D.SS, (const float*)k, v32 + D.val_off(n, h), isc, Kt + t_ * w * D.dk,
+                      Et + t_ * w * D.dv, Lc + t_ * w * w, m, w, D.dv, D.dk, u);
+    else
+        window_append_key(S + D.SS, (const float*)k, isc, Kt + t_ * w * D.dk, Lc + t_ * w * w, m, w, D.dk, u);
+}
+
+// Read j with m > 0 pending writes (v1): as read_v1_kernel plus r += E~ᵀ C_m⁻¹ K~ᵀ P q.
+template <typename T>
+__global__ void window_read_v1_kernel(Dims D, const float* cur, const float* raw, float* Qn,
+                                      float* Qnrm, float* r32, const float* src32, const float* a,
+                                      T* x, int m, int w, const float* Kt, const float* Et,
+                                      const float* Lc, float* scratch, int64_t scr_stride) {
+    LDM_TH_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h);
+    float* q = Qn + kh;
+    Qnrm[D.tok_off(n, h)] = l2n_forward(raw + kh, q, D.dk);
+    float* r = r32 + vo;
+    const float* S = cur + D.state_off(n, h);
+    ldm_read(S, (const float*)q, r, D.dv, D.dk);
+    window_read(S + D.SS, Kt + t_ * w * D.dk, Et + t_ * w * D.dv, Lc + t_ * w * w, m, w, (const float*)q, r,
+                D.dv, D.dk, scratch + t_ * scr_stride);
+    for (int c = 0; c < D.dv; c++)
+        x[vo + c] = from_f<T>(a ? src32[vo + c] + a[h * D.dv + c] * r[c] : r[c]);
+}
+
+// Flush the window's m writes (v1): window_flush on S, P.
+__global__ void window_flush_v1_kernel(Dims D, float* cur, const float* lamw, int m, int w,
+                                       const float* Kt, const float* Et, const float* Lc,
+                                       float* scratch, int64_t scr_stride) {
+    LDM_TH_INDEX(D)
+    float* S = cur + D.state_off(n, h);
+    const float c = window_decay(lamw + h, m, D.Hm);
+    window_flush(S, S + D.SS, Kt + t_ * w * D.dk, Et + t_ * w * D.dv, Lc + t_ * w * w, m, w, c, D.dv,
+                 D.dk, scratch + t_ * scr_stride);
+}
+
+// Read j with m (1..kWinMaxV2) pending writes, v2 (one warp per (token, head), no E~):
+// z = C_m⁻¹ K~ᵀ P q and qeff = q − K~ z (every lane, redundantly, from global P, K~, L);
+// x_r = src + a ⊙ (S_r · qeff + Σ_p z_p v~_p[r]) with v~_p = O_{s+p}[r]/sqrt(c_p) read from the
+// saved write inputs O (T). One pass over S. Same outputs as read_v2_kernel.
+template <typename T, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+window_read_v2_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Qnrm,
+                      const float* src32, const float* a, T* x, int m, int w, const float* Kt,
+                      const float* Lc, const T* O, int64_t ostride, const float* lamw) {
+    LDM_WARP_INDEX(D)
+    const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h);
+    const int dk = D.dk;
+    float q[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) q[b] = b < dk ? raw[kh + b] : 0.f;
+    const float nrm = l2n_reg<DK>(q);
+    store_vec_lanes<DK>(Qn + kh, q, dk, lane);
+    if (lane == 0) Qnrm[D.tok_off(n, h)] = nrm;
+    const float* S = cur + D.state_off(n, h);
+    const float* Ktp = Kt + t_ * w * dk;
+    float z[kWinMaxV2], t[DK], qe[DK], isc[kWinMaxV2];
+    window_solve(S + D.SS, Ktp, Lc + t_ * w * w, m, w, (const float*)q, z, t, dk);
+    window_qeff(Ktp, (const float*)z, m, (const float*)q, qe, dk);
+#pragma unroll
+    for (int b = 0; b < DK; b++)
+        if (b >= dk) qe[b] = 0.f;
+    for (int p = 0; p < m; p++) isc[p] = 1.f / ldm_sqrt(window_decay(lamw + h, p + 1, D.Hm));
+    for (int r = lane; r < D.dv; r += 32) {
+        float row[DK];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        float s = 0.f;
+#pragma unroll
+        for (int b = 0; b < DK; b++) s += row[b] * qe[b];
+        for (int p = 0; p < m; p++) s += z[p] * (to_f(O[p * ostride + vo + r]) * isc[p]);
+        x[vo + r] = from_f<T>(a ? src32[vo + r] + a[h * D.dv + r] * s : s);
+    }
+}
+
+// Flush the window's m (1..kWinMaxV2) writes, v2 (one warp per (token, head), no E~): lane 0
+// computes X = G^T and P <- (P - Xᵀ X)/c in place (window_flush_coef, X to this warp's
+// scratch); then every lane updates its S rows: S_r += Σ_p (v~_p[r] − S_r · k~_p) X_p
+// (window_flush_row). One pass over S (read + write) and P.
+template <typename T, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+window_flush_v2_kernel(Dims D, float* cur, const float* lamw, int m, int w, const float* Kt,
+                       const float* Lc, const T* O, int64_t ostride, float* scratch,
+                       int64_t scr_stride) {
+    LDM_WARP_INDEX(D)
+    const int64_t vo = D.val_off(n, h);
+    const int dk = D.dk;
+    float* S = cur + D.state_off(n, h);
+    const float* Ktp = Kt + t_ * w * dk;
+    float* X = scratch + t_ * scr_stride;  // [m, dk]
+    if (lane == 0) {
+        const float c = window_decay(lamw + h, m, D.Hm);
+        window_flush_coef((const float*)(S + D.SS), Ktp, Lc + t_ * w * w, m, w, c, X, S + D.SS, dk);
+    }
+    __syncwarp();  // X visible to every lane of the warp
+    float Xr[kWinMaxV2 * DK], Kr[kWinMaxV2 * DK], isc[kWinMaxV2];
+    for (int p = 0; p < m; p++) {
+        isc[p] = 1.f / ldm_sqrt(window_decay(lamw + h, p + 1, D.Hm));
+#pragma unroll
+        for (int b = 0; b < DK; b++) {
+            Xr[p * DK + b] = b < dk ? X[p * dk + b] : 0.f;
+            Kr[p * DK + b] = b < dk ? Ktp[p * dk + b] : 0.f;
+        }
+    }
+    for (int r = lane; r < D.dv; r += 32) {
+        float row[DK], vt[kWinMaxV2], e[kWinMaxV2];
+        load_row<DK>(S + (int64_t)r * dk, row, dk);
+        for (int p = 0; p < m; p++) vt[p] = to_f(O[p * ostride + vo + r]) * isc[p];
+        window_flush_row(row, (const float*)Kr, (const float*)Xr, (const float*)vt, m, DK, e);
+        store_row<DK>(S + (int64_t)r * dk, row, dk);
+    }
+}
+
 #undef LDM_TH_INDEX
 #undef LDM_WARP_INDEX
 
@@ -899,12 +1043,25 @@ read_bwd_v2_kernel(Dims D, const float* cur, const float* Qn, const float* Qnrm,
 
 // ---- memory accounting (doc/cuda.md "LDM kernels") -------------------------------------------
 
+// Window-mode path (LdmGpuScheme::window_impl): 0 sequential, 1 Woodbury v1 (default), 2 Woodbury
+// v2; the environment variable LDM_LDM_WINDOW (0, 1, 2) overrides the default. Throws ldm::Error
+// on another value.
+constexpr int kWindowImplDefault = 1;
+inline int ldm_gpu_window_impl_env() {
+    const char* e = std::getenv("LDM_LDM_WINDOW");
+    if (!e) return kWindowImplDefault;
+    const std::string v = e;
+    if (v != "0" && v != "1" && v != "2") throw Error("LDM_LDM_WINDOW must be 0, 1 or 2, got '" + v + "'");
+    return std::atoi(e);
+}
 // States (each [N, ST] fp32) kept for backward besides the live one, in the configured mode
 // (same rule as the CPU): store D+1; unwind 0; checkpoint-every c: ceil((D+1)/c); window w:
-// ceil((D+1)/w).
-inline int64_t ldm_gpu_kept_states(const ModelConfig& c, int ckpt) {
+// 0 (the Woodbury paths unwind) or ceil((D+1)/w) window-start states (the sequential path,
+// window_impl 0, always; the Woodbury paths with c > 0 or after a drift fallback).
+inline int64_t ldm_gpu_kept_states(const ModelConfig& c, int ckpt, int window_impl = kWindowImplDefault) {
     const int64_t W = c.n_sublayers() + 1;
-    if (c.ldm_mode == "window") return (W + c.ldm_window - 1) / c.ldm_window;
+    if (c.ldm_mode == "window")
+        return window_impl == 0 || ckpt > 0 ? (W + c.ldm_window - 1) / c.ldm_window : 0;
     if (ckpt > 0) return (W + ckpt - 1) / ckpt;
     return c.ldm_mode == "unwind" ? 0 : W;
 }
@@ -961,6 +1118,11 @@ struct LdmGpuScheme final : GpuScheme<T> {
     // The environment variable LDM_LDM_VARIANT (1, 2, 3) overrides the default at construction
     // (so the trainer and test/test_gpu_ldm can run every variant).
     int variant = 2;
+    // Window mode only (see the header): 0 sequential writes + window-start states (run on an
+    // H200); 1 Woodbury v1 forward + unwinding backward (default); 2 Woodbury v2 forward (warp
+    // read and flush, no E~; dk <= 16, w <= 8, else 1) + unwinding backward. Set before resize();
+    // env LDM_LDM_WINDOW overrides the default at construction.
+    int window_impl = kWindowImplDefault;
 
    private:
     void write_forward(int i, const T* o, cudaStream_t s);
@@ -975,6 +1137,17 @@ struct LdmGpuScheme final : GpuScheme<T> {
     float* state(int64_t k) const { return stored_.ptr + k * (int64_t)N_ * dims_.ST; }
     bool v2() const { return variant >= 2 && dk_ <= ldmk::kV2MaxDk; }
     bool v3() const { return variant >= 3 && dk_ <= ldmk::kV2MaxDk; }
+    // window path in use: 0 (not window, or sequential), 1, 2 (see window_impl)
+    int wimpl() const {
+        if (!window_ || window_impl == 0) return 0;
+        if (window_impl == 2 && (w_ > ldmk::kWinMaxV2 || dk_ > ldmk::kV2MaxDk)) return 1;
+        return window_impl;
+    }
+    bool wood() const { return wimpl() > 0; }              // Woodbury forward
+    bool wunwind() const { return wood() && ckpt_ == 0; }  // ... with unwinding backward
+    bool wstore() const { return window_ && !wunwind(); }  // window-start states kept
+    int64_t wscr() const { return (int64_t)w_ * dk_ + dk_ + w_; }  // window scratch per (n, h)
+    int64_t scr_stride() const { return std::max(ldmk::v1_scratch_per_th(dims_), window_ ? wscr() : 0); }
     // store mode with variant 3: every state lives in stored_ (state(i) = after write i) and
     // live_ points at the one in use, so neither forward nor backward copies states; otherwise
     // live_ = cur_ and store mode copies cur_ -> state(i) (forward) and back (backward).
@@ -999,6 +1172,7 @@ struct LdmGpuScheme final : GpuScheme<T> {
     // activations / state (fp32 unless noted)
     DeviceBuffer<float> src32_, cur_, stored_, dS_, dsrc_, tmp32_, prod32_, v32_, raw_, draw_,
         Qn_, Qnrm_, Kn_, Knrm_, beta_, dtok_, lam_, lgrad_, scratch_, partial_;
+    DeviceBuffer<float> Kt_, Et_, Lc_;  // window mode (Woodbury): pending writes per (n, h)
     DeviceBuffer<T> srcT_, O_, drawT_, dtokT_;  // srcT_/drawT_/dtokT_ only for T != float
     DeviceBuffer<unsigned> drift_;
     float* live_ = nullptr;  // the state reads and VJPs use (cur_ or a slot of stored_)
@@ -1026,7 +1200,8 @@ LdmGpuScheme<T>::LdmGpuScheme(const ModelConfig& cfg) : cfg_(cfg) {
     ckpt_ = cfg.ldm_checkpoint_every;
     window_ = cfg.ldm_mode == "window";
     w_ = cfg.ldm_window;
-    if (window_) ckpt_ = 0;
+    if (window_) ckpt_ = cfg.ldm_checkpoint_every > 0 ? w_ : 0;  // window checkpoints = window starts
+    window_impl = ldm_gpu_window_impl_env();
     const int W = D_ + 1;
     lam_.alloc((int64_t)W * Hm_);
     lgrad_.alloc((int64_t)W * Hm_);
@@ -1096,8 +1271,14 @@ void LdmGpuScheme<T>::resize(int B, int T_) {
     grow(cur_, st);
     live_ = cur_.ptr;
     // kept states for the interval in use (a drift fallback re-sizes this buffer itself)
-    const int64_t kept = ldm_gpu_kept_states(cfg_, ckpt_);
+    const int64_t kept = ldm_gpu_kept_states(cfg_, ckpt_, wimpl());
     grow(stored_, kept * st);
+    if (wood()) {
+        const int64_t th = N * Hm_;
+        grow(Kt_, th * w_ * dk_);
+        grow(Lc_, th * w_ * w_);
+        grow(Et_, wimpl() == 1 ? th * w_ * dv_ : 0);
+    }
     grow(dS_, st);
     grow(dsrc_, nd);
     grow(tmp32_, nd);
@@ -1110,7 +1291,7 @@ void LdmGpuScheme<T>::resize(int B, int T_) {
         grow(dtokT_, N * Hm_);
     }
     grow(dtok_, N * Hm_);
-    grow(scratch_, N * Hm_ * ldmk::v1_scratch_per_th(dims_));
+    grow(scratch_, N * Hm_ * scr_stride());
     grow(partial_, std::max(ldmk::colsum_scratch(N, d_), ldmk::colsum_scratch(N, Hm_)));
 }
 
@@ -1120,7 +1301,7 @@ int64_t LdmGpuScheme<T>::allocated_bytes() const {
            tmp32_.bytes() + prod32_.bytes() + v32_.bytes() + raw_.bytes() + draw_.bytes() +
            Qn_.bytes() + Qnrm_.bytes() + Kn_.bytes() + Knrm_.bytes() + beta_.bytes() +
            dtok_.bytes() + scratch_.bytes() + partial_.bytes() + srcT_.bytes() + O_.bytes() +
-           drawT_.bytes() + dtokT_.bytes();
+           drawT_.bytes() + dtokT_.bytes() + Kt_.bytes() + Et_.bytes() + Lc_.bytes();
 }
 
 template <typename T>
@@ -1149,7 +1330,7 @@ void LdmGpuScheme<T>::begin(const T* e, cudaStream_t s) {
     LDM_LAUNCH_CHECK();
     init_state(dims_, cur_.ptr, (float)cfg_.ldm_delta, s);
     live_ = cur_.ptr;
-    if (window_)
+    if (wstore())
         CUDA_CHECK(cudaMemcpyAsync(state(0), cur_.ptr, (size_t)N_ * dims_.ST * 4, cudaMemcpyDeviceToDevice, s));
     const int64_t nd = (int64_t)N_ * d_;
     T* srcT = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32_.ptr) : srcT_.ptr;
@@ -1169,6 +1350,36 @@ void LdmGpuScheme<T>::write_forward(int i, const T* /*o (already in O_i)*/, cuda
     float* Kn = Kn_.ptr + (int64_t)i * N * HK_;
     float* Knrm = Knrm_.ptr + (int64_t)i * N * Hm_;
     const float* lam = lam_.ptr + (int64_t)i * Hm_;
+    if (wood()) {  // window mode, Woodbury: append write i; flush at the window's end
+        const int m = i % w_, s0 = i - m;
+        const float* lamw = lam_.ptr + (int64_t)s0 * Hm_;
+        const bool v1 = wimpl() == 1;
+        const float* v = v1 ? v32(i, s) : nullptr;  // v2 reads O_ in the read / flush kernels
+        if (v1)
+            window_append_v1_kernel<true><<<th_blocks(dims_), kThreads, 0, s>>>(
+                dims_, cur_.ptr, raw_.ptr, Kn, Knrm, v, lamw, m, w_, Kt_.ptr, Et_.ptr, Lc_.ptr, scratch_.ptr, scr_stride());
+        else
+            window_append_v1_kernel<false><<<th_blocks(dims_), kThreads, 0, s>>>(
+                dims_, cur_.ptr, raw_.ptr, Kn, Knrm, nullptr, lamw, m, w_, Kt_.ptr, nullptr, Lc_.ptr, scratch_.ptr, scr_stride());
+        LDM_LAUNCH_CHECK();
+        if (m + 1 == w_ || i == D_) {
+            if (v1) {
+                window_flush_v1_kernel<<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, lamw, m + 1, w_, Kt_.ptr,
+                                                                            Et_.ptr, Lc_.ptr, scratch_.ptr, scr_stride());
+            } else {
+                const T* O0 = O_.ptr + (int64_t)s0 * N * d_;
+                const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+                if (dk_ <= 4) window_flush_v2_kernel<T, 4><<<gw, tw, 0, s>>>(dims_, cur_.ptr, lamw, m + 1, w_, Kt_.ptr, Lc_.ptr, O0, N * d_, scratch_.ptr, scr_stride());
+                else if (dk_ <= 8) window_flush_v2_kernel<T, 8><<<gw, tw, 0, s>>>(dims_, cur_.ptr, lamw, m + 1, w_, Kt_.ptr, Lc_.ptr, O0, N * d_, scratch_.ptr, scr_stride());
+                else window_flush_v2_kernel<T, 16><<<gw, tw, 0, s>>>(dims_, cur_.ptr, lamw, m + 1, w_, Kt_.ptr, Lc_.ptr, O0, N * d_, scratch_.ptr, scr_stride());
+            }
+            LDM_LAUNCH_CHECK();
+            if (wstore() && i < D_)  // fallback / c > 0: state at the start of the next window
+                CUDA_CHECK(cudaMemcpyAsync(state((i + 1) / w_), cur_.ptr, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
+        }
+        live_ = cur_.ptr;
+        return;
+    }
     const float* v = v32(i, s);
     // store mode: write from the previous state straight into its slot (no copy)
     float* dst = slots() ? state(i) : cur_.ptr;
@@ -1232,7 +1443,19 @@ void LdmGpuScheme<T>::input(int j, T* x, cudaStream_t s) {
     float* Qn = Qn_.ptr + (int64_t)(j - 1) * N * HK_;
     float* Qnrm = Qnrm_.ptr + (int64_t)(j - 1) * N * Hm_;
     const float* a = residual_ ? A_[j] : nullptr;
-    if (v2()) {
+    const int m = wood() && j <= D_ ? j % w_ : 0;  // pending writes of the current window
+    if (m > 0 && wimpl() == 1) {
+        window_read_v1_kernel<T><<<th_blocks(dims_), kThreads, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, tmp32_.ptr,
+                                                                      src32_.ptr, a, x, m, w_, Kt_.ptr, Et_.ptr, Lc_.ptr,
+                                                                      scratch_.ptr, scr_stride());
+    } else if (m > 0) {
+        const T* O0 = O_.ptr + (int64_t)(j - m) * N * d_;
+        const float* lamw = lam_.ptr + (int64_t)(j - m) * Hm_;
+        const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+        if (dk_ <= 4) window_read_v2_kernel<T, 4><<<gw, tw, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x, m, w_, Kt_.ptr, Lc_.ptr, O0, N * d_, lamw);
+        else if (dk_ <= 8) window_read_v2_kernel<T, 8><<<gw, tw, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x, m, w_, Kt_.ptr, Lc_.ptr, O0, N * d_, lamw);
+        else window_read_v2_kernel<T, 16><<<gw, tw, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x, m, w_, Kt_.ptr, Lc_.ptr, O0, N * d_, lamw);
+    } else if (v2()) {
         switch (dk_ <= 4 ? 4 : dk_ <= 8 ? 8 : 16) {
             case 4: read_v2_kernel<T, 4><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
             case 8: read_v2_kernel<T, 8><<<warp_blocks(dims_), 32 * kWarpsPerBlock, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x); break;
@@ -1342,14 +1565,14 @@ bool LdmGpuScheme<T>::prev_state(int i, cudaStream_t s) {
     auto copy_from = [&](const float* src) {
         CUDA_CHECK(cudaMemcpyAsync(cur_.ptr, src, (size_t)st * 4, cudaMemcpyDeviceToDevice, s));
     };
-    if (window_) {
+    if (wstore()) {  // window-start states: recompute write i's window up to write i
         live_ = cur_.ptr;
         const int start = i / w_ * w_;
         copy_from(state(i / w_));
         for (int w = start; w < i; w++) rewrite(w, s);
         return false;
     }
-    if (ckpt_ == 0 && !unwind_) {  // store mode
+    if (ckpt_ == 0 && !unwind_ && !window_) {  // store mode
         if (i == 0) {
             set_init();
             live_ = cur_.ptr;
@@ -1494,12 +1717,13 @@ void LdmGpuScheme<T>::begin_backward(T* de, cudaStream_t s) {
         drift_S_ = f[0];
         drift_P_ = f[1];
     }
-    const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
+    const bool unwinding = !delta_ && (unwind_ || (ckpt_ > 0 && !window_) || wunwind());
     if (unwinding && ckpt_ == 0 && std::max(drift_S_, drift_P_) > cfg_.ldm_drift_tol) {
-        ckpt_ = cfg_.ldm_checkpoint_every > 0 ? cfg_.ldm_checkpoint_every
-                                              : std::max(1, (int)std::lround(std::sqrt((double)(D_ + 1))));
+        ckpt_ = window_ ? w_  // window mode: keep the window-start states from the next step on
+                : cfg_.ldm_checkpoint_every > 0 ? cfg_.ldm_checkpoint_every
+                                                : std::max(1, (int)std::lround(std::sqrt((double)(D_ + 1))));
         fell_back_ = true;
-        grow(stored_, ldm_gpu_kept_states(cfg_, ckpt_) * (int64_t)N_ * dims_.ST);
+        grow(stored_, ldm_gpu_kept_states(cfg_, ckpt_, wimpl()) * (int64_t)N_ * dims_.ST);
         if (!warned_) {
             std::fprintf(stderr,
                          "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back "
@@ -1512,7 +1736,7 @@ void LdmGpuScheme<T>::begin_backward(T* de, cudaStream_t s) {
 
 template <typename T>
 std::vector<std::pair<std::string, double>> LdmGpuScheme<T>::metrics() {
-    if (delta_ || (!unwind_ && ckpt_ == 0)) return {};
+    if (delta_ || (!unwind_ && ckpt_ == 0 && !wunwind()) || (window_ && !wood())) return {};
     return {{"ldm_drift_S", drift_S_}, {"ldm_drift_P", drift_P_},
             {"ldm_fallback", fell_back_ ? 1.0 : 0.0}, {"ldm_ckpt", (double)ckpt_}};
 }

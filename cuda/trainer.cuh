@@ -698,7 +698,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         ap.add("--ldm-lambda-min", &o.ldm_lambda_min, "LDM forgetting floor lambda_min in (0, 1]");
         ap.add("--ldm-no-forget", &o.ldm_no_forget, "LDM with fixed lambda = 1 (no theta)");
         ap.add("--ldm-mode", &o.ldm_mode, "LDM training mode: store | unwind | window (not part of the model identity)");
-        ap.add("--ldm-window", &o.ldm_window, "LDM window w for --ldm-mode window (>= 1)");
+        ap.add("--ldm-window", &o.ldm_window, "LDM window w for --ldm-mode window (>= 1): the forward defers writes and applies w at once (Woodbury, spec 2.5); the backward unwinds like --ldm-mode unwind (drift check; on drift, or with --ldm-checkpoint-every > 0, keeps the window-start states instead)");
         ap.add("--ldm-checkpoint-every", &o.ldm_checkpoint_every, "LDM: keep every c-th state and unwind inside segments (0 = off)");
         ap.add("--ldm-drift-tol", &o.ldm_drift_tol, "LDM unwind drift above which training falls back to checkpointed segments");
         ap.section("Data");

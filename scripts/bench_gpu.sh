@@ -16,12 +16,16 @@
 #   scripts/bench_gpu.sh [--quick] [--name gpu_bench | --out DIR] [--steps 20]
 #        [--shapes "llama-400m:2048:8 ..."] [--schemes "preln hc ..."] [--no-torch] [--no-compile]
 #        [--timeout S] [--ldm-mode unwind] [--dtype bf16] [--no-workbench] [--prebuilt] [--no-infer]
+#        [--window-sweep] [--ldm-window-impl 0|1|2]
 #
 # Shapes are PRESET:T:B[:N_LAYER] (default: the spec's list, larger Qwen3 presets with 4 blocks):
 #   llama-400m:2048:8 qwen-1.5b:2048:4 qwen3-1.7b:2048:4 qwen3-1.7b:8192:1
 #   qwen3-4b:2048:4:4 qwen3-8b:2048:4:4 qwen3-14b:2048:4:4
 # Schemes: preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer (ldm-rls-nores too).
 # LDM runs rls and outer in --ldm-mode (default unwind), delta in store (not invertible).
+# Window sweep (issue #9): schemes ldm-rls-w1 ldm-rls-w2 ldm-rls-w4 ldm-rls-w8 (rls, --ldm-mode
+# window --ldm-window W); --window-sweep appends them to the schemes; --ldm-window-impl sets
+# LDM_LDM_WINDOW (0 sequential, 1 Woodbury v1 = default, 2 Woodbury v2; cuda/scheme_ldm.cuh).
 # --quick (about 2 minutes on an H200): llama-400m T=2048 B=8, preln + ldm-rls,
 # 10 steps, C++ and PyTorch eager (no torch.compile, no workbench), 150 s per item.
 # Data: random token ids in a synthetic shard (timing does not depend on them); the GPT-2
@@ -33,7 +37,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 NAME=gpu_bench; OUT=""; STEPS=20; TORCH=1; COMPILE=1; TIMEOUT=900; LDM_MODE=unwind; DTYPE=bf16
-WORKBENCH=1; QUICK=0; TORCH_WARMUP=2; PREBUILT=0; INFER=1
+WORKBENCH=1; QUICK=0; TORCH_WARMUP=2; PREBUILT=0; INFER=1; WINDOW_SWEEP=0
 SHAPES="llama-400m:2048:8 qwen-1.5b:2048:4 qwen3-1.7b:2048:4 qwen3-1.7b:8192:1 qwen3-4b:2048:4:4 qwen3-8b:2048:4:4 qwen3-14b:2048:4:4"
 SCHEMES="preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer"
 while [ $# -gt 0 ]; do
@@ -44,7 +48,8 @@ while [ $# -gt 0 ]; do
     --dtype) DTYPE=$2; shift 2 ;; --no-workbench) WORKBENCH=0; shift ;; --quick) QUICK=1; shift ;;
     --prebuilt) PREBUILT=1; shift ;;
     --no-infer) INFER=0; shift ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --window-sweep) WINDOW_SWEEP=1; shift ;; --ldm-window-impl) export LDM_LDM_WINDOW=$2; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +58,7 @@ if [ "$QUICK" = 1 ]; then
   TIMEOUT=150; TORCH_WARMUP=1; [ "$NAME" = gpu_bench ] && NAME=gpu_quick
 fi
 [ -n "$OUT" ] || OUT=results/$NAME
+[ "$WINDOW_SWEEP" = 1 ] && SCHEMES="$SCHEMES ldm-rls-w1 ldm-rls-w2 ldm-rls-w4 ldm-rls-w8"
 # The Python that has PyTorch (on the GPU image a plain `python3`; Debian's /usr/bin/python3 here).
 PY=""
 for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
@@ -111,6 +117,7 @@ scheme_flags() {  # binary | C++ flags | torch_bench flags
     ldm-rls) echo "train_ldm|--scheme ldm --ldm-rule rls --ldm-mode $LDM_MODE|--scheme ldm --ldm-rule rls" ;;
     ldm-delta) echo "train_ldm|--scheme ldm --ldm-rule delta --ldm-mode store|--scheme ldm --ldm-rule delta" ;;
     ldm-outer) echo "train_ldm|--scheme ldm --ldm-rule outer --ldm-mode ${LDM_MODE/window/unwind}|--scheme ldm --ldm-rule outer" ;;
+    ldm-rls-w[0-9]*) echo "train_ldm|--scheme ldm --ldm-rule rls --ldm-mode window --ldm-window ${1#ldm-rls-w}|--scheme ldm --ldm-rule rls" ;;
     ldm-rls-nores) echo "train_ldm|--scheme ldm --ldm-rule rls --no-residual --ldm-mode $LDM_MODE|--scheme ldm --ldm-rule rls --no-residual" ;;
     *) echo "error: unknown scheme name $1" >&2; return 1 ;;
   esac

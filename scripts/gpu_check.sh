@@ -7,18 +7,20 @@
 # skips it; test_gpu_infer runs with the other GPU tests), each with its
 # own timeout. It never stops at the first failure. Full logs go to $OUT (if set) or
 # ./gpu_check_out; a compact table (CHECK/BENCH lines, test totals, benchmarks) is printed LAST.
-# Target: under 8 minutes on one H200 (with --prebuilt).
+# Target: under 9 minutes on one H200 (with --prebuilt; the build adds about 1.5 minutes at -j16).
 #
 #   scripts/gpu_check.sh [--prebuilt] [--quick]
 #     --prebuilt   do not run make (use what is in $BUILD)
 #     --quick      pass --quick to the workbenches and bench 5 steps instead of 10
 # Environment: BUILD (default build), SCHEMES (default "preln hc mhc attnres-full attnres-block"),
 #   BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (10),
-#   WB_TIMEOUT (60 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
-#   BUDGET (450 s for everything after the build: items not started by then are listed as SKIP),
+#   WB_TIMEOUT (120 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
+#   BUDGET (540 s for everything after the build: items not started by then are listed as SKIP),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
 #   NCCL_BENCH (1, the default: also bench preln with --nccl --zero 1, reduction after backward and
 #   overlapped with it, on one GPU; 0: skip),
+#   LDM_BENCH (1, the default: also bench train_ldm rls unwind and window 4 with window paths
+#   LDM_LDM_WINDOW=1 and 2; 2: also path 0, the sequential one; 0: skip; doc/cuda.md "LDM kernels"),
 #   LDM_DATA_DIR (data; else ../shared/data).
 # Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -32,17 +34,17 @@ BENCH_PRESET=${BENCH_PRESET:-llama-400m}
 BENCH_T=${BENCH_T:-2048}
 BENCH_B=${BENCH_B:-8}
 BENCH_STEPS=${BENCH_STEPS:-10}
-WB_TIMEOUT=${WB_TIMEOUT:-60}
+WB_TIMEOUT=${WB_TIMEOUT:-120}
 TEST_TIMEOUT=${TEST_TIMEOUT:-240}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
-BUDGET=${BUDGET:-450}   # seconds after the build; later items are skipped (listed as SKIP) past it
+BUDGET=${BUDGET:-540}   # seconds after the build; later items are skipped (listed as SKIP) past it
 PREBUILT=0
 QUICK=""
 for a in "$@"; do
   case "$a" in
     --prebuilt) PREBUILT=1 ;;
     --quick) QUICK="--quick"; BENCH_STEPS=5 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$a' (see --help)" >&2; exit 1 ;;
   esac
 done
@@ -238,6 +240,13 @@ print("prefill %.0f tok/s (B=%d, P=%d), decode %.3f ms/token median (%.0f tok/s)
       FAILS=$((FAILS + 1))
       row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "infer-preln" "$rc" "$dt" "$(grep -m1 'error' "$ilog")")"
     fi
+    fi
+  if [ "${LDM_BENCH:-1}" != 0 ]; then  # LDM window paths (train_ldm); the workbench checks them first
+    TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-unwind" --ldm-rule rls --ldm-mode unwind
+    for wi in $([ "${LDM_BENCH:-1}" = 2 ] && echo 0) 1 2; do
+      TRAINER="$BUILD/cuda/train_ldm" LDM_LDM_WINDOW=$wi bench "ldm-rls-window4-w$wi" --ldm-rule rls \
+        --ldm-mode window --ldm-window 4
+    done
   fi
 else
   row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))

@@ -282,4 +282,177 @@ LDM_HD inline bool cholesky_inplace(R* A, int n) {
     return true;
 }
 
+// ---- window mode (spec §2.5 "window w"): deferred writes, Woodbury form ---------------------
+// One token-head's pending writes of the current window, m = 0..w-1 (w = the window capacity,
+// row strides below use w):
+//   Kt [w, dk]  k~_m = k_m / sqrt(c_m)
+//   Et [w, dv]  e~_m = (v_m - S k_m) / sqrt(c_m) = v~_m - S k~_m   (S, P = window-start state)
+//   L  [w, w]   Cholesky factor (lower, row-major) of C = I + K~^T P K~, grown one row per write
+// c_m = prod of the window's lambdas up to and including write m (window_decay). S, P are not
+// touched until window_flush. A read after m pending writes sees them exactly:
+//   r = S q + E~_m^T C_m^-1 K~_m^T P q   (C_m = leading m x m block of C; its factor is L's block).
+
+// c = prod_{t < count} lam[t * stride] (the window's forgetting product, spec §2.5).
+template <typename R>
+LDM_HD inline R window_decay(const R* lam, int count, int stride) {
+    R c = 1;
+    for (int t = 0; t < count; t++) c *= lam[(long long)t * stride];
+    return c;
+}
+
+// Key part of appending write m (no S needed): Kt row m = k * isc (isc = 1/sqrt(c_m));
+// u = P k~_m; row m of L from C[m][b] = k~_b^T u + [b == m]. scratch u: dk values.
+template <typename R>
+LDM_HD inline void window_append_key(const R* P, const R* k, R isc, R* Kt, R* L, int m, int w,
+                                     int dk, R* u) {
+    for (int b = 0; b < dk; b++) Kt[m * dk + b] = k[b] * isc;
+    for (int a = 0; a < dk; a++) {
+        R t = 0;
+        for (int b = 0; b < dk; b++) t += P[a * dk + b] * Kt[m * dk + b];
+        u[a] = t;
+    }
+    for (int b = 0; b <= m; b++) {
+        R cmb = b == m ? R(1) : R(0);
+        for (int a = 0; a < dk; a++) cmb += Kt[b * dk + a] * u[a];
+        for (int p = 0; p < b; p++) cmb -= L[m * w + p] * L[b * w + p];
+        L[m * w + b] = b == m ? ldm_sqrt(cmb) : cmb / L[b * w + b];
+    }
+}
+
+// Error row of write m: Et row (dv values) = (v - S k) * isc, S the window-start memory.
+template <typename R>
+LDM_HD inline void window_append_err(const R* S, const R* k, const R* v, R isc, R* Et_row, int dv,
+                                     int dk) {
+    for (int a = 0; a < dv; a++) {
+        R sk = 0;
+        for (int b = 0; b < dk; b++) sk += S[a * dk + b] * k[b];
+        Et_row[a] = (v[a] - sk) * isc;
+    }
+}
+
+// Appends write m (Kt, Et, L rows): the CPU reference's form. scratch u: dk values.
+template <typename R>
+LDM_HD inline void window_append(const R* S, const R* P, const R* k, const R* v, R isc, R* Kt,
+                                 R* Et, R* L, int m, int w, int dv, int dk, R* u) {
+    window_append_err(S, k, v, isc, Et + (long long)m * dv, dv, dk);
+    window_append_key(P, k, isc, Kt, L, m, w, dk, u);
+}
+
+// z [m] = C_m^-1 K~_m^T P q (forward then back substitution with L's leading block); t [dk]
+// scratch (holds P q on return).
+template <typename R>
+LDM_HD inline void window_solve(const R* P, const R* Kt, const R* L, int m, int w, const R* q, R* z,
+                                R* t, int dk) {
+    for (int a = 0; a < dk; a++) {
+        R x = 0;
+        for (int b = 0; b < dk; b++) x += P[a * dk + b] * q[b];
+        t[a] = x;
+    }
+    for (int a = 0; a < m; a++) {  // forward substitution L z = K~^T t
+        R x = 0;
+        for (int b = 0; b < dk; b++) x += Kt[a * dk + b] * t[b];
+        for (int p = 0; p < a; p++) x -= L[a * w + p] * z[p];
+        z[a] = x / L[a * w + a];
+    }
+    for (int a = m - 1; a >= 0; a--) {  // back substitution L^T z' = z
+        R x = z[a];
+        for (int p = a + 1; p < m; p++) x -= L[p * w + a] * z[p];
+        z[a] = x / L[a * w + a];
+    }
+}
+
+// r [dv] += E~_m^T C_m^-1 K~_m^T P q for m pending writes (r already holds S q).
+// scratch: dk + m values.
+template <typename R>
+LDM_HD inline void window_read(const R* P, const R* Kt, const R* Et, const R* L, int m, int w,
+                               const R* q, R* r, int dv, int dk, R* scr) {
+    R* t = scr;       // P q [dk]
+    R* z = scr + dk;  // [m]
+    window_solve(P, Kt, L, m, w, q, z, t, dk);
+    for (int a = 0; a < m; a++)
+        for (int c = 0; c < dv; c++) r[c] += z[a] * Et[(long long)a * dv + c];
+}
+
+// Small part of a flush of m writes (no S): X = L^-1 (P K~)^T [m, dk]; Pout = (P - X^T X)/c
+// (Pout may alias P: X is complete before Pout is written); then X <- L^-T X, so X = G^T with
+// G = P K~ C^-1. The memory update is S += E~^T X (window_flush) or, without E~,
+// S += (V~ - S K~) X row by row.
+template <typename R>
+LDM_HD inline void window_flush_coef(const R* P, const R* Kt, const R* L, int m, int w, R c, R* X,
+                                     R* Pout, int dk) {
+    for (int a = 0; a < m; a++)
+        for (int b = 0; b < dk; b++) {
+            R u = 0;
+            for (int e = 0; e < dk; e++) u += P[b * dk + e] * Kt[a * dk + e];
+            for (int p = 0; p < a; p++) u -= L[a * w + p] * X[p * dk + b];
+            X[a * dk + b] = u / L[a * w + a];
+        }
+    const R ic = R(1) / c;
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) {
+            R x = 0;
+            for (int p = 0; p < m; p++) x += X[p * dk + a] * X[p * dk + b];
+            Pout[a * dk + b] = (P[a * dk + b] - x) * ic;
+        }
+    for (int a = m - 1; a >= 0; a--)  // X <- L^-T X (in place, rows from the bottom)
+        for (int b = 0; b < dk; b++) {
+            R x = X[a * dk + b];
+            for (int p = a + 1; p < m; p++) x -= L[p * w + a] * X[p * dk + b];
+            X[a * dk + b] = x / L[a * w + a];
+        }
+}
+
+// Applies the window's m pending writes at once (spec §2.5): P <- (P - G K~^T P)/c,
+// S <- S + E~^T G^T. c = window_decay over the m writes. scratch X: m*dk values.
+template <typename R>
+LDM_HD inline void window_flush(R* S, R* P, const R* Kt, const R* Et, const R* L, int m, int w, R c,
+                                int dv, int dk, R* X) {
+    window_flush_coef((const R*)P, Kt, L, m, w, c, X, P, dk);
+    for (int a = 0; a < dv; a++)
+        for (int b = 0; b < dk; b++) {
+            R x = 0;
+            for (int p = 0; p < m; p++) x += Et[(long long)p * dv + a] * X[p * dk + b];
+            S[a * dk + b] += x;
+        }
+}
+
+// ---- window mode without the error rows E~ (the GPU's v2 form; same math, other rounding) ----
+// E~ = V~ - S K~ with S the window-start memory, so E~ need not be stored: with v~_p = v_p/sqrt(c_p)
+//   read:  r = S q + E~^T z = S (q - K~ z) + V~ z                 (z = window_solve)
+//   flush: S_row += sum_p (v~_p[row] - S_row . k~_p) X_p          (X = window_flush_coef)
+// so a read moves S once and appending a write does not touch S at all (window_append_key).
+
+// qeff [dk] = q - sum_p z_p k~_p  (m pending writes).
+template <typename R>
+LDM_HD inline void window_qeff(const R* Kt, const R* z, int m, const R* q, R* qeff, int dk) {
+    for (int b = 0; b < dk; b++) {
+        R x = q[b];
+        for (int p = 0; p < m; p++) x -= z[p] * Kt[p * dk + b];
+        qeff[b] = x;
+    }
+}
+// One value of the read: S_row . qeff + sum_p z_p vt[p]  (vt[p] = v~_p[row]).
+template <typename R>
+LDM_HD inline R window_read_row(const R* Srow, const R* qeff, const R* z, const R* vt, int m, int dk) {
+    R x = 0;
+    for (int b = 0; b < dk; b++) x += Srow[b] * qeff[b];
+    for (int p = 0; p < m; p++) x += z[p] * vt[p];
+    return x;
+}
+// One row of the flush: S_row += sum_p (vt[p] - S_row . k~_p) X_p (S_row on entry = window start).
+// scratch e: m values.
+template <typename R>
+LDM_HD inline void window_flush_row(R* Srow, const R* Kt, const R* X, const R* vt, int m, int dk, R* e) {
+    for (int p = 0; p < m; p++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += Srow[b] * Kt[p * dk + b];
+        e[p] = vt[p] - s;
+    }
+    for (int b = 0; b < dk; b++) {
+        R x = 0;
+        for (int p = 0; p < m; p++) x += e[p] * X[p * dk + b];
+        Srow[b] += x;
+    }
+}
+
 }  // namespace ldm

@@ -27,7 +27,9 @@ int64_t ldm_state_size(const ModelConfig& c) {
 
 static int64_t kept_states(const ModelConfig& c, int ckpt, bool unwind) {
     const int64_t W = c.n_sublayers() + 1;  // writes 0..D
-    if (c.ldm_mode == "window") return (W + c.ldm_window - 1) / c.ldm_window;  // one per window start
+    // window: unwinding keeps none; after a drift fallback (or with a checkpoint interval set)
+    // the state at every window start.
+    if (c.ldm_mode == "window") return ckpt > 0 ? (W + c.ldm_window - 1) / c.ldm_window : 0;
     if (ckpt > 0) return (W + ckpt - 1) / ckpt;
     return unwind ? 0 : W;
 }
@@ -76,11 +78,11 @@ LDMScheme<R>::LDMScheme(const ModelConfig& cfg) : cfg_(cfg) {
     ST_ = Hm_ * (SS_ + PP_);
     residual_ = cfg.ldm_residual;
     forget_ = cfg.ldm_forget && !delta_;
-    unwind_ = cfg.ldm_mode == "unwind";
-    ckpt_ = cfg.ldm_checkpoint_every;
     window_ = cfg.ldm_mode == "window";
+    unwind_ = cfg.ldm_mode == "unwind" || window_;  // window mode unwinds in backward too
+    ckpt_ = cfg.ldm_checkpoint_every;
     w_ = cfg.ldm_window;
-    if (window_) ckpt_ = 0;  // window mode keeps its own per-window states
+    if (window_ && ckpt_ > 0) ckpt_ = w_;  // window mode checkpoints = the window-start states
     lam_.assign((size_t)(D_ + 1) * Hm_, R(1));
 }
 
@@ -217,7 +219,7 @@ void LDMScheme<R>::write_forward(int i, const R* o) {
             for (int n = 0; n < N; n++)
                 for (int h = 0; h < Hm; h++)
                     window_flush(n, h, i, scratch_.data() + (size_t)omp_get_thread_num() * scr_size());
-            if (i < D_)
+            if (i < D_ && ckpt_ > 0)
                 std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)((i + 1) / w_) * st);
         }
     } else if (ckpt_ > 0) {
@@ -227,113 +229,37 @@ void LDMScheme<R>::write_forward(int i, const R* o) {
     }
 }
 
-// ---- window mode (spec §2.5 "window w"): per token-head pending writes of the current window.
-// Kt [w, dk]: k~_m = k_m / sqrt(c_m); Et [w, dv]: e~_m = (v_m - S k_m) / sqrt(c_m) = v~_m - S k~_m;
-// Lc [w, w]: Cholesky factor of C = I + K~^T P K~, grown one row per write; c_m = prod of the
-// window's lambdas up to and including write m. S, P in cur_ stay at the window start.
+// ---- window mode (spec §2.5 "window w"): per token-head pending writes of the current window in
+// Kt_, Et_, Lc_ (layouts and math: ldm_math.h window_*); S, P in cur_ stay at the window start.
 template <typename R>
 void LDMScheme<R>::window_append(int n, int h, int i, const R* k, const R* v, R* u) {
-    const int dk = dk_, dv = dv_, w = w_, m = i % w_, s = i - m;
-    R c = 1;
-    for (int t = s; t <= i; t++) c *= lam_[(size_t)t * Hm_ + h];
+    const int m = i % w_, s = i - m;
+    const R c = window_decay(lam_.data() + (size_t)s * Hm_ + h, m + 1, Hm_);
     const R isc = R(1) / ldm_sqrt(c);
     const size_t th = (size_t)n * Hm_ + h;
-    R* Kt = Kt_.data() + th * w * dk;
-    R* Et = Et_.data() + th * w * dv;
-    R* L = Lc_.data() + th * w * w;
     const R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-    const R* P = S + SS_;
-    for (int b = 0; b < dk; b++) Kt[m * dk + b] = k[b] * isc;
-    for (int a = 0; a < dv; a++) {
-        R sk = 0;
-        for (int b = 0; b < dk; b++) sk += S[a * dk + b] * k[b];
-        Et[m * dv + a] = (v[a] - sk) * isc;
-    }
-    // u = P k~_m; row m of C: C[m][b] = k~_b^T u + [b == m]; append the Cholesky row.
-    for (int a = 0; a < dk; a++) {
-        R t = 0;
-        for (int b = 0; b < dk; b++) t += P[a * dk + b] * Kt[m * dk + b];
-        u[a] = t;
-    }
-    for (int b = 0; b <= m; b++) {
-        R cmb = b == m ? R(1) : R(0);
-        for (int a = 0; a < dk; a++) cmb += Kt[b * dk + a] * u[a];
-        for (int p = 0; p < b; p++) cmb -= L[m * w + p] * L[b * w + p];
-        L[m * w + b] = b == m ? ldm_sqrt(cmb) : cmb / L[b * w + b];
-    }
+    ldm::window_append(S, S + SS_, k, v, isc, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_,
+                       Lc_.data() + th * w_ * w_, m, w_, dv_, dk_, u);
 }
 
 // r += E~_m^T C_m^-1 K~_m^T P q for the m pending writes (r already holds S q).
 template <typename R>
 void LDMScheme<R>::window_read(int n, int h, int m, const R* q, R* r, R* scr) {
-    const int dk = dk_, dv = dv_, w = w_;
     const size_t th = (size_t)n * Hm_ + h;
-    const R* Kt = Kt_.data() + th * w * dk;
-    const R* Et = Et_.data() + th * w * dv;
-    const R* L = Lc_.data() + th * w * w;
     const R* P = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_) + SS_;
-    R* t = scr;       // P q [dk]
-    R* z = scr + dk;  // [m]
-    for (int a = 0; a < dk; a++) {
-        R x = 0;
-        for (int b = 0; b < dk; b++) x += P[a * dk + b] * q[b];
-        t[a] = x;
-    }
-    for (int a = 0; a < m; a++) {  // forward substitution L z = K~^T t
-        R x = 0;
-        for (int b = 0; b < dk; b++) x += Kt[a * dk + b] * t[b];
-        for (int p = 0; p < a; p++) x -= L[a * w + p] * z[p];
-        z[a] = x / L[a * w + a];
-    }
-    for (int a = m - 1; a >= 0; a--) {  // back substitution L^T z' = z
-        R x = z[a];
-        for (int p = a + 1; p < m; p++) x -= L[p * w + a] * z[p];
-        z[a] = x / L[a * w + a];
-    }
-    for (int a = 0; a < m; a++)
-        for (int c = 0; c < dv; c++) r[c] += z[a] * Et[a * dv + c];
+    ldm::window_read(P, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_, Lc_.data() + th * w_ * w_,
+                     m, w_, q, r, dv_, dk_, scr);
 }
 
-// Applies the window's m = i - s + 1 writes at once: U = P K~, X = L^-1 U^T, P <- (P - X^T X)/c,
-// G^T = L^-T X, S <- S + E~^T G^T.
+// Applies the window's m = i - s + 1 writes at once (ldm_math.h window_flush).
 template <typename R>
 void LDMScheme<R>::window_flush(int n, int h, int i, R* scr) {
-    const int dk = dk_, dv = dv_, w = w_, m = i % w_ + 1, s = i + 1 - m;
-    R c = 1;
-    for (int t = s; t <= i; t++) c *= lam_[(size_t)t * Hm_ + h];
+    const int m = i % w_ + 1, s = i + 1 - m;
+    const R c = window_decay(lam_.data() + (size_t)s * Hm_ + h, m, Hm_);
     const size_t th = (size_t)n * Hm_ + h;
-    const R* Kt = Kt_.data() + th * w * dk;
-    const R* Et = Et_.data() + th * w * dv;
-    const R* L = Lc_.data() + th * w * w;
     R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-    R* P = S + SS_;
-    R* X = scr;  // [m, dk]
-    for (int a = 0; a < m; a++)
-        for (int b = 0; b < dk; b++) {
-            R u = 0;
-            for (int e = 0; e < dk; e++) u += P[b * dk + e] * Kt[a * dk + e];
-            for (int p = 0; p < a; p++) u -= L[a * w + p] * X[p * dk + b];
-            X[a * dk + b] = u / L[a * w + a];
-        }
-    const R ic = R(1) / c;
-    for (int a = 0; a < dk; a++)
-        for (int b = 0; b < dk; b++) {
-            R x = 0;
-            for (int p = 0; p < m; p++) x += X[p * dk + a] * X[p * dk + b];
-            P[a * dk + b] = (P[a * dk + b] - x) * ic;
-        }
-    for (int a = m - 1; a >= 0; a--)  // X <- L^-T X (in place, rows from the bottom)
-        for (int b = 0; b < dk; b++) {
-            R x = X[a * dk + b];
-            for (int p = a + 1; p < m; p++) x -= L[p * w + a] * X[p * dk + b];
-            X[a * dk + b] = x / L[a * w + a];
-        }
-    for (int a = 0; a < dv; a++)
-        for (int b = 0; b < dk; b++) {
-            R x = 0;
-            for (int p = 0; p < m; p++) x += Et[p * dv + a] * X[p * dk + b];
-            S[a * dk + b] += x;
-        }
+    ldm::window_flush(S, S + SS_, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_,
+                      Lc_.data() + th * w_ * w_, m, w_, c, dv_, dk_, scr);
 }
 
 template <typename R>
@@ -369,7 +295,7 @@ void LDMScheme<R>::begin(const R* e) {
             R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
             ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv_, dk_, (R)cfg_.ldm_delta);
         }
-    if (window_) std::copy(cur_.begin(), cur_.end(), stored_.begin());  // state before write 0
+    if (window_ && ckpt_ > 0) std::copy(cur_.begin(), cur_.end(), stored_.begin());  // before write 0
     write_forward(0, e);
 }
 
@@ -481,7 +407,7 @@ void LDMScheme<R>::prev_state(int i) {
                 ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv, dk, (R)cfg_.ldm_delta);
             }
     };
-    if (window_) {  // recompute from the state kept at the start of write i's window
+    if (window_ && ckpt_ > 0) {  // recompute from the state kept at the start of write i's window
         const int s = i / w_ * w_;
         std::copy(stored_.begin() + (size_t)(i / w_) * st, stored_.begin() + (size_t)(i / w_ + 1) * st,
                   cur_.begin());
@@ -627,7 +553,8 @@ void LDMScheme<R>::begin_backward(R* de) {
     write_backward(0, de);
     const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
     if (unwinding && ckpt_ == 0 && std::max(drift_S_, drift_P_) > cfg_.ldm_drift_tol) {
-        ckpt_ = cfg_.ldm_checkpoint_every > 0
+        ckpt_ = window_ ? w_  // window mode: keep the window-start states
+                : cfg_.ldm_checkpoint_every > 0
                     ? cfg_.ldm_checkpoint_every
                     : std::max(1, (int)std::lround(std::sqrt((double)(D_ + 1))));
         fell_back_ = true;

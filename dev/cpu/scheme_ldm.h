@@ -21,9 +21,11 @@
 //              from the stored checkpoint it reaches;
 //   window w   (rls only) forward applies w writes at once (Woodbury, spec §2.5) and gives reads
 //              inside a window the pending writes exactly through the Cholesky factor of C, grown
-//              one row per write; keeps the state at each window start; backward recomputes the
-//              states inside a window from its start by sequential writes (exact) and applies the
-//              per-write VJPs. ldm_checkpoint_every is ignored in window mode.
+//              one row per write (ldm_math.h window_*); backward UNWINDS like unwind mode (keeps
+//              only the final state; drift check after every backward). On drift above the
+//              tolerance (from the next step), or when ldm_checkpoint_every > 0 is set, it keeps
+//              the state at each window start instead and recomputes a window's states from its
+//              start by sequential writes (exact); ckpt_ then reads w (metrics ldm_ckpt = w).
 #pragma once
 #include <algorithm>
 #include <string>

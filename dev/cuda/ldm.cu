@@ -6,9 +6,13 @@
 //    poisoned with NaN first) for every rule (rls, delta, outer), mode (store, unwind,
 //    checkpoint-every, window), no-residual, no-forget, kernel variant (1, 2, 3) and dtype, at
 //    small odd shapes; compares every x_j, y, do_j, de, the final state and all scheme gradients.
+//    Window mode runs every window path (window_impl 0 sequential, 1 Woodbury v1, 2 Woodbury v2;
+//    names "-wseq", "-wv1", "-wv2") at w = 1, 2, 3, 4, 8 with D+1 = 7 (only w = 1 divides it).
 // 2. Bench: each kernel at N=16384, d=1024, H_m=4, d_k=8, D=48 (read, write, unwind+VJP, and a
 //    whole window-mode write), GB/s against the state bytes the kernel must move
-//    (write: S,P read + write; read: S read; unwind+VJP: S,P,dS,dP read + write).
+//    (write: S,P read + write; read: S read; unwind+VJP: S,P,dS,dP read + write); the Woodbury
+//    window kernels (append, read with m pending writes, flush of w = 4) against their counted
+//    bytes (doc/cuda.md "LDM kernels").
 //
 //   build/cuda/ldm [--quick]        prints CHECK / BENCH lines (doc/cuda.md), exit 1 on a FAIL
 #include <cstdio>
@@ -86,7 +90,7 @@ void report(const std::string& variant, const char* dtype, const std::string& sh
 }
 
 template <typename T>
-void run_case(const Case& k, int variant) {
+void run_case(const Case& k, int variant, int wimpl = kWindowImplDefault) {
     const bool bf = !std::is_same<T, float>::value;
     const double tol = bf ? 2e-2 : 1e-4;
     const ModelConfig cfg = make_cfg(k);
@@ -163,6 +167,7 @@ void run_case(const Case& k, int variant) {
     fill(de_d.ptr, nd, NAN, s);
     LdmGpuScheme<T> g(cfg);
     g.variant = variant;
+    g.window_impl = wimpl;
     g.bind(pw.ptr, pm.ptr, g_d.ptr);
     g.resize(1, N);
     g.begin(e_d.ptr, s);
@@ -181,7 +186,8 @@ void run_case(const Case& k, int variant) {
     g.begin_backward(de_d.ptr, s);
     CUDA_CHECK(cudaDeviceSynchronize());
 
-    const std::string v = k.name() + "-v" + std::to_string(variant);
+    std::string v = k.name() + "-v" + std::to_string(variant);
+    if (k.mode == "window") v += wimpl == 0 ? "-wseq" : wimpl == 1 ? "-wv1" : "-wv2";
     const char* dt = dtype_name<T>();
     const std::string sh = k.shape();
     report(v + "/x", dt, sh, download(xs.ptr, xs.n), cx, tol);
@@ -295,13 +301,59 @@ void bench(bool quick) {
             write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("window4-sequential-v2", ms, 2 * SP);  // GB/s vs the ONE pass a Woodbury window needs
+    // Woodbury window kernels (w = 4): pending-write buffers per (token, head)
+    {
+        const int w = 4;
+        const int64_t TH = N * Dm.Hm, sstr = std::max(v1_scratch_per_th(Dm), (int64_t)w * Dm.dk + Dm.dk + w);
+        DeviceBuffer<float> Kt(TH * w * Dm.dk), Et(TH * w * Dm.dv), Lc(TH * w * w), wscr(TH * sstr), lamw(w * Dm.Hm);
+        DeviceBuffer<T> O(w * nd);
+        fill(O.ptr, O.n, 0.25f, s);
+        fill(Et.ptr, Et.n, 0.01f, s);
+        fill(lamw.ptr, lamw.n, 0.99f, s);
+        init_state(Dm, cur.ptr, 0.1f, s);
+        // counted bytes (doc/cuda.md "LDM kernels"): append-key-v2 P read; append-v1 S, P read +
+        // the E~ row written; read-v1-m2 S, P + 2 E~ rows; read-v2-m2 S, P + 2
+        // saved v rows (T); flush-v1-w4 S, P read + write + 4 E~ rows; flush-v2-w4 the same with
+        // 4 v rows (T). Small K~, L, q, k traffic is not counted.
+        const double Pb = (double)TH * Dm.PP * 4, Ob = (double)nd * sizeof(T), Eb = (double)nd * 4;
+        // fill K~ and L for m = 0..3 (valid factors), key-only append
+        for (int m = 0; m < w; m++)
+            window_append_v1_kernel<false><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, m, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
+        LDM_LAUNCH_CHECK();
+        ms = time_median_ms([&] {
+            window_append_v1_kernel<false><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, 3, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
+        }, 2, reps, s);
+        line("window-append-key-v2", ms, Pb);
+        ms = time_median_ms([&] {
+            window_append_v1_kernel<true><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lamw.ptr, 3, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
+        }, 2, reps, s);
+        line("window-append-v1", ms, S_only + Pb + Eb);
+        ms = time_median_ms([&] {
+            window_read_v1_kernel<T><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
+        }, 2, reps, s);
+        line("window-read-v1-m2", ms, S_only + Pb + 2 * Eb);
+        ms = time_median_ms([&] {
+            window_read_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Lc.ptr, O.ptr, nd, lamw.ptr);
+        }, 2, reps, s);
+        line("window-read-v2-m2", ms, S_only + Pb + 2 * Ob);
+        // flushes modify S, P in place; the timing does not depend on the values
+        ms = time_median_ms([&] {
+            window_flush_v1_kernel<<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
+        }, 2, reps, s);
+        line("window-flush-v1-w4", ms, 2 * SP + w * Eb);
+        ms = time_median_ms([&] {
+            window_flush_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Lc.ptr, O.ptr, nd, wscr.ptr, sstr);
+        }, 2, reps, s);
+        line("window-flush-v2-w4", ms, 2 * SP + w * Ob);
+    }
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // Whole scheme, one forward + backward (all D+1 writes, D+1 reads, GEMMs included) at the bench
 // shape, per mode: the LDM overhead of a training step at N tokens.
 template <typename T>
-void bench_scheme(const std::string& rule, const std::string& mode, int variant, bool quick) {
+void bench_scheme(const std::string& rule, const std::string& mode, int variant, bool quick,
+                  int wimpl = kWindowImplDefault) {
     Case k;
     k.N = 16384;
     k.d = 1024;
@@ -335,6 +387,7 @@ void bench_scheme(const std::string& rule, const std::string& mode, int variant,
     fill(g.ptr, nd, 1e-3f, s);
     LdmGpuScheme<T> sc(cfg);
     sc.variant = variant;
+    sc.window_impl = wimpl;
     sc.bind(pw.ptr, pm.ptr, gr.ptr);
     sc.resize(1, k.N);
     auto fwd = [&] {
@@ -355,15 +408,17 @@ void bench_scheme(const std::string& rule, const std::string& mode, int variant,
     };
     const int reps = 3;
     (void)quick;
+    std::string tag = rule + "-" + mode;
+    if (mode == "window") tag += wimpl == 0 ? "4-wseq" : wimpl == 1 ? "4-wv1" : "4-wv2";
     const float fms = time_median_ms(fwd, 1, reps, s);
     const float tms = time_median_ms([&] { fwd(); bwd(); }, 1, reps, s);
-    std::printf("BENCH ldm scheme-%s-%s-v%d-fwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", rule.c_str(), mode.c_str(), variant,
+    std::printf("BENCH ldm scheme-%s-v%d-fwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", tag.c_str(), variant,
                 dtype_name<T>(), k.shape().c_str(), fms);
-    std::printf("BENCH ldm scheme-%s-%s-v%d-fwd+bwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", rule.c_str(), mode.c_str(), variant,
+    std::printf("BENCH ldm scheme-%s-v%d-fwd+bwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", tag.c_str(), variant,
                 dtype_name<T>(), k.shape().c_str(), tms);
     std::string met;
     for (auto& kv : sc.metrics()) met += strprintf(" %s=%.3g", kv.first.c_str(), kv.second);
-    std::printf("INFO ldm scheme-%s-%s-v%d %s allocates %.1f KiB/token%s\n", rule.c_str(), mode.c_str(), variant, dtype_name<T>(),
+    std::printf("INFO ldm scheme-%s-v%d %s allocates %.1f KiB/token%s\n", tag.c_str(), variant, dtype_name<T>(),
                 sc.allocated_bytes() / (double)k.N / 1024.0, met.c_str());
 }
 
@@ -386,6 +441,9 @@ int main(int argc, char** argv) {
         { Case c; c.rule = "delta"; add(c); c.ckpt = 2; add(c); }
         { Case c; c.mode = "unwind"; c.ckpt = 2; add(c); c.rule = "outer"; add(c); }
         { Case c; c.mode = "window"; c.window = 2; add(c); c.window = 3; add(c); }
+        // window at D+1 = 7 writes (n_layer 3): w = 2, 3, 4 leave a shorter last window, 8 > D+1
+        for (int w : {1, 2, 3, 4, 8}) { Case c; c.mode = "window"; c.window = w; c.n_layer = 3; c.N = 45; add(c); }
+        { Case c; c.mode = "window"; c.window = 4; c.n_layer = 3; c.residual = false; add(c); }
         { Case c; c.residual = false; c.mode = "unwind"; add(c); c.rule = "delta"; c.mode = "store"; add(c); }
         { Case c; c.forget = false; c.mode = "unwind"; add(c); }
         // odd shapes: N not a multiple of the block, d_v and d_k odd, 3 layers
@@ -396,14 +454,23 @@ int main(int argc, char** argv) {
         { Case c; c.N = 33; c.d = 48; c.Hm = 2; c.dk = 3; c.n_layer = 3; c.mode = "store"; c.ckpt = 3; add(c); }
         for (const Case& c : cases) {
             for (int v : {1, 2, 3}) {
-                run_case<float>(c, v);
-                if (!quick || v == 2) run_case<bf16>(c, v);
+                for (int wi : {0, 1, 2}) {
+                    if (c.mode != "window" && wi != kWindowImplDefault) continue;
+                    // --quick: window paths with variant 2, and 1 / 3 only with path 2's kernels
+                    // mixed in (v1 and v3 backward kernels with the Woodbury forward)
+                    if (quick && c.mode == "window" && v != 2 && wi != 2) continue;
+                    run_case<float>(c, v, wi);
+                    if (!quick || v == 2) run_case<bf16>(c, v, wi);
+                }
             }
         }
         bench<float>(quick);
         bench<bf16>(quick);
         for (int v : {2, 3})
-            for (const char* m : {"store", "unwind", "window"}) bench_scheme<bf16>("rls", m, v, quick);
+            for (const char* m : {"store", "unwind"}) bench_scheme<bf16>("rls", m, v, quick);
+        for (int v : {2, 3})
+            for (int wi : {0, 1, 2})
+                if (!quick || v == 2) bench_scheme<bf16>("rls", "window", v, quick, wi);
         bench_scheme<bf16>("outer", "unwind", 3, quick);  // (variant 2 runs these rules with v1)
         bench_scheme<bf16>("delta", "store", 3, quick);
     } catch (const std::exception& ex) {
