@@ -17,15 +17,22 @@
 namespace ldm {
 namespace gpu {
 
+void check_gpu_scheme(const ModelConfig& cfg) {
+    for (const char* k : {"preln", "hc", "mhc", "attnres-full", "attnres-block"})
+        if (cfg.scheme == k) return;
+    if (cfg.scheme == "ldm") throw Error("scheme 'ldm' runs on the GPU in train_ldm, not train_gpt_baselines");
+    throw Error("unknown scheme '" + cfg.scheme + "' (train_gpt_baselines supports: preln, hc, mhc, attnres-full, attnres-block)");
+}
+
 template <typename T>
 std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
+    check_gpu_scheme(cfg);
     if (cfg.scheme == "preln") return std::make_unique<GpuPreLN<T>>(cfg);
     if (cfg.scheme == "hc") return std::make_unique<GpuHC<T>>(cfg, false);          // spec §2.2
     if (cfg.scheme == "mhc") return std::make_unique<GpuHC<T>>(cfg, true);          // spec §2.3
     if (cfg.scheme == "attnres-full") return std::make_unique<GpuAttnRes<T>>(cfg, false);  // spec §2.4
     if (cfg.scheme == "attnres-block") return std::make_unique<GpuAttnRes<T>>(cfg, true);
-    if (cfg.scheme == "ldm") throw Error("scheme 'ldm' runs on the GPU in train_ldm, not train_gpt_baselines");
-    throw Error("unknown scheme '" + cfg.scheme + "' (train_gpt_baselines supports: preln, hc, mhc, attnres-full, attnres-block)");
+    throw Error("unknown scheme '" + cfg.scheme + "'");  // not reached: check_gpu_scheme
 }
 
 }  // namespace gpu

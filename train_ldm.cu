@@ -53,11 +53,15 @@ inline void print_ldm_memory(const ModelConfig& c, int64_t act_bytes) {
     std::fflush(stdout);
 }
 
-template <typename T>
-std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
+void check_gpu_scheme(const ModelConfig& cfg) {
     if (cfg.scheme != "ldm")
         throw Error("train_ldm trains --scheme ldm only (got '" + cfg.scheme +
                     "'); use train_gpt_baselines for preln / hc / mhc / attnres-*");
+}
+
+template <typename T>
+std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
+    check_gpu_scheme(cfg);
     static bool printed = false;
     if (!printed) {
         print_ldm_memory(cfg, (int64_t)sizeof(T));

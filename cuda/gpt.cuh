@@ -41,6 +41,9 @@ namespace gpu {
 // Factory of the trainer's schemes (defined by each trainer: train_gpt_baselines.cu, train_ldm.cu).
 template <typename T>
 std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg);
+// ldm::Error unless this trainer has cfg.scheme (defined by each trainer; no GPU work, so
+// --dry-run refuses a scheme of the other trainer too).
+void check_gpu_scheme(const ModelConfig& cfg);
 
 // Byte counts of one training configuration (printed at startup, doc/cuda.md "Memory").
 struct GptMemory {

@@ -1,0 +1,122 @@
+// core/train_flags.h — the command-line flags every trainer shares (train_cpu and the GPU
+// trainers build/cuda/train_gpt_baselines, build/cuda/train_ldm): the sections "Model", "Data",
+// "Optimisation" and the common part of "Evaluation, sampling, output" (through --seed), and the
+// ModelConfig they describe. Each trainer keeps its own options struct (its own defaults, e.g.
+// --dtype) and adds its own flags after these; the fields are bound by name, so a struct that
+// lacks one does not compile. Spec: ../shared/spec/model.md §1-§2 (presets, schemes, LDM flags).
+#pragma once
+#include <string>
+
+#include "core/cli.h"
+#include "core/config.h"
+
+namespace ldm {
+
+// Registers the shared flags on ap, bound to o's fields (o: a trainer's options struct).
+template <class O>
+void add_common_train_flags(ArgParser& ap, O& o) {
+    ap.section("Model");
+    ap.add("--preset", &o.preset, "model preset: " + [] {
+        std::string s;
+        for (const auto& p : preset_names()) s += (s.empty() ? "" : "|") + p;
+        return s;
+    }());
+    ap.add("--n-layer", &o.n_layer, "override: number of Transformer blocks (0 = preset)");
+    ap.add("--d-model", &o.d_model, "override: model width d (0 = preset)");
+    ap.add("--n-head", &o.n_head, "override: query heads (0 = preset)");
+    ap.add("--n-kv-head", &o.n_kv_head, "override: key/value heads, must divide n_head (0 = preset)");
+    ap.add("--head-dim", &o.head_dim, "override: head dimension (0 = preset)");
+    ap.add("--ffn", &o.ffn, "override: SwiGLU hidden size (0 = preset)");
+    ap.add("--scheme", &o.scheme, "depth-aggregation scheme (spec §2): preln | hc | mhc | attnres-full | attnres-block | ldm");
+    ap.add("--hc-streams", &o.hc_streams, "HC/mHC: number of residual streams n");
+    ap.add("--sinkhorn-iters", &o.sinkhorn_iters, "mHC: Sinkhorn-Knopp iterations t_max");
+    ap.add("--attnres-blocks", &o.attnres_blocks, "Block AttnRes: number of blocks N (N >= D is Full)");
+    ap.add("--ldm-rule", &o.ldm_rule, "LDM write rule: rls | delta | outer");
+    ap.add("--no-residual", &o.ldm_no_residual, "LDM without the residual stream h (x_j = r_j)");
+    ap.add("--ldm-heads", &o.ldm_heads, "LDM memory heads H_m (must divide d)");
+    ap.add("--ldm-dk", &o.ldm_dk, "LDM key size d_k");
+    ap.add("--ldm-delta", &o.ldm_delta, "LDM ridge delta (> 0; initial P = I/delta)");
+    ap.add("--ldm-lambda-min", &o.ldm_lambda_min, "LDM forgetting floor lambda_min in (0, 1]");
+    ap.add("--ldm-no-forget", &o.ldm_no_forget, "LDM with fixed lambda = 1 (no theta)");
+    ap.add("--ldm-mode", &o.ldm_mode,
+           "LDM training mode: store | unwind | window (not part of the model identity)");
+    ap.add("--ldm-window", &o.ldm_window, "LDM window w for --ldm-mode window (>= 1): the forward defers writes and applies w at once (Woodbury, spec 2.5); the backward unwinds like --ldm-mode unwind (drift check; on drift, or with --ldm-checkpoint-every > 0, keeps the window-start states instead)");
+    ap.add("--ldm-checkpoint-every", &o.ldm_checkpoint_every,
+           "LDM: keep every c-th state and unwind inside segments (0 = off)");
+    ap.add("--ldm-drift-tol", &o.ldm_drift_tol,
+           "LDM unwind drift above which training falls back to checkpointed segments");
+    ap.section("Data");
+    ap.add("--train-data", &o.train_data, "glob of training token shards (required)");
+    ap.add("--val-data", &o.val_data, "glob of validation token shards (optional)");
+    ap.add("--tokenizer", &o.tokenizer,
+           "tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json: vocab size, eot, sampling "
+           "(\"\" = <data dir>/gpt2_tokenizer)");
+    ap.add("-B,--batch-size", &o.B, "sequences per micro-batch");
+    ap.add("-T,--seq-len", &o.T, "tokens per sequence (also the model's max sequence length)");
+    ap.add("--total-batch-tokens", &o.total_batch_tokens,
+           "tokens per optimizer step; a multiple of B*T (gradient accumulation); 0 = B*T");
+    ap.section("Optimisation");
+    ap.add("--steps", &o.steps, "optimizer steps");
+    ap.add("--lr", &o.lr, "peak learning rate");
+    ap.add("--min-lr-ratio", &o.min_lr_ratio, "final lr as a fraction of the peak");
+    ap.add("--warmup-steps", &o.warmup_steps, "linear warmup steps");
+    ap.add("--schedule", &o.schedule, "lr schedule after warmup: cosine|linear|wsd|constant");
+    ap.add("--wsd-decay-frac", &o.wsd_decay_frac, "wsd: fraction of the steps spent in the final decay");
+    ap.add("--weight-decay", &o.weight_decay, "AdamW decoupled weight decay (matrices and embeddings only)");
+    ap.add("--beta1", &o.beta1, "AdamW beta1");
+    ap.add("--beta2", &o.beta2, "AdamW beta2");
+    ap.add("--adam-eps", &o.adam_eps, "AdamW epsilon");
+    ap.add("--grad-clip", &o.grad_clip, "global gradient-norm clip (0 = off)");
+    ap.section("Evaluation, sampling, output");
+    ap.add("--val-every", &o.val_every, "validation loss every N steps (0 = only at the end)");
+    ap.add("--val-batches", &o.val_batches, "batches of B x T per validation");
+    ap.add("--eval-every", &o.eval_every, "run the --eval-* evaluations every N steps (0 = only at the end)");
+    ap.add("--eval-lambada", &o.eval_lambada, "LAMBADA eval binary: ppl and acc logged as {\"type\":\"eval\"}");
+    ap.add("--eval-wikitext", &o.eval_wikitext, "WikiText-2 eval binary: word/byte ppl, bits per byte (window T)");
+    ap.add("--eval-hellaswag", &o.eval_hellaswag, "HellaSwag eval binary: acc and acc_norm");
+    ap.add("--eval-max-examples", &o.eval_max_examples,
+           "cap on LAMBADA examples / HellaSwag items / WikiText documents per evaluation (0 = all)");
+    ap.add("--unigram-baseline", &o.unigram_baseline,
+           "print the val cross-entropy of an add-one unigram model fitted on the train shards");
+    ap.add("--sample-every", &o.sample_every, "print a text sample every N steps (0 = only at the end; -1 never)");
+    ap.add("--sample-tokens", &o.sample_tokens, "tokens per sample");
+    ap.add("--ckpt-every", &o.ckpt_every, "checkpoint every N steps into --out-dir (0 = only at the end)");
+    ap.add("--out-dir", &o.out_dir, "directory for checkpoints ckpt_<step>.model/.state (\"\" = none)");
+    ap.add("--resume", &o.resume, "resume from a checkpoint: out/ckpt_000100 (or its .model/.state path)");
+    ap.add("--log", &o.log, "JSONL log file (config line, one line per step/val/sample)");
+    ap.add("--seed", &o.seed, "seed of the init, data shuffling and sampling");
+}
+
+// The model of the flags: the preset (with vocab_size), then the overrides (0 = keep the preset's
+// value), the scheme and LDM options, seq_len = T. ldm::Error (from validate) on an impossible
+// shape or option.
+template <class O>
+ModelConfig model_config_from_flags(const O& o, int vocab_size) {
+    ModelConfig cfg = preset_config(o.preset, vocab_size);
+    if (o.n_layer) cfg.n_layer = o.n_layer;
+    if (o.d_model) cfg.d_model = o.d_model;
+    if (o.n_head) cfg.n_head = o.n_head;
+    if (o.n_kv_head) cfg.n_kv_head = o.n_kv_head;
+    if (o.head_dim) cfg.head_dim = o.head_dim;
+    if (o.ffn) cfg.ffn = o.ffn;
+    cfg.seq_len = o.T;
+    cfg.scheme = o.scheme;
+    cfg.hc_streams = o.hc_streams;
+    cfg.sinkhorn_iters = o.sinkhorn_iters;
+    cfg.attnres_blocks = o.attnres_blocks;
+    cfg.ldm_rule = o.ldm_rule;
+    cfg.ldm_residual = !o.ldm_no_residual;
+    cfg.ldm_forget = !o.ldm_no_forget;
+    cfg.ldm_heads = o.ldm_heads;
+    cfg.ldm_dk = o.ldm_dk;
+    cfg.ldm_delta = o.ldm_delta;
+    cfg.ldm_lambda_min = o.ldm_lambda_min;
+    cfg.ldm_mode = o.ldm_mode;
+    cfg.ldm_window = o.ldm_window;
+    cfg.ldm_checkpoint_every = o.ldm_checkpoint_every;
+    cfg.ldm_drift_tol = o.ldm_drift_tol;
+    cfg.validate();
+    return cfg;
+}
+
+}  // namespace ldm
