@@ -34,6 +34,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -317,12 +319,96 @@ inline T shfl(unsigned mask, T v, int arg, int width, const char* name) {
     return r;
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, PTX ISA fragment layout (gr = lane / 4,
+// tg = lane % 4): A 16x16 a0 = A[gr][2tg..2tg+1], a1 = A[gr+8][2tg..], a2 = A[gr][2tg+8..],
+// a3 = A[gr+8][2tg+8..]; B 16x8 b0 = B[2tg..2tg+1][gr], b1 = B[2tg+8..2tg+9][gr]; C/D 16x8
+// c0, c1 = C[gr][2tg, 2tg+1], c2, c3 = C[gr+8][2tg, 2tg+1]. Products of bf16 are exact in fp32;
+// the sums are accumulated in float in k order (the hardware's internal order is not specified).
+inline float bf16_bits_to_f(uint32_t h) {
+    const uint32_t x = h << 16;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+inline void op_mma16816(Thread* const* lanes) {
+    float A[16][16], B[16][8];
+    for (int l = 0; l < kWarp; l++) {
+        if (!lanes[l]) fail("mma.sync with exited lanes");
+        const uint32_t* f = lanes[l]->win;
+        const int gr = l >> 2, tg = l & 3;
+        for (int r = 0; r < 4; r++)
+            for (int h = 0; h < 2; h++)
+                A[gr + ((r & 1) ? 8 : 0)][2 * tg + h + ((r & 2) ? 8 : 0)] =
+                    bf16_bits_to_f(h ? f[r] >> 16 : f[r] & 0xffffu);
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 2; h++) B[2 * tg + h + (r ? 8 : 0)][gr] = bf16_bits_to_f(h ? f[4 + r] >> 16 : f[4 + r] & 0xffffu);
+    }
+    for (int l = 0; l < kWarp; l++) {
+        Thread* t = lanes[l];
+        const int gr = l >> 2, tg = l & 3;
+        for (int e = 0; e < 4; e++) {
+            const int row = gr + ((e >> 1) ? 8 : 0), col = 2 * tg + (e & 1);
+            float acc;
+            std::memcpy(&acc, &t->win[6 + e], 4);
+            for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+            std::memcpy(&t->wout[e], &acc, 4);
+        }
+    }
+}
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l supplies the address of row l % 8 of
+// matrix l / 8 (16-byte aligned); register i of lane l receives row l / 4, columns 2(l%4),
+// 2(l%4)+1 of matrix i (.trans: rows 2(l%4), 2(l%4)+1 of column l / 4).
+template <bool TRANS>
+inline void op_ldmatrix_x4(Thread* const* lanes) {
+    for (int l = 0; l < kWarp; l++)
+        if (!lanes[l]) fail("ldmatrix with exited lanes");
+    auto h16 = [](const void* row, int col) {
+        uint16_t v;
+        std::memcpy(&v, (const char*)row + 2 * col, 2);
+        return (uint32_t)v;
+    };
+    for (int l = 0; l < kWarp; l++) {
+        for (int i = 0; i < 4; i++) {
+            if (!TRANS) {
+                const void* row = lanes[8 * i + l / 4]->ptr;
+                lanes[l]->wout[i] = h16(row, 2 * (l % 4)) | h16(row, 2 * (l % 4) + 1) << 16;
+            } else {
+                const void* r0 = lanes[8 * i + 2 * (l % 4)]->ptr;
+                const void* r1 = lanes[8 * i + 2 * (l % 4) + 1]->ptr;
+                lanes[l]->wout[i] = h16(r0, l / 4) | h16(r1, l / 4) << 16;
+            }
+        }
+    }
+}
+
 template <typename K, typename Tup, size_t... I>
 void call_with(K kernel, Tup& a, std::index_sequence<I...>) {
     kernel(std::get<I>(a)...);
 }
 
 }  // namespace detail
+
+// Warp-level tensor-core and ldmatrix emulations (all 32 lanes must take part). A header's
+// `__trap();  // host: KEY` fallback becomes EMU_HOST_KEY (gen.py); a harness maps those to these,
+// e.g. #define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b).
+inline void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    using namespace detail;
+    Thread* t = g.cur;
+    for (int i = 0; i < 4; i++) t->win[i] = a[i];
+    t->win[4] = b[0];
+    t->win[5] = b[1];
+    for (int i = 0; i < 4; i++) std::memcpy(&t->win[6 + i], &c[i], 4);
+    yield_warp(&op_mma16816, "mma.m16n8k16", 0xffffffffu);
+    for (int i = 0; i < 4; i++) std::memcpy(&c[i], &g.cur->wout[i], 4);
+}
+inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
+    using namespace detail;
+    if ((uintptr_t)p & 15) fail("ldmatrix: row address not 16-byte aligned");
+    g.cur->ptr = p;
+    yield_warp(trans ? &op_ldmatrix_x4<true> : &op_ldmatrix_x4<false>, trans ? "ldmatrix.trans" : "ldmatrix",
+               0xffffffffu);
+    for (int i = 0; i < 4; i++) r[i] = g.cur->wout[i];
+}
 
 // Scheduling order of warps and lanes for the following launches (see the header comment).
 inline void set_order(Order o, uint64_t seed = 1) {
