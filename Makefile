@@ -87,8 +87,8 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 	$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # CPU emulation of CUDA kernels (dev/emu, doc/cuda.md "Emulating kernels on the CPU"): the
-# test/test_emu_*.cpp tests include host copies of cuda/*.cuh that dev/emu/gen.py writes into
-# $(BUILD)/emu/cuda_emu/, and compile with g++ against the CUDA headers only (no libcudart, no GPU).
+# test/test_emu_*.cpp tests include host copies of cuda/*.cuh and of the dev/cuda workbenches
+# that dev/emu/gen.py writes into $(BUILD)/emu/cuda_emu/, and compile with g++ against the CUDA headers only (no libcudart, no GPU).
 # Without the CUDA headers these tests are left out of `tests`.
 CUDA_INC ?= /usr/local/cuda/include
 EMU_DIR  := $(BUILD)/emu
@@ -96,13 +96,13 @@ EMU_TESTS := $(filter $(BUILD)/test/test_emu_%,$(TESTS))
 ifeq ($(wildcard $(CUDA_INC)/cuda_runtime.h),)
 TESTS := $(filter-out $(EMU_TESTS),$(TESTS))
 endif
-$(EMU_DIR)/.stamp: dev/emu/gen.py $(wildcard cuda/*.cuh)
+$(EMU_DIR)/.stamp: dev/emu/gen.py $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
 	@mkdir -p $(EMU_DIR)
-	python3 dev/emu/gen.py -q --out $(EMU_DIR) $(wildcard cuda/*.cuh)
+	python3 dev/emu/gen.py -q --out $(EMU_DIR) $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
 	@touch $@
-$(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp dev/emu/emu.h
+$(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragmas -c $< -o $@
+	$(CXX) $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragmas -fno-strict-aliasing -c $< -o $@
 
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)

@@ -611,3 +611,31 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaDeviceSynchronize() cudaSuccess
 #define cudaStreamSynchronize(s) ((void)(s), cudaSuccess)
 #define cudaFuncSetAttribute(...) cudaSuccess
+#define cudaGetDeviceCount(n) (*(n) = 1, cudaSuccess)
+#define cudaSetDevice(d) ((void)(d), cudaSuccess)
+#define cudaGetDevice(d) (*(d) = 0, cudaSuccess)
+#define cudaGetDeviceProperties(p, d) ::emu::device_props_(p, d)
+#define cudaGetErrorName(e) ((void)(e), "cudaError(emulated)")
+#define cudaGetErrorString(e) ((void)(e), "(emulated)")
+#define cublasGetStatusString(e) ((void)(e), "(emulated)")
+#define cudaEventCreate(e) (*(e) = nullptr, cudaSuccess)
+#define cudaEventCreateWithFlags(e, f) (*(e) = nullptr, cudaSuccess)
+#define cudaEventDestroy(e) ((void)(e), cudaSuccess)
+#define cudaEventRecord(...) cudaSuccess
+#define cudaEventSynchronize(e) ((void)(e), cudaSuccess)
+#define cudaEventElapsedTime(ms, a, b) (*(ms) = 0.f, cudaSuccess)
+#define cudaStreamCreate(s) (*(s) = nullptr, cudaSuccess)
+#define cudaStreamCreateWithFlags(s, f) (*(s) = nullptr, cudaSuccess)
+#define cudaStreamDestroy(s) ((void)(s), cudaSuccess)
+#define cudaStreamWaitEvent(...) cudaSuccess
+namespace emu {
+inline cudaError_t device_props_(cudaDeviceProp* p, int) {
+    std::memset(p, 0, sizeof *p);
+    std::snprintf(p->name, sizeof p->name, "host emulation (dev/emu)");
+    p->major = 9;
+    p->multiProcessorCount = 1;
+    p->totalGlobalMem = (size_t)1 << 34;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    return cudaSuccess;
+}
+}  // namespace emu
