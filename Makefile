@@ -46,6 +46,12 @@ TOOLS     := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))
 TEST_SRCS := $(wildcard test/test_*.cpp)
 TESTS     := $(TEST_SRCS:test/%.cpp=$(BUILD)/test/%)
 TEST_COMMON := $(BUILD)/test/catch_main.o $(BUILD)/test/helpers.o
+# CPU-emulation tests of CUDA kernels (test/test_emu_*.cpp, rules below): only when the CUDA
+# headers exist.
+CUDA_INC ?= /usr/local/cuda/include
+ifeq ($(wildcard $(CUDA_INC)/cuda_runtime.h),)
+TESTS := $(filter-out $(BUILD)/test/test_emu_%,$(TESTS))
+endif
 
 # CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists.
 CUDA_ARCH ?= 90
@@ -90,12 +96,7 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 # test/test_emu_*.cpp tests include host copies of cuda/*.cuh and of the dev/cuda workbenches
 # that dev/emu/gen.py writes into $(BUILD)/emu/cuda_emu/, and compile with g++ against the CUDA headers only (no libcudart, no GPU).
 # Without the CUDA headers these tests are left out of `tests`.
-CUDA_INC ?= /usr/local/cuda/include
 EMU_DIR  := $(BUILD)/emu
-EMU_TESTS := $(filter $(BUILD)/test/test_emu_%,$(TESTS))
-ifeq ($(wildcard $(CUDA_INC)/cuda_runtime.h),)
-TESTS := $(filter-out $(EMU_TESTS),$(TESTS))
-endif
 $(EMU_DIR)/.stamp: dev/emu/gen.py $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
 	@mkdir -p $(EMU_DIR)
 	python3 dev/emu/gen.py -q --out $(EMU_DIR) $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
