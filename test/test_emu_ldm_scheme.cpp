@@ -1,8 +1,8 @@
 // CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of the whole
 // LdmGpuScheme of cuda/scheme_ldm.cuh: the workbench cases of dev/cuda/ldm.cu (every rule and
 // mode: store, unwind with drift, checkpoint-every, window, --no-residual, --ldm-no-forget, odd
-// shapes) through begin / input / output / readout and their backward, variants 1, 2 and 3 in
-// fp32 and variant 2 in bf16 (the workbench's --quick set), vs the CPU LDMScheme<double>; the
+// shapes) through begin / input / output / readout and their backward, variants 2 and 3 in fp32
+// and variant 2 in bf16, vs the CPU LDMScheme<double>; the
 // cuBLASLt GEMMs are the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS.
 #include <catch2/catch.hpp>
 
@@ -35,9 +35,11 @@ std::vector<Case> workbench_cases() {
 }
 }  // namespace
 
-TEST_CASE("emu: LDM scheme workbench cases, variants 1-3", "[emu][ldm]") {
+TEST_CASE("emu: LDM scheme workbench cases, variants 2 and 3", "[emu][ldm]") {
     const auto cases = workbench_cases();
-    for (int v : {1, 2, 3}) {
+    // variant 1 alone is left out for time (its kernels still run inside 2: the recompute writes
+    // and separate unwinds of variant 2 are v1)
+    for (int v : {2, 3}) {
         g_fail = 0;
         const std::string out = emu::capture_stdout([&] {
             for (const Case& c : cases) {

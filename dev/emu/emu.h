@@ -483,8 +483,9 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, Args... 
 }
 
 // ---- runtime API on host memory -------------------------------------------------------------
+// 256-byte aligned like cudaMalloc, exactly n bytes (so ASan sees any access past the end).
 inline cudaError_t malloc_(void** p, size_t n) {
-    *p = std::aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+    if (posix_memalign(p, 256, n ? n : 1) != 0) *p = nullptr;
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 template <typename P>

@@ -80,6 +80,8 @@ def rewrite_shared(m):
         names.append(pm.group(1))
     if not typ:
         raise SystemExit('gen.py: no type in __shared__ declaration: %s' % decl)
+    if not indent:  # namespace scope (no statement possible): a static, not poisoned per block
+        return 'static %s;' % decl
     inits = ' '.join('::emu::shared_init(&%s, sizeof(%s));' % (n, n) for n in names)
     return '%sstatic %s; %s' % (indent, decl, inits)
 
