@@ -46,6 +46,12 @@ TOOLS     := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))
 TEST_SRCS := $(wildcard test/test_*.cpp)
 TESTS     := $(TEST_SRCS:test/%.cpp=$(BUILD)/test/%)
 TEST_COMMON := $(BUILD)/test/catch_main.o $(BUILD)/test/helpers.o
+# CPU-emulation tests of CUDA kernels (test/test_emu_*.cpp, rules below): only when the CUDA
+# headers exist.
+CUDA_INC ?= /usr/local/cuda/include
+ifeq ($(wildcard $(CUDA_INC)/cuda_runtime.h),)
+TESTS := $(filter-out $(BUILD)/test/test_emu_%,$(TESTS))
+endif
 
 # CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists.
 CUDA_ARCH ?= 90
@@ -85,6 +91,19 @@ $(foreach s,$(TOOL_SRCS),$(eval $(call TOOL_RULE,$(s))))
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 	$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# CPU emulation of CUDA kernels (dev/emu, doc/cuda.md "Emulating kernels on the CPU"): the
+# test/test_emu_*.cpp tests include host copies of cuda/*.cuh and of the dev/cuda workbenches
+# that dev/emu/gen.py writes into $(BUILD)/emu/cuda_emu/, and compile with g++ against the CUDA headers only (no libcudart, no GPU).
+# Without the CUDA headers these tests are left out of `tests`.
+EMU_DIR  := $(BUILD)/emu
+$(EMU_DIR)/.stamp: dev/emu/gen.py $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
+	@mkdir -p $(EMU_DIR)
+	python3 dev/emu/gen.py -q --out $(EMU_DIR) $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
+	@touch $@
+$(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragmas -fno-strict-aliasing -c $< -o $@
 
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)

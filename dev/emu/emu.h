@@ -1,0 +1,642 @@
+// dev/emu/emu.h — host (CPU) emulation of the CUDA execution model, so that kernels of cuda/*.cuh
+// can run under g++ on machines without a GPU (dev tool + CI tests test/test_emu_*.cpp). See
+// doc/cuda.md "Emulating kernels on the CPU" for what is and is not emulated; dev/emu/gen.py
+// makes the emulation copies of the headers (kernel<<<g, b, smem, s>>>(args) ->
+// emu::launch(g, b, smem, s, kernel, args), __shared__ arrays registered for poisoning,
+// extern __shared__ -> the dynamic shared buffer). Include this header first (gen.py does).
+//
+// Model: one block at a time (blocks in x, then y, then z order); one fiber (own stack) per
+// thread; warp = 32 consecutive linear thread ids (x fastest). A fiber runs without interruption
+// until it reaches a yield point: __syncthreads (block barrier) or a warp collective (__syncwarp,
+// __shfl*_sync, __ballot/__any/__all_sync). A warp collective completes when every live lane of
+// the warp has arrived at a collective (they must be the same kind of collective, with a mask
+// that covers every live lane: else the emulator aborts with a message); a block barrier
+// completes when every live thread of the block is at __syncthreads. The scheduler runs one warp
+// until all its lanes wait at __syncthreads (or exited), then the next warp; the order of warps
+// and of lanes within a warp is set by emu::set_order (forward, reverse, seeded random), so
+// running a kernel under several orders and requiring bit-identical outputs exposes code whose
+// result depends on the interleaving between yield points (missing __syncthreads/__syncwarp).
+// Memory: kernels get host pointers; cudaMalloc is malloc, cudaMemcpy*/cudaMemset* are
+// memcpy/memset (async ones complete at once); streams and events are no-ops.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#if __has_include(<cublasLt.h>)
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) && !defined(EMU_USE_UCONTEXT) && !defined(__SANITIZE_ADDRESS__)
+#define EMU_ASM_SWITCH 1
+#else
+#include <ucontext.h>
+#define EMU_ASM_SWITCH 0
+#endif
+
+#if EMU_ASM_SWITCH
+// Minimal x86-64 SysV context switch: saves the callee-saved registers on the current stack,
+// stores the stack pointer in *save, loads `to` and pops the other context's registers. Weak, so
+// that several translation units may include this header.
+extern "C" void emu_switch_ctx(void** save, void* to);
+__asm__(
+    ".text\n"
+    ".weak emu_switch_ctx\n"
+    ".type emu_switch_ctx,@function\n"
+    "emu_switch_ctx:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_switch_ctx, .-emu_switch_ctx\n");
+#endif
+
+namespace emu {
+
+[[noreturn]] inline void fail(const char* what) {
+    std::fprintf(stderr, "emu: %s\n", what);
+    std::fflush(stderr);
+    std::abort();
+}
+
+enum class Order { kForward, kReverse, kRandom };
+
+namespace detail {
+
+enum State { kReady, kAtWarp, kAtBlock, kDone };
+constexpr int kWarp = 32;
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Thread;
+// A warp collective: called once with the arrived lanes (lane index -> thread, nullptr if the
+// lane does not exist or has exited) when every live lane of the warp has arrived.
+using CollectiveFn = void (*)(Thread* const* lanes);
+
+struct Thread {
+    int state = kReady;
+    uint3 tid{};
+    int lin = 0;  // linear thread id in the block
+    // collective slot
+    CollectiveFn op = nullptr;
+    const char* op_name = "";
+    unsigned mask = 0;
+    int arg = 0, width = 32;
+    uint64_t in = 0, out = 0;
+    const void* ptr = nullptr;
+    uint32_t win[16] = {}, wout[16] = {};
+#if EMU_ASM_SWITCH
+    void* sp = nullptr;
+#else
+    ucontext_t ctx;
+#endif
+    char* stack = nullptr;
+};
+
+struct Emu {
+    dim3 grid{1, 1, 1}, block{1, 1, 1};
+    uint3 bidx{0, 0, 0};
+    std::vector<Thread> th;
+    std::vector<std::unique_ptr<char[]>> stacks;
+    Thread* cur = nullptr;
+#if EMU_ASM_SWITCH
+    void* sched_sp = nullptr;
+#else
+    ucontext_t sched_ctx;
+#endif
+    void (*body)(void*) = nullptr;
+    void* body_arg = nullptr;
+    std::vector<unsigned char> dyn_smem;
+    size_t dyn_bytes = 0;
+    std::vector<const void*> shared_seen;  // static __shared__ objects poisoned in this block
+    Order order = Order::kForward;
+    std::mt19937_64 rng{1};
+    bool in_kernel = false;
+    uint64_t launches = 0, blocks = 0, yields = 0;
+};
+inline Emu g;
+
+inline void to_scheduler() {
+    g.yields++;
+#if EMU_ASM_SWITCH
+    emu_switch_ctx(&g.cur->sp, g.sched_sp);
+#else
+    swapcontext(&g.cur->ctx, &g.sched_ctx);
+#endif
+}
+inline void run_thread(Thread* t) {
+    g.cur = t;
+#if EMU_ASM_SWITCH
+    emu_switch_ctx(&g.sched_sp, t->sp);
+#else
+    swapcontext(&g.sched_ctx, &t->ctx);
+#endif
+    g.cur = nullptr;
+}
+inline void thread_main() {
+    try {
+        g.body(g.body_arg);
+    } catch (...) {
+        fail("exception thrown inside an emulated kernel");
+    }
+    g.cur->state = kDone;
+    to_scheduler();
+    fail("finished fiber resumed");
+}
+#if EMU_ASM_SWITCH
+inline void init_thread_stack(Thread* t) {
+    uintptr_t top = ((uintptr_t)(t->stack + kStackBytes)) & ~(uintptr_t)15;
+    uintptr_t* p = (uintptr_t*)top;
+    *--p = 0;                        // fake return address of thread_main (never returns)
+    *--p = (uintptr_t)&thread_main;  // `ret` target of the first switch
+    for (int i = 0; i < 6; i++) *--p = 0;  // rbp rbx r12 r13 r14 r15
+    t->sp = p;
+}
+#else
+inline void init_thread_stack(Thread* t) {
+    getcontext(&t->ctx);
+    t->ctx.uc_stack.ss_sp = t->stack;
+    t->ctx.uc_stack.ss_size = kStackBytes;
+    t->ctx.uc_link = nullptr;
+    makecontext(&t->ctx, (void (*)())thread_main, 0);
+}
+#endif
+
+inline void perm(std::vector<int>& idx, int n) {
+    idx.resize(n);
+    for (int i = 0; i < n; i++) idx[i] = g.order == Order::kReverse ? n - 1 - i : i;
+    if (g.order == Order::kRandom) std::shuffle(idx.begin(), idx.end(), g.rng);
+}
+
+// Runs one block to completion.
+inline void run_block() {
+    const int nt = (int)g.th.size();
+    const int nw = (nt + kWarp - 1) / kWarp;
+    for (int i = 0; i < nt; i++) {
+        Thread& t = g.th[i];
+        t.state = kReady;
+        t.op = nullptr;
+        init_thread_stack(&t);
+    }
+    g.shared_seen.clear();
+    if (g.dyn_bytes) std::memset(g.dyn_smem.data(), 0xff, g.dyn_bytes);
+    std::vector<int> worder, lorder;
+    Thread* lanes[kWarp];
+    char msg[256];
+    for (;;) {
+        perm(worder, nw);
+        for (int w : worder) {
+            const int l0 = w * kWarp, nl = std::min(kWarp, nt - l0);
+            for (;;) {
+                perm(lorder, nl);
+                for (int l : lorder)
+                    if (g.th[l0 + l].state == kReady) run_thread(&g.th[l0 + l]);
+                int live = 0, atw = 0, atb = 0;
+                for (int l = 0; l < kWarp; l++) {
+                    Thread* t = l < nl ? &g.th[l0 + l] : nullptr;
+                    if (t && t->state == kDone) t = nullptr;
+                    lanes[l] = t;
+                    if (!t) continue;
+                    live++;
+                    atw += t->state == kAtWarp;
+                    atb += t->state == kAtBlock;
+                }
+                if (atw == 0) break;  // all at __syncthreads or exited
+                if (atb > 0) {
+                    std::snprintf(msg, sizeof msg,
+                                  "block (%u,%u,%u) warp %d: %d lanes at __syncthreads while %d lanes "
+                                  "wait in a warp collective",
+                                  g.bidx.x, g.bidx.y, g.bidx.z, w, atb, atw);
+                    fail(msg);
+                }
+                (void)live;
+                CollectiveFn fn = nullptr;
+                const char* name = "";
+                unsigned need = 0;
+                for (int l = 0; l < kWarp; l++)
+                    if (lanes[l]) need |= 1u << l;
+                for (int l = 0; l < kWarp; l++) {
+                    if (!lanes[l]) continue;
+                    if (!fn) {
+                        fn = lanes[l]->op;
+                        name = lanes[l]->op_name;
+                    } else if (lanes[l]->op != fn) {
+                        std::snprintf(msg, sizeof msg,
+                                      "block (%u,%u,%u) warp %d: lanes in different warp collectives (%s, %s)",
+                                      g.bidx.x, g.bidx.y, g.bidx.z, w, name, lanes[l]->op_name);
+                        fail(msg);
+                    }
+                    if ((lanes[l]->mask & need) != need) {
+                        std::snprintf(msg, sizeof msg,
+                                      "block (%u,%u,%u) warp %d lane %d: %s with mask 0x%08x but live lanes "
+                                      "0x%08x (partial-mask collectives are not emulated)",
+                                      g.bidx.x, g.bidx.y, g.bidx.z, w, l, name, lanes[l]->mask, need);
+                        fail(msg);
+                    }
+                }
+                fn(lanes);
+                for (int l = 0; l < kWarp; l++)
+                    if (lanes[l]) lanes[l]->state = kReady;
+            }
+        }
+        bool any = false;
+        for (int i = 0; i < nt; i++)
+            if (g.th[i].state == kAtBlock) {
+                g.th[i].state = kReady;
+                any = true;
+            }
+        if (!any) break;
+    }
+}
+
+inline void yield_warp(CollectiveFn fn, const char* name, unsigned mask) {
+    if (!g.cur) fail("warp collective outside an emulated kernel");
+    g.cur->op = fn;
+    g.cur->op_name = name;
+    g.cur->mask = mask;
+    g.cur->state = kAtWarp;
+    to_scheduler();
+}
+
+inline int lane_of(const Thread* t) { return t->lin & (kWarp - 1); }
+
+// ---- collectives ----------------------------------------------------------------------------
+inline void op_sync(Thread* const*) {}
+enum ShflKind { kIdx, kXor, kUp, kDown };
+template <int K>
+inline void op_shfl(Thread* const* lanes) {
+    for (int l = 0; l < kWarp; l++) {
+        Thread* t = lanes[l];
+        if (!t) continue;
+        const int w = t->width, base = l & ~(w - 1);
+        int src;
+        if (K == kIdx) src = base + (t->arg & (w - 1));
+        else if (K == kXor) src = l ^ t->arg;
+        else if (K == kUp) src = l - t->arg >= base ? l - t->arg : l;
+        else src = l + t->arg < base + w ? l + t->arg : l;
+        if (src < 0 || src >= kWarp || !lanes[src]) {
+            char msg[160];
+            std::snprintf(msg, sizeof msg, "shuffle of lane %d reads lane %d, which does not exist or has exited",
+                          l, src);
+            fail(msg);
+        }
+        t->out = lanes[src]->in;
+    }
+}
+inline void op_ballot(Thread* const* lanes) {
+    uint64_t b = 0;
+    for (int l = 0; l < kWarp; l++)
+        if (lanes[l] && lanes[l]->in) b |= 1ull << l;
+    for (int l = 0; l < kWarp; l++)
+        if (lanes[l]) lanes[l]->out = b & lanes[l]->mask;
+}
+
+template <int K, typename T>
+inline T shfl(unsigned mask, T v, int arg, int width, const char* name) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a value > 8 bytes");
+    if (width <= 0 || width > 32 || (width & (width - 1))) fail("shuffle width must be a power of 2 <= 32");
+    Thread* t = g.cur;
+    t->in = 0;
+    std::memcpy(&t->in, &v, sizeof(T));
+    t->arg = arg;
+    t->width = width;
+    yield_warp(&op_shfl<K>, name, mask);
+    T r;
+    std::memcpy(&r, &g.cur->out, sizeof(T));
+    return r;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, PTX ISA fragment layout (gr = lane / 4,
+// tg = lane % 4): A 16x16 a0 = A[gr][2tg..2tg+1], a1 = A[gr+8][2tg..], a2 = A[gr][2tg+8..],
+// a3 = A[gr+8][2tg+8..]; B 16x8 b0 = B[2tg..2tg+1][gr], b1 = B[2tg+8..2tg+9][gr]; C/D 16x8
+// c0, c1 = C[gr][2tg, 2tg+1], c2, c3 = C[gr+8][2tg, 2tg+1]. Products of bf16 are exact in fp32;
+// the sums are accumulated in float in k order (the hardware's internal order is not specified).
+inline float bf16_bits_to_f(uint32_t h) {
+    const uint32_t x = h << 16;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+inline void op_mma16816(Thread* const* lanes) {
+    float A[16][16], B[16][8];
+    for (int l = 0; l < kWarp; l++) {
+        if (!lanes[l]) fail("mma.sync with exited lanes");
+        const uint32_t* f = lanes[l]->win;
+        const int gr = l >> 2, tg = l & 3;
+        for (int r = 0; r < 4; r++)
+            for (int h = 0; h < 2; h++)
+                A[gr + ((r & 1) ? 8 : 0)][2 * tg + h + ((r & 2) ? 8 : 0)] =
+                    bf16_bits_to_f(h ? f[r] >> 16 : f[r] & 0xffffu);
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 2; h++) B[2 * tg + h + (r ? 8 : 0)][gr] = bf16_bits_to_f(h ? f[4 + r] >> 16 : f[4 + r] & 0xffffu);
+    }
+    for (int l = 0; l < kWarp; l++) {
+        Thread* t = lanes[l];
+        const int gr = l >> 2, tg = l & 3;
+        for (int e = 0; e < 4; e++) {
+            const int row = gr + ((e >> 1) ? 8 : 0), col = 2 * tg + (e & 1);
+            float acc;
+            std::memcpy(&acc, &t->win[6 + e], 4);
+            for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+            std::memcpy(&t->wout[e], &acc, 4);
+        }
+    }
+}
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l supplies the address of row l % 8 of
+// matrix l / 8 (16-byte aligned); register i of lane l receives row l / 4, columns 2(l%4),
+// 2(l%4)+1 of matrix i (.trans: rows 2(l%4), 2(l%4)+1 of column l / 4).
+template <bool TRANS>
+inline void op_ldmatrix_x4(Thread* const* lanes) {
+    for (int l = 0; l < kWarp; l++)
+        if (!lanes[l]) fail("ldmatrix with exited lanes");
+    auto h16 = [](const void* row, int col) {
+        uint16_t v;
+        std::memcpy(&v, (const char*)row + 2 * col, 2);
+        return (uint32_t)v;
+    };
+    for (int l = 0; l < kWarp; l++) {
+        for (int i = 0; i < 4; i++) {
+            if (!TRANS) {
+                const void* row = lanes[8 * i + l / 4]->ptr;
+                lanes[l]->wout[i] = h16(row, 2 * (l % 4)) | h16(row, 2 * (l % 4) + 1) << 16;
+            } else {
+                const void* r0 = lanes[8 * i + 2 * (l % 4)]->ptr;
+                const void* r1 = lanes[8 * i + 2 * (l % 4) + 1]->ptr;
+                lanes[l]->wout[i] = h16(r0, l / 4) | h16(r1, l / 4) << 16;
+            }
+        }
+    }
+}
+
+template <typename K, typename Tup, size_t... I>
+void call_with(K kernel, Tup& a, std::index_sequence<I...>) {
+    kernel(std::get<I>(a)...);
+}
+
+}  // namespace detail
+
+// Warp-level tensor-core and ldmatrix emulations (all 32 lanes must take part). A header's
+// `__trap();  // host: KEY` fallback becomes EMU_HOST_KEY (gen.py); a harness maps those to these,
+// e.g. #define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b).
+inline void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    using namespace detail;
+    Thread* t = g.cur;
+    for (int i = 0; i < 4; i++) t->win[i] = a[i];
+    t->win[4] = b[0];
+    t->win[5] = b[1];
+    for (int i = 0; i < 4; i++) std::memcpy(&t->win[6 + i], &c[i], 4);
+    yield_warp(&op_mma16816, "mma.m16n8k16", 0xffffffffu);
+    for (int i = 0; i < 4; i++) std::memcpy(&c[i], &g.cur->wout[i], 4);
+}
+inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
+    using namespace detail;
+    if ((uintptr_t)p & 15) fail("ldmatrix: row address not 16-byte aligned");
+    g.cur->ptr = p;
+    yield_warp(trans ? &op_ldmatrix_x4<true> : &op_ldmatrix_x4<false>, trans ? "ldmatrix.trans" : "ldmatrix",
+               0xffffffffu);
+    for (int i = 0; i < 4; i++) r[i] = g.cur->wout[i];
+}
+
+// Scheduling order of warps and lanes for the following launches (see the header comment).
+inline void set_order(Order o, uint64_t seed = 1) {
+    detail::g.order = o;
+    detail::g.rng.seed(seed);
+}
+inline const char* order_name(Order o) {
+    return o == Order::kForward ? "forward" : o == Order::kReverse ? "reverse" : "random";
+}
+
+// Pointer to the dynamic shared memory of the running block (extern __shared__).
+inline void* dyn_smem() { return detail::g.dyn_smem.data(); }
+
+// First execution of a static __shared__ declaration in a block poisons it with 0xff bytes
+// (NaN floats, -1 integers): a kernel that reads shared memory it did not write sees garbage.
+inline void shared_init(void* p, size_t bytes) {
+    auto& s = detail::g.shared_seen;
+    if (std::find(s.begin(), s.end(), (const void*)p) != s.end()) return;
+    s.push_back(p);
+    std::memset(p, 0xff, bytes);
+}
+
+// Statistics for tests and logs.
+inline uint64_t launch_count() { return detail::g.launches; }
+inline uint64_t yield_count() { return detail::g.yields; }
+
+// kernel<<<grid, block, smem, stream>>>(args...): runs every block, one after the other, to
+// completion before returning (so launches are synchronous). Arguments are copied as in CUDA.
+template <typename K, typename... Args>
+void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, Args... args) {
+    using namespace detail;
+    if (g.in_kernel) fail("kernel launch from inside a kernel (dynamic parallelism) is not emulated");
+    const int64_t nt = (int64_t)block.x * block.y * block.z;
+    if (nt <= 0 || nt > 1024) fail("block size must be 1..1024 threads");
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0) fail("empty grid");
+    if (smem > 227 * 1024) fail("dynamic shared memory above 227 KiB");
+    g.launches++;
+    g.grid = grid;
+    g.block = block;
+    g.th.assign((size_t)nt, Thread());
+    while (g.stacks.size() < (size_t)nt) g.stacks.emplace_back(new char[kStackBytes]);
+    for (int64_t i = 0; i < nt; i++) {
+        Thread& t = g.th[(size_t)i];
+        t.lin = (int)i;
+        t.tid = make_uint3((unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
+                           (unsigned)(i / ((int64_t)block.x * block.y)));
+        t.stack = g.stacks[(size_t)i].get();
+    }
+    g.dyn_smem.assign(std::max<size_t>(smem, 16), 0xff);
+    g.dyn_bytes = smem;
+    auto tup = std::make_tuple(args...);
+    struct Call {
+        K kernel;
+        decltype(tup)* a;
+        static void run(void* p) {
+            Call* c = (Call*)p;
+            auto copy = *c->a;  // each thread its own parameter copy (kernels may modify them)
+            call_with(c->kernel, copy, std::index_sequence_for<Args...>{});
+        }
+    } call{kernel, &tup};
+    g.body = &Call::run;
+    g.body_arg = &call;
+    g.in_kernel = true;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                g.bidx = make_uint3(x, y, z);
+                g.blocks++;
+                run_block();
+            }
+    g.in_kernel = false;
+}
+
+// ---- runtime API on host memory -------------------------------------------------------------
+// 256-byte aligned like cudaMalloc, exactly n bytes (so ASan sees any access past the end).
+inline cudaError_t malloc_(void** p, size_t n) {
+    if (posix_memalign(p, 256, n ? n : 1) != 0) *p = nullptr;
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+template <typename P>
+inline cudaError_t malloc_(P** p, size_t n) {
+    return malloc_((void**)p, n);
+}
+inline cudaError_t free_(void* p) {
+    std::free(p);
+    return cudaSuccess;
+}
+inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
+    if (n) std::memmove(d, s, n);
+    return cudaSuccess;
+}
+inline cudaError_t memset_(void* d, int v, size_t n, ...) {
+    if (n) std::memset(d, v, n);
+    return cudaSuccess;
+}
+inline const void* sym_(const void* p) { return p; }
+
+}  // namespace emu
+
+// ---- CUDA built-ins --------------------------------------------------------------------------
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
+#undef __constant__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __constant__ static
+
+#define threadIdx (::emu::detail::g.cur->tid)
+#define blockIdx (::emu::detail::g.bidx)
+#define blockDim (::emu::detail::g.block)
+#define gridDim (::emu::detail::g.grid)
+constexpr int warpSize = 32;
+
+inline void __syncthreads() {
+    using namespace emu::detail;
+    if (!g.cur) emu::fail("__syncthreads outside an emulated kernel");
+    g.cur->state = kAtBlock;
+    to_scheduler();
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emu::detail::yield_warp(&emu::detail::op_sync, "__syncwarp", mask);
+}
+[[noreturn]] inline void __trap() { emu::fail("__trap() in an emulated kernel"); }
+
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    return emu::detail::shfl<emu::detail::kIdx>(mask, v, src, width, "__shfl_sync");
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    return emu::detail::shfl<emu::detail::kXor>(mask, v, lane_mask, width, "__shfl_xor_sync");
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    return emu::detail::shfl<emu::detail::kUp>(mask, v, (int)delta, width, "__shfl_up_sync");
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    return emu::detail::shfl<emu::detail::kDown>(mask, v, (int)delta, width, "__shfl_down_sync");
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    using namespace emu::detail;
+    g.cur->in = pred != 0;
+    yield_warp(&op_ballot, "__ballot_sync", mask);
+    return (unsigned)g.cur->out;
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == (mask & __ballot_sync(mask, 1)); }
+
+// Atomics: plain read-modify-write (only one fiber runs at a time); return the old value.
+template <typename T>
+inline T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
+template <typename T>
+inline T atomicSub(T* p, T v) { T o = *p; *p = o - v; return o; }
+template <typename T>
+inline T atomicMax(T* p, T v) { T o = *p; *p = o > v ? o : v; return o; }
+template <typename T>
+inline T atomicMin(T* p, T v) { T o = *p; *p = o < v ? o : v; return o; }
+template <typename T>
+inline T atomicExch(T* p, T v) { T o = *p; *p = v; return o; }
+template <typename T>
+inline T atomicCAS(T* p, T cmp, T v) { T o = *p; if (o == cmp) *p = v; return o; }
+
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); return u; }
+inline float __uint_as_float(unsigned u) { float x; std::memcpy(&x, &u, 4); return x; }
+inline int __float_as_int(float x) { int u; std::memcpy(&u, &x, 4); return u; }
+inline float __int_as_float(int u) { float x; std::memcpy(&x, &u, 4); return x; }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : x > 1.f ? 1.f : x; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+
+// Runtime API on host memory (streams, events, device attributes: no-ops).
+#define cudaMalloc(p, n) ::emu::malloc_(p, n)
+#define cudaFree(p) ::emu::free_(p)
+#define cudaMemcpy(...) ::emu::memcpy_(__VA_ARGS__)
+#define cudaMemcpyAsync(...) ::emu::memcpy_(__VA_ARGS__)
+#define cudaMemset(...) ::emu::memset_(__VA_ARGS__)
+#define cudaMemsetAsync(...) ::emu::memset_(__VA_ARGS__)
+#define cudaGetLastError() cudaSuccess
+#define cudaPeekAtLastError() cudaSuccess
+#define cudaDeviceSynchronize() cudaSuccess
+#define cudaStreamSynchronize(s) ((void)(s), cudaSuccess)
+#define cudaFuncSetAttribute(...) cudaSuccess
+#define cudaGetDeviceCount(n) (*(n) = 1, cudaSuccess)
+#define cudaSetDevice(d) ((void)(d), cudaSuccess)
+#define cudaGetDevice(d) (*(d) = 0, cudaSuccess)
+#define cudaGetDeviceProperties(p, d) ::emu::device_props_(p, d)
+#define cudaGetErrorName(e) ((void)(e), "cudaError(emulated)")
+#define cudaGetErrorString(e) ((void)(e), "(emulated)")
+#define cublasGetStatusString(e) ((void)(e), "(emulated)")
+#define cudaEventCreate(e) (*(e) = nullptr, cudaSuccess)
+#define cudaEventCreateWithFlags(e, f) (*(e) = nullptr, cudaSuccess)
+#define cudaEventDestroy(e) ((void)(e), cudaSuccess)
+#define cudaEventRecord(...) cudaSuccess
+#define cudaEventSynchronize(e) ((void)(e), cudaSuccess)
+#define cudaEventElapsedTime(ms, a, b) (*(ms) = 0.f, cudaSuccess)
+#define cudaStreamCreate(s) (*(s) = nullptr, cudaSuccess)
+#define cudaStreamCreateWithFlags(s, f) (*(s) = nullptr, cudaSuccess)
+#define cudaStreamDestroy(s) ((void)(s), cudaSuccess)
+#define cudaStreamWaitEvent(...) cudaSuccess
+namespace emu {
+inline cudaError_t device_props_(cudaDeviceProp* p, int) {
+    std::memset(p, 0, sizeof *p);
+    std::snprintf(p->name, sizeof p->name, "host emulation (dev/emu)");
+    p->major = 9;
+    p->multiProcessorCount = 1;
+    p->totalGlobalMem = (size_t)1 << 34;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    return cudaSuccess;
+}
+}  // namespace emu

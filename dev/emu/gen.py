@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""dev/emu/gen.py - writes host-emulation copies of CUDA headers and workbenches (see
+dev/emu/emu.h and doc/cuda.md "Emulating kernels on the CPU").
+
+    python3 dev/emu/gen.py --out BUILD/emu cuda/scheme_ldm.cuh [dev/cuda/rmsnorm.cu ...]
+
+cuda/X.cuh -> OUT/cuda_emu/X.cuh, dev/cuda/X.cuh -> OUT/cuda_emu/dev_cuda/X.cuh, and a
+workbench dev/cuda/X.cu -> OUT/cuda_emu/dev_cuda/X.cu.h; the same, recursively, for every
+cuda/*.cuh or dev/cuda/*.cuh they include. Rewrites:
+  * `#include "dev/emu/emu.h"` first (the CUDA built-ins and runtime API on the host);
+  * `#include "cuda/Y.cuh"` -> `#include "cuda_emu/Y.cuh"` (compile with -IOUT), same for
+    dev/cuda/Y.cuh;
+  * `kernel<<<grid, block[, smem[, stream]]>>>(args)` -> `::emu::launch(grid, block, smem,
+    stream, kernel, args)`;
+  * `extern __shared__ [__align__(n)] T name[];` -> `T* name = (T*)::emu::dyn_smem();`;
+  * `__shared__ T a[..], b;` inside a function -> `static T a[..], b;` plus
+    `::emu::shared_init(&a, sizeof(a));` for each declarator (poisoned once per block);
+  * `__trap();  // host: KEY` -> `EMU_HOST_KEY;` (lets a harness define emulations of inline-asm
+    paths, e.g. `#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)`);
+  * `struct Matmul {...};` (cuBLASLt, matmul.cuh) -> dev/emu/matmul_host.h (host loops);
+  * in a workbench, `int main(` -> `int workbench_main(` (a harness calls its static check
+    functions, or workbench_main with --quick).
+Prints one line per file with the number of rewrites; exits non-zero when a file does not exist.
+"""
+import argparse
+import os
+import re
+import sys
+
+INCLUDE_RE = re.compile(r'#include\s+"((?:dev/)?cuda/[A-Za-z0-9_]+\.cuh)"')
+KERNEL_NAME = r'((?:::)?[A-Za-z_][A-Za-z_0-9:]*(?:<[^<>;]*(?:<[^<>;]*>[^<>;]*)*>)?)'
+LAUNCH_RE = re.compile(KERNEL_NAME + r'\s*<<<(.*?)>>>\s*\(', re.S)
+EXTERN_SHARED_RE = re.compile(
+    r'extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?([A-Za-z_][A-Za-z_0-9:<>\s]*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;')
+SHARED_RE = re.compile(r'^([ \t]*)__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s+)?[^;]*);', re.M)
+TRAP_RE = re.compile(r'__trap\(\);\s*//\s*host:\s*([A-Za-z_0-9]+)')
+
+
+def split_top(s, sep=','):
+    """Splits s at `sep` outside (), [], {}, <> nesting."""
+    out, depth, cur = [], 0, ''
+    for ch in s:
+        if ch in '([{':
+            depth += 1
+        elif ch in ')]}':
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append(cur)
+            cur = ''
+        else:
+            cur += ch
+    out.append(cur)
+    return [x.strip() for x in out]
+
+
+def rewrite_launch(m):
+    name, cfg = m.group(1), split_top(m.group(2).replace('\\\n', ' '))
+    if not 2 <= len(cfg) <= 4:
+        raise SystemExit('gen.py: cannot parse launch configuration <<<%s>>>' % m.group(2))
+    while len(cfg) < 4:
+        cfg.append('0')
+    return '::emu::launch(%s, %s, ' % (', '.join(cfg), name)
+
+
+def rewrite_shared(m):
+    indent, decl = m.group(1), m.group(2).strip()
+    # type = leading tokens before the first declarator; declarators split at top-level commas
+    parts = split_top(decl)
+    first = parts[0]
+    # the declarator name is the LAST identifier before the array brackets
+    head = re.match(r'^(.*\W)?([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$', first.split('=')[0].strip(), re.S)
+    if not head:
+        raise SystemExit('gen.py: cannot parse __shared__ declaration: %s' % decl)
+    typ = (head.group(1) or '').strip()
+    names = [head.group(2)]
+    for p in parts[1:]:
+        pm = re.match(r'^\**\s*([A-Za-z_]\w*)', p)
+        if not pm:
+            raise SystemExit('gen.py: cannot parse __shared__ declarator: %s' % p)
+        names.append(pm.group(1))
+    if not typ:
+        raise SystemExit('gen.py: no type in __shared__ declaration: %s' % decl)
+    if not indent:  # namespace scope (no statement possible): a static, not poisoned per block
+        return 'static %s;' % decl
+    inits = ' '.join('::emu::shared_init(&%s, sizeof(%s));' % (n, n) for n in names)
+    return '%sstatic %s; %s' % (indent, decl, inits)
+
+
+def emu_name(rel):
+    """Repository path of a header/workbench -> its path under OUT (and in #include lines)."""
+    rel = os.path.normpath(rel)
+    if rel.startswith('dev/cuda/'):
+        base = 'cuda_emu/dev_cuda/' + os.path.basename(rel)
+    elif rel.startswith('cuda/'):
+        base = 'cuda_emu/' + os.path.basename(rel)
+    else:
+        raise SystemExit('gen.py: only cuda/*.cuh, dev/cuda/*.cuh and dev/cuda/*.cu are converted: %s' % rel)
+    return base + '.h' if base.endswith('.cu') else base
+
+
+def replace_matmul(s):
+    """Replaces `struct Matmul { ... };` (cuBLASLt) by the host stand-in dev/emu/matmul_host.h."""
+    i = s.find('struct Matmul {')
+    if i < 0:
+        return s, 0
+    depth, j = 0, s.index('{', i)
+    while True:
+        if s[j] == '{':
+            depth += 1
+        elif s[j] == '}':
+            depth -= 1
+            if depth == 0:
+                break
+        j += 1
+    end = s.index(';', j) + 1
+    return s[:i] + '#include "dev/emu/matmul_host.h"  // host GEMM instead of cuBLASLt' + s[end:], 1
+
+
+def convert(rel, root, out_dir, done, log):
+    rel = os.path.normpath(rel)
+    if rel in done:
+        return
+    done.add(rel)
+    src_path = os.path.join(root, rel)
+    if not os.path.exists(src_path):
+        raise SystemExit('gen.py: no such file: %s' % src_path)
+    s = open(src_path).read()
+    deps = INCLUDE_RE.findall(s)
+    s = INCLUDE_RE.sub(lambda m: '#include "%s"' % emu_name(m.group(1)), s)
+    s, n_launch = LAUNCH_RE.subn(rewrite_launch, s)
+    s, n_ext = EXTERN_SHARED_RE.subn(
+        lambda m: '%s* %s = reinterpret_cast<%s*>(::emu::dyn_smem());' % (m.group(1).strip(), m.group(2), m.group(1).strip()), s)
+    s, n_sh = SHARED_RE.subn(rewrite_shared, s)
+    s, n_trap = TRAP_RE.subn(lambda m: 'EMU_HOST_%s;' % m.group(1), s)
+    s, n_mm = replace_matmul(s)
+    n_main = 0
+    if rel.endswith('.cu'):  # a workbench: its main() becomes workbench_main() for a harness
+        s, n_main = re.subn(r'\bint\s+main\s*\(', 'int workbench_main(', s)
+    header = ('// GENERATED by dev/emu/gen.py from %s for host emulation: do not edit.\n'
+              '#include "dev/emu/emu.h"\n' % rel)
+    if '#pragma once' in s:
+        s = s.replace('#pragma once', '#pragma once\n' + header, 1)
+    else:
+        s = '#pragma once\n' + header + s
+    dst = os.path.join(out_dir, emu_name(rel))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = dst + '.tmp'
+    with open(tmp, 'w') as f:
+        f.write(s)
+    os.replace(tmp, dst)
+    log.append('%s -> %s: %d launches, %d extern shared, %d shared, %d host traps%s%s' % (
+        rel, emu_name(rel), n_launch, n_ext, n_sh, n_trap, ', Matmul -> host GEMM' if n_mm else '',
+        ', main -> workbench_main' if n_main else ''))
+    for d in deps:
+        convert(d, root, out_dir, done, log)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--out', required=True, help='output directory (headers go to OUT/cuda_emu/)')
+    ap.add_argument('--root', default=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'),
+                    help='repository root (default: two levels above this script)')
+    ap.add_argument('-q', '--quiet', action='store_true')
+    ap.add_argument('headers', nargs='+', help='cuda/X.cuh, dev/cuda/X.cuh or dev/cuda/X.cu (workbench), '
+                    'relative to the repository root')
+    a = ap.parse_args()
+    done, log = set(), []
+    root = os.path.abspath(a.root)
+    for h in a.headers:
+        rel = os.path.relpath(os.path.abspath(h), root) if os.path.exists(h) else h
+        convert(rel, root, a.out, done, log)
+    if not a.quiet:
+        for line in log:
+            print('gen.py:', line)
+
+
+if __name__ == '__main__':
+    main()

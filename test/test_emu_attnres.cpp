@@ -1,0 +1,23 @@
+// CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of
+// cuda/scheme_attnres.cuh: the --quick workbench checks of dev/cuda/attnres.cu (Full AttnRes, Block
+// AttnRes with backward variants 1 and 2, fp32 and bf16, vs the CPU Scheme<double>), with the
+// cuBLASLt GEMMs replaced by the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS.
+#include <catch2/catch.hpp>
+
+#include "cuda_emu/dev_cuda/attnres.cu.h"
+#include "dev/emu/harness.h"
+
+TEST_CASE("emu: AttnRes scheme workbench checks (--quick shapes)", "[emu][attnres]") {
+    bool ok = true;
+    const std::string out = emu::capture_stdout([&] {
+        ok &= run_checks<float>(true, 1e-4, 1e-4);
+        ok &= run_checks<bf16>(true, 3e-2, 5e-2);
+    });
+    const emu::CheckLines c = emu::check_lines(out);
+    std::string failed;
+    for (const auto& l : c.failed) failed += l + "\n";
+    INFO("failed CHECK lines:\n" << failed);
+    CHECK(c.total > 10);
+    CHECK(c.failed.empty());
+    CHECK(ok);
+}

@@ -1,0 +1,696 @@
+// CPU emulation test of the LDM kernels of cuda/scheme_ldm.cuh (dev/emu: the kernels run under
+// g++ on host memory, one fiber per CUDA thread; see doc/cuda.md "Emulating kernels on the CPU").
+// Each v2 kernel (one warp per token-head: read, rls write incl. in place and recompute, outer /
+// delta write, fused unwind+VJP of rls, outer / delta VJP, unwind, read backward) and the drift
+// kernel is launched directly (ldmk::..., with the launch shapes of LdmGpuScheme) at tiny odd
+// shapes, against the per token-head math of dev/cpu/ldm_math.h in double. Inputs are fresh random
+// non-zero values; outputs and a tail guard after every buffer are poisoned with NaN; each kernel
+// runs under three scheduling orders (forward / reverse / random warps and lanes) and must give
+// bit-identical results (an order-dependent result means a missing __syncwarp/__syncthreads).
+// Header copies come from `python3 dev/emu/gen.py` (Makefile: $(BUILD)/emu/cuda_emu/).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_emu/scheme_ldm.cuh"
+
+using namespace ldm;
+using namespace ldm::gpu;
+using namespace ldm::gpu::ldmk;
+
+namespace {
+
+constexpr int kGuard = 8;  // poisoned floats after every buffer (out-of-bounds writes show there)
+
+uint32_t bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
+
+// Host buffer standing for a device buffer: n values + kGuard NaN guard values.
+struct Buf {
+    std::vector<float> v;
+    int64_t n = 0;
+    Buf() = default;
+    explicit Buf(int64_t n_) : v((size_t)(n_ + kGuard), std::nanf("")), n(n_) {}
+    float* p() { return v.data(); }
+    float& operator[](int64_t i) { return v[(size_t)i]; }
+    float operator[](int64_t i) const { return v[(size_t)i]; }
+    void poison() { std::fill(v.begin(), v.end(), std::nanf("")); }
+    bool guard_intact() const {
+        for (int i = 0; i < kGuard; i++)
+            if (!std::isnan(v[(size_t)(n + i)])) return false;
+        return true;
+    }
+};
+
+struct Rng {
+    std::mt19937_64 g;
+    explicit Rng(uint64_t s) : g(s) {}
+    // uniform in ±[lo, hi] (non-zero)
+    float nz(float lo = 0.1f, float hi = 1.f) {
+        std::uniform_real_distribution<float> u(lo, hi);
+        return (g() & 1) ? u(g) : -u(g);
+    }
+    float pos(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(g); }
+    void fill(Buf& b, float lo = 0.1f, float hi = 1.f) {
+        for (int64_t i = 0; i < b.n; i++) b[i] = nz(lo, hi);
+    }
+};
+
+Dims dims(int N, int Hm, int dk, int dv, bool rls) {
+    Dims D;
+    D.N = N;
+    D.Hm = Hm;
+    D.dk = dk;
+    D.dv = dv;
+    D.d = dv * Hm;
+    D.HK = Hm * dk;
+    D.SS = dv * dk;
+    D.PP = rls ? dk * dk : 0;
+    D.ST = Hm * (D.SS + D.PP);
+    return D;
+}
+
+// Random state: S entries ±[0.1, 1]; P = I + 0.2 sym(noise) (symmetric positive definite).
+void random_state(const Dims& D, Buf& cur, Rng& r) {
+    for (int n = 0; n < D.N; n++)
+        for (int h = 0; h < D.Hm; h++) {
+            float* S = cur.p() + D.state_off(n, h);
+            for (int i = 0; i < D.SS; i++) S[i] = r.nz();
+            if (!D.PP) continue;
+            float* P = S + D.SS;
+            for (int a = 0; a < D.dk; a++)
+                for (int b = 0; b <= a; b++) {
+                    const float x = a == b ? 1.f + r.pos(0.f, 0.2f) : 0.2f * r.nz(0.f, 1.f) / D.dk;
+                    P[a * D.dk + b] = P[b * D.dk + a] = x;
+                }
+        }
+}
+// Normalised keys Kn (L2n of random raw keys) and their norms.
+void random_keys(const Dims& D, Buf& Kn, Buf& Knrm, Rng& r) {
+    std::vector<float> raw((size_t)D.dk);
+    for (int64_t t = 0; t < (int64_t)D.N * D.Hm; t++) {
+        for (auto& x : raw) x = r.nz();
+        Knrm[t] = l2n_forward(raw.data(), Kn.p() + t * D.dk, D.dk);
+    }
+}
+
+std::vector<double> dv_(const float* p, int64_t n) { return std::vector<double>(p, p + n); }
+
+// Comparison of a kernel output with a double reference: every value finite, max |diff| <=
+// tol * max(1, max |ref|) over the whole array, guard intact.
+void expect_close(const char* what, const Buf& got, const std::vector<double>& ref, double tol,
+                  const std::string& ctx) {
+    INFO(ctx << " output " << what);
+    REQUIRE((int64_t)ref.size() == got.n);
+    double mref = 1.0, mdiff = 0.0;
+    int64_t worst = -1;
+    bool finite = true;
+    for (int64_t i = 0; i < got.n; i++) {
+        mref = std::max(mref, std::fabs(ref[(size_t)i]));
+        if (!std::isfinite(got[i])) {
+            finite = false;
+            worst = i;
+            break;
+        }
+        const double d = std::fabs(got[i] - ref[(size_t)i]);
+        if (d > mdiff) {
+            mdiff = d;
+            worst = i;
+        }
+    }
+    INFO("first non-finite / worst index " << worst << ": got "
+                                           << (worst >= 0 ? got[worst] : 0.f) << " ref "
+                                           << (worst >= 0 ? ref[(size_t)worst] : 0.0));
+    CHECK(finite);
+    CHECK(mdiff <= tol * mref);
+    CHECK(got.guard_intact());
+}
+
+// Runs `setup` (fresh inputs, poisoned outputs) then `launch` under three scheduling orders and
+// requires bit-identical `outs` across the orders. Leaves the outputs of the last run.
+void run_orders(const std::string& ctx, const std::function<void()>& setup,
+                const std::function<void()>& launch, const std::vector<Buf*>& outs) {
+    std::vector<std::vector<uint32_t>> first;
+    const emu::Order orders[3] = {emu::Order::kForward, emu::Order::kReverse, emu::Order::kRandom};
+    for (int o = 0; o < 3; o++) {
+        emu::set_order(orders[o], 12345 + o);
+        setup();
+        launch();
+        std::vector<std::vector<uint32_t>> now;
+        for (Buf* b : outs) {
+            std::vector<uint32_t> u(b->v.size());
+            for (size_t i = 0; i < u.size(); i++) u[i] = bits(b->v[i]);
+            now.push_back(std::move(u));
+        }
+        if (o == 0) first = std::move(now);
+        else {
+            INFO(ctx << ": results differ between scheduling orders forward and " << emu::order_name(orders[o]));
+            CHECK(now == first);
+        }
+    }
+    emu::set_order(emu::Order::kForward);
+}
+
+struct Shape {
+    int N, Hm, dk, dv;
+};
+// Tiny odd shapes: dk below / at the float4 widths, dv below and above one warp (rows per lane > 1).
+const Shape kShapes[] = {{5, 1, 4, 7}, {13, 2, 8, 5}, {7, 3, 16, 3}, {11, 2, 5, 37},
+                         {40, 4, 16, 9}, {9, 1, 3, 33}, {6, 2, 12, 70}};
+
+// Template DK values that the launch code can pick for dk: the smallest of 4, 8, 16 that holds
+// dk (outer/delta dispatch and rls for dk 4, 8) and 16 (rls dispatch for every other dk).
+std::vector<int> dk_variants(int dk) {
+    std::vector<int> v;
+    for (int K : {4, 8, 16})
+        if (dk <= K) {
+            v.push_back(K);
+            break;
+        }
+    if (v.back() != 16) v.push_back(16);
+    return v;
+}
+template <typename F>
+void with_dk(int K, F&& f) {
+    if (K == 4) f(std::integral_constant<int, 4>());
+    else if (K == 8) f(std::integral_constant<int, 8>());
+    else f(std::integral_constant<int, 16>());
+}
+
+std::string ctx_of(const char* k, const Shape& s, int K, const char* extra = "") {
+    return strprintf("%s N=%d Hm=%d dk=%d dv=%d DK=%d%s", k, s.N, s.Hm, s.dk, s.dv, K, extra);
+}
+
+const double kTol = 2e-5;  // fp32 kernel vs double reference, relative to max(1, max |ref|)
+
+}  // namespace
+
+TEST_CASE("emu: v2 read forward (fp32 and bf16 x, with and without residual gates)", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int K : dk_variants(s.dk))
+            for (int resid = 0; resid < 2; resid++)
+                with_dk(K, [&](auto kc) {
+                    constexpr int DK = decltype(kc)::value;
+                    const Dims D = dims(s.N, s.Hm, s.dk, s.dv, false);
+                    Rng r(1000 + s.N * 7 + K + resid);
+                    Buf cur(D.N * D.ST), raw(D.N * D.HK), src(D.N * D.d), a(D.Hm * D.dv);
+                    Buf Qn(D.N * D.HK), Qnrm(D.N * D.Hm), x(D.N * D.d);
+                    random_state(D, cur, r);
+                    r.fill(raw);
+                    r.fill(src);
+                    r.fill(a);
+                    const float* ap = resid ? a.p() : nullptr;
+                    const std::string ctx = ctx_of("read_v2", s, K, resid ? " resid" : "");
+                    run_orders(
+                        ctx, [&] { Qn.poison(); Qnrm.poison(); x.poison(); },
+                        [&] {
+                            emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, read_v2_kernel<float, DK>, D,
+                                        (const float*)cur.p(), (const float*)raw.p(), Qn.p(), Qnrm.p(),
+                                        (const float*)src.p(), ap, x.p());
+                        },
+                        {&Qn, &Qnrm, &x});
+                    std::vector<double> rQn((size_t)Qn.n), rQnrm((size_t)Qnrm.n), rx((size_t)x.n);
+                    for (int n = 0; n < D.N; n++)
+                        for (int h = 0; h < D.Hm; h++) {
+                            auto q = dv_(raw.p() + D.key_off(n, h), D.dk);
+                            rQnrm[(size_t)D.tok_off(n, h)] = l2n_forward(q.data(), q.data(), D.dk);
+                            std::copy(q.begin(), q.end(), rQn.begin() + D.key_off(n, h));
+                            auto S = dv_(cur.p() + D.state_off(n, h), D.SS);
+                            std::vector<double> rr((size_t)D.dv);
+                            ldm_read(S.data(), q.data(), rr.data(), D.dv, D.dk);
+                            for (int c = 0; c < D.dv; c++)
+                                rx[(size_t)(D.val_off(n, h) + c)] =
+                                    resid ? src[D.val_off(n, h) + c] + (double)a[h * D.dv + c] * rr[(size_t)c] : rr[(size_t)c];
+                        }
+                    expect_close("Qn", Qn, rQn, kTol, ctx);
+                    expect_close("Qnrm", Qnrm, rQnrm, kTol, ctx);
+                    expect_close("x", x, rx, kTol, ctx);
+                    // bf16 output: same values rounded to bf16 (8 mantissa bits)
+                    std::vector<bf16> xb((size_t)x.n + kGuard, __float2bfloat16(0.f));
+                    emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, read_v2_kernel<bf16, DK>, D,
+                                (const float*)cur.p(), (const float*)raw.p(), Qn.p(), Qnrm.p(),
+                                (const float*)src.p(), ap, xb.data());
+                    Buf xf(x.n);
+                    for (int64_t i = 0; i < x.n; i++) xf[i] = __bfloat162float(xb[(size_t)i]);
+                    expect_close("x (bf16)", xf, rx, 8e-3, ctx);
+                });
+}
+
+TEST_CASE("emu: v2 rls write (out of place, in place, recompute)", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int K : dk_variants(s.dk))
+            for (int mode = 0; mode < 3; mode++)  // 0 out of place, 1 in place, 2 RECOMP in place
+                with_dk(K, [&](auto kc) {
+                    constexpr int DK = decltype(kc)::value;
+                    const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
+                    Rng r(2000 + s.N * 7 + K + mode);
+                    Buf in(D.N * D.ST), out(D.N * D.ST), raw(D.N * D.HK), v(D.N * D.d), lam(D.Hm);
+                    Buf Kn(D.N * D.HK), Knrm(D.N * D.Hm);
+                    random_state(D, in, r);
+                    r.fill(v);
+                    for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
+                    if (mode == 2) random_keys(D, raw, Knrm, r);  // raw = stored normalised keys
+                    else r.fill(raw);
+                    const std::string ctx = ctx_of("write_rls_v2", s, K, mode == 0 ? " out-of-place" : mode == 1 ? " in-place" : " recompute");
+                    run_orders(
+                        ctx,
+                        [&] {
+                            Kn.poison();
+                            Knrm.poison();
+                            if (mode == 0) out.poison();
+                            else out.v = in.v;
+                        },
+                        [&] {
+                            float* src = mode == 0 ? in.p() : out.p();
+                            if (mode == 2)
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_v2_kernel<DK, true>, D,
+                                            out.p(), (const float*)src, (const float*)raw.p(), (float*)nullptr,
+                                            (float*)nullptr, (const float*)v.p(), (const float*)lam.p());
+                            else
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_v2_kernel<DK, false>, D,
+                                            out.p(), (const float*)src, (const float*)raw.p(), Kn.p(), Knrm.p(),
+                                            (const float*)v.p(), (const float*)lam.p());
+                        },
+                        mode == 2 ? std::vector<Buf*>{&out} : std::vector<Buf*>{&out, &Kn, &Knrm});
+                    std::vector<double> rS((size_t)out.n), rKn((size_t)Kn.n), rKnrm((size_t)Knrm.n);
+                    for (int n = 0; n < D.N; n++)
+                        for (int h = 0; h < D.Hm; h++) {
+                            auto k = dv_(raw.p() + D.key_off(n, h), D.dk);
+                            if (mode != 2) rKnrm[(size_t)D.tok_off(n, h)] = l2n_forward(k.data(), k.data(), D.dk);
+                            std::copy(k.begin(), k.end(), rKn.begin() + D.key_off(n, h));
+                            auto st = dv_(in.p() + D.state_off(n, h), D.SS + D.PP);
+                            auto vv = dv_(v.p() + D.val_off(n, h), D.dv);
+                            std::vector<double> u((size_t)D.dk);
+                            rls_write(st.data(), st.data() + D.SS, k.data(), vv.data(), (double)lam[h], D.dv, D.dk, u.data());
+                            std::copy(st.begin(), st.end(), rS.begin() + D.state_off(n, h));
+                        }
+                    expect_close("state", out, rS, kTol, ctx);
+                    if (mode != 2) {
+                        expect_close("Kn", Kn, rKn, kTol, ctx);
+                        expect_close("Knrm", Knrm, rKnrm, kTol, ctx);
+                    } else {
+                        CHECK(Kn.guard_intact());
+                    }
+                });
+}
+
+TEST_CASE("emu: v2 outer / delta write (forward and recompute)", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int K : dk_variants(s.dk))
+            for (int rule : {kOuter, kDelta})
+                for (int recomp = 0; recomp < 2; recomp++)
+                    with_dk(K, [&](auto kc) {
+                        constexpr int DK = decltype(kc)::value;
+                        const Dims D = dims(s.N, s.Hm, s.dk, s.dv, false);
+                        Rng r(3000 + s.N * 7 + K + rule * 3 + recomp);
+                        Buf in(D.N * D.ST), cur(D.N * D.ST), raw(D.N * D.HK), v(D.N * D.d), lam(D.Hm);
+                        Buf Kn(D.N * D.HK), Knrm(D.N * D.Hm), zraw(D.N * D.Hm), bb(D.Hm), beta(D.N * D.Hm);
+                        random_state(D, in, r);
+                        r.fill(v);
+                        r.fill(zraw, 0.1f, 2.f);
+                        r.fill(bb);
+                        for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
+                        Buf beta_in(D.N * D.Hm);
+                        for (int64_t i = 0; i < beta_in.n; i++) beta_in[i] = r.pos(0.05f, 0.95f);
+                        if (recomp) random_keys(D, raw, Knrm, r);
+                        else r.fill(raw);
+                        const std::string ctx = ctx_of(rule == kOuter ? "write_od_v2<outer>" : "write_od_v2<delta>", s, K,
+                                                       recomp ? " recompute" : "");
+                        auto kern = [&](auto rc) {
+                            constexpr int RL = decltype(rc)::value;
+                            if (recomp)
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_od_v2_kernel<RL, DK, true>, D,
+                                            cur.p(), (const float*)raw.p(), (float*)nullptr, (float*)nullptr,
+                                            (const float*)v.p(), (const float*)lam.p(), (const float*)nullptr,
+                                            (const float*)nullptr, beta.p());
+                            else
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_od_v2_kernel<RL, DK, false>, D,
+                                            cur.p(), (const float*)raw.p(), Kn.p(), Knrm.p(), (const float*)v.p(),
+                                            (const float*)lam.p(), (const float*)zraw.p(), (const float*)bb.p(), beta.p());
+                        };
+                        run_orders(
+                            ctx,
+                            [&] {
+                                cur.v = in.v;
+                                Kn.poison();
+                                Knrm.poison();
+                                if (recomp) beta.v = beta_in.v;
+                                else beta.poison();
+                            },
+                            [&] {
+                                if (rule == kOuter) kern(std::integral_constant<int, kOuter>());
+                                else kern(std::integral_constant<int, kDelta>());
+                            },
+                            {&cur, &Kn, &Knrm, &beta});
+                        std::vector<double> rS((size_t)cur.n), rKn((size_t)Kn.n), rKnrm((size_t)Knrm.n), rb((size_t)beta.n);
+                        for (int n = 0; n < D.N; n++)
+                            for (int h = 0; h < D.Hm; h++) {
+                                const int64_t nh = D.tok_off(n, h);
+                                auto k = dv_(raw.p() + D.key_off(n, h), D.dk);
+                                if (!recomp) rKnrm[(size_t)nh] = l2n_forward(k.data(), k.data(), D.dk);
+                                std::copy(k.begin(), k.end(), rKn.begin() + D.key_off(n, h));
+                                auto S = dv_(in.p() + D.state_off(n, h), D.SS);
+                                auto vv = dv_(v.p() + D.val_off(n, h), D.dv);
+                                const double bt = recomp ? (double)beta_in[nh]
+                                                         : kBetaMax * sigmoid((double)zraw[nh] + (double)bb[h]);
+                                rb[(size_t)nh] = bt;
+                                if (rule == kOuter) outer_write(S.data(), k.data(), vv.data(), (double)lam[h], D.dv, D.dk);
+                                else delta_write(S.data(), k.data(), vv.data(), bt, D.dv, D.dk);
+                                std::copy(S.begin(), S.end(), rS.begin() + D.state_off(n, h));
+                            }
+                        expect_close("state", cur, rS, kTol, ctx);
+                        if (!recomp) {
+                            expect_close("Kn", Kn, rKn, kTol, ctx);
+                            expect_close("Knrm", Knrm, rKnrm, kTol, ctx);
+                            if (rule == kDelta) expect_close("beta", beta, rb, kTol, ctx);
+                        }
+                    });
+}
+
+TEST_CASE("emu: v2 rls unwind+VJP (fused) and VJP, and v2 unwind", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int K : dk_variants(s.dk))
+            for (int unw = 0; unw < 3; unw++)  // 0 VJP only, 1 fused unwind+VJP, 2 unwind_v2 alone
+                with_dk(K, [&](auto kc) {
+                    constexpr int DK = decltype(kc)::value;
+                    const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
+                    Rng r(4000 + s.N * 7 + K + unw);
+                    Buf in(D.N * D.ST), cur(D.N * D.ST), dS_in(D.N * D.ST), dS(D.N * D.ST);
+                    Buf Kn(D.N * D.HK), Knrm(D.N * D.Hm), v(D.N * D.d), lam(D.Hm), dsrc(D.N * D.d);
+                    Buf dvacc(D.N * D.d), draw(D.N * D.HK), dtok(D.N * D.Hm);
+                    random_state(D, in, r);
+                    random_state(D, dS_in, r);  // any values
+                    random_keys(D, Kn, Knrm, r);
+                    r.fill(v);
+                    r.fill(dsrc);
+                    for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
+                    const std::string ctx = ctx_of(unw == 2 ? "unwind_v2<rls>" : "unwind_vjp_rls_v2", s, K,
+                                                   unw == 1 ? " UNWIND" : "");
+                    run_orders(
+                        ctx,
+                        [&] {
+                            cur.v = in.v;
+                            dS.v = dS_in.v;
+                            dvacc.poison();
+                            draw.poison();
+                            dtok.poison();
+                        },
+                        [&] {
+                            if (unw == 2)
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_v2_kernel<kRls, DK>, D, cur.p(),
+                                            (const float*)Kn.p(), (const float*)v.p(), (const float*)lam.p());
+                            else if (unw == 1)
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_v2_kernel<DK, true>, D,
+                                            cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
+                                            (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
+                                            dvacc.p(), draw.p(), dtok.p());
+                            else
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_v2_kernel<DK, false>, D,
+                                            cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
+                                            (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
+                                            dvacc.p(), draw.p(), dtok.p());
+                        },
+                        {&cur, &dS, &dvacc, &draw, &dtok});
+                    std::vector<double> rS((size_t)cur.n), rdS((size_t)dS.n), rdv((size_t)dvacc.n),
+                        rdraw((size_t)draw.n), rdt((size_t)dtok.n);
+                    for (int n = 0; n < D.N; n++)
+                        for (int h = 0; h < D.Hm; h++) {
+                            const int64_t so = D.state_off(n, h), kh = D.key_off(n, h), vo = D.val_off(n, h);
+                            auto st = dv_(in.p() + so, D.SS + D.PP);
+                            auto g = dv_(dS_in.p() + so, D.SS + D.PP);
+                            auto k = dv_(Kn.p() + kh, D.dk);
+                            auto vv = dv_(v.p() + vo, D.dv);
+                            const double lm = lam[h];
+                            std::vector<double> scr((size_t)(4 * D.dk + 2 * D.dv));
+                            if (unw >= 1) rls_unwind(st.data(), st.data() + D.SS, k.data(), vv.data(), lm, D.dv, D.dk, scr.data());
+                            std::copy(st.begin(), st.end(), rS.begin() + so);
+                            std::copy(g.begin(), g.end(), rdS.begin() + so);
+                            if (unw == 2) continue;
+                            std::vector<double> dk((size_t)D.dk, 0.0), dvv((size_t)D.dv, 0.0);
+                            double dl = 0;
+                            rls_write_vjp(st.data(), st.data() + D.SS, k.data(), vv.data(), lm, g.data(), g.data() + D.SS,
+                                          dk.data(), dvv.data(), &dl, D.dv, D.dk, scr.data());
+                            std::copy(g.begin(), g.end(), rdS.begin() + so);
+                            for (int c = 0; c < D.dv; c++) rdv[(size_t)(vo + c)] = dsrc[vo + c] + dvv[(size_t)c];
+                            l2n_backward(k.data(), (double)Knrm[D.tok_off(n, h)], dk.data(), dk.data(), D.dk);
+                            std::copy(dk.begin(), dk.end(), rdraw.begin() + kh);
+                            rdt[(size_t)D.tok_off(n, h)] = dl;
+                        }
+                    // the unwind divides by 1 - k.Pk and multiplies by gamma: looser than plain products
+                    expect_close("state", cur, rS, 1e-4, ctx);
+                    if (unw == 2) {
+                        CHECK(dvacc.guard_intact());
+                        return;
+                    }
+                    expect_close("dS/dP", dS, rdS, 1e-4, ctx);
+                    expect_close("dvacc", dvacc, rdv, 1e-4, ctx);
+                    expect_close("draw", draw, rdraw, 1e-4, ctx);
+                    expect_close("dtok (dlambda)", dtok, rdt, 1e-4, ctx);
+                });
+}
+
+TEST_CASE("emu: v2 outer / delta VJP (outer also fused with its unwind) and outer unwind", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int K : dk_variants(s.dk))
+            for (int mode = 0; mode < 4; mode++)  // 0 outer VJP, 1 outer fused, 2 delta VJP, 3 unwind_v2<outer>
+                with_dk(K, [&](auto kc) {
+                    constexpr int DK = decltype(kc)::value;
+                    const Dims D = dims(s.N, s.Hm, s.dk, s.dv, false);
+                    const bool delta = mode == 2, unwind = mode == 1 || mode == 3;
+                    Rng r(5000 + s.N * 7 + K + mode);
+                    Buf in(D.N * D.ST), cur(D.N * D.ST), dS_in(D.N * D.ST), dS(D.N * D.ST);
+                    Buf Kn(D.N * D.HK), Knrm(D.N * D.Hm), v(D.N * D.d), lam(D.Hm), dsrc(D.N * D.d), beta(D.N * D.Hm);
+                    Buf dvacc(D.N * D.d), draw(D.N * D.HK), dtok(D.N * D.Hm);
+                    random_state(D, in, r);
+                    random_state(D, dS_in, r);
+                    random_keys(D, Kn, Knrm, r);
+                    r.fill(v);
+                    r.fill(dsrc);
+                    for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
+                    for (int64_t i = 0; i < beta.n; i++) beta[i] = r.pos(0.05f, 0.9f);
+                    const char* names[4] = {"vjp_od_v2<outer>", "vjp_od_v2<outer>", "vjp_od_v2<delta>", "unwind_v2<outer>"};
+                    const std::string ctx = ctx_of(names[mode], s, K, mode == 1 ? " UNWIND" : "");
+                    run_orders(
+                        ctx,
+                        [&] {
+                            cur.v = in.v;
+                            dS.v = dS_in.v;
+                            dvacc.poison();
+                            draw.poison();
+                            dtok.poison();
+                        },
+                        [&] {
+                            const dim3 g(warp_blocks(D)), b(32 * kWarpsPerBlock);
+                            const float *kn = Kn.p(), *knrm = Knrm.p(), *vp = v.p(), *lp = lam.p(), *bp = beta.p(),
+                                        *ds = dsrc.p();
+                            if (mode == 0)
+                                emu::launch(g, b, 0, 0, vjp_od_v2_kernel<kOuter, DK, false>, D, cur.p(), dS.p(), kn, knrm, vp,
+                                            lp, bp, ds, dvacc.p(), draw.p(), dtok.p());
+                            else if (mode == 1)
+                                emu::launch(g, b, 0, 0, vjp_od_v2_kernel<kOuter, DK, true>, D, cur.p(), dS.p(), kn, knrm, vp,
+                                            lp, bp, ds, dvacc.p(), draw.p(), dtok.p());
+                            else if (mode == 2)
+                                emu::launch(g, b, 0, 0, vjp_od_v2_kernel<kDelta, DK, false>, D, cur.p(), dS.p(), kn, knrm, vp,
+                                            lp, bp, ds, dvacc.p(), draw.p(), dtok.p());
+                            else
+                                emu::launch(g, b, 0, 0, unwind_v2_kernel<kOuter, DK>, D, cur.p(), kn, vp, lp);
+                        },
+                        {&cur, &dS, &dvacc, &draw, &dtok});
+                    std::vector<double> rS((size_t)cur.n), rdS((size_t)dS.n), rdv((size_t)dvacc.n),
+                        rdraw((size_t)draw.n), rdt((size_t)dtok.n);
+                    for (int n = 0; n < D.N; n++)
+                        for (int h = 0; h < D.Hm; h++) {
+                            const int64_t so = D.state_off(n, h), kh = D.key_off(n, h), vo = D.val_off(n, h),
+                                          nh = D.tok_off(n, h);
+                            auto S = dv_(in.p() + so, D.SS);
+                            auto G = dv_(dS_in.p() + so, D.SS);
+                            auto k = dv_(Kn.p() + kh, D.dk);
+                            auto vv = dv_(v.p() + vo, D.dv);
+                            const double lm = lam[h];
+                            if (unwind) outer_unwind(S.data(), k.data(), vv.data(), lm, D.dv, D.dk);
+                            std::copy(S.begin(), S.end(), rS.begin() + so);
+                            std::copy(G.begin(), G.end(), rdS.begin() + so);
+                            if (mode == 3) continue;
+                            std::vector<double> dk((size_t)D.dk, 0.0), dvv((size_t)D.dv, 0.0);
+                            double dsc = 0;
+                            if (delta) {
+                                const double bt = beta[nh];
+                                delta_write_vjp(S.data(), k.data(), vv.data(), bt, G.data(), dk.data(), dvv.data(), &dsc, D.dv, D.dk);
+                                dsc = dsc * bt * (1.0 - bt / kBetaMax);
+                            } else {
+                                outer_write_vjp(S.data(), k.data(), vv.data(), lm, G.data(), dk.data(), dvv.data(), &dsc, D.dv, D.dk);
+                            }
+                            std::copy(G.begin(), G.end(), rdS.begin() + so);
+                            for (int c = 0; c < D.dv; c++) rdv[(size_t)(vo + c)] = dsrc[vo + c] + dvv[(size_t)c];
+                            l2n_backward(k.data(), (double)Knrm[nh], dk.data(), dk.data(), D.dk);
+                            std::copy(dk.begin(), dk.end(), rdraw.begin() + kh);
+                            rdt[(size_t)nh] = dsc;
+                        }
+                    expect_close("state", cur, rS, kTol, ctx);
+                    if (mode == 3) {
+                        CHECK(dvacc.guard_intact());
+                        return;
+                    }
+                    expect_close("dS", dS, rdS, kTol, ctx);
+                    expect_close("dvacc", dvacc, rdv, kTol, ctx);
+                    expect_close("draw", draw, rdraw, kTol, ctx);
+                    expect_close("dtok", dtok, rdt, kTol, ctx);
+                });
+}
+
+TEST_CASE("emu: v2 read backward (fp32 and bf16 dx, with and without residual gates)", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int K : dk_variants(s.dk))
+            for (int mode = 0; mode < 3; mode++)  // 0 no gates, 1 gates, 2 gates + bf16 dx
+                with_dk(K, [&](auto kc) {
+                    constexpr int DK = decltype(kc)::value;
+                    const Dims D = dims(s.N, s.Hm, s.dk, s.dv, (s.N & 1) != 0);  // rls layout for odd N
+                    Rng r(6000 + s.N * 7 + K + mode);
+                    Buf cur(D.N * D.ST), Qn(D.N * D.HK), Qnrm(D.N * D.Hm), dx(D.N * D.d), a(D.Hm * D.dv);
+                    Buf dS_in(D.N * D.ST), dS(D.N * D.ST), draw(D.N * D.HK), prod(D.N * D.d);
+                    random_state(D, cur, r);
+                    random_state(D, dS_in, r);
+                    random_keys(D, Qn, Qnrm, r);
+                    r.fill(dx);
+                    r.fill(a);
+                    std::vector<bf16> dxb((size_t)dx.n);
+                    for (int64_t i = 0; i < dx.n; i++) {
+                        dxb[(size_t)i] = __float2bfloat16(dx[i]);
+                        if (mode == 2) dx[i] = __bfloat162float(dxb[(size_t)i]);  // reference sees the bf16 values
+                    }
+                    const float* ap = mode ? a.p() : nullptr;
+                    const std::string ctx = ctx_of("read_bwd_v2", s, K, mode == 0 ? "" : mode == 1 ? " gates" : " gates bf16");
+                    run_orders(
+                        ctx,
+                        [&] {
+                            dS.v = dS_in.v;
+                            draw.poison();
+                            prod.poison();
+                        },
+                        [&] {
+                            const dim3 g(warp_blocks(D)), b(32 * kWarpsPerBlock);
+                            if (mode == 2)
+                                emu::launch(g, b, 0, 0, read_bwd_v2_kernel<bf16, DK>, D, (const float*)cur.p(),
+                                            (const float*)Qn.p(), (const float*)Qnrm.p(), (const bf16*)dxb.data(), ap,
+                                            dS.p(), draw.p(), prod.p());
+                            else
+                                emu::launch(g, b, 0, 0, read_bwd_v2_kernel<float, DK>, D, (const float*)cur.p(),
+                                            (const float*)Qn.p(), (const float*)Qnrm.p(), (const float*)dx.p(), ap,
+                                            dS.p(), draw.p(), prod.p());
+                        },
+                        {&dS, &draw, &prod});
+                    std::vector<double> rdS(dS_in.v.begin(), dS_in.v.begin() + dS.n), rdraw((size_t)draw.n),
+                        rprod((size_t)prod.n);
+                    for (int n = 0; n < D.N; n++)
+                        for (int h = 0; h < D.Hm; h++) {
+                            const int64_t so = D.state_off(n, h), kh = D.key_off(n, h), vo = D.val_off(n, h);
+                            auto S = dv_(cur.p() + so, D.SS);
+                            auto q = dv_(Qn.p() + kh, D.dk);
+                            std::vector<double> rr((size_t)D.dv), dr((size_t)D.dv), dq((size_t)D.dk, 0.0);
+                            ldm_read(S.data(), q.data(), rr.data(), D.dv, D.dk);
+                            for (int c = 0; c < D.dv; c++) {
+                                dr[(size_t)c] = ap ? (double)a[h * D.dv + c] * dx[vo + c] : (double)dx[vo + c];
+                                rprod[(size_t)(vo + c)] = dx[vo + c] * rr[(size_t)c];
+                            }
+                            ldm_read_vjp(S.data(), q.data(), dr.data(), rdS.data() + so, dq.data(), D.dv, D.dk);
+                            l2n_backward(q.data(), (double)Qnrm[D.tok_off(n, h)], dq.data(), dq.data(), D.dk);
+                            std::copy(dq.begin(), dq.end(), rdraw.begin() + kh);
+                        }
+                    expect_close("dS", dS, rdS, kTol, ctx);
+                    expect_close("draw", draw, rdraw, kTol, ctx);
+                    if (ap) expect_close("prod32", prod, rprod, kTol, ctx);
+                    else CHECK(std::isnan(prod[0]));  // not written without gates
+                });
+}
+
+TEST_CASE("emu: drift kernel (max |S - S_ref|, max |δP - δP_ref|, integer atomicMax)", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int withref = 0; withref < 2; withref++) {
+            const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
+            Rng r(7000 + s.N + withref);
+            Buf cur(D.N * D.ST), ref(D.N * D.ST);
+            random_state(D, cur, r);
+            random_state(D, ref, r);
+            const float delta = 0.7f;
+            unsigned out[2 + 2];
+            const std::string ctx = strprintf("drift N=%d Hm=%d dk=%d dv=%d ref=%d", s.N, s.Hm, s.dk, s.dv, withref);
+            double ms = 0, mp = 0;
+            for (int n = 0; n < D.N; n++)
+                for (int h = 0; h < D.Hm; h++) {
+                    const float* S = cur.p() + D.state_off(n, h);
+                    const float* R = ref.p() + D.state_off(n, h);
+                    for (int i = 0; i < D.SS; i++) ms = std::max(ms, std::fabs((double)S[i] - (withref ? R[i] : 0.f)));
+                    for (int p = 0; p < D.PP; p++) {
+                        const double rv = withref ? (double)delta * R[D.SS + p] : (p / D.dk == p % D.dk ? 1.0 : 0.0);
+                        mp = std::max(mp, std::fabs((double)delta * S[D.SS + p] - rv));
+                    }
+                }
+            Buf o(2);
+            run_orders(
+                ctx, [&] { out[0] = out[1] = 0; out[2] = out[3] = 0xdeadbeefu; },
+                [&] {
+                    emu::launch(elem_blocks((int64_t)D.N * D.ST), 256, 0, 0, drift_kernel, D, (const float*)cur.p(),
+                                withref ? (const float*)ref.p() : (const float*)nullptr, delta, out);
+                    o[0] = __uint_as_float(out[0]);
+                    o[1] = __uint_as_float(out[1]);
+                },
+                {&o});
+            INFO(ctx);
+            CHECK(out[2] == 0xdeadbeefu);
+            CHECK(std::fabs(o[0] - ms) <= 1e-6 * std::max(1.0, ms));
+            CHECK(std::fabs(o[1] - mp) <= 1e-6 * std::max(1.0, mp));
+        }
+}
+
+TEST_CASE("emu: the emulator itself (shuffles, ballot, barriers, shared-memory poison)", "[emu]") {
+    // A kernel written here: per warp, __shfl_*_sync variants and a block reduction via shared.
+    struct K {
+        static void kern(int* out) {
+            __shared__ int sh[64];
+            emu::shared_init(&sh, sizeof(sh));
+            const int t = threadIdx.x, lane = t & 31, w = t / 32;
+            int x = t;
+            for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+            const int up = __shfl_up_sync(0xffffffffu, t, 1), dn = __shfl_down_sync(0xffffffffu, t, 3, 16);
+            const int src = __shfl_sync(0xffffffffu, t, 31 - lane);
+            const unsigned bal = __ballot_sync(0xffffffffu, lane % 3 == 0);
+            const int poisoned = sh[t];  // read before any write: the poison pattern
+            __syncthreads();
+            sh[t] = x;
+            __syncthreads();
+            int* o = out + (blockIdx.x * blockDim.x + t) * 7;
+            o[0] = x;
+            o[1] = up;
+            o[2] = dn;
+            o[3] = src;
+            o[4] = (int)bal;
+            o[5] = sh[(t + 32) % blockDim.x];
+            o[6] = poisoned;
+            (void)w;
+        }
+    };
+    std::vector<int> out(2 * 64 * 7, 0);
+    emu::launch(2, 64, 0, 0, &K::kern, out.data());
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 64; t++) {
+            const int* o = out.data() + (b * 64 + t) * 7;
+            const int lane = t & 31, w0 = t & ~31;
+            const int wsum = 32 * w0 + 31 * 32 / 2;
+            CHECK(o[0] == wsum);
+            CHECK(o[1] == (lane >= 1 ? t - 1 : t));
+            CHECK(o[2] == ((lane & 15) + 3 < 16 ? t + 3 : t));
+            CHECK(o[3] == w0 + 31 - lane);
+            unsigned e = 0;
+            for (int l = 0; l < 32; l++)
+                if (l % 3 == 0) e |= 1u << l;
+            CHECK((unsigned)o[4] == e);
+            const int other = (t + 32) % 64;
+            CHECK(o[5] == 32 * (other & ~31) + 31 * 32 / 2);
+            CHECK(o[6] == -1);
+        }
+}
