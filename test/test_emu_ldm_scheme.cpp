@@ -57,3 +57,39 @@ TEST_CASE("emu: LDM scheme workbench cases, variants 2 and 3", "[emu][ldm]") {
         CHECK(g_fail == 0);
     }
 }
+
+// The window paths of the LDM GPU scheme (window_impl 0 = sequential writes + window-start
+// states, 1 = Woodbury v1 on the ldm_math.h window functions, 2 = Woodbury v2 warp kernels),
+// at D+1 = 7 writes with w = 1, 2, 3, 4, 8 (shorter last window; w > D+1), no-residual and odd
+// shapes, kernel variant 2, fp32 and bf16, vs the CPU LDMScheme<double> (workbench run_case).
+TEST_CASE("emu: LDM window paths 0, 1, 2", "[emu][ldm][window]") {
+    std::vector<Case> cases;
+    for (int w : {1, 2, 3, 4, 8}) {
+        Case c;
+        c.mode = "window";
+        c.window = w;
+        c.n_layer = 3;
+        c.N = 45;
+        cases.push_back(c);
+    }
+    { Case c; c.mode = "window"; c.window = 4; c.n_layer = 3; c.residual = false; cases.push_back(c); }
+    { Case c; c.N = 131; c.d = 60; c.Hm = 4; c.dk = 5; c.n_layer = 3; c.mode = "window"; c.window = 3; cases.push_back(c); }
+    { Case c; c.N = 19; c.d = 96; c.Hm = 3; c.dk = 16; c.n_layer = 2; c.mode = "window"; c.window = 2; cases.push_back(c); }
+    for (int wi : {0, 1, 2}) {
+        g_fail = 0;
+        const std::string out = emu::capture_stdout([&] {
+            for (const Case& c : cases) {
+                run_case<float>(c, 2, wi);
+                run_case<bf16>(c, 2, wi);
+            }
+        });
+        const emu::CheckLines c = emu::check_lines(out);
+        INFO("window path " << wi << ": " << c.total << " CHECK lines");
+        std::string failed;
+        for (const auto& l : c.failed) failed += l + "\n";
+        INFO("failed CHECK lines:\n" << failed);
+        CHECK(c.total >= 5 * 2 * (int)cases.size());
+        CHECK(c.failed.empty());
+        CHECK(g_fail == 0);
+    }
+}
