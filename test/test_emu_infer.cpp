@@ -1,0 +1,41 @@
+// CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of the GPU inference
+// kernels of cuda/infer.cuh: kv_cache_append and cached_attention_forward (decode attention
+// against the KV cache: one block of 4 warps per query row, GQA, fp32 online softmax merged over
+// the warps), through the workbench checks of dev/cuda/infer.cu at all its shapes (first position,
+// decode, chunks of new tokens, GQA 2:1 and 4:1, hd 6 / 16 / 64 / 128 / 256, full cache), fp32 and
+// bf16, vs the host row reference (itself checked against a plain double softmax attention in
+// test_infer_math), plus the run-to-run repeat. Requires every CHECK to PASS.
+#include <catch2/catch.hpp>
+
+// inline-asm paths of attention.cuh (included through infer.cuh; dev/emu/gen.py)
+#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)
+#define EMU_HOST_ldsm ::emu::ldmatrix_x4(r, p, false)
+#define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
+#include "cuda_emu/dev_cuda/infer.cu.h"
+#include "dev/emu/harness.h"
+
+TEST_CASE("emu: decode attention and KV-cache append (workbench checks)", "[emu][infer]") {
+    Report R;
+    Rng rng(11);
+    const Shape shapes[] = {
+        {1, 1, 0, 4, 2, 1, 8},        // first position: a single key
+        {2, 1, 5, 9, 4, 2, 16},       // decode, GQA 2:1
+        {3, 3, 7, 12, 6, 3, 6},       // chunk of 3 new tokens, hd not a multiple of 32
+        {2, 1, 130, 200, 4, 4, 64},   // longer cache, hd 64
+        {1, 5, 40, 64, 8, 2, 128},    // chunk, GQA 4:1, hd 128
+        {1, 1, 300, 301, 2, 1, 256},  // hd 256 (the maximum), cache full
+    };
+    const std::string out = emu::capture_stdout([&] {
+        for (const Shape& s : shapes) {
+            check<float>(R, rng, s);
+            check<bf16>(R, rng, s);
+        }
+    });
+    const emu::CheckLines c = emu::check_lines(out);
+    std::string failed;
+    for (const auto& l : c.failed) failed += l + "\n";
+    INFO("failed CHECK lines:\n" << failed);
+    CHECK(c.total >= 4 * 2 * 6);
+    CHECK(c.failed.empty());
+    CHECK(R.fails == 0);
+}
