@@ -500,6 +500,12 @@ inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
     if (n) std::memmove(d, s, n);
     return cudaSuccess;
 }
+// cudaMemcpy2D[Async]: `height` rows of `width` bytes, row pitches dpitch / spitch (bytes).
+inline cudaError_t memcpy2d_(void* d, size_t dpitch, const void* s, size_t spitch, size_t width, size_t height, ...) {
+    for (size_t r = 0; r < height; r++)
+        if (width) std::memmove(static_cast<char*>(d) + r * dpitch, static_cast<const char*>(s) + r * spitch, width);
+    return cudaSuccess;
+}
 inline cudaError_t memset_(void* d, int v, size_t n, ...) {
     if (n) std::memset(d, v, n);
     return cudaSuccess;
@@ -605,6 +611,8 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaFree(p) ::emu::free_(p)
 #define cudaMemcpy(...) ::emu::memcpy_(__VA_ARGS__)
 #define cudaMemcpyAsync(...) ::emu::memcpy_(__VA_ARGS__)
+#define cudaMemcpy2D(...) ::emu::memcpy2d_(__VA_ARGS__)
+#define cudaMemcpy2DAsync(...) ::emu::memcpy2d_(__VA_ARGS__)
 #define cudaMemset(...) ::emu::memset_(__VA_ARGS__)
 #define cudaMemsetAsync(...) ::emu::memset_(__VA_ARGS__)
 #define cudaGetLastError() cudaSuccess
