@@ -132,11 +132,17 @@ inline void check_infer_options(const InferOptions& io, const std::string& resum
         const std::string m = dist::checkpoint_base(resume) + ".model";
         if (!file_exists(m)) throw Error("--resume: " + m + " does not exist");
     }
+    const bool own_model = io.checkpoint.empty() && resume.empty();  // the model flags' model (-T)
+    if (own_model && io.max_len > T_flag)
+        throw Error(strprintf("--max-len %d exceeds the model's seq_len %d (-T)", io.max_len, T_flag));
     if (!io.bench_infer.empty()) {
         int P = 0, G = 0;
         infer_cli_detail::parse_pg(io.bench_infer, &P, &G);
+        if (own_model && P + G > T_flag)
+            throw Error(strprintf("--bench-infer %d:%d needs a context of %d > the model's seq_len %d (raise -T)", P, G,
+                                  P + G, T_flag));
     }
-    if (io.generate && io.prompt_len > 0 && io.checkpoint.empty() && resume.empty()) {
+    if (io.generate && io.prompt_len > 0 && own_model) {
         const int ctx = io.max_len > 0 ? io.max_len : T_flag;
         if (io.max_len > T_flag) throw Error(strprintf("--max-len %d exceeds the model's seq_len %d (-T)", io.max_len, T_flag));
         if (io.prompt_len > ctx)

@@ -7,6 +7,7 @@
 # Usage: scripts/bench_cpu.sh [steps (default 10)]   env: BUILD (default build), BENCH_B (4),
 #        BENCH_THREADS (0 = all cores), BENCH_OUT (default out/bench_cpu)
 set -euo pipefail
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${1:-10}

@@ -17,6 +17,7 @@
 # Environment: BUILD (build dir, default build), DEMO_OUT, DEMO_STEPS, DEMO_B, DEMO_T, DEMO_LR,
 # DEMO_THREADS (0 = all cores), DEMO_EVAL_EXAMPLES (default 200; 0 skips step 5).
 set -euo pipefail
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 OUT=${DEMO_OUT:-demo_out}

@@ -82,6 +82,10 @@ GPU_DESC=""
 if [ -x "$TRAINER" ]; then
   GPU_DESC=$("$TRAINER" --gpu-info 2>&1); GPU_RC=$?
 else
+  if [ "$PREBUILT" = 1 ]; then
+    echo "gpu_check: error: $TRAINER is missing (build first, or point BUILD at the build directory)" >&2
+    exit 1
+  fi
   GPU_RC=127
 fi
 if [ "$GPU_RC" != 0 ]; then

@@ -4,6 +4,7 @@
 # is safe to call from every README command and make target. Needs root only when something
 # is missing. Usage: scripts/install_deps.sh [--no-npm]
 set -euo pipefail
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 
 PKGS=(

@@ -5,6 +5,7 @@
 # and exits non-zero when any test failed or any binary crashed.
 # Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s').
 set -u
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 passed=0; failed=0; crashed=(); gpu_skipped=()
 start=$(date +%s)
