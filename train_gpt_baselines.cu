@@ -18,7 +18,13 @@ namespace ldm {
 namespace gpu {
 
 void check_gpu_scheme(const ModelConfig& cfg) {
-    for (const char* k : {"preln", "hc", "mhc", "attnres-full", "attnres-block"})
+    if (cfg.scheme == "hc" || cfg.scheme == "mhc") {
+        const int n = cfg.hc_streams;
+        if (n != 1 && n != 2 && n != 3 && n != 4 && n != 8)
+            throw Error(strprintf("hc/mhc on the GPU: --hc-streams %d is not supported (1, 2, 3, 4, 8)", n));
+        return;
+    }
+    for (const char* k : {"preln", "attnres-full", "attnres-block"})
         if (cfg.scheme == k) return;
     if (cfg.scheme == "ldm") throw Error("scheme 'ldm' runs on the GPU in train_ldm, not train_gpt_baselines");
     throw Error("unknown scheme '" + cfg.scheme + "' (train_gpt_baselines supports: preln, hc, mhc, attnres-full, attnres-block)");
