@@ -397,8 +397,8 @@ const float* GpuInference<T>::step(const int32_t* tokens, int n, bool all_logits
     return logits_h_.data();
 }
 
-// Autoregressive generation of one sequence (inf.batch() == 1), the loop of cpu::generate
-// (dev/cpu/infer.cpp) with the same sampler (cpu::sample_token over the real V) and the same
+// Autoregressive generation of one sequence (inf.batch() == 1): cpu::generate_loop
+// (dev/cpu/infer.h, the loop of cpu::generate) with the same sampler (cpu::sample_token over the real V) and the same
 // random stream (draw i = stream_uniform(init_stream(seed, 0), i)): prefill of the prompt, then up
 // to max_new tokens; stops after stop_token (>= 0, included) or when the cache is full. The same
 // weights and settings therefore give the same tokens as build/generate_cpu up to the logits'
@@ -408,30 +408,7 @@ template <typename T>
 std::vector<int32_t> gpu_generate(GpuInference<T>& inf, const std::vector<int32_t>& prompt, int max_new,
                                   const cpu::SamplingParams& sp, uint64_t seed, int32_t stop_token = -1,
                                   cpu::GenerateStats* stats = nullptr) {
-    using clock = std::chrono::steady_clock;
-    if (inf.batch() != 1) throw Error("generate: the GpuInference must have B = 1");
-    if (prompt.empty()) throw Error("generate: the prompt is empty (give at least one token)");
-    if ((int)prompt.size() > inf.max_len())
-        throw Error(strprintf("generate: prompt of %zu tokens exceeds the context of %d", prompt.size(), inf.max_len()));
-    cpu::GenerateStats st;
-    st.prompt_tokens = (int)prompt.size();
-    std::vector<int32_t> out;
-    auto t0 = clock::now();
-    const float* lg = inf.prefill(prompt.data(), (int)prompt.size(), false);
-    st.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
-    const uint64_t s0 = init_stream(seed, 0);
-    uint64_t draw = 0;
-    for (int i = 0; i < max_new; i++) {
-        const int32_t tok = cpu::sample_token<float>(lg, inf.vocab_size(), sp, stream_uniform(s0, draw++));
-        out.push_back(tok);
-        if (tok == stop_token || i + 1 == max_new || inf.pos() >= inf.max_len()) break;
-        auto t1 = clock::now();
-        lg = inf.decode_step(&tok);
-        st.decode_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t1).count());
-    }
-    st.new_tokens = (int)out.size();
-    if (stats) *stats = st;
-    return out;
+    return cpu::generate_loop(inf, prompt, max_new, sp, seed, stop_token, stats, "GpuInference");
 }
 
 }  // namespace gpu

@@ -284,30 +284,7 @@ template <typename R>
 std::vector<int32_t> generate(Inference<R>& inf, const std::vector<int32_t>& prompt, int max_new,
                               const SamplingParams& sp, uint64_t seed, int32_t stop_token,
                               GenerateStats* stats) {
-    using clock = std::chrono::steady_clock;
-    if (inf.batch() != 1) throw Error("generate: the Inference must have B = 1");
-    if (prompt.empty()) throw Error("generate: the prompt is empty (give at least one token)");
-    if ((int)prompt.size() > inf.max_len())
-        throw Error(strprintf("generate: prompt of %zu tokens exceeds the context of %d", prompt.size(), inf.max_len()));
-    GenerateStats st;
-    st.prompt_tokens = (int)prompt.size();
-    std::vector<int32_t> out;
-    auto t0 = clock::now();
-    const R* lg = inf.prefill(prompt.data(), (int)prompt.size(), false);
-    st.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
-    const uint64_t s0 = init_stream(seed, 0);
-    uint64_t draw = 0;
-    for (int i = 0; i < max_new; i++) {
-        const int32_t tok = sample_token(lg, inf.vocab_size(), sp, stream_uniform(s0, draw++));
-        out.push_back(tok);
-        if (tok == stop_token || i + 1 == max_new || inf.pos() >= inf.max_len()) break;
-        auto t1 = clock::now();
-        lg = inf.decode_step(&tok);
-        st.decode_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t1).count());
-    }
-    st.new_tokens = (int)out.size();
-    if (stats) *stats = st;
-    return out;
+    return generate_loop(inf, prompt, max_new, sp, seed, stop_token, stats, "Inference");
 }
 
 template struct KVCache<float>;

@@ -13,14 +13,17 @@
 // calls, e.g. sampling during training); the model itself is never touched (its activations,
 // grads and scheme are left alone), so training stays bit-identical.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/common.h"
 #include "core/config.h"
 #include "dev/cpu/model.h"
+#include "dev/cpu/rng.h"
 #include "dev/cpu/scheme.h"
 
 namespace ldm {
@@ -129,6 +132,39 @@ template <typename R>
 std::vector<int32_t> generate(Inference<R>& inf, const std::vector<int32_t>& prompt, int max_new,
                               const SamplingParams& sp, uint64_t seed, int32_t stop_token = -1,
                               GenerateStats* stats = nullptr);
+
+// The loop of generate() over any inference object with B == 1 — this Inference<R> or the GPU's
+// gpu::GpuInference<T> (cuda/infer.cuh) — that has batch(), max_len(), pos(), vocab_size(),
+// prefill(tokens, n, false) and decode_step(&token) returning the last row's logits (host memory).
+// Same contract and errors as generate(); `what` names the caller in the error messages.
+template <class Inf>
+std::vector<int32_t> generate_loop(Inf& inf, const std::vector<int32_t>& prompt, int max_new, const SamplingParams& sp,
+                                   uint64_t seed, int32_t stop_token, GenerateStats* stats, const char* what) {
+    using clock = std::chrono::steady_clock;
+    if (inf.batch() != 1) throw Error(std::string("generate: the ") + what + " must have B = 1");
+    if (prompt.empty()) throw Error("generate: the prompt is empty (give at least one token)");
+    if ((int)prompt.size() > inf.max_len())
+        throw Error(strprintf("generate: prompt of %zu tokens exceeds the context of %d", prompt.size(), inf.max_len()));
+    GenerateStats st;
+    st.prompt_tokens = (int)prompt.size();
+    std::vector<int32_t> out;
+    auto t0 = clock::now();
+    auto lg = inf.prefill(prompt.data(), (int)prompt.size(), false);
+    st.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+    const uint64_t s0 = init_stream(seed, 0);
+    uint64_t draw = 0;
+    for (int i = 0; i < max_new; i++) {
+        const int32_t tok = sample_token(lg, inf.vocab_size(), sp, stream_uniform(s0, draw++));
+        out.push_back(tok);
+        if (tok == stop_token || i + 1 == max_new || inf.pos() >= inf.max_len()) break;
+        auto t1 = clock::now();
+        lg = inf.decode_step(&tok);
+        st.decode_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t1).count());
+    }
+    st.new_tokens = (int)out.size();
+    if (stats) *stats = st;
+    return out;
+}
 
 extern template struct KVCache<float>;
 extern template struct KVCache<double>;
