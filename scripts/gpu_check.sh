@@ -210,8 +210,8 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
     j["tokens_per_s"], j["step_ms"], 100 * j["mfu"], j["peak_bf16_tflops"], j["peak_mem_gib"],
     j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
     printf '%s\t%s\n' "$label" "${line#BENCH }" >> "$OUTDIR/bench_lines.txt"
-  elif grep -q "not implemented on the GPU\|unknown scheme\|runs on the GPU in train_ldm" "$log"; then
-    row "$(printf 'bench %-20s n/a   (scheme not in this trainer yet)' "$label")"
+  elif grep -q "runs on the GPU in train_ldm\|trains --scheme ldm only" "$log"; then
+    row "$(printf 'bench %-20s n/a   (scheme of the other GPU trainer)' "$label")"
   else
     FAILS=$((FAILS + 1))
     row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "$label" "$rc" "$dt" "$(grep -m1 'error' "$log")")"
