@@ -734,12 +734,6 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         if (o.threads < 0) throw Error("--threads must be >= 0");
         omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
         if (o.infer.active()) check_infer_options(o.infer, o.resume, o.T);  // flag errors even without a GPU
-        if (!o.dry_run && !gpu_available()) {
-            std::fflush(stdout);
-            std::fprintf(stderr, "error: no usable CUDA GPU (cudaGetDeviceCount failed or found 0 devices); "
-                                 "--help, --dry-run and --gpu-info work without one\n");
-            return 2;
-        }
 
         std::unique_ptr<Tokenizer> tok;
         std::string tpath = o.tokenizer;
@@ -770,6 +764,19 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
                         m.act_per_token / 1024.0, gib(m.act_per_token * tk), gib(m.logits_per_token * tk),
                         model_flops_per_token(cfg, o.T) / 1e9);
             return 0;
+        }
+        // Input errors first, so that they are reported the same with or without a GPU.
+        if (!o.infer.active()) {
+            if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");
+            if (glob_files(o.train_data).empty()) throw Error("--train-data: no files match '" + o.train_data + "'");
+            if (!o.val_data.empty() && glob_files(o.val_data).empty())
+                throw Error("--val-data: no files match '" + o.val_data + "'");
+        }
+        if (!gpu_available()) {
+            std::fflush(stdout);
+            std::fprintf(stderr, "error: no usable CUDA GPU (cudaGetDeviceCount failed or found 0 devices); "
+                                 "--help, --dry-run and --gpu-info work without one\n");
+            return 2;
         }
         if (o.infer.active())  // generation / inference benchmark (cuda/infer_cli.cuh)
             return o.dtype == "bf16"

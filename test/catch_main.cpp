@@ -6,10 +6,19 @@
 
 #include <cstdio>
 
+void end_scratch_dirs(bool passed);         // test/helpers.cpp
+void end_binary_scratch_dirs(bool passed);  // test/helpers.cpp
+
 namespace {
 struct TotalsListener : Catch::TestEventListenerBase {
     using TestEventListenerBase::TestEventListenerBase;
+    // Scratch directories of a passed test case are deleted (see register_scratch_dir).
+    void testCaseEnded(Catch::TestCaseStats const& s) override {
+        end_scratch_dirs(s.totals.assertions.failed == 0 && s.totals.testCases.failed == 0);
+        TestEventListenerBase::testCaseEnded(s);
+    }
     void testRunEnded(Catch::TestRunStats const& s) override {
+        end_binary_scratch_dirs(s.totals.testCases.failed == 0 && s.totals.assertions.failed == 0);
         std::printf("LDM_TEST_TOTALS %llu %llu\n",
                     (unsigned long long)s.totals.testCases.passed,
                     (unsigned long long)(s.totals.testCases.failed + s.totals.testCases.failedButOk));

@@ -1,8 +1,55 @@
 #include "test/helpers.h"
 
 #include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <vector>
 
-std::string scratch_dir(const std::string& name) {
+namespace {
+std::mutex g_scratch_mu;
+std::vector<std::string> g_scratch_dirs;         // made by the running test case
+std::vector<std::string> g_binary_scratch_dirs;  // shared by the binary's test cases
+
+bool keep_test_tmp() {
+    const char* keep = std::getenv("LDM_KEEP_TEST_TMP");
+    return keep && std::string(keep) == "1";
+}
+
+void remove_dirs(const std::vector<std::string>& dirs) {
+    for (const auto& d : dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);  // best effort: a leftover dir is not a test failure
+    }
+}
+}  // namespace
+
+void register_scratch_dir(const std::string& dir) {
+    std::lock_guard<std::mutex> lk(g_scratch_mu);
+    g_scratch_dirs.push_back(dir);
+}
+
+// Called by catch_main.cpp's listener at the end of every test case.
+void end_scratch_dirs(bool passed) {
+    std::vector<std::string> dirs;
+    {
+        std::lock_guard<std::mutex> lk(g_scratch_mu);
+        dirs.swap(g_scratch_dirs);
+    }
+    if (passed && !keep_test_tmp()) remove_dirs(dirs);
+}
+
+// Called by catch_main.cpp's listener when the binary's run ends.
+void end_binary_scratch_dirs(bool passed) {
+    std::vector<std::string> dirs;
+    {
+        std::lock_guard<std::mutex> lk(g_scratch_mu);
+        dirs.swap(g_binary_scratch_dirs);
+    }
+    if (passed && !keep_test_tmp()) remove_dirs(dirs);
+}
+
+namespace {
+std::string make_scratch(const std::string& name) {
 #ifdef LDM_SOURCE_DIR
     std::string base = std::string(LDM_SOURCE_DIR) + "/build/test_tmp/";
 #else
@@ -11,5 +58,19 @@ std::string scratch_dir(const std::string& name) {
     std::string d = base + name;
     std::string cmd = "rm -rf '" + d + "' && mkdir -p '" + d + "'";
     if (std::system(cmd.c_str()) != 0) throw ldm::Error("cannot create scratch dir " + d);
+    return d;
+}
+}  // namespace
+
+std::string scratch_dir(const std::string& name) {
+    std::string d = make_scratch(name);
+    register_scratch_dir(d);
+    return d;
+}
+
+std::string binary_scratch_dir(const std::string& name) {
+    std::string d = make_scratch(name);
+    std::lock_guard<std::mutex> lk(g_scratch_mu);
+    g_binary_scratch_dirs.push_back(d);
     return d;
 }

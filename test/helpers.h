@@ -16,5 +16,16 @@ inline std::string data_dir_or_skip(const char* what) {
     return d;
 }
 
-// A scratch directory under build/test_tmp/<name>, emptied on creation.
+// A scratch directory under build/test_tmp/<name>, emptied on creation. Registered with
+// register_scratch_dir, so it is removed when the test case that made it passes.
 std::string scratch_dir(const std::string& name);
+
+// Marks dir as scratch space of the running test case: catch_main.cpp's listener deletes it when
+// that test case ends with no failed assertion (a failed case keeps its files for inspection;
+// LDM_KEEP_TEST_TMP=1 keeps all). Checkpoints, dumps and shards of the suite add up to several
+// GiB, more than a CI machine's disk may have free, so nothing is left behind by passing cases.
+void register_scratch_dir(const std::string& dir);
+
+// A scratch directory like scratch_dir, for files that several test cases of one binary share
+// (made once, e.g. in a function-local static): removed when the whole binary's run passed.
+std::string binary_scratch_dir(const std::string& name);

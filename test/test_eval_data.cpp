@@ -45,7 +45,7 @@ struct EvalFiles {
 const EvalFiles& eval_files(const std::string& dd) {
   static EvalFiles f;
   if (!f.dir.empty()) return f;
-  f.dir = scratch_dir("eval_data");
+  f.dir = binary_scratch_dir("eval_data");
   const std::string bin = build_dir_of_test();
   f.lambada = f.dir + "/lambada.bin";
   f.wikitext = f.dir + "/wikitext.bin";

@@ -58,10 +58,21 @@ TEST_CASE("gpu: --help, --dry-run work without a GPU; no GPU -> exit 2", "[gpu]"
     CHECK_THAT(d.out, Catch::Contains("GPU training memory"));
     RunResult g = run_cmd("'" + p + "' --gpu-info");
     CHECK((g.status == 0 || g.status == 2));
+    // Input errors come before the GPU check: the same message with or without a GPU.
+    RunResult m = run_cmd("'" + p + "' --preset tiny --train-data '" + build_dir_of_test() + "/no_such_shard_*.bin'");
+    INFO(m.out);
+    CHECK(m.status == 1);
+    CHECK_THAT(m.out, Catch::Contains("--train-data: no files match"));
+    RunResult bad = run_cmd("'" + p + "' --preset tiny --scheme no-such-scheme --train-data x.bin");
+    CHECK(bad.status == 1);
+    CHECK_THAT(bad.out, Catch::Contains("no-such-scheme"));
     if (g.status == 2) {
-        RunResult t = run_cmd("'" + p + "' --preset tiny --train-data x.bin");
-        CHECK(t.status == 2);
-        CHECK_THAT(t.out, Catch::Contains("no usable CUDA GPU"));
+        const std::string shards = gpu_shards_or_skip();
+        if (!shards.empty()) {
+            RunResult t = run_cmd("'" + p + "'" + data_flags(shards, "tiny", 2, 32));
+            CHECK(t.status == 2);
+            CHECK_THAT(t.out, Catch::Contains("no usable CUDA GPU"));
+        }
         WARN("skipped: no GPU (checked the no-GPU exit code 2)");
     }
 }

@@ -72,7 +72,7 @@ struct JsJob {
 };
 
 JsJob launch_js(const std::string& mode, const std::string& in, const std::string& tag) {
-    std::string dir = scratch_dir("tokenizer_xcheck_" + tag);
+    std::string dir = binary_scratch_dir("tokenizer_xcheck_" + tag);
     JsJob j;
     j.out = dir + "/out.bin";
     j.err = dir + "/err.txt";
@@ -107,7 +107,7 @@ IdLists collect_js(const JsJob& j, size_t ntexts) {
 // Runs the JS reference encoder on `texts` and waits for it.
 IdLists js_encode(const std::string& mode, const Texts& texts, const std::string& tag) {
     require_node();
-    std::string in = write_texts(texts, scratch_dir("tokenizer_xcheck_in_" + tag));
+    std::string in = write_texts(texts, binary_scratch_dir("tokenizer_xcheck_in_" + tag));
     return collect_js(launch_js(mode, in, tag), texts.size());
 }
 
@@ -309,7 +309,7 @@ Reference& reference(const std::string& d) {
         Texts all;
         for (const auto& c : r->corpora) all.insert(all.end(), c.texts.begin(), c.texts.end());
         r->ntexts = all.size();
-        std::string in = write_texts(all, scratch_dir("tokenizer_xcheck_in"));
+        std::string in = write_texts(all, binary_scratch_dir("tokenizer_xcheck_in"));
         r->jobs["gpt2"] = launch_js("gpt2", in, "gpt2");
         r->jobs["olmo"] = launch_js("hf '" + d + kOlmoJson + "'", in, "olmo");
         r->jobs["neox20b"] = launch_js("hf '" + d + kNeoxJson + "'", in, "neox20b");

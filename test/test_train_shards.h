@@ -29,12 +29,14 @@ inline std::string build_dir_of_test() {
 
 inline std::string trainer_path() { return build_dir_of_test() + "/train_cpu"; }
 
-// A scratch directory <build dir of this test>/test_tmp/<name>, emptied on creation. (Per build
-// dir, so engineers building in separate build dirs can run these tests at the same time.)
+// A scratch directory <build dir of this test>/test_tmp/<name>, emptied on creation and removed
+// when the test case passes (register_scratch_dir). Per build dir, so engineers building in
+// separate build dirs can run these tests at the same time.
 inline std::string train_scratch(const std::string& name) {
     std::string d = build_dir_of_test() + "/test_tmp/" + name;
     std::string cmd = "rm -rf '" + d + "' && mkdir -p '" + d + "'";
     if (std::system(cmd.c_str()) != 0) throw ldm::Error("cannot create scratch dir " + d);
+    register_scratch_dir(d);
     return d;
 }
 
