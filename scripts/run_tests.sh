@@ -30,6 +30,9 @@ for c in "${crashed[@]+"${crashed[@]}"}"; do echo "CRASHED or failed without a r
 if [ ${#gpu_skipped[@]} -gt 0 ]; then
   echo "skipped (no GPU): the GPU cases of ${gpu_skipped[*]} passed without running"
 fi
+# Passing test cases delete their scratch files (test/helpers.h); report what is left and the disk.
+tmp_left=$(du -sm build/test_tmp 2>/dev/null | cut -f1)
+echo "scratch left in build/test_tmp: ${tmp_left:-0} MiB; disk free: $(df -Pm . | awk 'NR == 2 { print $4 }') MiB"
 echo "suite time: $(( $(date +%s) - start )) s"
 echo "tests: $passed passed, $failed failed"
 [ "$failed" = 0 ]
