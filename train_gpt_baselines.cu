@@ -46,6 +46,8 @@ std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
 
 int main(int argc, char** argv) {
     return ldm::gpu::trainer_main(argc, argv, "train_gpt_baselines",
-                                  "Train the spec §1 backbone with a baseline depth scheme on one GPU "
-                                  "(PreLN, HC, mHC, AttnRes Full and Block). See doc/cuda.md.");
+                                  "Train the spec §1 backbone with a baseline depth scheme (PreLN, HC, mHC, "
+                                  "AttnRes Full and Block) on one or many GPUs (mpirun; doc/distributed.md). "
+                                  "See doc/cuda.md.",
+                                  "preln");
 }

@@ -74,17 +74,9 @@ std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
 }  // namespace ldm
 
 int main(int argc, char** argv) {
-    // --scheme defaults to ldm: insert it first so that an explicit --scheme still wins (and is
-    // then refused by make_gpu_scheme unless it is ldm).
-    std::vector<char*> args;
-    static char flag[] = "--scheme", value[] = "ldm";
-    args.push_back(argv[0]);
-    args.push_back(flag);
-    args.push_back(value);
-    for (int i = 1; i < argc; i++) args.push_back(argv[i]);
-    args.push_back(nullptr);
-    return ldm::gpu::trainer_main((int)args.size() - 1, args.data(), "train_ldm",
+    // --scheme defaults to ldm; any other scheme is refused (check_gpu_scheme) before GPU work.
+    return ldm::gpu::trainer_main(argc, argv, "train_ldm",
                                   "Train the spec §1 backbone with Linear Depth Memory (spec §2.5) on one "
-                                  "GPU; --scheme is always ldm here, whatever the shared flag list below says "
-                                  "its default is. See doc/cuda.md \"LDM kernels\".");
+                                  "or many GPUs (mpirun; doc/distributed.md). See doc/cuda.md \"LDM kernels\".",
+                                  "ldm");
 }

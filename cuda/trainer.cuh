@@ -669,11 +669,13 @@ int run(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok) {
 }  // namespace trainer_detail
 
 // main() of a GPU trainer: parses the flags (train_cpu's, plus the GPU ones), checks for a GPU
-// and runs the loop with T = bf16 or float.
-inline int trainer_main_body(int argc, char** argv, const char* program, const char* description) {
+// and runs the loop with T = bf16 or float. default_scheme: --scheme's default (shown by --help).
+inline int trainer_main_body(int argc, char** argv, const char* program, const char* description,
+                             const char* default_scheme) {
     using namespace trainer_detail;
     try {
         TrainOptions o;
+        o.scheme = default_scheme;
         ArgParser ap(program, description);
         add_common_train_flags(ap, o);
         ap.add("--dtype", &o.dtype, "bf16 (bf16 activations and working weights, fp32 master/grads/AdamW) | fp32");
@@ -793,14 +795,15 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
 
 // main() of a GPU trainer: the data-parallel context (core/dist.h: mpirun, srun or none), then the
 // trainer; a failing rank aborts the job so the other ranks do not wait forever.
-inline int trainer_main(int argc, char** argv, const char* program, const char* description) {
+inline int trainer_main(int argc, char** argv, const char* program, const char* description,
+                        const char* default_scheme) {
     try {
         dist::init(&argc, &argv);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }
-    const int rc = trainer_main_body(argc, argv, program, description);
+    const int rc = trainer_main_body(argc, argv, program, description, default_scheme);
     if (rc != 0) {
         std::fflush(stderr);
         dist::abort_all(rc);
