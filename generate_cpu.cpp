@@ -3,7 +3,7 @@
 // runs a prefill and incremental decode with the KV cache of dev/cpu/infer.h, samples greedily
 // or with temperature / top-k / top-p, prints the text and the timing: prefill tokens/s and the
 // per-token decode latency (spec performance.md, "inference"), plus one machine-readable line
-//   GENERATE {"prompt_tokens":..,"new_tokens":..,"prefill_tokens_per_s":..,"decode_ms_mean":..,...}
+//   GENERATE {"prompt_tokens":..,"new_tokens":..,"prefill_tokens_per_s":..,"decode_ms_mean":..,...,"tokens":[..]}
 //
 //   build/generate_cpu --checkpoint runs/ldm/ckpt_000200.model --prompt "The meaning of" --max-new-tokens 64 --top-p 0.9 --temperature 0.8 --seed 1
 //   build/generate_cpu --preset small --scheme ldm --prompt-len 256 --max-new-tokens 32 --greedy
@@ -24,6 +24,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/tokenizer.h"
+#include "dev/cpu/generate_io.h"
 #include "dev/cpu/infer.h"
 #include "dev/cpu/model.h"
 #include "dev/cpu/rng.h"
@@ -56,24 +57,8 @@ int run(const Options& o, const ModelConfig& cfg, const std::vector<float>* ck_p
         model.init((uint64_t)o.init_seed);
     }
     const int V = cfg.vocab_size;
-    std::vector<int32_t> prompt;
-    if (o.prompt_len > 0) {  // synthetic prompt of random ids (timing)
-        const uint64_t s0 = init_stream((uint64_t)o.seed, 7);
-        for (int i = 0; i < o.prompt_len; i++) prompt.push_back(int32_t(stream_uniform(s0, (uint64_t)i) * V));
-    } else {
-        std::vector<uint32_t> ids = tok->encode(o.prompt, "--prompt");
-        if (ids.empty()) ids.push_back(tok->eot_id());  // empty prompt: start from <|endoftext|>
-        for (uint32_t id : ids) {
-            if (id >= (uint32_t)V)
-                throw Error(strprintf("--prompt: token id %u is outside the model's vocabulary (%d)", id, V));
-            prompt.push_back((int32_t)id);
-        }
-    }
-    const int ctx = o.max_len > 0 ? o.max_len : cfg.seq_len;
-    if (ctx > cfg.seq_len)
-        throw Error(strprintf("--max-len %d exceeds the model's seq_len %d", ctx, cfg.seq_len));
-    if ((int)prompt.size() > ctx)
-        throw Error(strprintf("the prompt has %zu tokens, more than the context of %d", prompt.size(), ctx));
+    const std::vector<int32_t> prompt = cpu::generation_prompt(tok, o.prompt, o.prompt_len, (uint64_t)o.seed, V);
+    const int ctx = cpu::generation_context(o.max_len, cfg.seq_len, prompt.size());
     cpu::Inference<R> inf(model, 1, ctx);
     cpu::SamplingParams sp;
     sp.greedy = o.greedy;
@@ -84,35 +69,16 @@ int run(const Options& o, const ModelConfig& cfg, const std::vector<float>* ck_p
     cpu::GenerateStats st;
     std::vector<int32_t> out = cpu::generate(inf, prompt, o.max_new, sp, (uint64_t)o.seed, stop, &st);
 
-    if (!o.quiet) {
-        if (tok) {
-            std::vector<uint32_t> p(prompt.begin(), prompt.end()), g(out.begin(), out.end());
-            if (o.prompt_len == 0) std::printf("%s", tok->decode(p).c_str());
-            std::printf("%s%s\n", o.prompt_len == 0 ? "" : "[random prompt] ", tok->decode(g).c_str());
-        } else {
-            for (int32_t t : out) std::printf("%d ", t);
-            std::printf("\n");
-        }
-        std::printf("---\n");
-    }
+    if (!o.quiet) cpu::print_generation(tok, prompt, out, o.prompt_len > 0);
     const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
     std::printf("prefill: %d tokens in %.2f ms (%.1f tokens/s) | decode: %zu steps, %.3f ms/token mean, "
                 "%.3f ms median (%.1f tokens/s) | KV cache %.2f MiB (%s, %d threads)\n",
                 st.prompt_tokens, st.prefill_s * 1e3, st.prefill_tokens_per_s(), st.decode_ms.size(), dmean,
                 dmed, dmean > 0 ? 1e3 / dmean : 0.0, double(inf.cache().bytes()) / (1 << 20), o.dtype.c_str(),
                 omp_get_max_threads());
-    json r{{"scheme", cfg.scheme},
-           {"prompt_tokens", st.prompt_tokens},
-           {"new_tokens", st.new_tokens},
-           {"prefill_ms", st.prefill_s * 1e3},
-           {"prefill_tokens_per_s", st.prefill_tokens_per_s()},
-           {"decode_steps", (int64_t)st.decode_ms.size()},
-           {"decode_ms_mean", dmean},
-           {"decode_ms_median", dmed},
-           {"decode_tokens_per_s", dmean > 0 ? 1e3 / dmean : 0.0},
-           {"kv_cache_bytes", inf.cache().bytes()},
-           {"dtype", o.dtype},
-           {"threads", omp_get_max_threads()}};
+    json r = cpu::generate_report(cfg.scheme, st, inf.cache().bytes(), o.dtype);
+    r["threads"] = omp_get_max_threads();
+    r["tokens"] = out;
     std::printf("GENERATE %s\n", r.dump().c_str());
     return 0;
 }

@@ -33,6 +33,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gpt.cuh"
 #include "cuda/infer.cuh"
+#include "dev/cpu/generate_io.h"
 #include "dev/cpu/infer.h"
 #include "dev/cpu/rng.h"
 
@@ -82,14 +83,6 @@ inline int64_t device_used_bytes() {
     size_t f = 0, t = 0;
     CUDA_CHECK(cudaMemGetInfo(&f, &t));
     return int64_t(t - f);
-}
-
-// n random ids in [0, V) from the stream (seed, 7), as generate_cpu's --prompt-len.
-inline std::vector<int32_t> random_ids(uint64_t seed, int64_t n, int V) {
-    std::vector<int32_t> ids((size_t)n);
-    const uint64_t s0 = init_stream(seed, 7);
-    for (int64_t i = 0; i < n; i++) ids[(size_t)i] = int32_t(stream_uniform(s0, (uint64_t)i) * V);
-    return ids;
 }
 
 inline std::string f32_bytes(const float* p, size_t n) { return std::string(reinterpret_cast<const char*>(p), n * 4); }
@@ -194,7 +187,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         const int G = Tn - P, Vp = cfg.padded_vocab;
         GPT<T> model(cfg, B, Tn, 0, attn_variant);
         load(model);
-        const std::vector<int32_t> tokens = random_ids(seed, (int64_t)B * Tn, V);
+        const std::vector<int32_t> tokens = cpu::random_token_ids(seed, (int64_t)B * Tn, V);
         // one training step's loss and gradients (targets: the next token, cyclically), before and
         // after the inference below: they must be bitwise equal (inference leaves training alone)
         std::vector<int32_t> targets(tokens.size());
@@ -267,7 +260,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         GPT<T> model(cfg, 1, 1, 0, attn_variant);  // the weights (its training buffers are for one token)
         load(model);
         GpuInference<T> inf(model, B, ctx, attn_variant);
-        const std::vector<int32_t> prompt = random_ids(seed, (int64_t)B * P, V);
+        const std::vector<int32_t> prompt = cpu::random_token_ids(seed, (int64_t)B * P, V);
         std::vector<int32_t> next((size_t)B);
         auto pick = [&](const float* lg) {
             for (int b = 0; b < B; b++) next[(size_t)b] = cpu::argmax_token<float>(lg + (size_t)b * cfg.padded_vocab, V);
@@ -313,23 +306,8 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
     }
 
     // ---------------------------------------------------------------- --generate
-    std::vector<int32_t> prompt;
-    if (io.prompt_len > 0) {
-        prompt = random_ids(seed, io.prompt_len, V);
-    } else {
-        if (!tok) throw Error("--generate --prompt needs the tokenizer (--tokenizer or the data directory's gpt2_tokenizer; or use --prompt-len)");
-        std::vector<uint32_t> ids = tok->encode(io.prompt, "--prompt");
-        if (ids.empty()) ids.push_back(tok->eot_id());
-        for (uint32_t id : ids) {
-            if (id >= (uint32_t)V)
-                throw Error(strprintf("--prompt: token id %u is outside the model's vocabulary (%d)", id, V));
-            prompt.push_back((int32_t)id);
-        }
-    }
-    const int ctx = io.max_len > 0 ? io.max_len : cfg.seq_len;
-    if (ctx > cfg.seq_len) throw Error(strprintf("--max-len %d exceeds the model's seq_len %d", ctx, cfg.seq_len));
-    if ((int)prompt.size() > ctx)
-        throw Error(strprintf("the prompt has %zu tokens, more than the context of %d", prompt.size(), ctx));
+    const std::vector<int32_t> prompt = cpu::generation_prompt(tok, io.prompt, io.prompt_len, seed, V);
+    const int ctx = cpu::generation_context(io.max_len, cfg.seq_len, prompt.size());
     GPT<T> model(cfg, 1, 1, 0, attn_variant);
     load(model);
     GpuInference<T> inf(model, 1, ctx, attn_variant);
@@ -341,15 +319,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
     const int32_t stop = (io.stop_at_eot && tok) ? (int32_t)tok->eot_id() : -1;
     cpu::GenerateStats st;
     std::vector<int32_t> out = gpu_generate(inf, prompt, io.max_new, sp, seed, stop, &st);
-    if (tok) {
-        std::vector<uint32_t> p(prompt.begin(), prompt.end()), g(out.begin(), out.end());
-        if (io.prompt_len == 0) std::printf("%s", tok->decode(p).c_str());
-        std::printf("%s%s\n", io.prompt_len == 0 ? "" : "[random prompt] ", tok->decode(g).c_str());
-    } else {
-        for (int32_t t : out) std::printf("%d ", t);
-        std::printf("\n");
-    }
-    std::printf("---\n");
+    cpu::print_generation(tok, prompt, out, io.prompt_len > 0);
     const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
     const int64_t peak = std::max(device_used_bytes(), used0);
     std::printf("prefill: %d tokens in %.2f ms (%.1f tokens/s) | decode: %zu steps, %.3f ms/token mean, %.3f ms median "
@@ -357,20 +327,10 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
                 st.prompt_tokens, st.prefill_s * 1e3, st.prefill_tokens_per_s(), st.decode_ms.size(), dmean, dmed,
                 dmean > 0 ? 1e3 / dmean : 0.0, double(inf.cache_bytes()) / (1 << 20), dtype.c_str(), device.c_str(),
                 source.c_str());
-    json r{{"scheme", cfg.scheme},
-           {"prompt_tokens", st.prompt_tokens},
-           {"new_tokens", st.new_tokens},
-           {"prefill_ms", st.prefill_s * 1e3},
-           {"prefill_tokens_per_s", st.prefill_tokens_per_s()},
-           {"decode_steps", (int64_t)st.decode_ms.size()},
-           {"decode_ms_mean", dmean},
-           {"decode_ms_median", dmed},
-           {"decode_tokens_per_s", dmean > 0 ? 1e3 / dmean : 0.0},
-           {"kv_cache_bytes", inf.cache_bytes()},
-           {"peak_mem_gib", gib(double(peak))},
-           {"dtype", dtype},
-           {"device", device},
-           {"tokens", out}};
+    json r = cpu::generate_report(cfg.scheme, st, inf.cache_bytes(), dtype);
+    r["peak_mem_gib"] = gib(double(peak));
+    r["device"] = device;
+    r["tokens"] = out;
     std::printf("GENERATE %s\n", r.dump().c_str());
     return 0;
 }

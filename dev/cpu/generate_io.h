@@ -1,0 +1,94 @@
+// The command-line side of text generation, shared by generate_cpu and the GPU trainers'
+// --generate (cuda/infer_cli.cuh): building the prompt, checking the context, printing the text
+// and the one-line GENERATE {json} report. The generation itself is cpu::generate_loop
+// (dev/cpu/infer.h).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common.h"
+#include "core/tokenizer.h"
+#include "dev/cpu/infer.h"
+#include "dev/cpu/rng.h"
+
+namespace ldm {
+namespace cpu {
+
+// n token ids drawn uniformly from [0, V) with the splitmix64 stream (seed, 7) (dev/cpu/rng.h):
+// the synthetic prompts of --prompt-len (timing, and the GPU --infer-check inputs).
+inline std::vector<int32_t> random_token_ids(uint64_t seed, int64_t n, int V) {
+    std::vector<int32_t> ids((size_t)n);
+    const uint64_t s0 = init_stream(seed, 7);
+    for (int64_t i = 0; i < n; i++) ids[(size_t)i] = int32_t(stream_uniform(s0, (uint64_t)i) * V);
+    return ids;
+}
+
+// The prompt of a generation run: prompt_len > 0 gives random_token_ids(seed, prompt_len, V);
+// otherwise `text` encoded by tok (an empty text starts from <|endoftext|>). Throws ldm::Error
+// without a tokenizer for a text prompt, or for a token id >= V (tokenizer/model mismatch).
+inline std::vector<int32_t> generation_prompt(const Tokenizer* tok, const std::string& text, int prompt_len,
+                                              uint64_t seed, int V) {
+    if (prompt_len > 0) return random_token_ids(seed, prompt_len, V);
+    if (!tok)
+        throw Error("--prompt needs the tokenizer (--tokenizer or the data directory's gpt2_tokenizer; or use "
+                    "--prompt-len N for random ids)");
+    std::vector<uint32_t> ids = tok->encode(text, "--prompt");
+    if (ids.empty()) ids.push_back(tok->eot_id());
+    std::vector<int32_t> prompt;
+    for (uint32_t id : ids) {
+        if (id >= (uint32_t)V) throw Error(strprintf("--prompt: token id %u is outside the model's vocabulary (%d)", id, V));
+        prompt.push_back((int32_t)id);
+    }
+    return prompt;
+}
+
+// The KV-cache length: max_len (> 0) or the model's seq_len. Throws ldm::Error when it exceeds
+// seq_len or the prompt does not fit.
+inline int generation_context(int max_len, int seq_len, size_t prompt_tokens) {
+    const int ctx = max_len > 0 ? max_len : seq_len;
+    if (ctx > seq_len) throw Error(strprintf("--max-len %d exceeds the model's seq_len %d", ctx, seq_len));
+    if ((int64_t)prompt_tokens > ctx)
+        throw Error(strprintf("the prompt has %zu tokens, more than the context of %d", prompt_tokens, ctx));
+    return ctx;
+}
+
+// Prints the prompt and the generated text (a random prompt is shown as "[random prompt] "), or
+// the generated ids without a tokenizer, then a "---" line.
+inline void print_generation(const Tokenizer* tok, const std::vector<int32_t>& prompt, const std::vector<int32_t>& out,
+                             bool random_prompt) {
+    if (tok) {
+        std::vector<uint32_t> p(prompt.begin(), prompt.end()), g(out.begin(), out.end());
+        if (!random_prompt) std::printf("%s", tok->decode(p).c_str());
+        std::printf("%s%s\n", random_prompt ? "[random prompt] " : "", tok->decode(g).c_str());
+    } else {
+        for (int32_t t : out) std::printf("%d ", t);
+        std::printf("\n");
+    }
+    std::printf("---\n");
+}
+
+// The GENERATE report's common keys: scheme, prompt/new tokens, prefill ms and tokens/s, decode
+// steps, mean/median ms per token and tokens/s, KV-cache bytes, dtype. Callers add their own.
+inline nlohmann::json generate_report(const std::string& scheme, const GenerateStats& st, int64_t kv_cache_bytes,
+                                      const std::string& dtype) {
+    const double dmean = st.mean_decode_ms();
+    return nlohmann::json{{"scheme", scheme},
+                          {"prompt_tokens", st.prompt_tokens},
+                          {"new_tokens", st.new_tokens},
+                          {"prefill_ms", st.prefill_s * 1e3},
+                          {"prefill_tokens_per_s", st.prefill_tokens_per_s()},
+                          {"decode_steps", (int64_t)st.decode_ms.size()},
+                          {"decode_ms_mean", dmean},
+                          {"decode_ms_median", st.median_decode_ms()},
+                          {"decode_tokens_per_s", dmean > 0 ? 1e3 / dmean : 0.0},
+                          {"kv_cache_bytes", kv_cache_bytes},
+                          {"dtype", dtype}};
+}
+
+}  // namespace cpu
+}  // namespace ldm

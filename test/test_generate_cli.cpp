@@ -1,0 +1,147 @@
+// test/test_generate_cli.cpp — build/generate_cpu end to end: the generated ids equal
+// cpu::generate on the same model (built here from the preset and init seed), the text and the
+// GENERATE report are printed, the random prompt of --prompt-len is cpu::random_token_ids, and
+// bad input (context, prompt length, checkpoint, tokenizer) exits 1 with an error line. Also the
+// shared helpers of dev/cpu/generate_io.h directly.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common.h"
+#include "core/config.h"
+#include "core/tokenizer.h"
+#include "dev/cpu/generate_io.h"
+#include "dev/cpu/infer.h"
+#include "dev/cpu/model.h"
+#include "test/test_train_shards.h"
+
+using namespace ldm;
+using nlohmann::json;
+
+namespace {
+
+// The GENERATE {json} line of a generate_cpu run.
+json generate_line(const std::string& out) {
+    const size_t p = out.rfind("GENERATE {");
+    REQUIRE(p != std::string::npos);
+    const size_t e = out.find('\n', p);
+    return json::parse(out.substr(p + 9, e == std::string::npos ? std::string::npos : e - p - 9));
+}
+
+ModelConfig tiny_config(const std::string& scheme, int V, int T) {
+    ModelConfig c = preset_config("tiny", V);
+    c.seq_len = T;
+    c.scheme = scheme;
+    c.validate();
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("generate_cpu: greedy ids equal cpu::generate on the same model; text and report printed", "[generate]") {
+    const std::string dd = data_dir_or_skip("generate_cpu test needs the GPT-2 tokenizer");
+    if (dd.empty()) return;
+    const Tokenizer tok = Tokenizer::load(dd + "/gpt2_tokenizer");
+    const std::string bin = build_dir_of_test() + "/generate_cpu";
+    const std::string text = "The history of the printing press";
+    for (const std::string scheme : {"preln", "ldm"}) {
+        INFO("scheme " << scheme);
+        const ModelConfig cfg = tiny_config(scheme, (int)tok.vocab_size(), 64);
+        cpu::Model<double> m(cfg);
+        m.init(3);
+        const std::vector<int32_t> prompt = cpu::generation_prompt(&tok, text, 0, 1, cfg.vocab_size);
+        REQUIRE(prompt.size() >= 5);
+        cpu::Inference<double> inf(m, 1, 64);
+        cpu::SamplingParams sp;
+        sp.greedy = true;
+        const std::vector<int32_t> want = cpu::generate(inf, prompt, 7, sp, 1);
+        REQUIRE(want.size() == 7);
+
+        RunResult r = run_cmd("'" + bin + "' --preset tiny --scheme " + scheme +
+                              " --seq-len 64 --init-seed 3 --dtype fp64 --greedy --max-new-tokens 7 --threads 1 --prompt '" +
+                              text + "'");
+        INFO(r.out);
+        REQUIRE(r.status == 0);
+        CHECK_THAT(r.out, Catch::Contains(text) && Catch::Contains("\n---\n") && Catch::Contains("ms/token"));
+        const json g = generate_line(r.out);
+        CHECK(g.at("tokens").get<std::vector<int32_t>>() == want);
+        CHECK(g.at("prompt_tokens") == (int)prompt.size());
+        CHECK(g.at("new_tokens") == 7);
+        CHECK(g.at("decode_steps") == 6);
+        CHECK(g.at("scheme") == scheme);
+        CHECK(g.at("dtype") == "fp64");
+        CHECK(g.at("kv_cache_bytes").get<int64_t>() == inf.cache().bytes());
+        CHECK(g.at("prefill_tokens_per_s").get<double>() > 0);
+    }
+}
+
+TEST_CASE("generate_cpu: --prompt-len draws cpu::random_token_ids; bad input exits 1", "[generate]") {
+    const std::string dd = data_dir_or_skip("generate_cpu test needs the GPT-2 tokenizer");
+    if (dd.empty()) return;
+    const std::string exe = "'" + build_dir_of_test() + "/generate_cpu'";
+    const std::string bin = exe + " --preset tiny --seq-len 32 --threads 1";
+    // random prompt: 12 ids from the stream of --seed; greedy from it equals the library's
+    const ModelConfig cfg = tiny_config("preln", 50257, 32);
+    const std::vector<int32_t> prompt = cpu::random_token_ids(5, 12, cfg.vocab_size);
+    cpu::Model<double> m(cfg);
+    m.init(1);
+    cpu::Inference<double> inf(m, 1, 32);
+    cpu::SamplingParams sp;
+    sp.greedy = true;
+    const std::vector<int32_t> want = cpu::generate(inf, prompt, 4, sp, 5);
+    RunResult r = run_cmd(bin + " --dtype fp64 --greedy --prompt-len 12 --seed 5 --max-new-tokens 4");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("[random prompt] "));
+    CHECK(generate_line(r.out).at("tokens").get<std::vector<int32_t>>() == want);
+
+    auto fails = [&](const std::string& flags, const std::string& needle) {
+        RunResult b = run_cmd((flags.rfind("--checkpoint", 0) == 0 ? exe : bin) + " " + flags);
+        INFO(flags << "\n" << b.out);
+        CHECK(b.status == 1);
+        CHECK_THAT(b.out, Catch::Contains("error:") && Catch::Contains(needle));
+    };
+    fails("--max-len 33", "exceeds the model's seq_len 32");
+    fails("--prompt-len 20 --max-len 16", "more than the context of 16");
+    fails("--checkpoint /nonexistent/x.model", "does not exist");
+    fails("--tokenizer /nonexistent/tok", "does not exist");
+    fails("--max-new-tokens 0", "--max-new-tokens");
+}
+
+TEST_CASE("generate_io helpers: prompt, context, report", "[generate]") {
+    // random ids: in range, deterministic, different seeds differ
+    const auto a = cpu::random_token_ids(9, 200, 1000), b = cpu::random_token_ids(9, 200, 1000);
+    CHECK(a == b);
+    CHECK(a != cpu::random_token_ids(10, 200, 1000));
+    for (int32_t x : a) CHECK((x >= 0 && x < 1000));
+    CHECK(cpu::generation_prompt(nullptr, "", 7, 9, 1000) == cpu::random_token_ids(9, 7, 1000));
+    CHECK_THROWS_AS(cpu::generation_prompt(nullptr, "text", 0, 1, 1000), Error);  // text needs a tokenizer
+    CHECK(cpu::generation_context(0, 64, 10) == 64);
+    CHECK(cpu::generation_context(16, 64, 16) == 16);
+    CHECK_THROWS_AS(cpu::generation_context(65, 64, 1), Error);
+    CHECK_THROWS_AS(cpu::generation_context(16, 64, 17), Error);
+    cpu::GenerateStats st;
+    st.prompt_tokens = 10;
+    st.new_tokens = 4;
+    st.prefill_s = 0.5;
+    st.decode_ms = {2.0, 4.0, 9.0};
+    const json r = cpu::generate_report("mhc", st, 1234, "fp32");
+    CHECK(r.at("prefill_tokens_per_s").get<double>() == Approx(20.0));
+    CHECK(r.at("decode_ms_mean").get<double>() == Approx(5.0));
+    CHECK(r.at("decode_ms_median").get<double>() == Approx(4.0));
+    CHECK(r.at("decode_tokens_per_s").get<double>() == Approx(200.0));
+    CHECK(r.at("decode_steps") == 3);
+    CHECK(r.at("kv_cache_bytes") == 1234);
+    CHECK(r.at("scheme") == "mhc");
+
+    const std::string dd = data_dir_or_skip("tokenizer prompt check needs the GPT-2 tokenizer");
+    if (dd.empty()) return;
+    const Tokenizer tok = Tokenizer::load(dd + "/gpt2_tokenizer");
+    // an empty prompt starts from <|endoftext|>; ids beyond the model's vocabulary are refused
+    CHECK(cpu::generation_prompt(&tok, "", 0, 1, 50257) == std::vector<int32_t>{(int32_t)tok.eot_id()});
+    CHECK(cpu::generation_prompt(&tok, "Hello world", 0, 1, 50257) == std::vector<int32_t>{15496, 995});
+    CHECK_THROWS_AS(cpu::generation_prompt(&tok, "Hello world", 0, 1, 1000), Error);
+}
