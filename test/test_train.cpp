@@ -39,61 +39,67 @@ void expect_fail(const std::string& cmd, const std::string& needle) {
     CHECK_THAT(r.out, Catch::Contains("error:") && Catch::Contains(needle));
 }
 
-}  // namespace
-
-TEST_CASE("train_cpu: N straight steps == K steps + checkpoint + resume + N-K steps (bit-exact)", "[train]") {
+// N straight steps == K steps + checkpoint + resume + N-K steps, bit-exact, in one dtype. (One
+// test case per dtype, so that each one's checkpoints are deleted before the next starts.)
+void check_resume_bit_exact(const std::string& dtype) {
     std::string shards = shards_or_skip();
     if (shards.empty()) return;
-    for (std::string dtype : {"fp32", "fp64"}) {
-        SECTION("dtype " + dtype) {
-            const std::string dir = train_scratch("train_resume_" + dtype);
-            const std::string cmd = base_cmd(shards) + " --dtype " + dtype +
-                                    " --steps 6 --lr 3e-3 --warmup-steps 2 --val-every 2 --sample-every 2 --sample-tokens 6";
-            RunResult c = run_cmd(cmd + " --out-dir " + dir + "/C --log " + dir + "/C/log.jsonl");
-            INFO(c.out);
-            REQUIRE(c.status == 0);
-            RunResult a = run_cmd(cmd + " --ckpt-every 3 --out-dir " + dir + "/A --log " + dir + "/A/log.jsonl");
-            INFO(a.out);
-            REQUIRE(a.status == 0);
-            REQUIRE(ldm::file_exists(dir + "/A/ckpt_000003.model"));
-            REQUIRE(ldm::file_exists(dir + "/A/ckpt_000003.state"));
-            RunResult b = run_cmd(cmd + " --resume " + dir + "/A/ckpt_000003 --out-dir " + dir + "/B --log " + dir + "/B/log.jsonl");
-            INFO(b.out);
-            REQUIRE(b.status == 0);
-            CHECK_THAT(b.out, Catch::Contains("resumed from"));
+    const std::string dir = train_scratch("train_resume_" + dtype);
+    const std::string cmd = base_cmd(shards) + " --dtype " + dtype +
+                            " --steps 6 --lr 3e-3 --warmup-steps 2 --val-every 2 --sample-every 2 --sample-tokens 6";
+    RunResult c = run_cmd(cmd + " --out-dir " + dir + "/C --log " + dir + "/C/log.jsonl");
+    INFO(c.out);
+    REQUIRE(c.status == 0);
+    RunResult a = run_cmd(cmd + " --ckpt-every 3 --out-dir " + dir + "/A --log " + dir + "/A/log.jsonl");
+    INFO(a.out);
+    REQUIRE(a.status == 0);
+    REQUIRE(ldm::file_exists(dir + "/A/ckpt_000003.model"));
+    REQUIRE(ldm::file_exists(dir + "/A/ckpt_000003.state"));
+    RunResult b = run_cmd(cmd + " --resume " + dir + "/A/ckpt_000003 --out-dir " + dir + "/B --log " + dir + "/B/log.jsonl");
+    INFO(b.out);
+    REQUIRE(b.status == 0);
+    CHECK_THAT(b.out, Catch::Contains("resumed from"));
 
-            // Final checkpoints (parameters, AdamW moments, loader and RNG state) byte-identical.
-            for (const char* ext : {".model", ".state"}) {
-                std::string fc = ldm::read_file(dir + "/C/ckpt_000006" + ext);
-                CHECK(fc == ldm::read_file(dir + "/B/ckpt_000006" + ext));
-                CHECK(fc == ldm::read_file(dir + "/A/ckpt_000006" + ext));
-            }
-            // Losses, grad norms, val losses and samples after the resume point identical.
-            auto lc = read_jsonl(dir + "/C/log.jsonl"), lb = read_jsonl(dir + "/B/log.jsonl");
-            auto sc = of_type(lc, "step"), sb = of_type(lb, "step");
-            REQUIRE(sc.size() == 6);
-            REQUIRE(sb.size() == 3);
-            for (int i = 0; i < 3; i++) {
-                CHECK(sb[size_t(i)]["step"] == sc[size_t(i + 3)]["step"]);
-                CHECK(sb[size_t(i)]["loss"].get<double>() == sc[size_t(i + 3)]["loss"].get<double>());
-                CHECK(sb[size_t(i)]["grad_norm"].get<double>() == sc[size_t(i + 3)]["grad_norm"].get<double>());
-                CHECK(sb[size_t(i)]["lr"].get<double>() == sc[size_t(i + 3)]["lr"].get<double>());
-            }
-            auto vc = of_type(lc, "val"), vb = of_type(lb, "val");
-            REQUIRE(vb.size() >= 2);
-            CHECK(vb.back()["val_loss"].get<double>() == vc.back()["val_loss"].get<double>());
-            auto xc = of_type(lc, "sample"), xb = of_type(lb, "sample");
-            REQUIRE(xb.size() >= 2);
-            CHECK(xb.front()["text"] == xc[xc.size() - xb.size()]["text"]);
-            CHECK(xb.back()["text"] == xc.back()["text"]);
-            // training actually changed the weights and the loss went down from ln(V)
-            CHECK(sc.front()["loss"].get<double>() == Approx(std::log(50257.0)).margin(0.1));
-            CHECK(sc.back()["loss"].get<double>() < sc.front()["loss"].get<double>());
-            // resuming with a different config or batch fails with a clear message
-            expect_fail(cmd + " --n-layer 3 --resume " + dir + "/A/ckpt_000003", "config differs");
-            expect_fail(cmd + " --seed 5 --resume " + dir + "/A/ckpt_000003", "seed differs");
-        }
+    // Final checkpoints (parameters, AdamW moments, loader and RNG state) byte-identical.
+    for (const char* ext : {".model", ".state"}) {
+        std::string fc = ldm::read_file(dir + "/C/ckpt_000006" + ext);
+        CHECK(fc == ldm::read_file(dir + "/B/ckpt_000006" + ext));
+        CHECK(fc == ldm::read_file(dir + "/A/ckpt_000006" + ext));
     }
+    // Losses, grad norms, val losses and samples after the resume point identical.
+    auto lc = read_jsonl(dir + "/C/log.jsonl"), lb = read_jsonl(dir + "/B/log.jsonl");
+    auto sc = of_type(lc, "step"), sb = of_type(lb, "step");
+    REQUIRE(sc.size() == 6);
+    REQUIRE(sb.size() == 3);
+    for (int i = 0; i < 3; i++) {
+        CHECK(sb[size_t(i)]["step"] == sc[size_t(i + 3)]["step"]);
+        CHECK(sb[size_t(i)]["loss"].get<double>() == sc[size_t(i + 3)]["loss"].get<double>());
+        CHECK(sb[size_t(i)]["grad_norm"].get<double>() == sc[size_t(i + 3)]["grad_norm"].get<double>());
+        CHECK(sb[size_t(i)]["lr"].get<double>() == sc[size_t(i + 3)]["lr"].get<double>());
+    }
+    auto vc = of_type(lc, "val"), vb = of_type(lb, "val");
+    REQUIRE(vb.size() >= 2);
+    CHECK(vb.back()["val_loss"].get<double>() == vc.back()["val_loss"].get<double>());
+    auto xc = of_type(lc, "sample"), xb = of_type(lb, "sample");
+    REQUIRE(xb.size() >= 2);
+    CHECK(xb.front()["text"] == xc[xc.size() - xb.size()]["text"]);
+    CHECK(xb.back()["text"] == xc.back()["text"]);
+    // training actually changed the weights and the loss went down from ln(V)
+    CHECK(sc.front()["loss"].get<double>() == Approx(std::log(50257.0)).margin(0.1));
+    CHECK(sc.back()["loss"].get<double>() < sc.front()["loss"].get<double>());
+    // resuming with a different config or batch fails with a clear message
+    expect_fail(cmd + " --n-layer 3 --resume " + dir + "/A/ckpt_000003", "config differs");
+    expect_fail(cmd + " --seed 5 --resume " + dir + "/A/ckpt_000003", "seed differs");
+}
+
+}  // namespace
+
+TEST_CASE("train_cpu: N straight steps == K steps + checkpoint + resume + N-K steps (bit-exact), fp32", "[train]") {
+    check_resume_bit_exact("fp32");
+}
+
+TEST_CASE("train_cpu: N straight steps == K steps + checkpoint + resume + N-K steps (bit-exact), fp64", "[train]") {
+    check_resume_bit_exact("fp64");
 }
 
 TEST_CASE("train_cpu: JSONL log has a config header and per-step fields", "[train]") {
