@@ -12,6 +12,7 @@
 // "error: ..." and exit with status 1.
 #include <cblas.h>
 #include <omp.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
@@ -92,6 +93,13 @@ int main(int argc, char** argv) {
             throw Error("--val-T, --max-length, --max-docs, --max-examples and --val-batches must be >= 0");
         if (o.batch_tokens < 1 || o.max_rows < 1) throw Error("--batch-tokens and --max-rows must be >= 1");
         if (o.threads < 0) throw Error("--threads must be >= 0");
+        if (!o.out.empty()) {  // checked now, not after the whole evaluation
+            const size_t slash = o.out.find_last_of('/');
+            prepare_output_dir(slash == std::string::npos ? "." : o.out.substr(0, slash + (slash == 0)), "--out");
+            struct stat st;
+            if (::stat(o.out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+                throw Error("--out: " + o.out + " is a directory (give a file name)");
+        }
         const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);

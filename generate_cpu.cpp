@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -70,6 +71,7 @@ int run(const Options& o, const ModelConfig& cfg, const std::vector<float>* ck_p
     std::vector<int32_t> out = cpu::generate(inf, prompt, o.max_new, sp, (uint64_t)o.seed, stop, &st);
 
     if (!o.quiet) cpu::print_generation(tok, prompt, out, o.prompt_len > 0);
+    cpu::note_context_full(out, o.max_new, stop, ctx);
     const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
     std::printf("prefill: %d tokens in %.2f ms (%.1f tokens/s) | decode: %zu steps, %.3f ms/token mean, "
                 "%.3f ms median (%.1f tokens/s) | KV cache %.2f MiB (%s, %d threads)\n",
@@ -135,6 +137,7 @@ int main(int argc, char** argv) {
         if (o.max_new < 1) throw Error("--max-new-tokens must be >= 1");
         if (o.top_k < 0) throw Error("--top-k must be >= 0");
         if (!(o.top_p > 0 && o.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
+        if (!std::isfinite(o.temperature)) throw Error("--temperature must be a finite number (<= 0: greedy)");
         if (o.prompt_len < 0) throw Error("--prompt-len must be >= 0");
         if (o.threads < 0) throw Error("--threads must be >= 0");
         if (o.checkpoint.empty() == o.preset.empty()) throw Error("give exactly one of --checkpoint and --preset");

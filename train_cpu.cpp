@@ -93,18 +93,6 @@ std::string basename_of(const std::string& p) {
     return s == std::string::npos ? p : p.substr(s + 1);
 }
 
-void mkdir_p(const std::string& d) {
-    if (d.empty()) return;
-    std::string cur;
-    for (size_t i = 0; i <= d.size(); i++) {
-        if (i == d.size() || d[i] == '/') {
-            if (!cur.empty() && !file_exists(cur) && ::mkdir(cur.c_str(), 0755) != 0 && !file_exists(cur))
-                throw Error("cannot create directory " + cur);
-        }
-        if (i < d.size()) cur.push_back(d[i]);
-    }
-}
-
 std::vector<std::string> glob_files(const std::string& pattern) {
     glob_t g;
     std::vector<std::string> out;
@@ -669,6 +657,7 @@ int main_body(int argc, char** argv) {
             throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
 
         if (o.threads < 0) throw Error("--threads must be >= 0");
+        check_output_flags(o, !o.dry_run && o.dump_debug_state.empty());  // before any training
         // Default: all cores, shared among the ranks on this node.
         const int threads =
             o.threads > 0 ? o.threads : std::max(1, omp_get_num_procs() / std::max(1, dist::context().local_world));

@@ -72,6 +72,33 @@ void write_file_atomic(const std::string& path, const void* data, size_t size) {
     }
 }
 
+void mkdir_p(const std::string& d) {
+    std::string cur;
+    for (size_t i = 0; i <= d.size(); i++) {
+        if (i == d.size() || d[i] == '/') {
+            if (!cur.empty() && !file_exists(cur) && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+                throw Error("cannot create directory " + cur + ": " + std::strerror(errno));
+        }
+        if (i < d.size()) cur.push_back(d[i]);
+    }
+    struct stat st;
+    if (!d.empty() && (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
+        throw Error("cannot create directory " + d + ": a file of that name exists");
+}
+
+void prepare_output_dir(const std::string& dir, const char* flag) {
+    try {
+        mkdir_p(dir);
+        const std::string probe = dir + "/.write_probe." + std::to_string(::getpid());
+        const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) throw Error(std::strerror(errno));
+        ::close(fd);
+        ::unlink(probe.c_str());
+    } catch (const Error& e) {
+        throw Error(std::string(flag) + ": cannot write into " + dir + ": " + e.what());
+    }
+}
+
 std::string read_file(const std::string& path) {
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw Error("cannot open " + path + ": " + std::strerror(errno));

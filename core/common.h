@@ -33,4 +33,13 @@ std::string read_file(const std::string& path);
 
 bool file_exists(const std::string& path);
 
+// Creates directory d and its missing parents (like `mkdir -p`); "" does nothing. Throws
+// ldm::Error naming the path that could not be created (e.g. a parent is a regular file).
+void mkdir_p(const std::string& d);
+
+// For an output directory given by `flag` (--out-dir, ...): creates it (mkdir_p) and checks that
+// a file can be written into it, so that a bad path fails at startup and not after hours of
+// training. Throws ldm::Error "<flag>: cannot write into <dir>: <reason>".
+void prepare_output_dir(const std::string& dir, const char* flag);
+
 }  // namespace ldm

@@ -2,11 +2,13 @@
 #include "core/eval.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 
 #include "core/common.h"
@@ -376,11 +378,20 @@ namespace {
 BatchOptions with_progress(const BatchOptions& base, bool on, const std::string& what, const std::string& unit) {
   BatchOptions o = base;
   if (!on) return o;
-  o.progress = [what, unit](size_t done, size_t total, int64_t tokens, double sec) {
+  // On a terminal one line rewritten in place; into a file or pipe (logs, CI) one line per tenth
+  // of the work, so that a captured log is not thousands of \r-joined updates.
+  const bool tty = ::isatty(2) != 0;
+  auto last_tenth = std::make_shared<int64_t>(-1);
+  o.progress = [what, unit, tty, last_tenth](size_t done, size_t total, int64_t tokens, double sec) {
+    if (!tty) {
+      const int64_t tenth = total ? int64_t(done * 10 / total) : 10;
+      if (tenth == *last_tenth && done != total) return;
+      *last_tenth = tenth;
+    }
     const double s = std::max(sec, 1e-9);
-    std::fprintf(stderr, "\r%-10s %zu/%zu %s | %.1f %s/s | %.0f tokens/s | %.1f s   ", what.c_str(), done, total,
-                 unit.c_str(), double(done) / s, unit.c_str(), double(tokens) / s, sec);
-    if (done == total) std::fprintf(stderr, "\n");
+    std::fprintf(stderr, "%s%-10s %zu/%zu %s | %.1f %s/s | %.0f tokens/s | %.1f s%s", tty ? "\r" : "", what.c_str(),
+                 done, total, unit.c_str(), double(done) / s, unit.c_str(), double(tokens) / s, sec, tty ? "   " : "\n");
+    if (tty && done == total) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   };
   return o;

@@ -119,4 +119,17 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
     return cfg;
 }
 
+// Checks the checkpoint and optimizer flags that are checked nowhere else: --ckpt-every >= 0 and
+// only with --out-dir, --grad-clip >= 0. With prepare_dirs, creates --out-dir and checks that it
+// is writable (core/common.h prepare_output_dir), so a bad path fails before any training, not
+// at the first checkpoint. Throws ldm::Error naming the flag.
+template <class O>
+void check_output_flags(const O& o, bool prepare_dirs) {
+    if (o.ckpt_every < 0) throw Error(strprintf("--ckpt-every must be >= 0, got %lld", (long long)o.ckpt_every));
+    if (o.ckpt_every > 0 && o.out_dir.empty())
+        throw Error("--ckpt-every needs --out-dir (the directory the checkpoints are written to)");
+    if (!(o.grad_clip >= 0)) throw Error(strprintf("--grad-clip must be >= 0 (0 = off), got %g", o.grad_clip));
+    if (prepare_dirs && !o.out_dir.empty()) prepare_output_dir(o.out_dir, "--out-dir");
+}
+
 }  // namespace ldm

@@ -17,6 +17,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -117,6 +118,7 @@ inline void check_infer_options(const InferOptions& io, const std::string& resum
     if (io.max_new < 1) throw Error("--max-new-tokens must be >= 1");
     if (io.top_k < 0) throw Error("--top-k must be >= 0");
     if (!(io.top_p > 0 && io.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
+    if (!std::isfinite(io.temperature)) throw Error("--temperature must be a finite number (<= 0: greedy)");
     if (io.prompt_len < 0) throw Error("--prompt-len must be >= 0");
     if (io.max_len < 0) throw Error("--max-len must be >= 0");
     if (!io.checkpoint.empty() && !file_exists(io.checkpoint))
@@ -320,6 +322,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
     cpu::GenerateStats st;
     std::vector<int32_t> out = gpu_generate(inf, prompt, io.max_new, sp, seed, stop, &st);
     cpu::print_generation(tok, prompt, out, io.prompt_len > 0);
+    cpu::note_context_full(out, io.max_new, stop, ctx);
     const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
     const int64_t peak = std::max(device_used_bytes(), used0);
     std::printf("prefill: %d tokens in %.2f ms (%.1f tokens/s) | decode: %zu steps, %.3f ms/token mean, %.3f ms median "

@@ -101,18 +101,6 @@ inline std::string dirname_of(const std::string& p) {
     return s == std::string::npos ? "." : p.substr(0, s);
 }
 
-inline void mkdir_p(const std::string& d) {
-    if (d.empty()) return;
-    std::string cur;
-    for (size_t i = 0; i <= d.size(); i++) {
-        if (i == d.size() || d[i] == '/') {
-            if (!cur.empty() && !file_exists(cur) && ::mkdir(cur.c_str(), 0755) != 0 && !file_exists(cur))
-                throw Error("cannot create directory " + cur);
-        }
-        if (i < d.size()) cur.push_back(d[i]);
-    }
-}
-
 inline std::vector<std::string> glob_files(const std::string& pattern) {
     glob_t g;
     std::vector<std::string> out;
@@ -753,6 +741,13 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
 
         ModelConfig cfg = model_config_from_flags(o, V);
         check_gpu_scheme(cfg);
+        if (o.attn_variant < -1 || o.attn_variant == 0)
+            throw Error(strprintf("--attn-variant must be -1 (auto) or 1, 2, 3, got %d", o.attn_variant));
+        if (o.attn_variant > 0) {  // throws when the variant does not support this dtype / head_dim
+            if (o.dtype == "bf16") attention_variant<bf16>(cfg.head_dim, o.attn_variant);
+            else attention_variant<float>(cfg.head_dim, o.attn_variant);
+        }
+        check_output_flags(o, false);
 
         if (o.dry_run) {
             std::printf("%s", describe(cfg, o.T).c_str());
@@ -773,6 +768,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
             if (glob_files(o.train_data).empty()) throw Error("--train-data: no files match '" + o.train_data + "'");
             if (!o.val_data.empty() && glob_files(o.val_data).empty())
                 throw Error("--val-data: no files match '" + o.val_data + "'");
+            check_output_flags(o, o.dump_debug_state.empty());  // creates --out-dir
         }
         if (!gpu_available()) {
             std::fflush(stdout);

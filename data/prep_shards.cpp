@@ -32,22 +32,6 @@ double seconds_since(Clock::time_point t0) {
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
-void mkdir_p(const std::string& dir) {
-    if (dir.empty()) return;
-    std::string cur;
-    size_t i = 0;
-    while (i <= dir.size()) {
-        size_t j = dir.find('/', i);
-        if (j == std::string::npos) j = dir.size();
-        cur = dir.substr(0, j);
-        if (!cur.empty() && !file_exists(cur) && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-            throw Error("cannot create directory " + cur + ": " + std::strerror(errno));
-        i = j + 1;
-    }
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw Error("not a directory: " + dir);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Input reading. A Unit is one piece of work for the parallel encoder: a jsonl line (parsed and
 // encoded by the worker) or a piece of a plain-text document (encoded by the worker).
@@ -727,7 +711,7 @@ int cmd_info(int argc, char** argv) {
         std::vector<uint64_t> dense(1 << 17, 0);  // counts of ids < 131072; rarer large ids in a map
         std::map<uint32_t, uint64_t> sparse;
         uint32_t mn = UINT32_MAX, mx = 0;
-        uint64_t n_eot = 0, first_bad = UINT64_MAX;
+        uint64_t n_eot = 0, first_bad = UINT64_MAX, first_bad_id = 0;
         std::vector<uint32_t> buf;
         const uint64_t block = 1 << 20;
         for (uint64_t at = 0; at < info.num_tokens; at += block) {
@@ -741,7 +725,10 @@ int cmd_info(int argc, char** argv) {
                 if (v < dense.size()) dense[v]++;
                 else sparse[v]++;
                 if (v == eot) n_eot++;
-                if (vocab && v >= vocab && first_bad == UINT64_MAX) first_bad = at + i;
+                if (vocab && v >= vocab && first_bad == UINT64_MAX) {
+                    first_bad = at + i;
+                    first_bad_id = v;
+                }
             }
         }
         if (info.num_tokens) {
@@ -766,8 +753,9 @@ int cmd_info(int argc, char** argv) {
             std::printf("\n");
         }
         if (first_bad != UINT64_MAX)
-            throw Error(strprintf("shard %s: token id at index %llu is >= --vocab %llu", path.c_str(),
-                                  (unsigned long long)first_bad, (unsigned long long)vocab));
+            throw Error(strprintf("shard %s: token id %llu at index %llu is >= --vocab %llu", path.c_str(),
+                                  (unsigned long long)first_bad_id, (unsigned long long)first_bad,
+                                  (unsigned long long)vocab));
         return 0;
     });
 }

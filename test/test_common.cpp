@@ -40,3 +40,17 @@ TEST_CASE("the shared data directory is found", "[common]") {
     if (d.empty()) return;
     REQUIRE(ldm::file_exists(d + "/gpt2_tokenizer/vocab.bpe"));
 }
+
+TEST_CASE("mkdir_p and prepare_output_dir: nested dirs made, a file in the way refused", "[common]") {
+    const std::string d = scratch_dir("common_outdir");
+    ldm::prepare_output_dir(d + "/a/b/c", "--out-dir");
+    CHECK(ldm::file_exists(d + "/a/b/c"));
+    ldm::mkdir_p(d + "/a/b/c");  // existing: fine
+    ldm::write_file_atomic(d + "/f", "x", 1);
+    CHECK_THROWS_WITH(ldm::prepare_output_dir(d + "/f", "--out-dir"), Catch::Contains("--out-dir: cannot write into") &&
+                                                                      Catch::Contains("/f"));
+    CHECK_THROWS_WITH(ldm::prepare_output_dir(d + "/f/sub", "--out"), Catch::Contains("--out: cannot write into"));
+    CHECK_THROWS_AS(ldm::mkdir_p(d + "/f"), ldm::Error);
+    // the probe file is removed again
+    CHECK(std::system(("test -z \"$(ls -A '" + d + "/a/b/c')\"").c_str()) == 0);
+}

@@ -193,4 +193,10 @@ TEST_CASE("eval_cpu: JSON output, table, and bad input -> error and exit 1", "[e
   expect_fail(exe + " --checkpoint " + ck + " --wikitext " + f.wikitext + " --max-length 33", "--max-length");
   expect_fail(exe + " --checkpoint " + ck + " --lambada " + f.lambada + " --bogus 1", "--bogus");
   expect_fail(exe + " --checkpoint " + ck + " --val-data '" + dir + "/none_*.bin'", "none_");
+  // An unwritable --out is refused before the evaluation runs, not after it.
+  expect_fail(exe + " --checkpoint " + ck + " --lambada " + f.lambada + " --out " + dir + "/cut.bin/r.json",
+              "--out: cannot write into");
+  expect_fail(exe + " --checkpoint " + ck + " --lambada " + f.lambada + " --out " + dir, "is a directory");
+  RunResult early = run_cmd(exe + " --checkpoint " + ck + " --lambada " + f.lambada + " --out " + dir + "/cut.bin/r.json");
+  CHECK_THAT(early.out, !Catch::Contains("lambada acc"));
 }

@@ -109,6 +109,13 @@ TEST_CASE("generate_cpu: --prompt-len draws cpu::random_token_ids; bad input exi
     fails("--checkpoint /nonexistent/x.model", "does not exist");
     fails("--tokenizer /nonexistent/tok", "does not exist");
     fails("--max-new-tokens 0", "--max-new-tokens");
+    fails("--temperature nan", "--temperature must be a finite number");
+    // a generation cut short by a full context says so (12 prompt tokens + 20 new > 32)
+    RunResult full = run_cmd(bin + " --greedy --prompt-len 12 --max-new-tokens 40 --quiet");
+    INFO(full.out);
+    CHECK(full.status == 0);
+    CHECK_THAT(full.out, Catch::Contains("note: stopped after 21 of 40 new tokens: the context of 32 tokens is full"));
+    CHECK(generate_line(full.out).at("new_tokens") == 21);
 }
 
 TEST_CASE("generate_io helpers: prompt, context, report", "[generate]") {

@@ -165,6 +165,17 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
     expect_fail(tr + " --preset tiny --schedule step" + data, "--schedule");
     expect_fail(tr + " --preset tiny --train-data '" + dir + "/nothing_*.bin'", "no files match");
     expect_fail(tr + " --preset tiny", "--train-data is required");
+    // output flags are checked before any training step
+    expect_fail(tr + " --preset tiny --ckpt-every 1" + data, "--ckpt-every needs --out-dir");
+    expect_fail(tr + " --preset tiny --grad-clip -1" + data, "--grad-clip must be >= 0");
+    ldm::write_file_atomic(dir + "/a_file", "x", 1);
+    {
+        RunResult f = run_cmd(tr + " --preset tiny -B 2 -T 32 --steps 2" + data + " --out-dir '" + dir + "/a_file'");
+        INFO(f.out);
+        CHECK(f.status == 1);
+        CHECK_THAT(f.out, Catch::Contains("--out-dir: cannot write into"));
+        CHECK_THAT(f.out, !Catch::Contains("step      1"));  // refused before the first step
+    }
 
     // too few tokens for one B*T window
     std::vector<uint32_t> few(50, 11);

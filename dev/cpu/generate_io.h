@@ -72,6 +72,14 @@ inline void print_generation(const Tokenizer* tok, const std::vector<int32_t>& p
     std::printf("---\n");
 }
 
+// When fewer than max_new tokens came out and the last is not stop_token, the KV cache (ctx
+// tokens) filled up: says so on stderr, so that a short output is not mistaken for a finished one.
+inline void note_context_full(const std::vector<int32_t>& out, int max_new, int32_t stop_token, int ctx) {
+    if ((int)out.size() >= max_new || (stop_token >= 0 && !out.empty() && out.back() == stop_token)) return;
+    std::fprintf(stderr, "note: stopped after %zu of %d new tokens: the context of %d tokens is full (--max-len, "
+                         "the model's seq_len)\n", out.size(), max_new, ctx);
+}
+
 // The GENERATE report's common keys: scheme, prompt/new tokens, prefill ms and tokens/s, decode
 // steps, mean/median ms per token and tokens/s, KV-cache bytes, dtype. Callers add their own.
 inline nlohmann::json generate_report(const std::string& scheme, const GenerateStats& st, int64_t kv_cache_bytes,

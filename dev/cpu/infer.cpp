@@ -210,6 +210,8 @@ void sampling_distribution(const R* logits, int V, const SamplingParams& sp, std
                            std::vector<double>* probs) {
     if (sp.top_k < 0) throw Error(strprintf("sampling: top_k=%d must be >= 0", sp.top_k));
     if (!(sp.top_p > 0 && sp.top_p <= 1)) throw Error(strprintf("sampling: top_p=%g must be in (0, 1]", sp.top_p));
+    if (!std::isfinite(sp.temperature))
+        throw Error(strprintf("sampling: temperature=%g must be a finite number (<= 0: greedy)", sp.temperature));
     for (int v = 0; v < V; v++)
         if (std::isnan((double)logits[v])) throw Error(strprintf("sampling: logit %d is NaN", v));
     ids->clear();
