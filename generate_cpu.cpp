@@ -12,7 +12,6 @@
 #include <cblas.h>
 #include <omp.h>
 
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -35,16 +34,14 @@ using nlohmann::json;
 
 namespace {
 
-struct Options {
-    std::string checkpoint, tokenizer, prompt, dtype = "fp32";
+struct Options : cpu::GenerationFlags {  // + --prompt ... --stop-at-eot
+    std::string checkpoint, tokenizer, dtype = "fp32";
     // random-init model (no --checkpoint)
     std::string preset, scheme = "preln", ldm_rule = "rls";
     bool ldm_no_residual = false, print_config = false;
     int seq_len = 1024, init_seed = 1, n_layer = 0, vocab_size = 0;
-    // generation
-    int max_new = 64, top_k = 0, threads = 0, prompt_len = 0, max_len = 0;
-    double top_p = 1.0, temperature = 1.0;
-    bool greedy = false, stop_at_eot = false, quiet = false;
+    int threads = 0;
+    bool quiet = false;
     int64_t seed = 1;
     ModelConfig cfg_over;  // scheme options of the random-init model (defaults of ModelConfig)
 };
@@ -61,11 +58,7 @@ int run(const Options& o, const ModelConfig& cfg, const std::vector<float>* ck_p
     const std::vector<int32_t> prompt = cpu::generation_prompt(tok, o.prompt, o.prompt_len, (uint64_t)o.seed, V);
     const int ctx = cpu::generation_context(o.max_len, cfg.seq_len, prompt.size());
     cpu::Inference<R> inf(model, 1, ctx);
-    cpu::SamplingParams sp;
-    sp.greedy = o.greedy;
-    sp.temperature = o.temperature;
-    sp.top_k = o.top_k;
-    sp.top_p = o.top_p;
+    const cpu::SamplingParams sp = o.sampling();
     const int32_t stop = (o.stop_at_eot && tok) ? (int32_t)tok->eot_id() : -1;
     cpu::GenerateStats st;
     std::vector<int32_t> out = cpu::generate(inf, prompt, o.max_new, sp, (uint64_t)o.seed, stop, &st);
@@ -118,27 +111,16 @@ int main(int argc, char** argv) {
         ap.section("Prompt and sampling");
         ap.add("--tokenizer", &o.tokenizer,
                "tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json (\"\" = <data dir>/gpt2_tokenizer)");
-        ap.add("--prompt", &o.prompt, "prompt text (\"\" = start from <|endoftext|>)");
-        ap.add("--prompt-len", &o.prompt_len, "instead of --prompt: N random token ids (timing)");
-        ap.add("--max-new-tokens", &o.max_new, "tokens to generate");
-        ap.add("--max-len", &o.max_len, "context (KV cache) length; 0 = the model's seq_len");
-        ap.add("--greedy", &o.greedy, "argmax decoding (same as --temperature 0 or --top-k 1)");
-        ap.add("--temperature", &o.temperature, "softmax temperature (<= 0: greedy)");
-        ap.add("--top-k", &o.top_k, "sample among the k most probable tokens (0 = all)");
-        ap.add("--top-p", &o.top_p, "nucleus sampling: smallest set with this probability mass (1 = all)");
+        cpu::add_generation_flags(ap, o, "prompt text (\"\" = start from <|endoftext|>)",
+                                  "instead of --prompt: N random token ids (timing)");
         ap.add("--seed", &o.seed, "sampling seed (and of --prompt-len ids)");
-        ap.add("--stop-at-eot", &o.stop_at_eot, "stop after generating <|endoftext|>");
         ap.section("Run");
         ap.add("--threads", &o.threads, "OpenMP and BLAS threads (0 = all cores)");
         ap.add("--quiet", &o.quiet, "print only the timing lines");
         if (!ap.parse(argc, argv)) return 0;
 
         if (o.dtype != "fp32" && o.dtype != "fp64") throw Error("--dtype must be fp32 or fp64, got '" + o.dtype + "'");
-        if (o.max_new < 1) throw Error("--max-new-tokens must be >= 1");
-        if (o.top_k < 0) throw Error("--top-k must be >= 0");
-        if (!(o.top_p > 0 && o.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
-        if (!std::isfinite(o.temperature)) throw Error("--temperature must be a finite number (<= 0: greedy)");
-        if (o.prompt_len < 0) throw Error("--prompt-len must be >= 0");
+        cpu::check_generation_flags(o);
         if (o.threads < 0) throw Error("--threads must be >= 0");
         if (o.checkpoint.empty() == o.preset.empty()) throw Error("give exactly one of --checkpoint and --preset");
         const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();

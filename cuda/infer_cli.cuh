@@ -17,7 +17,6 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -41,12 +40,9 @@
 namespace ldm {
 namespace gpu {
 
-struct InferOptions {
+struct InferOptions : cpu::GenerationFlags {  // + --prompt ... --stop-at-eot
     bool generate = false;
-    std::string checkpoint, prompt, bench_infer, infer_check;
-    int prompt_len = 0, max_new = 64, max_len = 0, top_k = 0;
-    double temperature = 1.0, top_p = 1.0;
-    bool greedy = false, stop_at_eot = false;
+    std::string checkpoint, bench_infer, infer_check;
     bool active() const { return generate || !bench_infer.empty() || !infer_check.empty(); }
 };
 
@@ -59,16 +55,9 @@ inline void add_infer_flags(ArgParser& ap, InferOptions& o) {
     ap.add("--checkpoint", &o.checkpoint,
            "generation/benchmark model: a .model checkpoint (or use --resume <base>; neither = random init from "
            "the model flags and --seed)");
-    ap.add("--prompt", &o.prompt, "prompt text (\"\" = start from <|endoftext|>; needs the tokenizer)");
-    ap.add("--prompt-len", &o.prompt_len,
-           "instead of --prompt: N random token ids (seeded by --seed); --infer-check: prefill length (0 = T/2)");
-    ap.add("--max-new-tokens", &o.max_new, "tokens to generate");
-    ap.add("--max-len", &o.max_len, "context (KV cache) length; 0 = the model's seq_len");
-    ap.add("--greedy", &o.greedy, "argmax decoding (same as --temperature 0 or --top-k 1)");
-    ap.add("--temperature", &o.temperature, "softmax temperature (<= 0: greedy)");
-    ap.add("--top-k", &o.top_k, "sample among the k most probable tokens (0 = all)");
-    ap.add("--top-p", &o.top_p, "nucleus sampling: smallest set with this probability mass (1 = all)");
-    ap.add("--stop-at-eot", &o.stop_at_eot, "stop after generating <|endoftext|>");
+    cpu::add_generation_flags(
+        ap, o, "prompt text (\"\" = start from <|endoftext|>; needs the tokenizer)",
+        "instead of --prompt: N random token ids (seeded by --seed); --infer-check: prefill length (0 = T/2)");
     ap.add("--bench-infer", &o.bench_infer,
            "P:G inference benchmark: -B sequences, prefill of P random tokens then G decode steps; prints "
            "BENCH_INFER json (prefill tokens/s, decode ms/token, KV cache, peak memory)");
@@ -115,12 +104,7 @@ inline void check_infer_options(const InferOptions& io, const std::string& resum
     if ((io.generate ? 1 : 0) + (io.bench_infer.empty() ? 0 : 1) + (io.infer_check.empty() ? 0 : 1) != 1)
         throw Error("give only one of --generate, --bench-infer, --infer-check");
     if (!io.checkpoint.empty() && !resume.empty()) throw Error("give only one of --checkpoint and --resume");
-    if (io.max_new < 1) throw Error("--max-new-tokens must be >= 1");
-    if (io.top_k < 0) throw Error("--top-k must be >= 0");
-    if (!(io.top_p > 0 && io.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
-    if (!std::isfinite(io.temperature)) throw Error("--temperature must be a finite number (<= 0: greedy)");
-    if (io.prompt_len < 0) throw Error("--prompt-len must be >= 0");
-    if (io.max_len < 0) throw Error("--max-len must be >= 0");
+    cpu::check_generation_flags(io);
     if (!io.checkpoint.empty() && !file_exists(io.checkpoint))
         throw Error("--checkpoint: " + io.checkpoint + " does not exist");
     if (!resume.empty() && io.checkpoint.empty()) {
@@ -313,11 +297,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
     GPT<T> model(cfg, 1, 1, 0, attn_variant);
     load(model);
     GpuInference<T> inf(model, 1, ctx, attn_variant);
-    cpu::SamplingParams sp;
-    sp.greedy = io.greedy;
-    sp.temperature = io.temperature;
-    sp.top_k = io.top_k;
-    sp.top_p = io.top_p;
+    const cpu::SamplingParams sp = io.sampling();
     const int32_t stop = (io.stop_at_eot && tok) ? (int32_t)tok->eot_id() : -1;
     cpu::GenerateStats st;
     std::vector<int32_t> out = gpu_generate(inf, prompt, io.max_new, sp, seed, stop, &st);

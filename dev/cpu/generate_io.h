@@ -4,6 +4,7 @@
 // (dev/cpu/infer.h).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cli.h"
 #include "core/common.h"
 #include "core/tokenizer.h"
 #include "dev/cpu/infer.h"
@@ -18,6 +20,48 @@
 
 namespace ldm {
 namespace cpu {
+
+// The prompt and sampling flags of generate_cpu and of the GPU trainers' --generate.
+struct GenerationFlags {
+    std::string prompt;
+    int prompt_len = 0, max_new = 64, max_len = 0, top_k = 0;
+    double temperature = 1.0, top_p = 1.0;
+    bool greedy = false, stop_at_eot = false;
+
+    SamplingParams sampling() const {
+        SamplingParams sp;
+        sp.greedy = greedy;
+        sp.temperature = temperature;
+        sp.top_k = top_k;
+        sp.top_p = top_p;
+        return sp;
+    }
+};
+
+// Adds --prompt, --prompt-len, --max-new-tokens, --max-len, --greedy, --temperature, --top-k,
+// --top-p, --stop-at-eot. The two prompt flags' help texts come from the program.
+inline void add_generation_flags(ArgParser& ap, GenerationFlags& g, const char* prompt_help,
+                                 const char* prompt_len_help) {
+    ap.add("--prompt", &g.prompt, prompt_help);
+    ap.add("--prompt-len", &g.prompt_len, prompt_len_help);
+    ap.add("--max-new-tokens", &g.max_new, "tokens to generate");
+    ap.add("--max-len", &g.max_len, "context (KV cache) length; 0 = the model's seq_len");
+    ap.add("--greedy", &g.greedy, "argmax decoding (same as --temperature 0 or --top-k 1)");
+    ap.add("--temperature", &g.temperature, "softmax temperature (<= 0: greedy)");
+    ap.add("--top-k", &g.top_k, "sample among the k most probable tokens (0 = all)");
+    ap.add("--top-p", &g.top_p, "nucleus sampling: smallest set with this probability mass (1 = all)");
+    ap.add("--stop-at-eot", &g.stop_at_eot, "stop after generating <|endoftext|>");
+}
+
+// Range checks of those flags; throws ldm::Error naming the flag.
+inline void check_generation_flags(const GenerationFlags& g) {
+    if (g.max_new < 1) throw Error("--max-new-tokens must be >= 1");
+    if (g.top_k < 0) throw Error("--top-k must be >= 0");
+    if (!(g.top_p > 0 && g.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
+    if (!std::isfinite(g.temperature)) throw Error("--temperature must be a finite number (<= 0: greedy)");
+    if (g.prompt_len < 0) throw Error("--prompt-len must be >= 0");
+    if (g.max_len < 0) throw Error("--max-len must be >= 0");
+}
 
 // n token ids drawn uniformly from [0, V) with the splitmix64 stream (seed, 7) (dev/cpu/rng.h):
 // the synthetic prompts of --prompt-len (timing, and the GPU --infer-check inputs).
