@@ -17,16 +17,8 @@
 TEST_CASE("emu: decode attention and KV-cache append (workbench checks)", "[emu][infer]") {
     Report R;
     Rng rng(11);
-    const Shape shapes[] = {
-        {1, 1, 0, 4, 2, 1, 8},        // first position: a single key
-        {2, 1, 5, 9, 4, 2, 16},       // decode, GQA 2:1
-        {3, 3, 7, 12, 6, 3, 6},       // chunk of 3 new tokens, hd not a multiple of 32
-        {2, 1, 130, 200, 4, 4, 64},   // longer cache, hd 64
-        {1, 5, 40, 64, 8, 2, 128},    // chunk, GQA 4:1, hd 128
-        {1, 1, 300, 301, 2, 1, 256},  // hd 256 (the maximum), cache full
-    };
     const std::string out = emu::capture_stdout([&] {
-        for (const Shape& s : shapes) {
+        for (const Shape& s : kCheckShapes) {  // the workbench's cases
             check<float>(R, rng, s);
             check<bf16>(R, rng, s);
         }

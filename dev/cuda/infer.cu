@@ -22,6 +22,16 @@ struct Shape {
     }
 };
 
+// The correctness cases of this workbench (also run under CPU emulation by test_emu_infer).
+const Shape kCheckShapes[6] = {
+    {1, 1, 0, 4, 2, 1, 8},        // first position: a single key
+    {2, 1, 5, 9, 4, 2, 16},       // decode, GQA 2:1
+    {3, 3, 7, 12, 6, 3, 6},       // chunk of 3 new tokens, hd not a multiple of 32
+    {2, 1, 130, 200, 4, 4, 64},   // longer cache, hd 64
+    {1, 5, 40, 64, 8, 2, 128},    // chunk, GQA 4:1, hd 128
+    {1, 1, 300, 301, 2, 1, 256},  // hd 256 (the maximum), cache full
+};
+
 // wb::to_device, kept out of line (inlined into check() GCC 12 reports a bogus
 // -Walloc-size-larger-than on the host-side conversion vector).
 template <typename T>
@@ -110,17 +120,9 @@ int main(int argc, char** argv) {
         std::printf("infer: %s\n", device_description().c_str());
         Report R;
         Rng rng(11);
-        const Shape shapes[] = {
-            {1, 1, 0, 4, 2, 1, 8},         // first position: a single key
-            {2, 1, 5, 9, 4, 2, 16},        // decode, GQA 2:1
-            {3, 3, 7, 12, 6, 3, 6},        // chunk of 3 new tokens, hd not a multiple of 32
-            {2, 1, 130, 200, 4, 4, 64},    // longer cache, hd 64
-            {1, 5, 40, 64, 8, 2, 128},     // chunk, GQA 4:1, hd 128
-            {1, 1, 300, 301, 2, 1, 256},   // hd 256 (the maximum), cache full
-        };
         for (int i = 0; i < (quick ? 4 : 6); i++) {
-            check<float>(R, rng, shapes[i]);
-            check<bf16>(R, rng, shapes[i]);
+            check<float>(R, rng, kCheckShapes[i]);
+            check<bf16>(R, rng, kCheckShapes[i]);
         }
         bench<bf16>(R, {8, 1, 2047, 2048, 16, 16, 64});
         if (!quick) {
