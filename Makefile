@@ -32,8 +32,8 @@ LDLIBS   += $(MPI_LIBS)
 
 BUILD    ?= build
 
-# Library: everything in core/, dev/cpu/ and data/prep_*.cpp (no main() there).
-LIB_SRCS := $(wildcard core/*.cpp) $(wildcard dev/cpu/*.cpp) $(wildcard data/prep_*.cpp)
+# Library: everything in core/, cpu/ and data/prep_*.cpp (no main() there).
+LIB_SRCS := $(wildcard core/*.cpp) $(wildcard cpu/*.cpp) $(wildcard data/prep_*.cpp)
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 LIB      := $(BUILD)/libldm.a
 

@@ -27,7 +27,7 @@
 #include "core/config.h"
 #include "core/eval.h"
 #include "core/tokenizer.h"
-#include "dev/cpu/model.h"
+#include "cpu/model.h"
 
 using namespace ldm;
 using nlohmann::json;

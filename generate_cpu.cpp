@@ -1,6 +1,6 @@
 // generate_cpu.cpp — text generation on the CPU (build/generate_cpu): loads a model checkpoint
 // (or builds a randomly initialised preset, for timing), encodes --prompt with the tokenizer,
-// runs a prefill and incremental decode with the KV cache of dev/cpu/infer.h, samples greedily
+// runs a prefill and incremental decode with the KV cache of cpu/infer.h, samples greedily
 // or with temperature / top-k / top-p, prints the text and the timing: prefill tokens/s and the
 // per-token decode latency (spec performance.md, "inference"), plus one machine-readable line
 //   GENERATE {"prompt_tokens":..,"new_tokens":..,"prefill_tokens_per_s":..,"decode_ms_mean":..,...,"tokens":[..]}
@@ -24,10 +24,10 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/tokenizer.h"
-#include "dev/cpu/generate_io.h"
-#include "dev/cpu/infer.h"
-#include "dev/cpu/model.h"
-#include "dev/cpu/rng.h"
+#include "cpu/generate_io.h"
+#include "cpu/infer.h"
+#include "cpu/model.h"
+#include "cpu/rng.h"
 
 using namespace ldm;
 using nlohmann::json;

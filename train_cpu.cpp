@@ -1,5 +1,5 @@
 // train_cpu.cpp — the CPU trainer (build/train_cpu): trains the spec §1 backbone with the CPU
-// reference model (dev/cpu/model.h) on token shards. See doc/training.md for the data flow
+// reference model (cpu/model.h) on token shards. See doc/training.md for the data flow
 // (shards -> DataLoader -> forward -> backward -> AdamW), the flags, checkpoints and logs.
 //
 //   build/train_cpu --preset small --train-data "out/data/train_*.bin" --val-data "out/data/val_*.bin"
@@ -33,9 +33,9 @@
 #include "core/optim.h"
 #include "core/tokenizer.h"
 #include "core/train_flags.h"
-#include "dev/cpu/model.h"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/scheme_ldm.h"
+#include "cpu/model.h"
+#include "cpu/ops.h"
+#include "cpu/scheme_ldm.h"
 
 using namespace ldm;
 using nlohmann::json;

@@ -254,7 +254,7 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
     c.validate();
     const int64_t d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), F = c.ffn, Vp = c.padded_vocab,
                   nh = c.n_head, nkv = c.n_kv_head, D = c.n_sublayers();
-    // Saved per attention sublayer (names as in dev/cpu/model.cpp LayerAct): x, rstd, ln, q, k, v,
+    // Saved per attention sublayer (names as in cpu/model.cpp LayerAct): x, rstd, ln, q, k, v,
     // qr, kr (after QK-norm and RoPE), att probabilities (a full T x T square per head), ao;
     // with QK-norm also the per-head rstd of q and k.
     int64_t attn = d + 1 + d + qd + 2 * kvd + qd + kvd + nh * (int64_t)T + qd;
@@ -268,7 +268,7 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
     int64_t scratch = 7 * d + 3 * qd + 3 * kvd + 3 * F;
     // Scheme state per token (estimates for the later schemes, in their `store` form).
     int64_t scheme = 2 * d;  // PreLN: h and dh
-    // HC / mHC / AttnRes: exactly what dev/cpu/scheme_hc.cpp / scheme_attnres.cpp allocate.
+    // HC / mHC / AttnRes: exactly what cpu/scheme_hc.cpp / scheme_attnres.cpp allocate.
     const int64_t n = c.hc_streams, m = 2 * n + n * n;
     if (c.scheme == "hc")
         scheme = (D + 1) * n * d + D * d + D * n + D * n * (n + 2) + 4 * n * d + 2 * n * (n + 2);
@@ -280,7 +280,7 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
         scheme = 2 * K * d + K + (blk ? D * d + D + 2 * d : 0);
     }
     else if (c.scheme == "ldm") {
-        // Same count as ldm_scheme_values_per_token (dev/cpu/scheme_ldm.cpp; tested equal):
+        // Same count as ldm_scheme_values_per_token (cpu/scheme_ldm.cpp; tested equal):
         // h, v of every write, normalised q/k + norms (+ beta), live state, kept states, dS,
         // dh, tmp, projection scratch.
         const int64_t dv = d / c.ldm_heads, dk = c.ldm_dk, Hm = c.ldm_heads, HK = Hm * dk,

@@ -13,7 +13,7 @@
 
 #include "core/common.h"
 #include "core/dataloader.h"
-#include "dev/cpu/model.h"
+#include "cpu/model.h"
 
 namespace ldm {
 

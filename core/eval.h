@@ -48,7 +48,7 @@ class ScoringModel {
                                 double* logprob, uint8_t* is_argmax) = 0;
 };
 
-// The CPU reference model (dev/cpu/model.h) behind ScoringModel: one Model::forward (logits
+// The CPU reference model (cpu/model.h) behind ScoringModel: one Model::forward (logits
 // only) then a per-row log-softmax over the real V on all cores. The model is borrowed (must
 // outlive the adapter); max_seq_len = model.cfg.seq_len.
 std::unique_ptr<ScoringModel> make_cpu_scoring_model(cpu::Model<float>& model);

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/common.h"
-#include "dev/cpu/optim_math.h"
+#include "math/optim_math.h"
 
 namespace ldm {
 
@@ -85,7 +85,7 @@ double AdamW<T>::step(T* p, const T* g, double lr) {
     t_ += 1;
     // Scalars are computed in double, then used in T (the parameter dtype), identical on every
     // thread and independent of the partitioning. The per-element arithmetic is adamw_element
-    // (dev/cpu/optim_math.h), the same function the GPU update (cuda/adamw.cuh) runs.
+    // (math/optim_math.h), the same function the GPU update (cuda/adamw.cuh) runs.
     const AdamWScalars<T> sc = adamw_scalars<T>(cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay,
                                                 lr, clip, t_);
     T* m = m_.data();

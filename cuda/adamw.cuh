@@ -1,11 +1,11 @@
 // cuda/adamw.cuh — the optimizer kernels of the GPU trainers (doc/cuda.md "adamw.cuh"):
 // a deterministic global gradient norm and the AdamW update on fp32 master weights, with the
-// per-element arithmetic of core/optim.cpp (dev/cpu/optim_math.h adamw_element, shared verbatim),
+// per-element arithmetic of core/optim.cpp (math/optim_math.h adamw_element, shared verbatim),
 // so a GPU update is bit-identical to AdamW<float>::step given the same clip factor.
 // Spec: model.md §1 "AdamW defaults"; CPU reference: core/optim.h.
 #pragma once
 #include "cuda/common.cuh"
-#include "dev/cpu/optim_math.h"
+#include "math/optim_math.h"
 
 namespace ldm {
 namespace gpu {

@@ -1,7 +1,7 @@
 // cuda/classifier.cuh — fused softmax + cross-entropy + dlogits over padded logits, in place
 // (doc/cuda.md "classifier.cuh"), and a deterministic sum of the per-token losses.
 // Spec: model.md §1 (LM head over the real V columns, mean next-token cross-entropy).
-// CPU reference: dev/cpu/ops.h cross_entropy_forward (lse, loss) and
+// CPU reference: cpu/ops.h cross_entropy_forward (lse, loss) and
 // cross_entropy_backward_inplace (dlogits = scale·(softmax − onehot)).
 #pragma once
 #include <cfloat>

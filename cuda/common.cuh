@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/common.h"
-#include "dev/cpu/elementwise.h"
+#include "math/elementwise.h"
 
 namespace ldm {
 namespace gpu {

@@ -1,5 +1,5 @@
 // cuda/gpt.cuh — the spec §1 backbone on the GPU over a GpuScheme<T> (cuda/scheme.cuh), shared by
-// both GPU trainers. It mirrors dev/cpu/model.cpp operation by operation (same math, same flat
+// both GPU trainers. It mirrors cpu/model.cpp operation by operation (same math, same flat
 // parameter layout core/config.h param_specs, same init) with these GPU-side fusions:
 //   * one GEMM for q|k|v over the contiguous attn.wq|wk|wv block (bias bq|bk|bv) -> qkv [N, qkvd]
 //   * QK-norm (qwen3) + RoPE in one kernel (qknorm_rope_forward) -> qkvr
@@ -32,8 +32,8 @@
 #include "cuda/rope.cuh"
 #include "cuda/scheme.cuh"
 #include "cuda/swiglu.cuh"
-#include "dev/cpu/model.h"
-#include "dev/cpu/ops.h"
+#include "cpu/model.h"
+#include "cpu/ops.h"
 
 namespace ldm {
 namespace gpu {

@@ -1,11 +1,11 @@
 // cuda/infer.cuh — inference on the GPU over a GPT<T> (cuda/gpt.cuh) with any GpuScheme: prefill +
-// incremental decode with a KV cache on the device, mirroring dev/cpu/infer.h (same contract, same
-// logits layout) so that the host-side sampling of dev/cpu/infer.h (SamplingParams, sample_token)
+// incremental decode with a KV cache on the device, mirroring cpu/infer.h (same contract, same
+// logits layout) so that the host-side sampling of cpu/infer.h (SamplingParams, sample_token)
 // picks the tokens. Spec: ../shared/spec/model.md §1-§2, performance.md ("inference: prefill
 // tokens/s and per-token decode latency"). Walkthrough: doc/cuda.md "Inference on the GPU".
 // Status: compiles; not yet run on a GPU.
 //
-// Why a cache of attention keys/values is all that is needed (see dev/cpu/infer.h): every depth
+// Why a cache of attention keys/values is all that is needed (see cpu/infer.h): every depth
 // scheme keeps its state per token and mixes only across the depth of that token, so a step runs
 // the scheme's forward on the rows of the new tokens only (N = B·n rows, its own scheme instance
 // and buffers); only causal attention looks back in time, through the cache.
@@ -44,9 +44,9 @@
 #include "cuda/rope.cuh"
 #include "cuda/scheme.cuh"
 #include "cuda/swiglu.cuh"
-#include "dev/cpu/infer.h"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "cpu/infer.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace gpu {
@@ -186,7 +186,7 @@ void kv_cache_append(T* kc, T* vc, const T* qkvr, int B, int n, int len, int max
 }
 
 // Prefill + decode for B sequences in lockstep over a GPT's current weights (same API as
-// cpu::Inference, dev/cpu/infer.h). Not thread-safe. Allocates the KV cache (T, [n_layer, B, max_T,
+// cpu::Inference, cpu/infer.h). Not thread-safe. Allocates the KV cache (T, [n_layer, B, max_T,
 // kv_dim] for k and for v) at construction and the step buffers for the largest B·n seen (they
 // only grow; a prefill of P tokens needs about the training activations of B·P tokens plus the
 // scheme's buffers for B·P rows).
@@ -398,7 +398,7 @@ const float* GpuInference<T>::step(const int32_t* tokens, int n, bool all_logits
 }
 
 // Autoregressive generation of one sequence (inf.batch() == 1): cpu::generate_loop
-// (dev/cpu/infer.h, the loop of cpu::generate) with the same sampler (cpu::sample_token over the real V) and the same
+// (cpu/infer.h, the loop of cpu::generate) with the same sampler (cpu::sample_token over the real V) and the same
 // random stream (draw i = stream_uniform(init_stream(seed, 0), i)): prefill of the prompt, then up
 // to max_new tokens; stops after stop_token (>= 0, included) or when the cache is full. The same
 // weights and settings therefore give the same tokens as build/generate_cpu up to the logits'

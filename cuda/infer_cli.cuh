@@ -12,7 +12,7 @@
 //                         (container LDMINFCK, fp32)
 // The model: --checkpoint FILE.model, or --resume out/ckpt_000100 (its .model), or a random init
 // of the flags' config with --seed (timing). --seed also seeds the random prompt ids and sampling
-// (splitmix64 streams of dev/cpu/rng.h, as generate_cpu). Single process (no mpirun).
+// (splitmix64 streams of cpu/rng.h, as generate_cpu). Single process (no mpirun).
 // Status: compiles; not yet run on a GPU. Walkthrough: doc/cuda.md "Inference on the GPU".
 #pragma once
 #include <algorithm>
@@ -33,9 +33,9 @@
 #include "cuda/common.cuh"
 #include "cuda/gpt.cuh"
 #include "cuda/infer.cuh"
-#include "dev/cpu/generate_io.h"
-#include "dev/cpu/infer.h"
-#include "dev/cpu/rng.h"
+#include "cpu/generate_io.h"
+#include "cpu/infer.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace gpu {

@@ -2,7 +2,7 @@
 // cached_attention_kernel), shared by the kernel and the CPU tests (test/test_cuda_host_math.cpp):
 // an online softmax over the keys of one query row, split into `parts` partial states (one per
 // warp: part w takes the keys j with j % parts == w) that are merged at the end. Plain header, no
-// CUDA includes: LDM_HD (dev/cpu/elementwise.h) is __host__ __device__ under nvcc, nothing else.
+// CUDA includes: LDM_HD (math/elementwise.h) is __host__ __device__ under nvcc, nothing else.
 //
 // State of one part: running max m of the scaled scores seen (-inf before the first key), the sum
 // l = Σ exp(s_j - m) and the accumulator acc = Σ exp(s_j - m) v_j (hd values). The output of the
@@ -10,7 +10,7 @@
 #pragma once
 #include <math.h>
 
-#include "dev/cpu/elementwise.h"
+#include "math/elementwise.h"
 
 namespace ldm {
 

@@ -1,7 +1,7 @@
 // cuda/matmul.cuh — GEMMs through cuBLASLt for the linear layers (spec §1: y = x Wᵀ + b), with a
 // row-major interface, the bias epilogue, fp32 (no TF32) and bf16 inputs with fp32 or bf16
 // outputs, and deterministic column sums for bias gradients. Contract: doc/cuda.md (matmul.cuh).
-// CPU reference: cpu::gemm, cpu::matmul_forward, cpu::matmul_backward (dev/cpu/ops.h).
+// CPU reference: cpu::gemm, cpu::matmul_forward, cpu::matmul_backward (cpu/ops.h).
 //
 // Row-major over column-major: a row-major [r, c] matrix with leading dimension ld is, to cuBLAS,
 // the column-major [c, r] matrix (its transpose) with the same ld. So row-major

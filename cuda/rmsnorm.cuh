@@ -1,7 +1,7 @@
 // cuda/rmsnorm.cuh — RMSNorm (spec §1: out = w ⊙ x · rstd, rstd = 1/sqrt(mean(x²) + eps) per
 // row of C), the fused residual add + RMSNorm of PreLN, and the backward with a deterministic
 // weight gradient. Contract: doc/cuda.md (rmsnorm.cuh). CPU reference: cpu::rmsnorm_forward /
-// rmsnorm_backward (dev/cpu/ops.h); per-element math from dev/cpu/elementwise.h (rms_scale).
+// rmsnorm_backward (cpu/ops.h); per-element math from math/elementwise.h (rms_scale).
 //
 // Variants (optional last argument, -1 = best): 1 = one thread per row (simple), 2 = one warp per
 // row with 16-byte packs when C % Pack<T>::n == 0 and the bases are 16-byte aligned (else the

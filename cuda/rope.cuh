@@ -1,8 +1,8 @@
 // cuda/rope.cuh — optional QK-norm (RMSNorm over head_dim per head, Qwen3) followed by RoPE
 // (rotate-half, spec §1) on the packed qkv buffer, forward and backward. Contract: doc/cuda.md
 // (rope.cuh). CPU reference: cpu::rmsnorm_forward/backward on the [N·heads, hd] view, then
-// cpu::rope_forward/backward (as dev/cpu/model.cpp does); per-element math from
-// dev/cpu/elementwise.h (rms_scale, rope_rotate, rope_rotate_back).
+// cpu::rope_forward/backward (as cpu/model.cpp does); per-element math from
+// math/elementwise.h (rms_scale, rope_rotate, rope_rotate_back).
 //
 // Layout: qkv [N, (nh + 2·nkv)·hd], token n at position n % T_; heads 0..nh-1 are q, nh..nh+nkv-1
 // are k (both normed and rotated), the last nkv are v (copied). cos/sin tables [T_, hd/2] fp32.

@@ -1,5 +1,5 @@
 // cuda/scheme.cuh — the GPU depth-aggregation scheme interface (spec §2), mirroring
-// dev/cpu/scheme.h, and PreLN (spec §2.1). Contract: doc/cuda.md "Scheme interface".
+// cpu/scheme.h, and PreLN (spec §2.1). Contract: doc/cuda.md "Scheme interface".
 //
 // The backbone (cuda/gpt.cuh) calls, per forward:
 //   begin(e); for j = 1..D: input_norm(j, x_j, xn_j, rstd_j, w_j); ...; output(j, o_j);  readout(y)

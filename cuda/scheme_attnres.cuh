@@ -1,5 +1,5 @@
 // cuda/scheme_attnres.cuh — AttnRes, attention residuals over depth (spec §2.4), Full and Block,
-// on the GPU, forward and backward. CPU reference: dev/cpu/scheme_attnres.* (same LDM_HD math:
+// on the GPU, forward and backward. CPU reference: cpu/scheme_attnres.* (same LDM_HD math:
 // attnres_softmax, attnres_softmax_backward, attnres_score_grad, rms_scale).
 //
 // Aggregation of sublayer j over sources u_1..u_K (per token): s_k = r_k (q · u_k) with
@@ -31,7 +31,7 @@
 #include "core/config.h"
 #include "cuda/common.cuh"
 #include "cuda/scheme.cuh"
-#include "dev/cpu/scheme_attnres.h"
+#include "cpu/scheme_attnres.h"
 
 namespace ldm {
 namespace gpu {

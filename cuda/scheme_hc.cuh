@@ -1,5 +1,5 @@
 // cuda/scheme_hc.cuh — HC (dynamic hyper-connections, spec §2.2) and mHC (manifold-constrained
-// hyper-connections, spec §2.3) on the GPU, forward and backward. CPU reference: dev/cpu/scheme_hc.*
+// hyper-connections, spec §2.3) on the GPU, forward and backward. CPU reference: cpu/scheme_hc.*
 // (the per-element math is the same LDM_HD code: hc_coef, mhc_gate, sinkhorn_forward/backward).
 //
 // State: n streams H_j [N, n, d] (type T, token-major, stream rows of d) for j = 0..D, the
@@ -42,8 +42,8 @@
 #include "cuda/common.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/scheme.cuh"
-#include "dev/cpu/scheme_hc.h"
-#include "dev/cpu/sinkhorn.h"
+#include "cpu/scheme_hc.h"
+#include "math/sinkhorn.h"
 
 namespace ldm {
 namespace gpu {

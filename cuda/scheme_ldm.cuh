@@ -1,5 +1,5 @@
 // cuda/scheme_ldm.cuh — Linear Depth Memory (spec §2.5) on the GPU: GpuScheme<T> for every
-// option of the CPU reference (dev/cpu/scheme_ldm.{h,cpp}): rules rls / delta / outer,
+// option of the CPU reference (cpu/scheme_ldm.{h,cpp}): rules rls / delta / outer,
 // --no-residual, H_m heads, d_k, ridge δ, forgetting (θ, λ_min, --ldm-no-forget) and the training
 // modes store / unwind (+ drift check and fallback to checkpointed segments) / checkpoint-every c /
 // window w. See doc/cuda.md "LDM kernels" for the state layout, bytes moved and the modes.
@@ -11,7 +11,7 @@
 // floating-point atomics (the drift maximum uses an integer atomicMax on non-negative floats).
 //
 // Kernels: v1 = one thread per (token, head) calling the per token-head math of
-// dev/cpu/ldm_math.h directly on global memory (the reference-identical path); v2 (read, write,
+// math/ldm_math.h directly on global memory (the reference-identical path); v2 (read, write,
 // unwind+VJP, outer/delta write and VJP) = one warp per (token, head), S rows spread over the
 // lanes, k/q/P in registers (dk <= 16). Select with LdmGpuScheme::variant (default 2 for
 // dk <= 16; the recompute writes of window/checkpoint segments and separate unwinds stay v1).
@@ -47,7 +47,7 @@
 #include "cuda/matmul.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/scheme.cuh"
-#include "dev/cpu/ldm_math.h"
+#include "math/ldm_math.h"
 
 namespace ldm {
 namespace gpu {
@@ -1073,7 +1073,7 @@ inline int64_t ldm_gpu_state_bytes(const ModelConfig& c) {
 
 // ---- the scheme -------------------------------------------------------------------------------
 
-// LDM (spec §2.5) as a GpuScheme; mirrors dev/cpu/scheme_ldm.cpp step by step (same modes, same
+// LDM (spec §2.5) as a GpuScheme; mirrors cpu/scheme_ldm.cpp step by step (same modes, same
 // fallback, same metrics). Throws ldm::Error for window mode with delta/outer (as the CPU).
 template <typename T>
 struct LdmGpuScheme final : GpuScheme<T> {

@@ -1,7 +1,7 @@
 // cuda/swiglu.cuh — SwiGLU gate (spec §1: a = silu(h1) ⊙ h3) on the packed h13 buffer, forward
 // and backward. Contract: doc/cuda.md (swiglu.cuh). CPU reference: cpu::swiglu_forward /
-// swiglu_backward (dev/cpu/ops.h) on the split h1 / h3; per-element math from
-// dev/cpu/elementwise.h (silu, silu_grad).
+// swiglu_backward (cpu/ops.h) on the split h1 / h3; per-element math from
+// math/elementwise.h (silu, silu_grad).
 //
 // Layout: h13 [N, 2F] with h1 in columns [0, F) and h3 in [F, 2F); a, da [N, F].
 // Variants (optional last argument): 1 = one thread per element, 2 = one thread per 16-byte

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU training benchmark (issue #3 "Performance"): `small` at T=256 on all cores.
 # Prints training tokens/s, the GFLOP/s achieved by the forward+backward matmuls (FLOPs and
-# time counted by dev/cpu's gemm() around every BLAS call), the BLAS peak measured in the same
+# time counted by cpu's gemm() around every BLAS call), the BLAS peak measured in the same
 # run (a 2048^3 SGEMM of the same OpenBLAS, same threads), and the fraction of the step time
 # spent inside BLAS (target >= 70%). Real data: shards of the FineWeb-Edu sample.
 # Usage: scripts/bench_cpu.sh [steps (default 10)]   env: BUILD (default build), BENCH_B (4),

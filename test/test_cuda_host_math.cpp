@@ -1,5 +1,5 @@
 // Tests of the LDM_HD math that the CUDA kernels share with the CPU reference, run on the CPU:
-// the AdamW element update of dev/cpu/optim_math.h (used by cuda/adamw.cuh) against core/optim.h
+// the AdamW element update of math/optim_math.h (used by cuda/adamw.cuh) against core/optim.h
 // AdamW, called the way the GPU trainer calls it (once per contiguous range of equal decay, with
 // the clip factor computed from the global norm), and against the formula written out in double.
 #include <catch2/catch.hpp>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/optim.h"
-#include "dev/cpu/optim_math.h"
+#include "math/optim_math.h"
 
 using namespace ldm;
 

@@ -2,7 +2,7 @@
 // "Emulating kernels on the CPU"): attention_forward / attention_backward (the launch helpers:
 // row-dot, then dK/dV and dQ) for variant 1 (fp32 and bf16, one warp per row) and variants 2
 // (bf16 mma.sync m16n8k16) and 3 (the same with ldmatrix), with mma.sync and ldmatrix emulated as
-// warp collectives per the PTX ISA fragment tables, against dev/cpu/ops.h attention in double
+// warp collectives per the PTX ISA fragment tables, against cpu/ops.h attention in double
 // (out, lse, dqkv). Outputs are poisoned with NaN; each case runs under the three scheduling
 // orders and must give bit-identical results.
 #include <catch2/catch.hpp>
@@ -17,8 +17,8 @@
 #define EMU_HOST_ldsm ::emu::ldmatrix_x4(r, p, false)
 #define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
 #include "cuda_emu/attention.cuh"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 using namespace ldm;
 using namespace ldm::gpu;

@@ -20,7 +20,7 @@
 #include "cuda_emu/scheme_attnres.cuh"
 #include "cuda_emu/scheme_hc.cuh"
 #include "cuda_emu/scheme_ldm.cuh"
-#include "dev/cpu/rng.h"
+#include "cpu/rng.h"
 #include "dev/emu/harness.h"
 
 namespace ldm {

@@ -3,7 +3,7 @@
 // Each v2 kernel (one warp per token-head: read, rls write incl. in place and recompute, outer /
 // delta write, fused unwind+VJP of rls, outer / delta VJP, unwind, read backward) and the drift
 // kernel is launched directly (ldmk::..., with the launch shapes of LdmGpuScheme) at tiny odd
-// shapes, against the per token-head math of dev/cpu/ldm_math.h in double. Inputs are fresh random
+// shapes, against the per token-head math of math/ldm_math.h in double. Inputs are fresh random
 // non-zero values; outputs and a tail guard after every buffer are poisoned with NaN; each kernel
 // runs under three scheduling orders (forward / reverse / random warps and lanes) and must give
 // bit-identical results (an order-dependent result means a missing __syncwarp/__syncthreads).

@@ -13,7 +13,7 @@
 #include "core/evalfile.h"
 #include "core/tokenizer.h"
 #include "data/prep_eval.h"
-#include "dev/cpu/model.h"
+#include "cpu/model.h"
 #include "test/test_train_shards.h"
 
 using namespace ldm;

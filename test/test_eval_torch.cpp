@@ -10,7 +10,7 @@
 
 #include "core/checkpoint.h"
 #include "core/config.h"
-#include "dev/cpu/model.h"
+#include "cpu/model.h"
 #include "test/test_train_shards.h"
 
 using nlohmann::json;

@@ -2,7 +2,7 @@
 // cpu::generate on the same model (built here from the preset and init seed), the text and the
 // GENERATE report are printed, the random prompt of --prompt-len is cpu::random_token_ids, and
 // bad input (context, prompt length, checkpoint, tokenizer) exits 1 with an error line. Also the
-// shared helpers of dev/cpu/generate_io.h directly.
+// shared helpers of cpu/generate_io.h directly.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -13,9 +13,9 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/tokenizer.h"
-#include "dev/cpu/generate_io.h"
-#include "dev/cpu/infer.h"
-#include "dev/cpu/model.h"
+#include "cpu/generate_io.h"
+#include "cpu/infer.h"
+#include "cpu/model.h"
 #include "test/test_train_shards.h"
 
 using namespace ldm;

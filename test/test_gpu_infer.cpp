@@ -1,5 +1,5 @@
 // GPU inference (cuda/infer.cuh GpuInference through the trainers' --infer-check hook, cuda/
-// infer_cli.cuh) against the GPU's own full forward and the CPU reference (dev/cpu/infer.h), for
+// infer_cli.cuh) against the GPU's own full forward and the CPU reference (cpu/infer.h), for
 // every scheme of both GPU trainers (LDM: every rule and training mode) and three backbone
 // variants (QK-norm + tied head, q/k/v biases, head_dim 64 for the tensor-core prefill attention). Each run: B = 2 sequences of T = 16 random
 // tokens, prefill of P = 10, then G = 6 single-token decode steps (teacher forced), and greedy
@@ -21,8 +21,8 @@
 
 #include "core/checkpoint.h"
 #include "core/config.h"
-#include "dev/cpu/infer.h"
-#include "dev/cpu/model.h"
+#include "cpu/infer.h"
+#include "cpu/model.h"
 #include "test/gpu_compare.h"
 
 using namespace ldm;

@@ -1,4 +1,4 @@
-// test/test_infer.cpp — CPU inference (dev/cpu/infer.h): prefill + incremental decode with the
+// test/test_infer.cpp — CPU inference (cpu/infer.h): prefill + incremental decode with the
 // KV cache reproduces the full forward's logits for every scheme; greedy generation is
 // deterministic and equals argmax over full forwards; top-k = 1 is greedy; top-p draws only from
 // the nucleus; errors.
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "core/common.h"
-#include "dev/cpu/infer.h"
-#include "dev/cpu/model.h"
-#include "dev/cpu/rng.h"
+#include "cpu/infer.h"
+#include "cpu/model.h"
+#include "cpu/rng.h"
 #include "test/test_scheme_util.h"
 
 using namespace ldm;

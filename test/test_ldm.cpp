@@ -1,4 +1,4 @@
-// Tests of Linear Depth Memory (spec §2.5, §3): the per token-head math of dev/cpu/ldm_math.h
+// Tests of Linear Depth Memory (spec §2.5, §3): the per token-head math of math/ldm_math.h
 // (ridge closed form, exact unwind, VJPs vs finite differences) and the LDM scheme inside the
 // CPU model (whole-model finite differences for every variant, store = unwind = checkpoint,
 // LDM with a = 0 equals PreLN, drift fallback, option errors, memory estimate).
@@ -14,11 +14,11 @@
 
 #include "core/common.h"
 #include "core/config.h"
-#include "dev/cpu/gradcheck.h"
-#include "dev/cpu/ldm_math.h"
-#include "dev/cpu/model.h"
-#include "dev/cpu/rng.h"
-#include "dev/cpu/scheme_ldm.h"
+#include "cpu/gradcheck.h"
+#include "math/ldm_math.h"
+#include "cpu/model.h"
+#include "cpu/rng.h"
+#include "cpu/scheme_ldm.h"
 
 using namespace ldm;
 using namespace ldm::cpu;

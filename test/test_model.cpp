@@ -1,4 +1,4 @@
-// Tests of the CPU reference model (dev/cpu/model.h) and of core/config.h: whole-model gradients
+// Tests of the CPU reference model (cpu/model.h) and of core/config.h: whole-model gradients
 // against 5-point finite differences in float64 (spec §3), fp32 vs fp64, accumulation
 // equivalence, causality, padded vocabulary, init, parameter counts and config validation.
 #include <catch2/catch.hpp>
@@ -10,9 +10,9 @@
 
 #include "core/common.h"
 #include "core/config.h"
-#include "dev/cpu/gradcheck.h"
-#include "dev/cpu/model.h"
-#include "dev/cpu/rng.h"
+#include "cpu/gradcheck.h"
+#include "cpu/model.h"
+#include "cpu/rng.h"
 
 using namespace ldm;
 using namespace ldm::cpu;

@@ -1,15 +1,15 @@
-// Tests of the CPU reference ops (dev/cpu/ops.h): every backward against 5-point finite
-// differences in float64 (spec §3, error definition in dev/cpu/gradcheck.h, bound 1e-6), and
+// Tests of the CPU reference ops (cpu/ops.h): every backward against 5-point finite
+// differences in float64 (spec §3, error definition in cpu/gradcheck.h, bound 1e-6), and
 // forwards against independent naive implementations.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <vector>
 
-#include "dev/cpu/elementwise.h"
-#include "dev/cpu/gradcheck.h"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "math/elementwise.h"
+#include "cpu/gradcheck.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 using namespace ldm;
 using namespace ldm::cpu;

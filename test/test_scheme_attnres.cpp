@@ -3,7 +3,7 @@
 // sublayer, remainder block), Block with N >= D equals Full (spec §3), fp32 vs float64.
 #include "test/test_scheme_util.h"
 
-#include "dev/cpu/scheme_attnres.h"
+#include "cpu/scheme_attnres.h"
 
 using namespace sch;
 

@@ -2,7 +2,7 @@
 // differences (float64), init equivalence with PreLN (spec §3), fp32 vs float64.
 #include "test/test_scheme_util.h"
 
-#include "dev/cpu/scheme_hc.h"
+#include "cpu/scheme_hc.h"
 
 using namespace sch;
 

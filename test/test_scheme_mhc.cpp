@@ -3,8 +3,8 @@
 // with PreLN (spec §3), fp32 vs float64.
 #include "test/test_scheme_util.h"
 
-#include "dev/cpu/scheme_hc.h"
-#include "dev/cpu/sinkhorn.h"
+#include "cpu/scheme_hc.h"
+#include "math/sinkhorn.h"
 
 using namespace sch;
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/config.h"
-#include "dev/cpu/gradcheck.h"
-#include "dev/cpu/model.h"
-#include "dev/cpu/rng.h"
+#include "cpu/gradcheck.h"
+#include "cpu/model.h"
+#include "cpu/rng.h"
 
 namespace sch {
 

@@ -1,6 +1,6 @@
 // dev/cuda/adamw.cu — workbench for cuda/adamw.cuh: the AdamW update (variants v1 scalar, v2 vec4)
 // against core/optim.h AdamW<float> on the same arrays (bit-exact expected: both run
-// dev/cpu/optim_math.h adamw_element), the bf16 working copy against the host rounding of the CPU
+// math/optim_math.h adamw_element), the bf16 working copy against the host rounding of the CPU
 // result, and global_norm_squared against a double-precision CPU sum (plus run-to-run bit
 // identity). Then timings at n = 400e6 (llama-400m-like parameter count).
 // Output lines (doc/cuda.md workbench convention):

@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "cuda/attention.cuh"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 using namespace ldm;
 using namespace ldm::gpu;

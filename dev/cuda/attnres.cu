@@ -1,6 +1,6 @@
 // dev/cuda/attnres.cu — workbench of the AttnRes GPU schemes, Full and Block
 // (cuda/scheme_attnres.cuh, spec §2.4), against the CPU reference Scheme<double>
-// (dev/cpu/scheme_attnres.*): every x_j, xn_j, y, d_o_j, de and every w/g gradient at several
+// (cpu/scheme_attnres.*): every x_j, xn_j, y, d_o_j, de and every w/g gradient at several
 // shapes (odd N and d; Block with even blocks, with a remainder block, and N_b > D clamped),
 // fp32 (tight) and bf16 (loose); then forward+backward of all D sublayers at N = 16384, d = 1024,
 // D = 48 (Block: 8 blocks). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.

@@ -1,5 +1,5 @@
 // dev/cuda/classifier.cu — workbench for cuda/classifier.cuh: fused_classifier (variants v1
-// simple three-pass, v2 online softmax with 16-byte accesses) against dev/cpu/ops.h
+// simple three-pass, v2 online softmax with 16-byte accesses) against cpu/ops.h
 // cross_entropy_forward + cross_entropy_backward_inplace, and sum_losses against a double sum.
 // Inputs: random logits (σ = 2) with the padding columns V <= v < Vp set to NaN (they must never
 // be read for the statistics and must come back as exact zeros); targets include 0 and V-1.
@@ -13,7 +13,7 @@
 #include <random>
 
 #include "cuda/classifier.cuh"
-#include "dev/cpu/ops.h"
+#include "cpu/ops.h"
 
 using namespace ldm;
 using namespace ldm::gpu;

@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "cuda/embedding.cuh"
-#include "dev/cpu/ops.h"
+#include "cpu/ops.h"
 #include "dev/cuda/ka_workbench.cuh"
 
 using namespace ldm;

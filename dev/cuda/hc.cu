@@ -1,5 +1,5 @@
 // dev/cuda/hc.cu — workbench of the HC / mHC GPU schemes (cuda/scheme_hc.cuh, spec §2.2, §2.3)
-// against the CPU reference Scheme<double> (dev/cpu/scheme_hc.*): every x_j, xn_j, y, d_o_j, de
+// against the CPU reference Scheme<double> (cpu/scheme_hc.*): every x_j, xn_j, y, d_o_j, de
 // and every scheme parameter gradient at several shapes (odd N and d, n = 4 and 3), fp32 (tight)
 // and bf16 (loose); then the forward+backward time of all D sublayers at N = 16384, d = 1024,
 // D = 48, n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.

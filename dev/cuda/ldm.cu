@@ -1,6 +1,6 @@
 // dev/cuda/ldm.cu — workbench of the LDM kernels (cuda/scheme_ldm.cuh, spec §2.5).
 //
-// 1. Checks: drives the CPU reference Scheme<double> (dev/cpu/scheme.h make_scheme, scheme
+// 1. Checks: drives the CPU reference Scheme<double> (cpu/scheme.h make_scheme, scheme
 //    "ldm") and LdmGpuScheme<T> through the same begin / input / output / readout / backward
 //    sequence with the same random parameters and tensors (random non-zero, GPU outputs
 //    poisoned with NaN first) for every rule (rls, delta, outer), mode (store, unwind,
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "cuda/scheme_ldm.cuh"
-#include "dev/cpu/rng.h"
-#include "dev/cpu/scheme.h"
-#include "dev/cpu/scheme_ldm.h"
+#include "cpu/rng.h"
+#include "cpu/scheme.h"
+#include "cpu/scheme_ldm.h"
 
 using namespace ldm;
 using namespace ldm::gpu;

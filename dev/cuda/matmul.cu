@@ -6,7 +6,7 @@
 //   BENCH matmul peak bf16 8192x8192x8192 ms=.. GB/s=- TFLOP/s=..
 // Usage: build/cuda/matmul [--quick]. Output format: doc/cuda.md.
 #include "cuda/matmul.cuh"
-#include "dev/cpu/ops.h"
+#include "cpu/ops.h"
 #include "dev/cuda/ka_workbench.cuh"
 
 using namespace ldm;

@@ -4,7 +4,7 @@
 // rmsnorm_backward; then timing at N = 8·2048, C = 1024 and the QK-norm view [N·16, 64].
 // Usage: build/cuda/rmsnorm [--quick]. Output format: doc/cuda.md.
 #include "cuda/rmsnorm.cuh"
-#include "dev/cpu/ops.h"
+#include "cpu/ops.h"
 #include "dev/cuda/ka_workbench.cuh"
 
 using namespace ldm;

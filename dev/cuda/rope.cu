@@ -1,11 +1,11 @@
 // dev/cuda/rope.cu — workbench for cuda/rope.cuh: qknorm_rope_forward / qknorm_rope_backward
 // (v1 thread per head, v2 warp per head), with and without QK-norm, also in place, against the
-// CPU path of dev/cpu/model.cpp (cpu::rmsnorm_forward/backward on the [N·heads, hd] view, then
+// CPU path of cpu/model.cpp (cpu::rmsnorm_forward/backward on the [N·heads, hd] view, then
 // cpu::rope_forward/backward, tables from cpu::rope_tables); then timing on llama-400m-like
 // (nh = nkv = 16, hd = 64, no norm) and qwen3-like (nh 16, nkv 8, hd 128, QK-norm) batches.
 // Usage: build/cuda/rope [--quick]. Output format: doc/cuda.md.
 #include "cuda/rope.cuh"
-#include "dev/cpu/ops.h"
+#include "cpu/ops.h"
 #include "dev/cuda/ka_workbench.cuh"
 
 using namespace ldm;

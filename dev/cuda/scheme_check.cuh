@@ -1,5 +1,5 @@
 // dev/cuda/scheme_check.cuh — shared driver of the scheme workbenches (dev/cuda/hc.cu,
-// dev/cuda/attnres.cu): runs the CPU reference Scheme<double> (dev/cpu/scheme.h make_scheme) and a
+// dev/cuda/attnres.cu): runs the CPU reference Scheme<double> (cpu/scheme.h make_scheme) and a
 // GpuScheme<T> through the same sequence
 //   begin(e) / input_norm(j) / output(j, o_j) ... / readout / readout_backward(dy) /
 //   output_backward(j) / input_backward(j, dx_j) ... / begin_backward
@@ -19,9 +19,9 @@
 #include "core/config.h"
 #include "cuda/common.cuh"
 #include "cuda/scheme.cuh"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
-#include "dev/cpu/scheme.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
+#include "cpu/scheme.h"
 
 namespace ldm {
 namespace gpu {

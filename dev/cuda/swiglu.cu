@@ -3,7 +3,7 @@
 // cpu::swiglu_forward / swiglu_backward on the split h1 / h3; then timing at N = 8·2048,
 // F = 2816 (llama-400m). Usage: build/cuda/swiglu [--quick]. Output format: doc/cuda.md.
 #include "cuda/swiglu.cuh"
-#include "dev/cpu/ops.h"
+#include "cpu/ops.h"
 #include "dev/cuda/ka_workbench.cuh"
 
 using namespace ldm;

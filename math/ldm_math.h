@@ -1,5 +1,5 @@
-// dev/cpu/ldm_math.h — per token-head math of Linear Depth Memory (spec §2.5), shared by the CPU
-// reference (dev/cpu/scheme_ldm.cpp) and, later, the CUDA kernels. Every function is an inline
+// math/ldm_math.h — per token-head math of Linear Depth Memory (spec §2.5), shared by the CPU
+// reference (cpu/scheme_ldm.cpp) and, later, the CUDA kernels. Every function is an inline
 // template marked LDM_HD; no allocation, no exceptions; scratch comes from the caller.
 //
 // Layouts (one token, one memory head): memory S [dv, dk] row-major (S[a*dk + b]); inverse
@@ -11,7 +11,7 @@
 #pragma once
 #include <math.h>
 
-#include "dev/cpu/elementwise.h"
+#include "math/elementwise.h"
 
 namespace ldm {
 

@@ -1,5 +1,5 @@
-// dev/cpu/ops.cpp — backbone ops (spec §1): forward and hand-written backward. See ops.h.
-#include "dev/cpu/ops.h"
+// cpu/ops.cpp — backbone ops (spec §1): forward and hand-written backward. See ops.h.
+#include "cpu/ops.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -10,7 +10,7 @@
 #include <mutex>
 #include <vector>
 
-#include "dev/cpu/elementwise.h"
+#include "math/elementwise.h"
 
 namespace ldm {
 namespace cpu {

@@ -1,6 +1,6 @@
-// dev/cpu/scheme.h — the depth-aggregation scheme interface (spec §2).
+// cpu/scheme.h — the depth-aggregation scheme interface (spec §2).
 //
-// A scheme owns all cross-layer state. The backbone (dev/cpu/model.cpp) only ever sees
+// A scheme owns all cross-layer state. The backbone (cpu/model.cpp) only ever sees
 //   x_j = scheme.input(j)      the input of sublayer j (before RMSNorm_j), j = 1..D
 //   scheme.output(j, o_j)      the sublayer's output o_j = f_j(RMSNorm_j(x_j))
 //   y   = scheme.readout()     what goes into RMSNorm_f
@@ -33,7 +33,7 @@ struct Scheme {
     // (nullptr when the scheme has no parameters). Called once by the model after allocation.
     virtual void bind(const R* params, R* grads) = 0;
     // Spec init of the scheme's parameters (its block of the flat array), deterministic from
-    // seed with the same RNG as the backbone (dev/cpu/rng.h): scheme tensor k (in
+    // seed with the same RNG as the backbone (cpu/rng.h): scheme tensor k (in
     // scheme_param_specs order) draws from init_stream(seed, first_index + k), first_index being
     // its position in param_specs. Called from Model::init.
     virtual void init_params(R* params, uint64_t seed, uint64_t first_index) = 0;

@@ -1,4 +1,4 @@
-// dev/cpu/model.h — the CPU reference model: backbone of spec §1 with a pluggable
+// cpu/model.h — the CPU reference model: backbone of spec §1 with a pluggable
 // depth-aggregation scheme (spec §2; PreLN now). Templated on the scalar type R (float, double).
 //
 // Data layout: activations row-major [N, C] with N = B*T tokens in (b, t) order; parameters in
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "dev/cpu/scheme.h"
+#include "cpu/scheme.h"
 
 namespace ldm {
 namespace cpu {

@@ -1,5 +1,5 @@
-// dev/cpu/scheme_ldm.cpp — Linear Depth Memory (spec §2.5), CPU reference. See scheme_ldm.h.
-#include "dev/cpu/scheme_ldm.h"
+// cpu/scheme_ldm.cpp — Linear Depth Memory (spec §2.5), CPU reference. See scheme_ldm.h.
+#include "cpu/scheme_ldm.h"
 
 #include <omp.h>
 
@@ -8,9 +8,9 @@
 #include <cstdio>
 
 #include "core/common.h"
-#include "dev/cpu/ldm_math.h"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "math/ldm_math.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace cpu {

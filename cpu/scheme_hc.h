@@ -1,4 +1,4 @@
-// dev/cpu/scheme_hc.h — HC (dynamic hyper-connections, spec §2.2) and mHC (manifold-constrained
+// cpu/scheme_hc.h — HC (dynamic hyper-connections, spec §2.2) and mHC (manifold-constrained
 // hyper-connections, spec §2.3) for the CPU reference, with hand-written backward passes.
 //
 // Both keep n streams H [N, n, d] (token-major, stream rows of d) per sublayer boundary j = 0..D
@@ -13,9 +13,9 @@
 #include <cmath>
 #include <vector>
 
-#include "dev/cpu/elementwise.h"
-#include "dev/cpu/scheme.h"
-#include "dev/cpu/sinkhorn.h"
+#include "math/elementwise.h"
+#include "cpu/scheme.h"
+#include "math/sinkhorn.h"
 
 namespace ldm {
 

@@ -1,7 +1,7 @@
 // The command-line side of text generation, shared by generate_cpu and the GPU trainers'
 // --generate (cuda/infer_cli.cuh): building the prompt, checking the context, printing the text
 // and the one-line GENERATE {json} report. The generation itself is cpu::generate_loop
-// (dev/cpu/infer.h).
+// (cpu/infer.h).
 #pragma once
 
 #include <cmath>
@@ -15,8 +15,8 @@
 #include "core/cli.h"
 #include "core/common.h"
 #include "core/tokenizer.h"
-#include "dev/cpu/infer.h"
-#include "dev/cpu/rng.h"
+#include "cpu/infer.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace cpu {
@@ -63,7 +63,7 @@ inline void check_generation_flags(const GenerationFlags& g) {
     if (g.max_len < 0) throw Error("--max-len must be >= 0");
 }
 
-// n token ids drawn uniformly from [0, V) with the splitmix64 stream (seed, 7) (dev/cpu/rng.h):
+// n token ids drawn uniformly from [0, V) with the splitmix64 stream (seed, 7) (cpu/rng.h):
 // the synthetic prompts of --prompt-len (timing, and the GPU --infer-check inputs).
 inline std::vector<int32_t> random_token_ids(uint64_t seed, int64_t n, int V) {
     std::vector<int32_t> ids((size_t)n);

@@ -1,5 +1,5 @@
-// dev/cpu/scheme_attnres.cpp — AttnRes Full and Block (spec §2.4), forward and backward.
-#include "dev/cpu/scheme_attnres.h"
+// cpu/scheme_attnres.cpp — AttnRes Full and Block (spec §2.4), forward and backward.
+#include "cpu/scheme_attnres.h"
 
 #include <algorithm>
 #include <cmath>

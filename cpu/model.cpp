@@ -1,14 +1,14 @@
-// dev/cpu/model.cpp — the CPU reference model (spec §1 backbone + a Scheme, spec §2).
+// cpu/model.cpp — the CPU reference model (spec §1 backbone + a Scheme, spec §2).
 // Walkthrough of forward and backward: doc/cpu_reference.md.
-#include "dev/cpu/model.h"
+#include "cpu/model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/common.h"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace cpu {
@@ -115,7 +115,7 @@ const ParamSpec& Model<R>::spec(const std::string& name) const {
 template <typename R>
 void init_params(const ModelConfig& cfg, R* params, uint64_t seed) {
     // Spec §1: matrices and E ~ N(0, 0.02); W_o, W_2 ~ N(0, 0.02/sqrt(2 n_layer)); biases 0;
-    // norm weights 1. Tensor i uses its own counter-based stream (dev/cpu/rng.h).
+    // norm weights 1. Tensor i uses its own counter-based stream (cpu/rng.h).
     const std::vector<ParamSpec> specs = param_specs(cfg);
     const double std_base = 0.02, std_proj = 0.02 / std::sqrt(2.0 * cfg.n_layer);
     auto ends_with = [](const std::string& s, const std::string& suf) {

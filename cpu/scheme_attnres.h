@@ -1,4 +1,4 @@
-// dev/cpu/scheme_attnres.h — AttnRes, attention residuals over depth (spec §2.4), Full and Block,
+// cpu/scheme_attnres.h — AttnRes, attention residuals over depth (spec §2.4), Full and Block,
 // for the CPU reference, with a hand-written backward.
 //
 // Aggregation of sublayer j over sources u_1..u_K (per token): s_k = w_j · RMSNorm_{g_j}(u_k)
@@ -11,8 +11,8 @@
 #pragma once
 #include <vector>
 
-#include "dev/cpu/elementwise.h"
-#include "dev/cpu/scheme.h"
+#include "math/elementwise.h"
+#include "cpu/scheme.h"
 
 namespace ldm {
 

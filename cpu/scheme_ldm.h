@@ -1,10 +1,10 @@
-// dev/cpu/scheme_ldm.h — Linear Depth Memory (spec §2.5) for the CPU reference.
+// cpu/scheme_ldm.h — Linear Depth Memory (spec §2.5) for the CPU reference.
 //
 // State per token: the residual h (or c for --no-residual) [d], and per memory head h the memory
 // S [d_v, d_k] and (rls) the inverse covariance P [d_k, d_k], in the scalar type R of the build.
 // Writes i = 0..D: write 0 stores the embedding (k_0 = L2n(W_k^0 e), v_0 = e), write j the
 // output o_j of sublayer j; sublayer j reads the memory before its own write; the readout makes
-// one final read. Per token-head math lives in dev/cpu/ldm_math.h (LDM_HD, shared with CUDA).
+// one final read. Per token-head math lives in math/ldm_math.h (LDM_HD, shared with CUDA).
 //
 // Training modes (ModelConfig::ldm_mode, ldm_checkpoint_every; not part of the model identity):
 //   store      keeps (S, P) after every write (reference);
@@ -30,7 +30,7 @@
 #include <algorithm>
 #include <string>
 
-#include "dev/cpu/scheme.h"
+#include "cpu/scheme.h"
 
 namespace ldm {
 namespace cpu {

@@ -1,7 +1,7 @@
-// dev/cpu/infer.cpp — prefill / decode with a KV cache and sampling (see infer.h).
-// The per-step forward mirrors Model<R>::forward (dev/cpu/model.cpp) op by op, with attention
+// cpu/infer.cpp — prefill / decode with a KV cache and sampling (see infer.h).
+// The per-step forward mirrors Model<R>::forward (cpu/model.cpp) op by op, with attention
 // over the cached keys/values and RoPE at the absolute positions len .. len+n-1.
-#include "dev/cpu/infer.h"
+#include "cpu/infer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,9 +9,9 @@
 #include <numeric>
 
 #include "core/common.h"
-#include "dev/cpu/elementwise.h"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "math/elementwise.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace cpu {

@@ -1,4 +1,4 @@
-// dev/cpu/sinkhorn.h — Sinkhorn-Knopp of mHC (spec §2.3) with its unrolled backward, per token.
+// math/sinkhorn.h — Sinkhorn-Knopp of mHC (spec §2.3) with its unrolled backward, per token.
 //
 // Forward: M = exp(Rt - max(Rt)) (n x n, row-major), then `iters` times: divide every column by
 // its sum, then every row by its sum (paper order; the last step is a row normalisation, so rows
@@ -7,7 +7,7 @@
 // forward left in `work`. The per-token caller stores only Rt and recomputes (spec §2.3).
 // Plain LDM_HD inline functions: no allocation, no exceptions; shared with the CUDA kernels.
 #pragma once
-#include "dev/cpu/elementwise.h"
+#include "math/elementwise.h"
 
 namespace ldm {
 

@@ -1,12 +1,12 @@
-// dev/cpu/scheme_hc.cpp — HC (spec §2.2) and mHC (spec §2.3), forward and backward.
-#include "dev/cpu/scheme_hc.h"
+// cpu/scheme_hc.cpp — HC (spec §2.2) and mHC (spec §2.3), forward and backward.
+#include "cpu/scheme_hc.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/common.h"
-#include "dev/cpu/ops.h"
-#include "dev/cpu/rng.h"
+#include "cpu/ops.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace cpu {

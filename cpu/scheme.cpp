@@ -1,12 +1,12 @@
-// dev/cpu/scheme.cpp — scheme factory and PreLN (spec §2.1).
-#include "dev/cpu/scheme.h"
+// cpu/scheme.cpp — scheme factory and PreLN (spec §2.1).
+#include "cpu/scheme.h"
 
 #include <algorithm>
 
 #include "core/common.h"
-#include "dev/cpu/scheme_ldm.h"
-#include "dev/cpu/scheme_attnres.h"
-#include "dev/cpu/scheme_hc.h"
+#include "cpu/scheme_ldm.h"
+#include "cpu/scheme_attnres.h"
+#include "cpu/scheme_hc.h"
 
 namespace ldm {
 namespace cpu {

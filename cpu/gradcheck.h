@@ -1,4 +1,4 @@
-// dev/cpu/gradcheck.h — finite-difference gradient checking (spec §3), header-only, float64.
+// cpu/gradcheck.h — finite-difference gradient checking (spec §3), header-only, float64.
 //
 // Derivative: 5-point stencil  f'(x) ~ (-f(x+2h) + 8 f(x+h) - 8 f(x-h) + f(x-2h)) / (12 h),
 // default step h = 1e-4. Its truncation error is O(h^4) (~1e-16 relative); its roundoff is
@@ -17,7 +17,7 @@
 #include <functional>
 #include <vector>
 
-#include "dev/cpu/rng.h"
+#include "cpu/rng.h"
 
 namespace ldm {
 namespace gradcheck {

@@ -1,4 +1,4 @@
-// dev/cpu/rng.h — the project's deterministic initialisation RNG (doc/cpu_reference.md "Init").
+// cpu/rng.h — the project's deterministic initialisation RNG (doc/cpu_reference.md "Init").
 //
 // splitmix64 is counter-based: with stream start s0, the n-th output (n = 1, 2, ...) is
 // mix(s0 + n * 0x9E3779B97F4A7C15). Normal number k of a stream (k = 0, 1, ...) comes from pair
@@ -12,7 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "dev/cpu/elementwise.h"
+#include "math/elementwise.h"
 
 namespace ldm {
 

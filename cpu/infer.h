@@ -1,11 +1,11 @@
-// dev/cpu/infer.h — inference on the CPU reference: prefill and incremental decode with a KV
+// cpu/infer.h — inference on the CPU reference: prefill and incremental decode with a KV
 // cache, and sampling (greedy, temperature, top-k, top-p). Spec: ../shared/spec/model.md §1-§2
 // (the same forward as Model<R>), ../shared/spec/performance.md ("inference: prefill tokens/s
 // and per-token decode latency"). Walkthrough: doc/benchmarks.md "Inference".
 //
 // Why a cache of attention keys/values is all that is needed: every depth-aggregation scheme
 // (PreLN, HC, mHC, AttnRes Full/Block, LDM) keeps its state per token and mixes only across the
-// depth of that token (dev/cpu/scheme_*.cpp index everything by the token row n < N = B*T and
+// depth of that token (cpu/scheme_*.cpp index everything by the token row n < N = B*T and
 // never look at another row; resize() only uses B*T). So the scheme simply runs on the rows of
 // the new tokens; only causal attention looks back in time, through the cache.
 //
@@ -22,9 +22,9 @@
 
 #include "core/common.h"
 #include "core/config.h"
-#include "dev/cpu/model.h"
-#include "dev/cpu/rng.h"
-#include "dev/cpu/scheme.h"
+#include "cpu/model.h"
+#include "cpu/rng.h"
+#include "cpu/scheme.h"
 
 namespace ldm {
 namespace cpu {
@@ -127,7 +127,7 @@ struct GenerateStats {
 // prompt (>= 1 token), then up to max_new tokens, each sampled from the last logits; decoding
 // stops early after a token equal to stop_token (>= 0; included in the result) or when the cache
 // is full (prompt + generated - 1 == max_len). Sampling uses the splitmix64 stream of `seed`
-// (dev/cpu/rng.h: draw i is stream_uniform(init_stream(seed, 0), i)). Returns the new tokens.
+// (cpu/rng.h: draw i is stream_uniform(init_stream(seed, 0), i)). Returns the new tokens.
 template <typename R>
 std::vector<int32_t> generate(Inference<R>& inf, const std::vector<int32_t>& prompt, int max_new,
                               const SamplingParams& sp, uint64_t seed, int32_t stop_token = -1,

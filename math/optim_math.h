@@ -1,4 +1,4 @@
-// dev/cpu/optim_math.h — the per-element AdamW update (spec model.md §1 "AdamW defaults"), shared
+// math/optim_math.h — the per-element AdamW update (spec model.md §1 "AdamW defaults"), shared
 // by core/optim.cpp (CPU, float and double) and cuda/adamw.cuh (GPU, fp32 master weights), so that
 // both run literally the same arithmetic. Compiles with g++ (plain C++) and nvcc (LDM_HD =
 // __host__ __device__).
@@ -15,7 +15,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "dev/cpu/elementwise.h"
+#include "math/elementwise.h"
 
 namespace ldm {
 

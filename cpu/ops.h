@@ -1,4 +1,4 @@
-// dev/cpu/ops.h — backbone ops of spec §1, forward and hand-written backward, as plain functions
+// cpu/ops.h — backbone ops of spec §1, forward and hand-written backward, as plain functions
 // over raw pointers (reusable by the GPU workbench as its CPU reference).
 //
 // Conventions:
