@@ -49,8 +49,12 @@ TEST_COMMON := $(BUILD)/test/catch_main.o $(BUILD)/test/helpers.o
 # CPU-emulation tests of CUDA kernels (test/test_emu_*.cpp, rules below): only when the CUDA
 # headers exist.
 CUDA_INC ?= /usr/local/cuda/include
+# The GPU trainers built as host programs under the same emulation (build/emu/train_*, rules
+# below): the emulated training-step tests run them like the real trainers.
+EMU_PROGS := $(foreach s,$(wildcard train_*.cu),$(BUILD)/emu/$(basename $(s)))
 ifeq ($(wildcard $(CUDA_INC)/cuda_runtime.h),)
 TESTS := $(filter-out $(BUILD)/test/test_emu_%,$(TESTS))
+EMU_PROGS :=
 endif
 
 # CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists.
@@ -73,7 +77,7 @@ CU_BINS  := $(foreach s,$(CU_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
 .PHONY: all cpu cuda test demo deps clean tests
 all: cpu $(if $(NVCC),cuda)
 cpu: $(LIB) $(TOOLS)
-tests: $(TESTS)
+tests: $(TESTS) $(EMU_PROGS)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -101,13 +105,19 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 # that dev/emu/gen.py writes into $(BUILD)/emu/cuda_emu/, and compile with g++ against the CUDA headers only (no libcudart, no GPU).
 # Without the CUDA headers these tests are left out of `tests`.
 EMU_DIR  := $(BUILD)/emu
-$(EMU_DIR)/.stamp: dev/emu/gen.py $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
+EMU_SRCS := $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh) $(wildcard train_*.cu)
+$(EMU_DIR)/.stamp: dev/emu/gen.py $(EMU_SRCS)
 	@mkdir -p $(EMU_DIR)
-	python3 dev/emu/gen.py -q --out $(EMU_DIR) $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh)
+	python3 dev/emu/gen.py -q --out $(EMU_DIR) $(EMU_SRCS)
 	@touch $@
+EMU_CXXFLAGS = $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragmas -fno-strict-aliasing
+$(EMU_PROGS:%=%.o): $(BUILD)/emu/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+	$(CXX) $(EMU_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
+$(EMU_PROGS): $(BUILD)/emu/%: $(BUILD)/emu/%.o $(LIB)
+	$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
 $(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragmas -fno-strict-aliasing -c $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)

@@ -484,16 +484,44 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, Args... 
 
 // ---- runtime API on host memory -------------------------------------------------------------
 // 256-byte aligned like cudaMalloc, exactly n bytes (so ASan sees any access past the end).
+// Live emulated device allocations (pointer -> bytes), for cudaMemGetInfo.
+inline std::vector<std::pair<void*, size_t>>& allocations() {
+    static std::vector<std::pair<void*, size_t>> a;
+    return a;
+}
+inline size_t& allocated_bytes() {
+    static size_t n = 0;
+    return n;
+}
+constexpr size_t kDeviceBytes = size_t(1) << 34;  // the emulated device's "memory" (16 GiB)
 inline cudaError_t malloc_(void** p, size_t n) {
     if (posix_memalign(p, 256, n ? n : 1) != 0) *p = nullptr;
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*p) return cudaErrorMemoryAllocation;
+    allocations().push_back({*p, n});
+    allocated_bytes() += n;
+    return cudaSuccess;
 }
 template <typename P>
 inline cudaError_t malloc_(P** p, size_t n) {
     return malloc_((void**)p, n);
 }
 inline cudaError_t free_(void* p) {
+    if (!p) return cudaSuccess;
+    auto& a = allocations();
+    for (size_t i = a.size(); i-- > 0;)
+        if (a[i].first == p) {
+            allocated_bytes() -= a[i].second;
+            a[i] = a.back();
+            a.pop_back();
+            break;
+        }
     std::free(p);
+    return cudaSuccess;
+}
+// cudaMemGetInfo: free = kDeviceBytes minus the live emulated allocations.
+inline cudaError_t mem_get_info_(size_t* free_b, size_t* total_b) {
+    *total_b = kDeviceBytes;
+    *free_b = kDeviceBytes > allocated_bytes() ? kDeviceBytes - allocated_bytes() : 0;
     return cudaSuccess;
 }
 inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
@@ -621,6 +649,7 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaStreamSynchronize(s) ((void)(s), cudaSuccess)
 #define cudaFuncSetAttribute(...) cudaSuccess
 #define cudaGetDeviceCount(n) (*(n) = 1, cudaSuccess)
+#define cudaMemGetInfo(f, t) ::emu::mem_get_info_(f, t)
 #define cudaSetDevice(d) ((void)(d), cudaSuccess)
 #define cudaGetDevice(d) (*(d) = 0, cudaSuccess)
 #define cudaGetDeviceProperties(p, d) ::emu::device_props_(p, d)
@@ -648,3 +677,15 @@ inline cudaError_t device_props_(cudaDeviceProp* p, int) {
     return cudaSuccess;
 }
 }  // namespace emu
+
+// The inline-asm paths of cuda/*.cuh (`__trap();  // host: KEY`, rewritten to EMU_HOST_KEY by
+// gen.py) map to these emulations unless a harness defines its own first.
+#ifndef EMU_HOST_mma
+#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)
+#endif
+#ifndef EMU_HOST_ldsm
+#define EMU_HOST_ldsm ::emu::ldmatrix_x4(r, p, false)
+#endif
+#ifndef EMU_HOST_ldsm_trans
+#define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
+#endif
