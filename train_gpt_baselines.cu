@@ -1,21 +1,557 @@
-// train_gpt_baselines.cu — the GPU trainer for the baseline schemes (build/cuda/train_gpt_baselines):
-// the spec §1 backbone (cuda/gpt.cuh) with PreLN (spec §2.1), HC / mHC (§2.2-2.3) or AttnRes Full /
-// Block (§2.4), chosen by --scheme at make_gpu_scheme below. Same flags, logs, checkpoints and data as build/train_cpu, plus
-// --dtype bf16|fp32, --recompute, --attn-variant, --gpu-info (doc/cuda.md "Trainer").
+// train_gpt_baselines.cu — the GPU trainer for the baseline depth schemes
+// (build/cuda/train_gpt_baselines): the spec §1 backbone (cuda/model.cuh) with PreLN (spec §2.1),
+// HC / mHC (§2.2-2.3) or AttnRes Full / Block (§2.4). This file is those schemes: their forward
+// and backward orchestration over the kernels of cuda/hc.cuh and cuda/attnres.cuh, then the
+// factory the trainer calls. The loop, flags, logs and checkpoints are the ones every trainer
+// shares (core/train_loop.h, cuda/trainer.cuh). doc/cuda.md "Schemes".
 //
 //   build/cuda/train_gpt_baselines --preset llama-400m -B 8 -T 2048 --steps 1000 --lr 3e-4
 //       --warmup-steps 100 --train-data 'data/fineweb/fineweb_train_*.bin' --out-dir runs/gpu --log runs/gpu/log.jsonl
 //
-// Exit codes: 0 ok, 1 error, 2 no usable CUDA GPU.
+// Exit codes: 0 ok, 1 error, 2 no usable CUDA GPU. Tests and workbenches include this file with
+// TESTING defined (no main).
+#include <algorithm>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "cuda/attnres.cuh"
+#include "cuda/hc.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/rmsnorm.cuh"
 #include "cuda/scheme.cuh"
 #include "cuda/trainer.cuh"
 
-// ==== schemes of this trainer (preln in cuda/scheme.cuh; hc / mhc / attnres-full / attnres-block) ====
-#include "cuda/scheme_attnres.cuh"
-#include "cuda/scheme_hc.cuh"
-
 namespace ldm {
 namespace gpu {
+
+// ==== PreLN (spec §2.1) ==========================================================================
+// h_0 = e; x_j = h_{j-1}; h_j = h_{j-1} + o_j; readout h_D. The stream h is never stored on its
+// own: h_{j-1} IS the backbone's stored x_j, so x_{j+1} = x_j + o_j is computed by the fused
+// residual_rmsnorm_forward straight into the backbone's x_{j+1} buffer (one read of x_j and o_j,
+// one write of x_{j+1} and xn_{j+1}). Backward keeps dh = dL/dh_j in fp32 (like the CPU's dh, but
+// fp32 even in bf16 runs, so 2·n_layer additions do not lose bf16 bits): readout_backward sets
+// dh = dy; output_backward writes do_j = dh; input_backward adds dh += dx_j; begin_backward
+// writes de = dh.
+template <typename T>
+struct GpuPreLN final : GpuScheme<T> {
+    explicit GpuPreLN(const ModelConfig& cfg) : d_(cfg.d_model) {}
+    void bind(const T*, const float*, float*) override {}
+    void resize(int B, int T_) override {
+        n_ = (int64_t)B * T_ * d_;
+        if (dh_.n < n_) dh_.alloc(n_);
+    }
+    void begin(const T* e, cudaStream_t) override {
+        e_ = e;
+        prev_x_ = nullptr;
+        prev_o_ = nullptr;
+    }
+    void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps,
+                    cudaStream_t s) override {
+        const int64_t N = n_ / d_;
+        if (j == 1) {
+            CUDA_CHECK(cudaMemcpyAsync(x, e_, (size_t)n_ * sizeof(T), cudaMemcpyDeviceToDevice, s));
+            rmsnorm_forward<T>(xn, rstd, x, w, N, d_, eps, s);
+        } else {
+            if (!prev_x_ || !prev_o_)
+                throw Error("GpuPreLN::input_norm: sublayers must run in order 1..D with output()");
+            residual_rmsnorm_forward<T>(x, xn, rstd, prev_x_, prev_o_, w, N, d_, eps, s);
+        }
+        prev_x_ = x;
+        prev_o_ = nullptr;
+    }
+    void output(int, const T* o, cudaStream_t) override { prev_o_ = o; }
+    void readout(T* y, cudaStream_t s) override {
+        if (!prev_x_ || !prev_o_) throw Error("GpuPreLN::readout: no sublayer output");
+        add_arrays<T>(y, prev_x_, prev_o_, n_, s);
+    }
+    void readout_backward(const T* dy, cudaStream_t s) override {
+        accumulate_f32<T>(dh_.ptr, dy, n_, false, s);
+    }
+    void output_backward(int, T* d_o, cudaStream_t s) override { convert_f32<T>(d_o, dh_.ptr, n_, s); }
+    void input_backward(int, const T* dx, cudaStream_t s) override {
+        accumulate_f32<T>(dh_.ptr, dx, n_, true, s);
+    }
+    void begin_backward(T* de, cudaStream_t s) override { convert_f32<T>(de, dh_.ptr, n_, s); }
+    // Only the fp32 gradient stream dh (x_j itself is the backbone's).
+    int64_t extra_bytes_per_token() const override { return 4 * (int64_t)d_; }
+
+   private:
+    int d_;
+    int64_t n_ = 0;
+    const T* e_ = nullptr;
+    const T* prev_x_ = nullptr;
+    const T* prev_o_ = nullptr;
+    DeviceBuffer<float> dh_;
+};
+
+// ==== HC and mHC (spec §2.2, §2.3) ===============================================================
+// HC (manifold = false, spec §2.2) and mHC (manifold = true, spec §2.3) behind GpuScheme<T>.
+// Parameter block per sublayer (core/config.cpp, same as the CPU): HC W [(n+2), d], then
+// s_a, s_b, A_m0 [n], A_r0 [n,n], B0 [n]; mHC Φ [(2n+n²), n·d], then a_pre, a_post, a_res,
+// b_pre [n], b_post [n], b_res [n,n]. Owns a Matmul (cuBLASLt handle, small workspace) and all
+// its device buffers (allocated in resize()).
+template <typename T>
+struct GpuHC final : GpuScheme<T> {
+    GpuHC(const ModelConfig& cfg, bool manifold)
+        : mhc_(manifold),
+          d_(cfg.d_model),
+          n_(cfg.hc_streams),
+          D_(cfg.n_sublayers()),
+          iters_(cfg.sinkhorn_iters),
+          eps_((float)cfg.norm_eps),
+          mm_(4 << 20) {
+        hc_detail::dispatch_streams(n_, [](auto) {});  // validates n
+        if (mhc_ && iters_ < 1) throw Error("mhc: sinkhorn_iters must be >= 1");
+        wrows_ = mhc_ ? 2 * n_ + n_ * n_ : n_ + 2;
+        ldp_ = hc_detail::proj_ld(wrows_);
+        kdim_ = mhc_ ? n_ * d_ : d_;
+        prow_ = mhc_ ? 1 : n_;
+        np_ = mhc_ ? 3 + wrows_ : 2 + 2 * n_ + n_ * n_;
+        block_ = (int64_t)wrows_ * kdim_ + np_;
+        cw_ = hc_detail::coef_width(n_);
+        ws_ = mhc_ ? sinkhorn_work_size(n_, iters_) + 2 * n_ * n_ : 0;
+    }
+
+    void bind(const T* params, const float* master, float* grads) override {
+        P_ = params;
+        M_ = master;
+        G_ = grads;
+    }
+
+    // Allocates for N = B·T tokens (buffers only grow; contents undefined).
+    void resize(int B, int T_) override {
+        N_ = B * T_;
+        const int64_t N = N_, n = n_, d = d_, D = D_;
+        grow(Hs_, (D + 1) * N * n * d);
+        grow(Os_, D * N * d);
+        grow(Ps_, D * N * prow_ * ldp_);
+        grow(rs_, (D + 1) * N * nr());
+        grow(coef_, N * cw_);
+        grow(dcoef_, N * cw_);
+        grow(work_, mhc_ ? N * ws_ : 0);
+        grow(dPp_, N * prow_ * ldp_);
+        grow(beta_, N * n);
+        grow(part_, N * np_);
+        grow(dZ_, mhc_ ? N * n * d : 0);
+        grow(dH_, N * n * d);
+        grow(dHp_, N * n * d);
+    }
+
+    void begin(const T* e, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::begin_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(H(0), RS(0), e, d_, eps_, !mhc_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    // x_j (and, when xn != nullptr, xn = RMSNorm_w(x_j) with rstd) — see the file comment.
+    void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
+        project(j, s);
+        coefficients(j, s);
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::premix_norm_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                x, xn, rstd, H(j - 1), coef_.ptr, w, d_, eps);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void output(int j, const T* o, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::postmix_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                H(j), RS(j), O(j), H(j - 1), o, coef_.ptr, d_, eps_, !mhc_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void readout(T* y, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::mean_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(y, H(D_), N_, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void readout_backward(const T* dy, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::mean_backward_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(
+                dH_.ptr, dy, N_, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void output_backward(int j, T* d_o, cudaStream_t s) override {
+        coefficients(j, s);  // recomputed from the stored P_j (Sinkhorn included)
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::post_backward_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                d_o, dcoef_.ptr, dH_.ptr, O(j), H(j - 1), coef_.ptr, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    void input_backward(int j, const T* dx, cudaStream_t s) override {
+        const int tpb = 128;
+        const unsigned tb = (unsigned)ceil_div(N_, tpb);
+        const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;
+        float* gW = G_ + (int64_t)(j - 1) * block_;
+        float* gq = gW + (int64_t)wrows_ * kdim_;
+        const T* W = P_ + (int64_t)(j - 1) * block_;
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::pre_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, H(j - 1), d_);
+            LDM_LAUNCH_CHECK();
+            if (mhc_)
+                hc_detail::mhc_coef_backward_kernel<T, NS><<<tb, tpb, 0, s>>>(
+                    dPp_.ptr, beta_.ptr, part_.ptr, work_.ptr, dcoef_.ptr, Pj(j), RS(j - 1), q, N_, d_, iters_, ws_);
+            else
+                hc_detail::hc_coef_backward_kernel<T, NS><<<tb, tpb, 0, s>>>(
+                    dPp_.ptr, beta_.ptr, part_.ptr, dcoef_.ptr, Pj(j), RS(j - 1), q, N_, d_);
+            LDM_LAUNCH_CHECK();
+        });
+        hc_detail::column_sums_kernel<float><<<np_, 256, 0, s>>>(gq, part_.ptr, N_, np_);
+        LDM_LAUNCH_CHECK();
+        const int64_t rows = (int64_t)N_ * prow_;
+        // dW_j += dPpᵀ · H_{j-1}   ([wrows, rows] x [rows, kdim])
+        mm_.gemm<T, float>(true, false, wrows_, kdim_, rows, 1.f, dPp_.ptr, ldp_, H(j - 1), kdim_, 1.f,
+                           gW, kdim_, nullptr, s);
+        // mHC: dZ = dPp · Φ_j ([rows, wrows] x [wrows, kdim], type T); HC: fused into combine_kernel.
+        if (mhc_)
+            mm_.gemm<T, T>(false, false, rows, kdim_, wrows_, 1.f, dPp_.ptr, ldp_, W, kdim_, 0.f, dZ_.ptr, kdim_,
+                           nullptr, s);
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::combine_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                dHp_.ptr, dH_.ptr, dx, mhc_ ? dZ_.ptr : nullptr, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, !mhc_,
+                d_);
+        });
+        LDM_LAUNCH_CHECK();
+        std::swap(dH_, dHp_);
+    }
+
+    void begin_backward(T* de, cudaStream_t s) override {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::stream_sum_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(
+                de, dH_.ptr, N_, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
+    // Every byte per token this scheme allocates in resize(): kept for backward (H_0..H_D, o_j,
+    // P_j, inverse RMS) plus backward/scratch buffers (coefficients, dcoef, dP, β, partials,
+    // dZ, dH, dH_prev (fp32: the stream gradients stay fp32 in bf16 runs, like PreLN's dh), mHC
+    // Sinkhorn work).
+    int64_t extra_bytes_per_token() const override {
+        const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
+        const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
+        const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 +
+                                (mhc_ ? n * d * tb : 0) + 2 * n * d * 4;
+        return kept + scratch;
+    }
+    // Only the part kept for backward (for documentation / tests).
+    int64_t kept_bytes_per_token() const {
+        const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
+        return (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
+    }
+
+   private:
+    bool mhc_;
+    int d_, n_, D_, iters_;
+    float eps_;
+    int wrows_ = 0, ldp_ = 0, kdim_ = 0, prow_ = 0, np_ = 0, cw_ = 0, ws_ = 0;
+    int64_t block_ = 0;
+    int N_ = 0;
+    Matmul mm_;
+    const T* P_ = nullptr;
+    const float* M_ = nullptr;
+    float* G_ = nullptr;
+    DeviceBuffer<T> Hs_, Os_, dPp_, dZ_;
+    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dH_, dHp_;
+
+    template <typename E>
+    static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
+        if (b.n < n) b.alloc(n);
+    }
+    int nr() const { return mhc_ ? 1 : n_; }
+    T* H(int j) const { return Hs_.ptr + (int64_t)j * N_ * n_ * d_; }
+    T* O(int j) const { return Os_.ptr + (int64_t)(j - 1) * N_ * d_; }
+    float* Pj(int j) const { return Ps_.ptr + (int64_t)(j - 1) * N_ * prow_ * ldp_; }
+    float* RS(int j) const { return rs_.ptr + (int64_t)j * N_ * nr(); }
+    template <typename F>
+    void dispatch(F&& f) const { hc_detail::dispatch_streams(n_, std::forward<F>(f)); }
+
+    // P_j = H_{j-1} · W_jᵀ (fp32 out): HC rows = N·n of d, mHC rows = N of n·d.
+    void project(int j, cudaStream_t s) {
+        const T* W = P_ + (int64_t)(j - 1) * block_;
+        mm_.gemm<T, float>(false, true, (int64_t)N_ * prow_, wrows_, kdim_, 1.f, H(j - 1), kdim_, W, kdim_, 0.f,
+                           Pj(j), ldp_, nullptr, s);
+    }
+    // Per-token coefficients of sublayer j into coef_ (from P_j and the inverse RMS of H_{j-1}).
+    void coefficients(int j, cudaStream_t s) {
+        const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;
+        const int tpb = 128;
+        const unsigned tb = (unsigned)ceil_div(N_, tpb);
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            if (mhc_)
+                hc_detail::mhc_coef_kernel<NS><<<tb, tpb, 0, s>>>(coef_.ptr, work_.ptr, Pj(j), RS(j - 1), q, N_,
+                                                                  iters_, ws_);
+            else
+                hc_detail::hc_coef_kernel<NS><<<tb, tpb, 0, s>>>(coef_.ptr, Pj(j), RS(j - 1), q, N_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+};
+
+// ==== AttnRes Full and Block (spec §2.4) =========================================================
+// AttnRes Full (block = false) and Block (block = true) behind GpuScheme<T>. Parameter block
+// (core/config.cpp): per sublayer j = 1..D: w [d], g [d]; then w_f [d], g_f [d] (readout, j = D+1).
+// Buffers (resize): sources src [K, N, d] (T; Full K = D+1: v_0..v_D, Block K = N_b+1:
+// b_0..b_N), their r [K, N] and fp32 gradients [K, N, d]; Block also pv [D, N, d] (T) and r [D, N].
+// Backward: Full (and Block where the deferred flush does not fit in shared memory) adds each
+// sublayer's gradient into each of its sources' fp32 rows (aggregate_backward: read-modify-write
+// of K·d fp32 per sublayer and token). Block defers the block sources' gradients: each sublayer
+// stores 3 scalars per source and stashes dx_j (T); once per block one flush kernel adds
+// Σ_j (α dx_j + β q_j − γ u_k) into each block source (one read-modify-write per block instead of
+// per sublayer; doc/cuda.md "AttnRes"). The flush keeps the block's S dx rows' scalars and q rows
+// in shared memory (S·d + 3S floats: 24 KiB at llama-400m, 200 KiB at qwen3-14b with N = 8).
+template <typename T>
+struct GpuAttnRes : GpuScheme<T> {
+    GpuAttnRes(const ModelConfig& cfg, bool block)
+        : d_(cfg.d_model), D_(cfg.n_sublayers()), block_(block), eps_((float)cfg.norm_eps) {
+        if (block_) {
+            nb_ = std::min(cfg.attnres_blocks, D_);
+            if (nb_ <= 0)
+                throw Error(strprintf("attnres-block: attnres_blocks must be positive, got %d", cfg.attnres_blocks));
+            S_ = D_ / nb_;
+        } else {
+            nb_ = D_;
+            S_ = 1;
+        }
+        smax_ = block_ ? std::max(S_, D_ - (nb_ - 1) * S_) : 1;
+        deferred_ = block_ && flush_smem() <= kMaxDynamicSmem;
+    }
+    // Block with the deferred backward (false: Full, or a block too large for the flush kernel).
+    bool deferred_backward() const { return deferred_; }
+
+    void bind(const T* params, const float* master, float* grads) override {
+        P_ = params;
+        M_ = master;
+        G_ = grads;
+    }
+
+    void resize(int B, int T_) override {
+        N_ = B * T_;
+        const int64_t N = N_, d = d_, K = nb_ + 1;
+        grow(src_, K * N * d);
+        grow(rsrc_, K * N);
+        grow(dsrc_, K * N * d);
+        if (block_) {
+            grow(pv_, (int64_t)D_ * N * d);
+            grow(rp_, (int64_t)D_ * N);
+        }
+        grow(dq_part_, (int64_t)bwd_blocks() * d);
+        if (deferred_) {
+            grow(co_, 3 * (int64_t)smax_ * N * nb_);
+            grow(stash_, (int64_t)smax_ * N * d);
+            grow(dq2_part_, (int64_t)bwd_blocks() * smax_ * d);
+        }
+    }
+
+    void begin(const T* e, cudaStream_t s) override {
+        ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(U(0), RU(0), nullptr, e, d_, eps_);
+        LDM_LAUNCH_CHECK();
+    }
+
+    void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
+        aggregate(j, x, xn, rstd, w, eps, s);
+    }
+
+    void output(int j, const T* o, cudaStream_t s) override {
+        if (!block_) {
+            ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(U(j), RU(j), nullptr, o, d_, eps_);
+            LDM_LAUNCH_CHECK();
+            return;
+        }
+        int n, i;
+        locate(j, &n, &i);
+        const T* p = i >= 2 ? PV(j) : nullptr;
+        if (block_end(j, n))
+            ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(U(n), RU(n), p, o, d_, eps_);
+        else
+            ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(PV(j + 1), RP(j + 1), p, o, d_, eps_);
+        LDM_LAUNCH_CHECK();
+    }
+
+    void readout(T* y, cudaStream_t s) override { aggregate(D_ + 1, y, nullptr, nullptr, nullptr, 0.f, s); }
+
+    void readout_backward(const T* dy, cudaStream_t s) override { aggregate_backward(D_ + 1, dy, true, s); }
+
+    void output_backward(int j, T* d_o, cudaStream_t s) override {
+        int n = j, i = 1;
+        if (block_) locate(j, &n, &i);
+        // Full: dL/dv_j. Block: dL/dp after sublayer j, kept in place in b_n's gradient buffer.
+        to_act(d_o, DU(n), s);
+    }
+
+    void input_backward(int j, const T* dx, cudaStream_t s) override {
+        if (deferred_) block_backward_deferred(j, dx, s);
+        else aggregate_backward(j, dx, false, s);
+    }
+
+    void begin_backward(T* de, cudaStream_t s) override { to_act(de, DU(0), s); }
+
+    // Every byte per token allocated in resize(): sources (T) + r + fp32 gradients; Block also the
+    // partial-sum snapshots pv (T) + r. (The dq partials are per block, not per token.)
+    int64_t extra_bytes_per_token() const override {
+        const int64_t d = d_, K = nb_ + 1, tb = sizeof(T);
+        int64_t v = K * d * tb + K * 4 + K * d * 4;
+        if (block_) v += (int64_t)D_ * d * tb + (int64_t)D_ * 4;
+        if (deferred_) v += 3 * (int64_t)smax_ * nb_ * 4 + (int64_t)smax_ * d * tb;  // scalars + dx stash
+        return v;
+    }
+    int n_blocks() const { return nb_; }
+    // Block index n and position i (1-based) of sublayer j (same rule as the CPU reference).
+    void locate(int j, int* n, int* i) const {
+        int b = (j - 1) / S_ + 1;
+        if (b > nb_) b = nb_;
+        *n = b;
+        *i = j - (b - 1) * S_;
+    }
+
+   protected:  // (dev/cuda/attnres.cu derives the direct Block backward to compare)
+    int d_, D_, nb_ = 0, S_ = 1;
+    bool block_;
+    bool deferred_ = false;
+    static constexpr size_t kMaxDynamicSmem = 227 * 1024;  // per block, sm_90 (cudaFuncSetAttribute)
+    int smax_ = 1;  // most sublayers in one block (the last block takes the remainder)
+    float eps_;
+    int N_ = 0;
+    const T* P_ = nullptr;
+    const float* M_ = nullptr;
+    float* G_ = nullptr;
+    DeviceBuffer<T> src_, pv_;
+    DeviceBuffer<float> rsrc_, dsrc_, rp_, dq_part_;
+    DeviceBuffer<T> stash_;                 // deferred: dx_j of the current block [smax, N, d]
+    DeviceBuffer<float> co_, dq2_part_;     // deferred: α, β, γ [3][smax][N][nb]; flush dq partials
+
+    template <typename E>
+    static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
+        if (b.n < n) b.alloc(n);
+    }
+    T* U(int k) const { return src_.ptr + (int64_t)k * N_ * d_; }
+    float* RU(int k) const { return rsrc_.ptr + (int64_t)k * N_; }
+    float* DU(int k) const { return dsrc_.ptr + (int64_t)k * N_ * d_; }
+    T* PV(int j) const { return pv_.ptr + (int64_t)(j - 1) * N_ * d_; }
+    float* RP(int j) const { return rp_.ptr + (int64_t)(j - 1) * N_; }
+    bool block_end(int j, int n) const { return (n < nb_) ? (j == n * S_) : (j == D_); }
+    int bwd_blocks() const { return std::max(1, std::min(N_, ar_detail::kBackwardBlocks)); }
+
+    ar_detail::Sources sources(int j) const {
+        ar_detail::Sources S{U(0), RU(0), 0, nullptr, nullptr, DU(0), nullptr};
+        if (j == D_ + 1) {
+            S.K0 = nb_ + 1;
+        } else if (!block_) {
+            S.K0 = j;
+        } else {
+            int n, i;
+            locate(j, &n, &i);
+            S.K0 = n;
+            if (i >= 2) {
+                S.Ux = PV(j);
+                S.Rx = RP(j);
+                S.dUx = DU(n);  // dL/dp accumulates in place in b_n's gradient buffer
+            }
+        }
+        return S;
+    }
+
+    void aggregate(int j, T* x, T* xn, float* rstd, const T* wn, float eps_n, cudaStream_t s) {
+        const ar_detail::Sources S = sources(j);
+        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
+        const float* g = w + d_;
+        const int nw = ar_detail::kThreads / 32;
+        const size_t smem = (size_t)(nw + 1) * S.K() * sizeof(float);
+        ar_detail::aggregate_kernel<T><<<N_, ar_detail::kThreads, smem, s>>>(x, xn, rstd, wn, eps_n, S, w, g, N_, d_);
+        LDM_LAUNCH_CHECK();
+    }
+
+    void aggregate_backward(int j, const T* dx, bool overwrite, cudaStream_t s) {
+        const ar_detail::Sources S = sources(j);
+        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
+        const float* g = w + d_;
+        float* gw = G_ + (int64_t)(j - 1) * 2 * d_;
+        float* gg = gw + d_;
+        const int nw = ar_detail::kThreads / 32, nb = bwd_blocks();
+        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
+        if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::aggregate_backward_kernel<T>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ar_detail::aggregate_backward_kernel<T><<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, dx, S, w, g, N_,
+                                                                                       d_, overwrite);
+        LDM_LAUNCH_CHECK();
+        ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nb, w, g, d_);
+        LDM_LAUNCH_CHECK();
+    }
+
+    size_t flush_smem() const { return ((size_t)smax_ * d_ + 3 * (size_t)smax_) * sizeof(float); }
+
+    // Deferred backward of sublayer j (Block): scores + p-source update now, block sources at the
+    // block's first sublayer (the last one in backward order).
+    void block_backward_deferred(int j, const T* dx, cudaStream_t s) {
+        int n, i;
+        locate(j, &n, &i);
+        const ar_detail::Sources S = sources(j);
+        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
+        const float* g = w + d_;
+        float* gw = G_ + (int64_t)(j - 1) * 2 * d_;
+        float* gg = gw + d_;
+        const int nw = ar_detail::kThreads / 32, nbk = bwd_blocks();
+        const int64_t N = N_, plane = (int64_t)smax_ * N * nb_;
+        float* ca = co_.ptr + (int64_t)(i - 1) * N * nb_;
+        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
+        if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_scores_backward_kernel<T>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ar_detail::block_scores_backward_kernel<T><<<nbk, ar_detail::kThreads, smem, s>>>(
+            dq_part_.ptr, ca, ca + plane, ca + 2 * plane, nb_, stash_.ptr + (int64_t)(i - 1) * N * d_, dx, S, w, g, N_,
+            d_);
+        LDM_LAUNCH_CHECK();
+        if (S.Ux) {
+            ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nbk,
+                                                                                            w, g, d_);
+            LDM_LAUNCH_CHECK();
+        }
+        if (i != 1) return;
+        // Flush: the block's ns sublayers j .. j+ns-1 into the block sources b_0..b_{n-1}.
+        const int ns = n < nb_ ? S_ : D_ - (nb_ - 1) * S_;
+        const size_t fsm = ((size_t)ns * d_ + 3 * (size_t)ns) * sizeof(float);
+        if (fsm > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush_kernel<T>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
+        ar_detail::block_flush_kernel<T><<<nbk, ar_detail::kThreads, fsm, s>>>(
+            dq2_part_.ptr, co_.ptr, co_.ptr + plane, co_.ptr + 2 * plane, nb_, stash_.ptr, U(0), DU(0), n, w, ns, N_,
+            d_);
+        LDM_LAUNCH_CHECK();
+        dim3 rg((unsigned)ceil_div(d_, 256), (unsigned)ns);
+        ar_detail::dq_reduce_multi_kernel<float><<<rg, 256, 0, s>>>(gw, dq2_part_.ptr, nbk, ns, w, d_);
+        LDM_LAUNCH_CHECK();
+    }
+
+    void to_act(T* out, const float* in, cudaStream_t s) {
+        const int64_t n = (int64_t)N_ * d_;
+        const unsigned b = (unsigned)std::min<int64_t>(std::max<int64_t>(ceil_div(n, 256), 1), 65535 * 16);
+        ar_detail::to_act_kernel<T><<<b, 256, 0, s>>>(out, in, n);
+        LDM_LAUNCH_CHECK();
+    }
+};
+
+// ==== the trainer ================================================================================
 
 void check_gpu_scheme(const ModelConfig& cfg) {
     if (cfg.scheme == "hc" || cfg.scheme == "mhc") {
@@ -44,6 +580,7 @@ std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
 }  // namespace gpu
 }  // namespace ldm
 
+#ifndef TESTING
 int main(int argc, char** argv) {
     return ldm::gpu::trainer_main(argc, argv, "train_gpt_baselines",
                                   "Train the spec §1 backbone with a baseline depth scheme (PreLN, HC, mHC, "
@@ -51,3 +588,4 @@ int main(int argc, char** argv) {
                                   "See doc/cuda.md.",
                                   "preln");
 }
+#endif

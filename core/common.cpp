@@ -1,6 +1,9 @@
 #include "core/common.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdarg>
 #include <cstring>
 #include <fcntl.h>
@@ -110,6 +113,54 @@ std::string read_file(const std::string& path) {
     std::fclose(f);
     if (err) throw Error("read error on " + path);
     return out;
+}
+
+namespace {
+int64_t read_int64_file(const std::string& path) {  // -1 when absent or not a number ("max")
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) return -1;
+    char buf[64] = {0};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    if (n == 0 || buf[0] < '0' || buf[0] > '9') return -1;
+    return (int64_t)std::strtoll(buf, nullptr, 10);
+}
+}  // namespace
+
+int64_t available_memory_bytes(std::string* source) {
+    int64_t avail = -1;
+    if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        while (std::fgets(line, sizeof line, f))
+            if (std::strncmp(line, "MemAvailable:", 13) == 0) avail = (int64_t)std::strtoll(line + 13, nullptr, 10) * 1024;
+        std::fclose(f);
+    }
+    if (source) *source = "MemAvailable";
+    int64_t lim = read_int64_file("/sys/fs/cgroup/memory.max"), use = read_int64_file("/sys/fs/cgroup/memory.current");
+    const char* src = "cgroup memory.max";
+    if (lim < 0) {
+        lim = read_int64_file("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+        use = read_int64_file("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+        src = "cgroup memory.limit_in_bytes";
+    }
+    if (lim > 0 && lim < (int64_t(1) << 60) && use >= 0) {
+        const int64_t c = std::max<int64_t>(0, lim - use);
+        if (avail < 0 || c < avail) {
+            avail = c;
+            if (source) *source = src;
+        }
+    }
+    return avail;
+}
+
+void check_memory_fits(int64_t need, const std::string& what, const std::string& breakdown) {
+    std::string src;
+    const int64_t avail = available_memory_bytes(&src);
+    if (avail < 0 || need <= avail) return;
+    const double g = 1024.0 * 1024.0 * 1024.0;
+    throw Error(strprintf("%s needs %.2f GiB (%s) but only %.2f GiB are available (%s): use a smaller preset, "
+                          "batch (-B/-T) or --dtype, or a machine with more memory",
+                          what.c_str(), need / g, breakdown.c_str(), avail / g, src.c_str()));
 }
 
 }  // namespace ldm

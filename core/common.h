@@ -42,4 +42,13 @@ void mkdir_p(const std::string& d);
 // training. Throws ldm::Error "<flag>: cannot write into <dir>: <reason>".
 void prepare_output_dir(const std::string& dir, const char* flag);
 
+// Host memory this process may still allocate, in bytes: the smaller of /proc/meminfo's
+// MemAvailable and the cgroup limit minus its current usage (cgroup v2 memory.max /
+// memory.current, or v1 memory.limit_in_bytes / memory.usage_in_bytes). -1 when unknown.
+// `source` (optional) gets a short description of which limit applied.
+int64_t available_memory_bytes(std::string* source = nullptr);
+// ldm::Error "<what> needs X GiB (<breakdown>) but only Y GiB are available (<source>)" when
+// need_bytes exceed available_memory_bytes(); nothing when the available memory is unknown.
+void check_memory_fits(int64_t need_bytes, const std::string& what, const std::string& breakdown);
+
 }  // namespace ldm

@@ -104,9 +104,9 @@ void set_max_chunk_elems(int64_t n);
 
 // ---- Gradient buckets of the GPU trainers (reduction overlapped with backward) ----------------
 // Pure host code (tested on the CPU: test/test_grad_buckets.cpp); used by cuda/nccl.cuh
-// GpuDataParallel and cuda/gpt.cuh GPT::backward. doc/distributed.md "Overlap".
+// GpuDataParallel and cuda/transformer.cuh Transformer::backward. doc/distributed.md "Overlap".
 //
-// Backward stages: the points of GPT::backward at which it calls its gradient hook, in time order.
+// Backward stages: the points of Transformer::backward at which it calls its gradient hook, in time order.
 //   stage 0          after the head (LM head and final RMSNorm backward);
 //   stage L - l      after the backward of block l (l = L-1 .. 0, so stages 1 .. L);
 //   stage L + 1      at the end (embedding backward; the scheme's begin_backward has run).

@@ -80,6 +80,12 @@ AdamW<T>::AdamW(int64_t n, const AdamWConfig& cfg, std::vector<ParamRange> range
 template <typename T>
 double AdamW<T>::step(T* p, const T* g, double lr) {
     const double norm = global_norm(g, n_);
+    update(p, g, lr, norm);
+    return norm;
+}
+
+template <typename T>
+void AdamW<T>::update(T* p, const T* g, double lr, double norm) {
     double clip = 1.0;
     if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) clip = cfg_.grad_clip / norm;
     t_ += 1;
@@ -93,7 +99,6 @@ double AdamW<T>::step(T* p, const T* g, double lr) {
     const uint8_t* dk = decay_.data();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n_; i++) adamw_element(p[i], m[i], v[i], g[i], sc, dk[i] != 0);
-    return norm;
 }
 
 template class AdamW<float>;

@@ -71,6 +71,9 @@ class AdamW {
     // One update with learning rate lr. params, grads: [n]. grads are not modified.
     // Returns the global gradient norm before clipping (what the trainers log as "grad_norm").
     double step(T* params, const T* grads, double lr);
+    // The same update with the global gradient norm computed by the caller (after reducing the
+    // gradients over ranks, or to check it for divergence first): clip by grad_norm, then update.
+    void update(T* params, const T* grads, double lr, double grad_norm);
 
     int64_t n() const { return n_; }
     int64_t step_count() const { return t_; }   // number of updates done so far

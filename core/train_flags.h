@@ -81,8 +81,15 @@ void add_common_train_flags(ArgParser& ap, O& o) {
     ap.add("--sample-every", &o.sample_every, "print a text sample every N steps (0 = only at the end; -1 never)");
     ap.add("--sample-tokens", &o.sample_tokens, "tokens per sample");
     ap.add("--ckpt-every", &o.ckpt_every, "checkpoint every N steps into --out-dir (0 = only at the end)");
+    ap.add("--keep-checkpoints", &o.keep_checkpoints,
+           "keep only the newest K checkpoints this run wrote (0 = keep all)");
+    ap.add("--stop-after", &o.stop_after,
+           "stop after K steps of this invocation (checkpoint written; the schedule stays that of --steps; "
+           "continue with --resume latest)");
     ap.add("--out-dir", &o.out_dir, "directory for checkpoints ckpt_<step>.model/.state (\"\" = none)");
-    ap.add("--resume", &o.resume, "resume from a checkpoint: out/ckpt_000100 (or its .model/.state path)");
+    ap.add("--resume", &o.resume,
+           "resume from a checkpoint: out/ckpt_000100 (or its .model/.state path); 'latest' = the newest complete "
+           "checkpoint in --out-dir; 'auto' = the same, or start fresh when there is none");
     ap.add("--log", &o.log, "JSONL log file (config line, one line per step/val/sample)");
     ap.add("--seed", &o.seed, "seed of the init, data shuffling and sampling");
 }
@@ -119,6 +126,29 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
     return cfg;
 }
 
+// Checks and completes the flags every trainer shares (before anything is loaded): -B, -T > 0;
+// --total-batch-tokens a multiple of B*T (0 = B*T); --bench N sets --steps N + 2; --steps >= 1;
+// --val-batches >= 1; --eval-every / --eval-max-examples >= 0 and --eval-every with an eval
+// binary; --threads >= 0; --zero 0 or 1. Throws ldm::Error naming the flag.
+template <class O>
+void check_train_flags(O& o) {
+    if (o.B <= 0) throw Error(strprintf("-B/--batch-size must be > 0, got %d", o.B));
+    if (o.T <= 0) throw Error(strprintf("-T/--seq-len must be > 0, got %d", o.T));
+    const int64_t bt = int64_t(o.B) * o.T;
+    if (o.total_batch_tokens == 0) o.total_batch_tokens = bt;
+    if (o.total_batch_tokens < 0 || o.total_batch_tokens % bt != 0)
+        throw Error(strprintf("--total-batch-tokens %lld is not divisible by B*T = %d*%d = %lld",
+                              (long long)o.total_batch_tokens, o.B, o.T, (long long)bt));
+    if (o.bench > 0) o.steps = o.bench + 2;
+    if (o.steps < 1) throw Error("--steps must be >= 1");
+    if (o.val_batches < 1) throw Error("--val-batches must be >= 1");
+    if (o.eval_every < 0 || o.eval_max_examples < 0) throw Error("--eval-every and --eval-max-examples must be >= 0");
+    if (o.eval_every > 0 && o.eval_lambada.empty() && o.eval_wikitext.empty() && o.eval_hellaswag.empty())
+        throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
+    if (o.threads < 0) throw Error("--threads must be >= 0");
+    if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
+}
+
 // Checks the checkpoint and optimizer flags that are checked nowhere else: --ckpt-every >= 0 and
 // only with --out-dir, --grad-clip >= 0. With prepare_dirs, creates --out-dir and checks that it
 // is writable (core/common.h prepare_output_dir), so a bad path fails before any training, not
@@ -129,6 +159,12 @@ void check_output_flags(const O& o, bool prepare_dirs) {
     if (o.ckpt_every > 0 && o.out_dir.empty())
         throw Error("--ckpt-every needs --out-dir (the directory the checkpoints are written to)");
     if (!(o.grad_clip >= 0)) throw Error(strprintf("--grad-clip must be >= 0 (0 = off), got %g", o.grad_clip));
+    if (o.keep_checkpoints < 0) throw Error(strprintf("--keep-checkpoints must be >= 0, got %d", o.keep_checkpoints));
+    if (o.stop_after < 0) throw Error(strprintf("--stop-after must be >= 0, got %lld", (long long)o.stop_after));
+    if (o.stop_after > 0 && o.out_dir.empty())
+        throw Error("--stop-after needs --out-dir (the run stops with a checkpoint to continue from)");
+    if ((o.resume == "latest" || o.resume == "auto") && o.out_dir.empty())
+        throw Error("--resume " + o.resume + " needs --out-dir (the directory whose newest checkpoint to use)");
     if (prepare_dirs && !o.out_dir.empty()) prepare_output_dir(o.out_dir, "--out-dir");
 }
 

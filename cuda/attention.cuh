@@ -10,22 +10,20 @@
 //   dqkv [N, (nh + 2·nkv)·hd]  fully overwritten (q, k and v parts)
 //   backward scratch: D [B, nh, T] fp32, D_t = Σ_d dout[t,d]·out[t,d]
 //
-// Variants (argument `variant`; -1 = best supported for (dtype, hd); the environment variable
-// LDM_ATTN_VARIANT=<n> overrides what -1 picks, as a safety valve):
-//   1: scalar fp32 math, any T >= 1, any even hd <= 256, float and bf16. Forward: one warp per
-//      query row (32 keys per step, one per lane, online softmax). Backward: one warp per key row
-//      for dK/dV (loops over every query of every query head of the GQA group) and one warp per
-//      query row for dQ. No atomics: every output element is written by exactly one thread.
-//   2: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), 64-row tiles in shared memory,
+// Two kernel families, chosen by (dtype, hd) (attention_uses_mma):
+//   scalar: fp32 math, any T >= 1, any even hd <= 256, float and bf16 (the fp32 trainer and odd
+//      head dims). Forward: one warp per query row (32 keys per step, one per lane, online
+//      softmax). Backward: one warp per key row for dK/dV (loops over every query of every query
+//      head of the GQA group) and one warp per query row for dQ. No atomics: every output element
+//      is written by exactly one thread.
+//   mma: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), 64-row tiles in shared memory,
 //      hd in {64, 128}, any T (partial tiles masked), bf16 only; sm_80+. Same deterministic
-//      decomposition as 1 (a dK/dV kernel over key tiles, a dQ kernel over query tiles).
-//      Fragments are read from shared memory with plain 32/16-bit loads.
-//   3: variant 2 with the fragments read by ldmatrix (.trans for the row-major B operands);
-//      same kernels, same register contents, fewer shared-memory instructions. Opt-in until
-//      measured on a GPU (-1 picks 2).
-// Both tensor-core variants were run on the CPU through a fiber-based emulation of the CUDA
-// execution model (mma/ldmatrix per the PTX ISA fragment tables) and matched the CPU reference.
-// Unsupported (variant, dtype, hd) combinations throw ldm::Error.
+//      decomposition (a dK/dV kernel over key tiles, a dQ kernel over query tiles). The MMA
+//      operand fragments are read from shared memory by ldmatrix (LdsmFrags; .trans for the
+//      row-major B operands). The kernels take the fragment loader as a template parameter so
+//      that the dev/cuda/attention.cu workbench can run them with plain shared-memory loads too.
+// Both families also run on the CPU under dev/emu (mma / ldmatrix per the PTX ISA fragment
+// tables) in CI.
 #pragma once
 #include <cstdlib>
 #include <type_traits>
@@ -51,20 +49,20 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// ================================ variant 1: scalar, one warp per row ===========================
-constexpr int kV1Warps = 4;      // warps per block
-constexpr int kV1MaxHd = 256;    // hd <= 256: each lane owns dims lane + 32·i, i < 8
-constexpr int kV1PerLane = kV1MaxHd / 32;
+// ================================ scalar kernels: one warp per row ===============================
+constexpr int kScalarWarps = 4;      // warps per block
+constexpr int kScalarMaxHd = 256;    // hd <= 256: each lane owns dims lane + 32·i, i < 8
+constexpr int kScalarPerLane = kScalarMaxHd / 32;
 
 // Forward. One warp per (b, h, t), rows ordered like lse ([B, nh, T]). Each step handles 32 keys:
 // lane l computes the score of key j0 + l from the whole q row (shared memory), then the warp
 // merges them into the running max / sum and accumulates p_j · v_j over the dims each lane owns.
 template <typename T>
-__global__ void __launch_bounds__(kV1Warps * 32)
-attn_fwd_v1(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, int hd, float scale) {
-    __shared__ float qs[kV1Warps][kV1MaxHd];
+__global__ void __launch_bounds__(kScalarWarps * 32)
+attn_fwd_scalar(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, int hd, float scale) {
+    __shared__ float qs[kScalarWarps][kScalarMaxHd];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * kV1Warps + warp;
+    const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nh * T_) return;               // whole warp leaves together
     const int t = (int)(row % T_);
     const int h = (int)((row / T_) % nh);
@@ -80,9 +78,9 @@ attn_fwd_v1(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, in
     __syncwarp();
 
     float m = -INFINITY, l = 0.f;
-    float acc[kV1PerLane];
+    float acc[kScalarPerLane];
 #pragma unroll
-    for (int i = 0; i < kV1PerLane; i++) acc[i] = 0.f;
+    for (int i = 0; i < kScalarPerLane; i++) acc[i] = 0.f;
     for (int j0 = 0; j0 <= t; j0 += 32) {
         const int j = j0 + lane;
         float s = -INFINITY;
@@ -97,13 +95,13 @@ attn_fwd_v1(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, in
         const float alpha = expf(m - m_new);                 // 0 on the first step (m = -inf)
         l = l * alpha + warp_sum(p);
 #pragma unroll
-        for (int i = 0; i < kV1PerLane; i++) acc[i] *= alpha;
+        for (int i = 0; i < kScalarPerLane; i++) acc[i] *= alpha;
         const int nj = min(32, t - j0 + 1);
         for (int jj = 0; jj < nj; jj++) {
             const float pj = __shfl_sync(0xffffffffu, p, jj);
             const T* vr = vbase + (int64_t)(j0 + jj) * C3;
 #pragma unroll
-            for (int i = 0; i < kV1PerLane; i++) {
+            for (int i = 0; i < kScalarPerLane; i++) {
                 const int d = lane + 32 * i;
                 if (d < hd) acc[i] = fmaf(pj, to_f(vr[d]), acc[i]);
             }
@@ -113,19 +111,19 @@ attn_fwd_v1(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, in
     const float inv = 1.f / l;
     T* orow = out + ((int64_t)b * T_ + t) * nh * hd + (int64_t)h * hd;
 #pragma unroll
-    for (int i = 0; i < kV1PerLane; i++) {
+    for (int i = 0; i < kScalarPerLane; i++) {
         const int d = lane + 32 * i;
         if (d < hd) orow[d] = from_f<T>(acc[i] * inv);
     }
     if (lane == 0) lse[row] = m + logf(l);
 }
 
-// D[b, h, t] = Σ_d dout·out (fp32), one warp per row (shared by every variant's backward).
+// D[b, h, t] = Σ_d dout·out (fp32), one warp per row (shared by both backward paths).
 template <typename T>
-__global__ void __launch_bounds__(kV1Warps * 32)
+__global__ void __launch_bounds__(kScalarWarps * 32)
 attn_bwd_rowdot(float* D, const T* dout, const T* out, int B, int T_, int nh, int hd) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * kV1Warps + warp;
+    const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nh * T_) return;
     const int t = (int)(row % T_);
     const int h = (int)((row / T_) % nh);
@@ -141,13 +139,13 @@ attn_bwd_rowdot(float* D, const T* dout, const T* out, int B, int T_, int nh, in
 // of the group, and over queries i >= j in steps of 32 (one per lane):
 //   p = exp(scale q_i·k_j − lse_i), dv_j += p dO_i, ds = p (dO_i·v_j − D_i), dk_j += scale ds q_i.
 template <typename T>
-__global__ void __launch_bounds__(kV1Warps * 32)
-attn_bwd_dkdv_v1(T* dqkv, const T* dout, const float* lse, const float* D, const T* qkv, int B,
+__global__ void __launch_bounds__(kScalarWarps * 32)
+attn_bwd_dkdv_scalar(T* dqkv, const T* dout, const float* lse, const float* D, const T* qkv, int B,
                  int T_, int nh, int nkv, int hd, float scale) {
-    __shared__ float ks_all[kV1Warps][kV1MaxHd];
-    __shared__ float vs_all[kV1Warps][kV1MaxHd];
+    __shared__ float ks_all[kScalarWarps][kScalarMaxHd];
+    __shared__ float vs_all[kScalarWarps][kScalarMaxHd];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * kV1Warps + warp;
+    const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nkv * T_) return;
     const int j = (int)(row % T_);
     const int g = (int)((row / T_) % nkv);
@@ -165,9 +163,9 @@ attn_bwd_dkdv_v1(T* dqkv, const T* dout, const float* lse, const float* D, const
         vs[d] = to_f(vrow[d]);
     }
     __syncwarp();
-    float dk[kV1PerLane], dv[kV1PerLane];
+    float dk[kScalarPerLane], dv[kScalarPerLane];
 #pragma unroll
-    for (int i = 0; i < kV1PerLane; i++) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < kScalarPerLane; i++) dk[i] = dv[i] = 0.f;
     for (int hh = 0; hh < G; hh++) {
         const int h = g * G + hh;
         const T* qb = base + (int64_t)h * hd;
@@ -195,7 +193,7 @@ attn_bwd_dkdv_v1(T* dqkv, const T* dout, const float* lse, const float* D, const
                 const T* qr = qb + (int64_t)(i0 + ii) * C3;
                 const T* dr = dob + (int64_t)(i0 + ii) * OC;
 #pragma unroll
-                for (int c = 0; c < kV1PerLane; c++) {
+                for (int c = 0; c < kScalarPerLane; c++) {
                     const int d = lane + 32 * c;
                     if (d < hd) {
                         dv[c] = fmaf(pi, to_f(dr[d]), dv[c]);
@@ -208,7 +206,7 @@ attn_bwd_dkdv_v1(T* dqkv, const T* dout, const float* lse, const float* D, const
     T* dkrow = dqkv + ((int64_t)b * T_ + j) * C3 + (int64_t)(nh + g) * hd;
     T* dvrow = dqkv + ((int64_t)b * T_ + j) * C3 + (int64_t)(nh + nkv + g) * hd;
 #pragma unroll
-    for (int c = 0; c < kV1PerLane; c++) {
+    for (int c = 0; c < kScalarPerLane; c++) {
         const int d = lane + 32 * c;
         if (d < hd) {
             dkrow[d] = from_f<T>(dk[c] * scale);
@@ -220,13 +218,13 @@ attn_bwd_dkdv_v1(T* dqkv, const T* dout, const float* lse, const float* D, const
 // dQ of one query row per warp (rows ordered like lse): over keys j <= i, 32 per step:
 //   ds = exp(scale q_i·k_j − lse_i) (dO_i·v_j − D_i), dq_i += scale ds k_j.
 template <typename T>
-__global__ void __launch_bounds__(kV1Warps * 32)
-attn_bwd_dq_v1(T* dqkv, const T* dout, const float* lse, const float* D, const T* qkv, int B,
+__global__ void __launch_bounds__(kScalarWarps * 32)
+attn_bwd_dq_scalar(T* dqkv, const T* dout, const float* lse, const float* D, const T* qkv, int B,
                int T_, int nh, int nkv, int hd, float scale) {
-    __shared__ float qs_all[kV1Warps][kV1MaxHd];
-    __shared__ float ds_all[kV1Warps][kV1MaxHd];
+    __shared__ float qs_all[kScalarWarps][kScalarMaxHd];
+    __shared__ float ds_all[kScalarWarps][kScalarMaxHd];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * kV1Warps + warp;
+    const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nh * T_) return;
     const int i = (int)(row % T_);
     const int h = (int)((row / T_) % nh);
@@ -247,9 +245,9 @@ attn_bwd_dq_v1(T* dqkv, const T* dout, const float* lse, const float* D, const T
     }
     __syncwarp();
     const float lse_i = lse[row], D_i = D[row];
-    float dq[kV1PerLane];
+    float dq[kScalarPerLane];
 #pragma unroll
-    for (int c = 0; c < kV1PerLane; c++) dq[c] = 0.f;
+    for (int c = 0; c < kScalarPerLane; c++) dq[c] = 0.f;
     for (int j0 = 0; j0 <= i; j0 += 32) {
         const int j = j0 + lane;
         float ds = 0.f;
@@ -268,7 +266,7 @@ attn_bwd_dq_v1(T* dqkv, const T* dout, const float* lse, const float* D, const T
             const float dsj = __shfl_sync(0xffffffffu, ds, jj);
             const T* kr = kbase + (int64_t)(j0 + jj) * C3;
 #pragma unroll
-            for (int c = 0; c < kV1PerLane; c++) {
+            for (int c = 0; c < kScalarPerLane; c++) {
                 const int d = lane + 32 * c;
                 if (d < hd) dq[c] = fmaf(dsj, to_f(kr[d]), dq[c]);
             }
@@ -276,13 +274,13 @@ attn_bwd_dq_v1(T* dqkv, const T* dout, const float* lse, const float* D, const T
     }
     T* dqrow = dqkv + ((int64_t)b * T_ + i) * C3 + (int64_t)h * hd;
 #pragma unroll
-    for (int c = 0; c < kV1PerLane; c++) {
+    for (int c = 0; c < kScalarPerLane; c++) {
         const int d = lane + 32 * c;
         if (d < hd) dqrow[d] = from_f<T>(dq[c] * scale);
     }
 }
 
-// ================================ variant 2: bf16 tensor cores ==================================
+// ================================ mma kernels: bf16 tensor cores =================================
 // mma.sync.m16n8k16 (row.col, bf16 in, fp32 accumulate), PTX ISA fragment layout, with
 // gr = lane / 4 and tg = lane % 4:
 //   A 16x16 (row-major): a0 = A[gr][2tg, 2tg+1], a1 = A[gr+8][2tg..], a2 = A[gr][2tg+8..],
@@ -292,9 +290,9 @@ attn_bwd_dq_v1(T* dqkv, const T* dout, const float* lse, const float* D, const T
 // So the C fragments of two adjacent n-tiles (columns 16k..16k+15) are, packed to bf16, exactly
 // the A fragment of k-tile k: the P (or dS) of one mma feeds the next one from registers.
 // Tiles: 64 rows x HD in shared memory with rows padded by 8 bf16 (16 bytes).
-constexpr int kV2Rows = 64;      // query rows per block (fwd, dQ) = keys per tile
-constexpr int kV2Threads = 128;  // 4 warps, 16 rows each
-constexpr int kV2Pad = 8;
+constexpr int kMmaRows = 64;      // query rows per block (fwd, dQ) = keys per tile
+constexpr int kMmaThreads = 128;  // 4 warps, 16 rows each
+constexpr int kMmaPad = 8;
 
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -321,12 +319,12 @@ __device__ __forceinline__ uint32_t pack_f32(float lo, float hi) {
 }
 
 // Copies rows [r0, r0 + ROWS) x [0, HD) of a strided global bf16 matrix (row stride `ld`
-// elements, base already at column 0 of the head) into shared memory (row stride HD + kV2Pad);
+// elements, base already at column 0 of the head) into shared memory (row stride HD + kMmaPad);
 // rows >= T_ are zero-filled. 16-byte vector loads (HD % 8 == 0, 16-byte aligned rows).
 template <int HD, int ROWS>
 __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int r0, int T_, int64_t ld) {
-    constexpr int LDS = HD + kV2Pad, CH = HD / 8;
-    for (int idx = threadIdx.x; idx < ROWS * CH; idx += kV2Threads) {
+    constexpr int LDS = HD + kMmaPad, CH = HD / 8;
+    for (int idx = threadIdx.x; idx < ROWS * CH; idx += kMmaThreads) {
         const int r = idx / CH, c = (idx % CH) * 8;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r0 + r < T_) v = *reinterpret_cast<const uint4*>(src + (int64_t)(r0 + r) * ld + c);
@@ -334,32 +332,6 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int r0, in
     }
 }
 
-// A fragment of rows [row0, row0+16) x columns [col0, col0+16) of a row-major smem tile.
-template <int LDS>
-__device__ __forceinline__ void frag_a(uint32_t a[4], const bf16* tile, int row0, int col0,
-                                       int gr, int tg) {
-    const bf16* p = tile + (row0 + gr) * LDS + col0 + 2 * tg;
-    a[0] = ld_pair(p);
-    a[1] = ld_pair(p + 8 * LDS);
-    a[2] = ld_pair(p + 8);
-    a[3] = ld_pair(p + 8 * LDS + 8);
-}
-// B fragment where B[k][n] = tile[n0 + n][k0 + k] (B = tileᵀ: e.g. Kᵀ for Q Kᵀ).
-template <int LDS>
-__device__ __forceinline__ void frag_b_trans(uint32_t b[2], const bf16* tile, int n0, int k0,
-                                             int gr, int tg) {
-    const bf16* p = tile + (n0 + gr) * LDS + k0 + 2 * tg;
-    b[0] = ld_pair(p);
-    b[1] = ld_pair(p + 8);
-}
-// B fragment where B[k][n] = tile[k0 + k][n0 + n] (B = the tile itself: e.g. V for P V).
-template <int LDS>
-__device__ __forceinline__ void frag_b(uint32_t b[2], const bf16* tile, int k0, int n0, int gr,
-                                       int tg) {
-    const bf16* p = tile + (k0 + 2 * tg) * LDS + n0 + gr;
-    b[0] = pack_bf16(p[0], p[LDS]);
-    b[1] = pack_bf16(p[8 * LDS], p[9 * LDS]);
-}
 // A fragment of k-tile kk from the fp32 C fragments of n-tiles 2kk and 2kk+1 (rounded to bf16).
 __device__ __forceinline__ void frag_a_from_c(uint32_t a[4], const float c0[4], const float c1[4]) {
     a[0] = pack_f32(c0[0], c0[1]);
@@ -368,7 +340,7 @@ __device__ __forceinline__ void frag_a_from_c(uint32_t a[4], const float c0[4], 
     a[3] = pack_f32(c1[2], c1[3]);
 }
 
-// ldmatrix (variant 3): four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix
+// ldmatrix: four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix
 // l / 8 (16-byte aligned). Register i of lane l receives row l/4, columns 2(l%4), 2(l%4)+1 of
 // matrix i; with .trans, rows 2(l%4), 2(l%4)+1 of column l/4 (i.e. of the transposed matrix).
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16* p) {
@@ -392,81 +364,69 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
 #endif
 }
 
-// Fragment loaders used by the kernels: plain 32/16-bit shared loads (LDSM = false, variant 2)
-// or ldmatrix (LDSM = true, variant 3); identical register contents either way.
-template <int LDS, bool LDSM>
-__device__ __forceinline__ void load_a(uint32_t a[4], const bf16* tile, int row0, int col0,
-                                       int lane) {
-    if constexpr (LDSM) {
+// The MMA operand fragments of a shared-memory tile, read by ldmatrix. A fragment loader is a
+// class with these three static members (the kernels' Frags parameter):
+//   a<LDS>(a, tile, row0, col0, lane):        A fragment of rows [row0, row0+16) x [col0, col0+16)
+//   b_trans2<LDS>(b0, b1, tile, n0, k0, lane): B fragments of n-tiles n0, n0+8, B[k][n] = tile[n][k0+k]
+//   b2<LDS>(b0, b1, tile, k0, n0, lane):       B fragments of n-tiles n0, n0+8, B[k][n] = tile[k0+k][n]
+struct LdsmFrags {
+    template <int LDS>
+    __device__ __forceinline__ static void a(uint32_t a[4], const bf16* tile, int row0, int col0, int lane) {
         const int m = lane >> 3, r = lane & 7;
         ldsm_x4(a, tile + (row0 + (m & 1) * 8 + r) * LDS + col0 + (m >> 1) * 8);
-    } else {
-        frag_a<LDS>(a, tile, row0, col0, lane >> 2, lane & 3);
     }
-}
-// B fragments of n-tiles n0 and n0 + 8, B[k][n] = tile[n][k0 + k].
-template <int LDS, bool LDSM>
-__device__ __forceinline__ void load_b_trans2(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
-                                              int n0, int k0, int lane) {
-    if constexpr (LDSM) {
+    template <int LDS>
+    __device__ __forceinline__ static void b_trans2(uint32_t b0[2], uint32_t b1[2], const bf16* tile, int n0,
+                                                    int k0, int lane) {
         const int m = lane >> 3, r = lane & 7;
         uint32_t t[4];
         ldsm_x4(t, tile + (n0 + (m >> 1) * 8 + r) * LDS + k0 + (m & 1) * 8);
         b0[0] = t[0]; b0[1] = t[1]; b1[0] = t[2]; b1[1] = t[3];
-    } else {
-        frag_b_trans<LDS>(b0, tile, n0, k0, lane >> 2, lane & 3);
-        frag_b_trans<LDS>(b1, tile, n0 + 8, k0, lane >> 2, lane & 3);
     }
-}
-// B fragments of n-tiles n0 and n0 + 8, B[k][n] = tile[k0 + k][n].
-template <int LDS, bool LDSM>
-__device__ __forceinline__ void load_b2(uint32_t b0[2], uint32_t b1[2], const bf16* tile, int k0,
-                                        int n0, int lane) {
-    if constexpr (LDSM) {
+    template <int LDS>
+    __device__ __forceinline__ static void b2(uint32_t b0[2], uint32_t b1[2], const bf16* tile, int k0, int n0,
+                                              int lane) {
         const int m = lane >> 3, r = lane & 7;
         uint32_t t[4];
         ldsm_x4_trans(t, tile + (k0 + (m & 1) * 8 + r) * LDS + n0 + (m >> 1) * 8);
         b0[0] = t[0]; b0[1] = t[1]; b1[0] = t[2]; b1[1] = t[3];
-    } else {
-        frag_b<LDS>(b0, tile, k0, n0, lane >> 2, lane & 3);
-        frag_b<LDS>(b1, tile, k0, n0 + 8, lane >> 2, lane & 3);
     }
-}
+};
 
 template <int HD>
-constexpr int v2_fwd_smem() { return 3 * kV2Rows * (HD + kV2Pad) * 2; }
+constexpr int mma_fwd_smem() { return 3 * kMmaRows * (HD + kMmaPad) * 2; }
 
 // Forward. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h (the longest
 // rows first), warp w = rows 16w..16w+15. Loops over the key tiles 0..(last query)/64: S = Q Kᵀ
 // (tensor cores), scaled to log2 units, causal / length mask, online softmax in fp32, O += P V.
-template <int HD, bool LDSM>
-__global__ void __launch_bounds__(kV2Threads)
-attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, float scale_log2) {
-    constexpr int LDS = HD + kV2Pad, NT_D = HD / 8, NT_K = kV2Rows / 8;
+template <int HD, class Frags>
+__global__ void __launch_bounds__(kMmaThreads)
+attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, float scale_log2) {
+    constexpr int LDS = HD + kMmaPad, NT_D = HD / 8, NT_K = kMmaRows / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
-    bf16* Ks = Qs + kV2Rows * LDS;
-    bf16* Vs = Ks + kV2Rows * LDS;
+    bf16* Ks = Qs + kMmaRows * LDS;
+    bf16* Vs = Ks + kMmaRows * LDS;
     const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int g = h / (nh / nkv);
     const int64_t C3 = (int64_t)(nh + 2 * nkv) * HD;
     const bf16* base = qkv + (int64_t)b * T_ * C3;
-    const int q0 = qt * kV2Rows;
+    const int q0 = qt * kMmaRows;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
     const int wr = warp * 16;                               // warp's first row in the tile
-    load_tile<HD, kV2Rows>(Qs, base + (int64_t)h * HD, q0, T_, C3);
+    load_tile<HD, kMmaRows>(Qs, base + (int64_t)h * HD, q0, T_, C3);
 
     float o[NT_D][4];
 #pragma unroll
     for (int i = 0; i < NT_D; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};   // rows gr, gr + 8 (log2 units)
     const int row_lo = q0 + wr + gr;                          // query index of rows gr, gr+8
-    const int n_kt = (min(q0 + kV2Rows, T_) - 1) / kV2Rows + 1;
+    const int n_kt = (min(q0 + kMmaRows, T_) - 1) / kMmaRows + 1;
     for (int kt = 0; kt < n_kt; kt++) {
-        const int k0 = kt * kV2Rows;
+        const int k0 = kt * kMmaRows;
         __syncthreads();                                      // previous K/V tile consumed
-        load_tile<HD, kV2Rows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
-        load_tile<HD, kV2Rows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
+        load_tile<HD, kMmaRows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
+        load_tile<HD, kMmaRows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
         __syncthreads();
         float s[NT_K][4];
 #pragma unroll
@@ -474,11 +434,11 @@ attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, flo
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t a[4];
-            load_a<LDS, LDSM>(a, Qs, wr, kk * 16, lane);
+            Frags::template a<LDS>(a, Qs, wr, kk * 16, lane);
 #pragma unroll
             for (int nt = 0; nt < NT_K; nt += 2) {
                 uint32_t b0[2], b1[2];
-                load_b_trans2<LDS, LDSM>(b0, b1, Ks, nt * 8, kk * 16, lane);
+                Frags::template b_trans2<LDS>(b0, b1, Ks, nt * 8, kk * 16, lane);
                 mma_16816(s[nt], a, b0);
                 mma_16816(s[nt + 1], a, b1);
             }
@@ -523,13 +483,13 @@ attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, flo
         }
         // O += P V
 #pragma unroll
-        for (int kk = 0; kk < kV2Rows / 16; kk++) {
+        for (int kk = 0; kk < kMmaRows / 16; kk++) {
             uint32_t a[4];
             frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
             for (int nt = 0; nt < NT_D; nt += 2) {
                 uint32_t b0[2], b1[2];
-                load_b2<LDS, LDSM>(b0, b1, Vs, kk * 16, nt * 8, lane);
+                Frags::template b2<LDS>(b0, b1, Vs, kk * 16, nt * 8, lane);
                 mma_16816(o[nt], a, b0);
                 mma_16816(o[nt + 1], a, b1);
             }
@@ -554,30 +514,30 @@ attn_fwd_v2(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, flo
 }
 
 template <int HD>
-constexpr int v2_dq_smem() { return 4 * kV2Rows * (HD + kV2Pad) * 2; }
+constexpr int mma_dq_smem() { return 4 * kMmaRows * (HD + kMmaPad) * 2; }
 
 // dQ. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h, warp = 16 rows.
 // Per key tile: S = Q Kᵀ, P = exp2(S·scale·log2e − lse·log2e) (masked to 0), dP = dO Vᵀ,
 // dS = P (dP − D), dQ += dS K; dQ·scale written once at the end.
-template <int HD, bool LDSM>
-__global__ void __launch_bounds__(kV2Threads)
-attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
+template <int HD, class Frags>
+__global__ void __launch_bounds__(kMmaThreads)
+attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
                int T_, int nh, int nkv, float scale, float scale_log2) {
-    constexpr int LDS = HD + kV2Pad, NT_D = HD / 8, NT_K = kV2Rows / 8;
+    constexpr int LDS = HD + kMmaPad, NT_D = HD / 8, NT_K = kMmaRows / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
-    bf16* dOs = Qs + kV2Rows * LDS;
-    bf16* Ks = dOs + kV2Rows * LDS;
-    bf16* Vs = Ks + kV2Rows * LDS;
+    bf16* dOs = Qs + kMmaRows * LDS;
+    bf16* Ks = dOs + kMmaRows * LDS;
+    bf16* Vs = Ks + kMmaRows * LDS;
     const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int g = h / (nh / nkv);
     const int64_t C3 = (int64_t)(nh + 2 * nkv) * HD, OC = (int64_t)nh * HD;
     const bf16* base = qkv + (int64_t)b * T_ * C3;
-    const int q0 = qt * kV2Rows;
+    const int q0 = qt * kMmaRows;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
     const int wr = warp * 16;
-    load_tile<HD, kV2Rows>(Qs, base + (int64_t)h * HD, q0, T_, C3);
-    load_tile<HD, kV2Rows>(dOs, dout + (int64_t)b * T_ * OC + (int64_t)h * HD, q0, T_, OC);
+    load_tile<HD, kMmaRows>(Qs, base + (int64_t)h * HD, q0, T_, C3);
+    load_tile<HD, kMmaRows>(dOs, dout + (int64_t)b * T_ * OC + (int64_t)h * HD, q0, T_, OC);
     const int row_lo = q0 + wr + gr;
     float lse2[2], Dr[2];
 #pragma unroll
@@ -590,12 +550,12 @@ attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, c
     float dq[NT_D][4];
 #pragma unroll
     for (int i = 0; i < NT_D; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-    const int n_kt = (min(q0 + kV2Rows, T_) - 1) / kV2Rows + 1;
+    const int n_kt = (min(q0 + kMmaRows, T_) - 1) / kMmaRows + 1;
     for (int kt = 0; kt < n_kt; kt++) {
-        const int k0 = kt * kV2Rows;
+        const int k0 = kt * kMmaRows;
         __syncthreads();
-        load_tile<HD, kV2Rows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
-        load_tile<HD, kV2Rows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
+        load_tile<HD, kMmaRows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
+        load_tile<HD, kMmaRows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
         __syncthreads();
         float s[NT_K][4], dp[NT_K][4];
 #pragma unroll
@@ -605,15 +565,15 @@ attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, c
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t a[4], ad[4];
-            load_a<LDS, LDSM>(a, Qs, wr, kk * 16, lane);
-            load_a<LDS, LDSM>(ad, dOs, wr, kk * 16, lane);
+            Frags::template a<LDS>(a, Qs, wr, kk * 16, lane);
+            Frags::template a<LDS>(ad, dOs, wr, kk * 16, lane);
 #pragma unroll
             for (int nt = 0; nt < NT_K; nt += 2) {
                 uint32_t b0[2], b1[2];
-                load_b_trans2<LDS, LDSM>(b0, b1, Ks, nt * 8, kk * 16, lane);
+                Frags::template b_trans2<LDS>(b0, b1, Ks, nt * 8, kk * 16, lane);
                 mma_16816(s[nt], a, b0);
                 mma_16816(s[nt + 1], a, b1);
-                load_b_trans2<LDS, LDSM>(b0, b1, Vs, nt * 8, kk * 16, lane);
+                Frags::template b_trans2<LDS>(b0, b1, Vs, nt * 8, kk * 16, lane);
                 mma_16816(dp[nt], ad, b0);
                 mma_16816(dp[nt + 1], ad, b1);
             }
@@ -632,13 +592,13 @@ attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, c
             }
         // dQ += dS K
 #pragma unroll
-        for (int kk = 0; kk < kV2Rows / 16; kk++) {
+        for (int kk = 0; kk < kMmaRows / 16; kk++) {
             uint32_t a[4];
             frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
             for (int nt = 0; nt < NT_D; nt += 2) {
                 uint32_t b0[2], b1[2];
-                load_b2<LDS, LDSM>(b0, b1, Ks, kk * 16, nt * 8, lane);
+                Frags::template b2<LDS>(b0, b1, Ks, kk * 16, nt * 8, lane);
                 mma_16816(dq[nt], a, b0);
                 mma_16816(dq[nt + 1], a, b1);
             }
@@ -658,25 +618,25 @@ attn_bwd_dq_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, c
 
 // Query rows per step of the dK/dV kernel (fewer for hd 128 to keep the accumulators in registers).
 template <int HD>
-__host__ __device__ constexpr int v2_dkdv_bq() { return HD <= 64 ? 64 : 32; }
+__host__ __device__ constexpr int mma_dkdv_bq() { return HD <= 64 ? 64 : 32; }
 template <int HD>
-constexpr int v2_dkdv_smem() {
-    return (2 * kV2Rows + 2 * v2_dkdv_bq<HD>()) * (HD + kV2Pad) * 2 + 2 * v2_dkdv_bq<HD>() * 4;
+constexpr int mma_dkdv_smem() {
+    return (2 * kMmaRows + 2 * mma_dkdv_bq<HD>()) * (HD + kMmaPad) * 2 + 2 * mma_dkdv_bq<HD>() * 4;
 }
 
 // dK, dV. Grid (ceil(T/64), nkv, B), 128 threads; block = 64 keys of kv head g (K, V tiles stay in
 // shared memory), warp = 16 keys. Loops over the query heads of the group and the query tiles
 // from the key tile on (BQ rows each): Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) masked,
 // dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ − D); dV += Pᵀ dO, dK += dSᵀ Q; written once (dK·scale) at the end.
-template <int HD, bool LDSM>
-__global__ void __launch_bounds__(kV2Threads)
-attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
+template <int HD, class Frags>
+__global__ void __launch_bounds__(kMmaThreads)
+attn_bwd_dkdv_mma(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
                  int T_, int nh, int nkv, float scale, float scale_log2) {
-    constexpr int LDS = HD + kV2Pad, NT_D = HD / 8, BQ = v2_dkdv_bq<HD>(), NT_Q = BQ / 8;
+    constexpr int LDS = HD + kMmaPad, NT_D = HD / 8, BQ = mma_dkdv_bq<HD>(), NT_Q = BQ / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
-    bf16* Vs = Ks + kV2Rows * LDS;
-    bf16* Qs = Vs + kV2Rows * LDS;
+    bf16* Vs = Ks + kMmaRows * LDS;
+    bf16* Qs = Vs + kMmaRows * LDS;
     bf16* dOs = Qs + BQ * LDS;
     float* lse2s = reinterpret_cast<float*>(dOs + BQ * LDS);
     float* Ds = lse2s + BQ;
@@ -684,12 +644,12 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
     const int G = nh / nkv;
     const int64_t C3 = (int64_t)(nh + 2 * nkv) * HD, OC = (int64_t)nh * HD;
     const bf16* base = qkv + (int64_t)b * T_ * C3;
-    const int k0 = kt * kV2Rows;
+    const int k0 = kt * kMmaRows;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
     const int wr = warp * 16;
     const int key_lo = k0 + wr + gr;                         // key index of rows gr, gr+8
-    load_tile<HD, kV2Rows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
-    load_tile<HD, kV2Rows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
+    load_tile<HD, kMmaRows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
+    load_tile<HD, kMmaRows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
     float dk[NT_D][4], dv[NT_D][4];
 #pragma unroll
     for (int i = 0; i < NT_D; i++)
@@ -703,7 +663,7 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
             __syncthreads();                                 // previous Q/dO tile consumed
             load_tile<HD, BQ>(Qs, base + (int64_t)h * HD, q0, T_, C3);
             load_tile<HD, BQ>(dOs, dout + (int64_t)b * T_ * OC + (int64_t)h * HD, q0, T_, OC);
-            for (int i = threadIdx.x; i < BQ; i += kV2Threads) {
+            for (int i = threadIdx.x; i < BQ; i += kMmaThreads) {
                 const bool ok = q0 + i < T_;
                 lse2s[i] = ok ? lse_r[q0 + i] * kLog2e : 0.f;
                 Ds[i] = ok ? D_r[q0 + i] : 0.f;
@@ -717,15 +677,15 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
                 uint32_t a[4], av[4];
-                load_a<LDS, LDSM>(a, Ks, wr, kk * 16, lane);
-                load_a<LDS, LDSM>(av, Vs, wr, kk * 16, lane);
+                Frags::template a<LDS>(a, Ks, wr, kk * 16, lane);
+                Frags::template a<LDS>(av, Vs, wr, kk * 16, lane);
 #pragma unroll
                 for (int nt = 0; nt < NT_Q; nt += 2) {
                     uint32_t b0[2], b1[2];
-                    load_b_trans2<LDS, LDSM>(b0, b1, Qs, nt * 8, kk * 16, lane);
+                    Frags::template b_trans2<LDS>(b0, b1, Qs, nt * 8, kk * 16, lane);
                     mma_16816(st[nt], a, b0);
                     mma_16816(st[nt + 1], a, b1);
-                    load_b_trans2<LDS, LDSM>(b0, b1, dOs, nt * 8, kk * 16, lane);
+                    Frags::template b_trans2<LDS>(b0, b1, dOs, nt * 8, kk * 16, lane);
                     mma_16816(dpt[nt], av, b0);
                     mma_16816(dpt[nt + 1], av, b1);
                 }
@@ -751,10 +711,10 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
 #pragma unroll
                 for (int nt = 0; nt < NT_D; nt += 2) {
                     uint32_t b0[2], b1[2];
-                    load_b2<LDS, LDSM>(b0, b1, dOs, kk * 16, nt * 8, lane);
+                    Frags::template b2<LDS>(b0, b1, dOs, kk * 16, nt * 8, lane);
                     mma_16816(dv[nt], ap, b0);
                     mma_16816(dv[nt + 1], ap, b1);
-                    load_b2<LDS, LDSM>(b0, b1, Qs, kk * 16, nt * 8, lane);
+                    Frags::template b2<LDS>(b0, b1, Qs, kk * 16, nt * 8, lane);
                     mma_16816(dk[nt], as, b0);
                     mma_16816(dk[nt + 1], as, b1);
                 }
@@ -777,58 +737,64 @@ attn_bwd_dkdv_v2(bf16* dqkv, const bf16* dout, const float* lse, const float* D,
     }
 }
 
-template <int HD, bool LDSM>
-inline void v2_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_, int nh, int nkv,
+template <int HD, class Frags>
+inline void mma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_, int nh, int nkv,
                        float scale, cudaStream_t s) {
-    constexpr int smem = v2_fwd_smem<HD>();
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_v2<HD, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    dim3 grid((unsigned)ceil_div(T_, kV2Rows), (unsigned)nh, (unsigned)B);
-    attn_fwd_v2<HD, LDSM><<<grid, kV2Threads, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
+    constexpr int smem = mma_fwd_smem<HD>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HD, Frags>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dim3 grid((unsigned)ceil_div(T_, kMmaRows), (unsigned)nh, (unsigned)B);
+    attn_fwd_mma<HD, Frags><<<grid, kMmaThreads, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
     LDM_LAUNCH_CHECK();
 }
 
-template <int HD, bool LDSM>
-inline void v2_backward(bf16* dqkv, const float* D, const bf16* dout, const float* lse,
+template <int HD, class Frags>
+inline void mma_backward(bf16* dqkv, const float* D, const bf16* dout, const float* lse,
                         const bf16* qkv, int B, int T_, int nh, int nkv, float scale,
                         cudaStream_t s) {
-    constexpr int smem_kv = v2_dkdv_smem<HD>(), smem_q = v2_dq_smem<HD>();
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_v2<HD, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_v2<HD, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
-    dim3 gkv((unsigned)ceil_div(T_, kV2Rows), (unsigned)nkv, (unsigned)B);
-    attn_bwd_dkdv_v2<HD, LDSM><<<gkv, kV2Threads, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv,
+    constexpr int smem_kv = mma_dkdv_smem<HD>(), smem_q = mma_dq_smem<HD>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<HD, Frags>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_mma<HD, Frags>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+    dim3 gkv((unsigned)ceil_div(T_, kMmaRows), (unsigned)nkv, (unsigned)B);
+    attn_bwd_dkdv_mma<HD, Frags><<<gkv, kMmaThreads, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv,
                                                           scale, scale * kLog2e);
     LDM_LAUNCH_CHECK();
-    dim3 gq((unsigned)ceil_div(T_, kV2Rows), (unsigned)nh, (unsigned)B);
-    attn_bwd_dq_v2<HD, LDSM><<<gq, kV2Threads, smem_q, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv, scale,
+    dim3 gq((unsigned)ceil_div(T_, kMmaRows), (unsigned)nh, (unsigned)B);
+    attn_bwd_dq_mma<HD, Frags><<<gq, kMmaThreads, smem_q, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv, scale,
                                                       scale * kLog2e);
     LDM_LAUNCH_CHECK();
 }
 
-// ---- variant selection -------------------------------------------------------------------------
+// ---- dispatch ----------------------------------------------------------------------------------
 template <typename T>
-inline bool variant_supported(int variant, int hd) {
-    if (variant == 1) return hd >= 2 && hd <= kV1MaxHd && hd % 2 == 0;
-    if (variant == 2 || variant == 3) return std::is_same<T, bf16>::value && (hd == 64 || hd == 128);
-    return false;
-}
+inline bool scalar_supported(int hd) { return hd >= 2 && hd <= kScalarMaxHd && hd % 2 == 0; }
+template <typename T>
+inline bool mma_supported(int hd) { return std::is_same<T, bf16>::value && (hd == 64 || hd == 128); }
 
-// -1 -> best supported variant for (T, hd); LDM_ATTN_VARIANT overrides when it is supported.
+// Building blocks (the dispatch below; the workbench calls them directly).
 template <typename T>
-inline int resolve_variant(int variant, int hd) {
-    if (variant < 0) {
-        if (const char* env = std::getenv("LDM_ATTN_VARIANT")) {
-            int v = std::atoi(env);
-            if (variant_supported<T>(v, hd)) return v;
-        }
-        // 3 first: on an H200 (2026-11-30) it passed every workbench check and ran 1.2-1.4x
-        // faster than 2 (doc/results_gpu.md); the trainer tests of that run used 2.
-        for (int v : {3, 2, 1})
-            if (variant_supported<T>(v, hd)) return v;
-    }
-    if (!variant_supported<T>(variant, hd))
-        throw Error(strprintf("attention: variant %d does not support dtype %s, hd=%d", variant,
-                              dtype_name<T>(), hd));
-    return variant;
+inline void scalar_forward(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, int hd, float scale,
+                           cudaStream_t s) {
+    const int64_t rows = (int64_t)B * nh * T_;
+    attn_fwd_scalar<T><<<(unsigned)ceil_div(rows, kScalarWarps), kScalarWarps * 32, 0, s>>>(out, lse, qkv, B, T_, nh,
+                                                                                           nkv, hd, scale);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+inline void rowdot(float* D, const T* dout, const T* out, int B, int T_, int nh, int hd, cudaStream_t s) {
+    const int64_t qrows = (int64_t)B * nh * T_;
+    attn_bwd_rowdot<T><<<(unsigned)ceil_div(qrows, kScalarWarps), kScalarWarps * 32, 0, s>>>(D, dout, out, B, T_, nh, hd);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+inline void scalar_backward(T* dqkv, const float* D, const T* dout, const float* lse, const T* qkv, int B, int T_,
+                            int nh, int nkv, int hd, float scale, cudaStream_t s) {
+    const int64_t qrows = (int64_t)B * nh * T_, krows = (int64_t)B * nkv * T_;
+    attn_bwd_dkdv_scalar<T><<<(unsigned)ceil_div(krows, kScalarWarps), kScalarWarps * 32, 0, s>>>(
+        dqkv, dout, lse, D, qkv, B, T_, nh, nkv, hd, scale);
+    LDM_LAUNCH_CHECK();
+    attn_bwd_dq_scalar<T><<<(unsigned)ceil_div(qrows, kScalarWarps), kScalarWarps * 32, 0, s>>>(
+        dqkv, dout, lse, D, qkv, B, T_, nh, nkv, hd, scale);
+    LDM_LAUNCH_CHECK();
 }
 
 inline void check_shape(int B, int T_, int nh, int nkv, int hd) {
@@ -844,32 +810,26 @@ inline int64_t attention_backward_scratch(int B, int T_, int nh, int nkv, int hd
     return (int64_t)B * nh * T_;
 }
 
-// Which variant `variant` (-1 = auto) resolves to for (T, hd); throws when unsupported.
+// True when attention of activation type T and head dim hd runs on the tensor-core (mma) kernels
+// (bf16, hd 64 or 128); else the scalar kernels. ldm::Error when neither supports hd.
 template <typename T>
-inline int attention_variant(int hd, int variant = -1) {
-    return attn_detail::resolve_variant<T>(variant, hd);
+inline bool attention_uses_mma(int hd) {
+    if (attn_detail::mma_supported<T>(hd)) return true;
+    if (attn_detail::scalar_supported<T>(hd)) return false;
+    throw Error(strprintf("attention: head_dim %d is not supported (even, <= %d)", hd, attn_detail::kScalarMaxHd));
 }
 
 // out [N, nh·hd] = causal softmax(scale q kᵀ) v per head; lse [B, nh, T] fp32 (natural log).
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, int hd,
-                       cudaStream_t s, int variant = -1) {
+                       cudaStream_t s) {
     using namespace attn_detail;
     check_shape(B, T_, nh, nkv, hd);
-    const int v = resolve_variant<T>(variant, hd);
     const float scale = 1.f / sqrtf((float)hd);
-    if (v == 1) {
-        const int64_t rows = (int64_t)B * nh * T_;
-        attn_fwd_v1<T><<<(unsigned)ceil_div(rows, kV1Warps), kV1Warps * 32, 0, s>>>(
-            out, lse, qkv, B, T_, nh, nkv, hd, scale);
-        LDM_LAUNCH_CHECK();
-    } else if (v == 2 || v == 3) {
-        if constexpr (std::is_same<T, bf16>::value) {
-            if (v == 2 && hd == 64) v2_forward<64, false>(out, lse, qkv, B, T_, nh, nkv, scale, s);
-            if (v == 2 && hd == 128) v2_forward<128, false>(out, lse, qkv, B, T_, nh, nkv, scale, s);
-            if (v == 3 && hd == 64) v2_forward<64, true>(out, lse, qkv, B, T_, nh, nkv, scale, s);
-            if (v == 3 && hd == 128) v2_forward<128, true>(out, lse, qkv, B, T_, nh, nkv, scale, s);
-        }
+    if (!attention_uses_mma<T>(hd)) return scalar_forward<T>(out, lse, qkv, B, T_, nh, nkv, hd, scale, s);
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (hd == 64) mma_forward<64, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        else mma_forward<128, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
     }
 }
 
@@ -877,31 +837,16 @@ void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int nh, 
 // lse. scratch >= attention_backward_scratch(...) floats.
 template <typename T>
 void attention_backward(T* dqkv, float* scratch, const T* dout, const T* out, const float* lse,
-                        const T* qkv, int B, int T_, int nh, int nkv, int hd, cudaStream_t s,
-                        int variant = -1) {
+                        const T* qkv, int B, int T_, int nh, int nkv, int hd, cudaStream_t s) {
     using namespace attn_detail;
     check_shape(B, T_, nh, nkv, hd);
-    const int v = resolve_variant<T>(variant, hd);
     const float scale = 1.f / sqrtf((float)hd);
-    const int64_t qrows = (int64_t)B * nh * T_, krows = (int64_t)B * nkv * T_;
     float* D = scratch;
-    attn_bwd_rowdot<T><<<(unsigned)ceil_div(qrows, kV1Warps), kV1Warps * 32, 0, s>>>(
-        D, dout, out, B, T_, nh, hd);
-    LDM_LAUNCH_CHECK();
-    if (v == 1) {
-        attn_bwd_dkdv_v1<T><<<(unsigned)ceil_div(krows, kV1Warps), kV1Warps * 32, 0, s>>>(
-            dqkv, dout, lse, D, qkv, B, T_, nh, nkv, hd, scale);
-        LDM_LAUNCH_CHECK();
-        attn_bwd_dq_v1<T><<<(unsigned)ceil_div(qrows, kV1Warps), kV1Warps * 32, 0, s>>>(
-            dqkv, dout, lse, D, qkv, B, T_, nh, nkv, hd, scale);
-        LDM_LAUNCH_CHECK();
-    } else if (v == 2 || v == 3) {
-        if constexpr (std::is_same<T, bf16>::value) {
-            if (v == 2 && hd == 64) v2_backward<64, false>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-            if (v == 2 && hd == 128) v2_backward<128, false>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-            if (v == 3 && hd == 64) v2_backward<64, true>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-            if (v == 3 && hd == 128) v2_backward<128, true>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-        }
+    rowdot<T>(D, dout, out, B, T_, nh, hd, s);
+    if (!attention_uses_mma<T>(hd)) return scalar_backward<T>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, hd, scale, s);
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (hd == 64) mma_backward<64, LdsmFrags>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        else mma_backward<128, LdsmFrags>(dqkv, D, dout, lse, qkv, B, T_, nh, nkv, scale, s);
     }
 }
 

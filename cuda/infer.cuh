@@ -1,4 +1,4 @@
-// cuda/infer.cuh — inference on the GPU over a GPT<T> (cuda/gpt.cuh) with any GpuScheme: prefill +
+// cuda/infer.cuh — inference on the GPU over a Transformer<T> (cuda/transformer.cuh) with any GpuScheme: prefill +
 // incremental decode with a KV cache on the device, mirroring cpu/infer.h (same contract, same
 // logits layout) so that the host-side sampling of cpu/infer.h (SamplingParams, sample_token)
 // picks the tokens. Spec: ../shared/spec/model.md §1-§2, performance.md ("inference: prefill
@@ -16,7 +16,7 @@
 //   the cache (kv_append_kernel) -> attention: len == 0 (a prefill) uses the training kernels
 //   (attention_forward on the prompt itself); len > 0 uses cached_attention_kernel (each query row
 //   against cache[0 .. len+t], GQA, fp32 online softmax split over 4 warps, math in
-//   cuda/infer_math.h) -> wo GEMM -> scheme output -> MLP as in GPT::forward.
+//   cuda/infer_math.h) -> wo GEMM -> scheme output -> MLP as in Transformer::forward.
 // Then the scheme's readout, the last row per sequence (or every row), final RMSNorm, LM head into
 // [rows, Vp] (columns >= V stay 0), downloaded as fp32.
 //
@@ -37,7 +37,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 #include "cuda/embedding.cuh"
-#include "cuda/gpt.cuh"
+#include "cuda/transformer.cuh"
 #include "cuda/infer_math.h"
 #include "cuda/matmul.cuh"
 #include "cuda/rmsnorm.cuh"
@@ -185,7 +185,7 @@ void kv_cache_append(T* kc, T* vc, const T* qkvr, int B, int n, int len, int max
     LDM_LAUNCH_CHECK();
 }
 
-// Prefill + decode for B sequences in lockstep over a GPT's current weights (same API as
+// Prefill + decode for B sequences in lockstep over a Transformer's current weights (same API as
 // cpu::Inference, cpu/infer.h). Not thread-safe. Allocates the KV cache (T, [n_layer, B, max_T,
 // kv_dim] for k and for v) at construction and the step buffers for the largest B·n seen (they
 // only grow; a prefill of P tokens needs about the training activations of B·P tokens plus the
@@ -193,9 +193,8 @@ void kv_cache_append(T* kc, T* vc, const T* qkvr, int B, int n, int len, int max
 template <typename T>
 class GpuInference {
    public:
-    // max_T in [1, cfg.seq_len], B >= 1 (ldm::Error else). attn_variant: of the prefill's
-    // attention_forward (-1 best). The model must outlive this object.
-    GpuInference(const GPT<T>& model, int B, int max_T, int attn_variant = -1);
+    // max_T in [1, cfg.seq_len], B >= 1 (ldm::Error else). The model must outlive this object.
+    GpuInference(const Transformer<T>& model, int B, int max_T);
     GpuInference(const GpuInference&) = delete;
     GpuInference& operator=(const GpuInference&) = delete;
 
@@ -239,9 +238,9 @@ class GpuInference {
     struct Layer {
         int64_t attn_norm, wqkv, bqkv = -1, q_norm = -1, k_norm = -1, wo, mlp_norm, w13, w2;
     };
-    const GPT<T>& model_;
+    const Transformer<T>& model_;
     const ModelConfig& cfg_;
-    int B_, max_T_, attn_variant_, len_ = 0, qkvd_ = 0;
+    int B_, max_T_, len_ = 0, qkvd_ = 0;
     int64_t allocated_ = 0, wte_ = 0, final_norm_ = 0, lm_head_ = 0;
     std::vector<Layer> L_;
     std::unique_ptr<GpuScheme<T>> scheme_;
@@ -257,8 +256,8 @@ class GpuInference {
 };
 
 template <typename T>
-GpuInference<T>::GpuInference(const GPT<T>& model, int B, int max_T, int attn_variant)
-    : model_(model), cfg_(model.cfg), B_(B), max_T_(max_T), attn_variant_(attn_variant) {
+GpuInference<T>::GpuInference(const Transformer<T>& model, int B, int max_T)
+    : model_(model), cfg_(model.cfg), B_(B), max_T_(max_T) {
     const ModelConfig& c = cfg_;
     if (B < 1) throw Error(strprintf("GpuInference: B=%d must be >= 1", B));
     if (max_T < 1 || max_T > c.seq_len)
@@ -268,7 +267,7 @@ GpuInference<T>::GpuInference(const GPT<T>& model, int B, int max_T, int attn_va
     const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
     qkvd_ = (int)(qd + 2 * kvd);
     L_.resize(c.n_layer);
-    for (int l = 0; l < c.n_layer; l++) {  // contiguity of wq|wk|wv, bq|bk|bv, w1|w3 checked by GPT
+    for (int l = 0; l < c.n_layer; l++) {  // contiguity of wq|wk|wv, bq|bk|bv, w1|w3 checked by Transformer
         const std::string p = "blocks." + std::to_string(l) + ".";
         Layer& y = L_[l];
         y.attn_norm = off(p + "attn_norm.w");
@@ -308,7 +307,7 @@ GpuInference<T>::GpuInference(const GPT<T>& model, int B, int max_T, int attn_va
     CUDA_CHECK(cudaMemset(vc_.ptr, 0, (size_t)vc_.bytes()));
     fit(cos_, (int64_t)max_T * hd / 2);
     fit(sin_, (int64_t)max_T * hd / 2);
-    {  // the tables of GPT (double on the host, rounded to fp32)
+    {  // the tables of Transformer (double on the host, rounded to fp32)
         std::vector<double> ct((size_t)max_T * hd / 2), st((size_t)max_T * hd / 2);
         cpu::rope_tables<double>(ct.data(), st.data(), max_T, (int)hd, c.rope_theta);
         upload(cos_.ptr, ct.data(), (int64_t)ct.size());
@@ -369,7 +368,7 @@ const float* GpuInference<T>::step(const int32_t* tokens, int n, bool all_logits
                                c.qk_norm ? P(p.k_norm) : nullptr, cos_l, sin_l, N, n, nh, nkv, hd, eps, s);
         kv_cache_append<T>(kc, vc, qkvr_.ptr, B, n, len, max_T_, nh, nkv, hd, s);
         if (len == 0)  // a prefill: the training kernel over the prompt itself
-            attention_forward<T>(ao_.ptr, lse_.ptr, qkvr_.ptr, B, n, nh, nkv, hd, s, attn_variant_);
+            attention_forward<T>(ao_.ptr, lse_.ptr, qkvr_.ptr, B, n, nh, nkv, hd, s);
         else
             cached_attention_forward<T>(ao_.ptr, qkvr_.ptr, kc, vc, B, n, len, max_T_, nh, nkv, hd, s);
         linear_forward<T>(mm_, o_.ptr, ao_.ptr, P(p.wo), nullptr, N, qd, d, s);

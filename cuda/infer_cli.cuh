@@ -31,7 +31,7 @@
 #include "core/dist.h"
 #include "core/tokenizer.h"
 #include "cuda/common.cuh"
-#include "cuda/gpt.cuh"
+#include "cuda/transformer.cuh"
 #include "cuda/infer.cuh"
 #include "cpu/generate_io.h"
 #include "cpu/infer.h"
@@ -133,7 +133,7 @@ inline void check_infer_options(const InferOptions& io, const std::string& resum
 // checkpoint's when one is given); T_flag / B_flag: -T / -B; seed: --seed; resume: --resume
 // (a checkpoint base or path). Returns the exit code (errors throw ldm::Error).
 template <typename T>
-int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, uint64_t seed, int attn_variant,
+int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, uint64_t seed,
               const std::string& resume, const std::string& dtype, const Tokenizer* tok) {
     using nlohmann::json;
     using namespace infer_cli_detail;
@@ -158,7 +158,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
                                   tok->vocab_size(), ckpath.c_str(), cfg.vocab_size));
     }
     const int V = cfg.vocab_size;
-    auto load = [&](GPT<T>& m) {
+    auto load = [&](Transformer<T>& m) {
         if (ck_params.empty()) m.init(seed);
         else m.set_master(ck_params.data());
     };
@@ -171,7 +171,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         const int P = io.prompt_len > 0 ? io.prompt_len : Tn / 2;
         if (P < 1 || P >= Tn) throw Error(strprintf("--infer-check: the prefill length %d must be in [1, T-1 = %d]", P, Tn - 1));
         const int G = Tn - P, Vp = cfg.padded_vocab;
-        GPT<T> model(cfg, B, Tn, 0, attn_variant);
+        Transformer<T> model(cfg, B, Tn, 0);
         load(model);
         const std::vector<int32_t> tokens = cpu::random_token_ids(seed, (int64_t)B * Tn, V);
         // one training step's loss and gradients (targets: the next token, cyclically), before and
@@ -190,7 +190,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         const std::vector<float> grads0 = train_step(&loss0);
         model.forward(tokens.data(), nullptr, B, Tn, 0.0);
         const std::vector<float> full = model.logits_host();
-        GpuInference<T> inf(model, B, Tn, attn_variant);
+        GpuInference<T> inf(model, B, Tn);
         std::vector<int32_t> prompt((size_t)B * P), col((size_t)B);
         for (int b = 0; b < B; b++)
             std::copy(tokens.begin() + (size_t)b * Tn, tokens.begin() + (size_t)b * Tn + P, prompt.begin() + (size_t)b * P);
@@ -203,7 +203,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
             dec.insert(dec.end(), lg, lg + (size_t)B * Vp);
         }
         // greedy generation of sequence 0 from its first P tokens (a B = 1 instance)
-        GpuInference<T> inf1(model, 1, Tn, attn_variant);
+        GpuInference<T> inf1(model, 1, Tn);
         cpu::SamplingParams sp;
         sp.greedy = true;
         std::vector<int32_t> p0(tokens.begin(), tokens.begin() + P);
@@ -243,9 +243,9 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
         if (ctx > cfg.seq_len)
             throw Error(strprintf("--bench-infer %d:%d needs a context of %d > the model's seq_len %d (raise -T)", P, G, ctx,
                                   cfg.seq_len));
-        GPT<T> model(cfg, 1, 1, 0, attn_variant);  // the weights (its training buffers are for one token)
+        Transformer<T> model(cfg, 1, 1, 0);  // the weights (its training buffers are for one token)
         load(model);
-        GpuInference<T> inf(model, B, ctx, attn_variant);
+        GpuInference<T> inf(model, B, ctx);
         const std::vector<int32_t> prompt = cpu::random_token_ids(seed, (int64_t)B * P, V);
         std::vector<int32_t> next((size_t)B);
         auto pick = [&](const float* lg) {
@@ -294,9 +294,9 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
     // ---------------------------------------------------------------- --generate
     const std::vector<int32_t> prompt = cpu::generation_prompt(tok, io.prompt, io.prompt_len, seed, V);
     const int ctx = cpu::generation_context(io.max_len, cfg.seq_len, prompt.size());
-    GPT<T> model(cfg, 1, 1, 0, attn_variant);
+    Transformer<T> model(cfg, 1, 1, 0);
     load(model);
-    GpuInference<T> inf(model, 1, ctx, attn_variant);
+    GpuInference<T> inf(model, 1, ctx);
     const cpu::SamplingParams sp = io.sampling();
     const int32_t stop = (io.stop_at_eot && tok) ? (int32_t)tok->eot_id() : -1;
     cpu::GenerateStats st;

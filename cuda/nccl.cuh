@@ -176,7 +176,7 @@ constexpr int64_t kNcclMinBucketElems = int64_t(1) << 22;
 //
 // Overlapped (overlap = true; --nccl-overlap 1, off by default until run on GPUs): the gradient is cut into buckets
 // (dist::plan_grad_buckets: contiguous ranges whose gradients become final together, about one
-// transformer block each). On the step's last micro-batch GPT::backward calls on_grads_final(stage)
+// transformer block each). On the step's last micro-batch Transformer::backward calls on_grads_final(stage)
 // at each backward stage; an event recorded on the compute stream makes the communication stream
 // wait for exactly those gradients, and the stage's buckets are reduced there while backward
 // continues on the compute stream. finish_reduction() makes the compute stream wait before the
@@ -269,7 +269,7 @@ struct GpuDataParallel {
         CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
     }
 
-    // The GPT::grad_hook of the step's last micro-batch: the gradients of every bucket of `stage`
+    // The Transformer::grad_hook of the step's last micro-batch: the gradients of every bucket of `stage`
     // are final once the work enqueued so far on the compute stream s has run. Enqueues their
     // reduction on the communication stream behind an event (s itself gets no work).
     void on_grads_final(int stage, cudaStream_t s) {

@@ -1,7 +1,9 @@
 // cuda/scheme.cuh — the GPU depth-aggregation scheme interface (spec §2), mirroring
-// cpu/scheme.h, and PreLN (spec §2.1). Contract: doc/cuda.md "Scheme interface".
+// cpu/scheme.h, and the small elementwise kernels the schemes share. The schemes themselves are
+// in the trainer files (train_gpt_baselines.cu: PreLN, HC, mHC, AttnRes; train_ldm.cu: LDM).
+// Contract: doc/cuda.md "Scheme interface".
 //
-// The backbone (cuda/gpt.cuh) calls, per forward:
+// The backbone (cuda/transformer.cuh) calls, per forward:
 //   begin(e); for j = 1..D: input_norm(j, x_j, xn_j, rstd_j, w_j); ...; output(j, o_j);  readout(y)
 // and per backward:
 //   readout_backward(dy); for j = D..1: output_backward(j, do_j); ...; input_backward(j, dx_j);
@@ -50,7 +52,7 @@ struct GpuScheme {
     virtual std::vector<std::pair<std::string, double>> metrics() { return {}; }  // e.g. LDM drift
 };
 
-// ---- small elementwise kernels used by PreLN ---------------------------------------------------
+// ---- small elementwise kernels shared by the schemes ---------------------------------------------------
 // y[i] = a[i] + b[i] (fp32 arithmetic), n values.
 template <typename T>
 __global__ void add_kernel(T* y, const T* a, const T* b, int64_t n) {
@@ -97,66 +99,6 @@ void convert_f32(T* y, const float* x, int64_t n, cudaStream_t s) {
     convert_f32_kernel<T><<<elementwise_blocks(n), 256, 0, s>>>(y, x, n);
     LDM_LAUNCH_CHECK();
 }
-
-// ---- PreLN (spec §2.1) ------------------------------------------------------------------------
-// h_0 = e; x_j = h_{j-1}; h_j = h_{j-1} + o_j; readout h_D. The stream h is never stored on its
-// own: h_{j-1} IS the backbone's stored x_j, so x_{j+1} = x_j + o_j is computed by the fused
-// residual_rmsnorm_forward straight into the backbone's x_{j+1} buffer (one read of x_j and o_j,
-// one write of x_{j+1} and xn_{j+1}). Backward keeps dh = dL/dh_j in fp32 (like the CPU's dh, but
-// fp32 even in bf16 runs, so 2·n_layer additions do not lose bf16 bits): readout_backward sets
-// dh = dy; output_backward writes do_j = dh; input_backward adds dh += dx_j; begin_backward
-// writes de = dh.
-template <typename T>
-struct GpuPreLN final : GpuScheme<T> {
-    explicit GpuPreLN(const ModelConfig& cfg) : d_(cfg.d_model) {}
-    void bind(const T*, const float*, float*) override {}
-    void resize(int B, int T_) override {
-        n_ = (int64_t)B * T_ * d_;
-        if (dh_.n < n_) dh_.alloc(n_);
-    }
-    void begin(const T* e, cudaStream_t) override {
-        e_ = e;
-        prev_x_ = nullptr;
-        prev_o_ = nullptr;
-    }
-    void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps,
-                    cudaStream_t s) override {
-        const int64_t N = n_ / d_;
-        if (j == 1) {
-            CUDA_CHECK(cudaMemcpyAsync(x, e_, (size_t)n_ * sizeof(T), cudaMemcpyDeviceToDevice, s));
-            rmsnorm_forward<T>(xn, rstd, x, w, N, d_, eps, s);
-        } else {
-            if (!prev_x_ || !prev_o_)
-                throw Error("GpuPreLN::input_norm: sublayers must run in order 1..D with output()");
-            residual_rmsnorm_forward<T>(x, xn, rstd, prev_x_, prev_o_, w, N, d_, eps, s);
-        }
-        prev_x_ = x;
-        prev_o_ = nullptr;
-    }
-    void output(int, const T* o, cudaStream_t) override { prev_o_ = o; }
-    void readout(T* y, cudaStream_t s) override {
-        if (!prev_x_ || !prev_o_) throw Error("GpuPreLN::readout: no sublayer output");
-        add_arrays<T>(y, prev_x_, prev_o_, n_, s);
-    }
-    void readout_backward(const T* dy, cudaStream_t s) override {
-        accumulate_f32<T>(dh_.ptr, dy, n_, false, s);
-    }
-    void output_backward(int, T* d_o, cudaStream_t s) override { convert_f32<T>(d_o, dh_.ptr, n_, s); }
-    void input_backward(int, const T* dx, cudaStream_t s) override {
-        accumulate_f32<T>(dh_.ptr, dx, n_, true, s);
-    }
-    void begin_backward(T* de, cudaStream_t s) override { convert_f32<T>(de, dh_.ptr, n_, s); }
-    // Only the fp32 gradient stream dh (x_j itself is the backbone's).
-    int64_t extra_bytes_per_token() const override { return 4 * (int64_t)d_; }
-
-   private:
-    int d_;
-    int64_t n_ = 0;
-    const T* e_ = nullptr;
-    const T* prev_x_ = nullptr;
-    const T* prev_o_ = nullptr;
-    DeviceBuffer<float> dh_;
-};
 
 }  // namespace gpu
 }  // namespace ldm

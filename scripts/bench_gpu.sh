@@ -16,7 +16,7 @@
 #   scripts/bench_gpu.sh [--quick] [--name gpu_bench | --out DIR] [--steps 20]
 #        [--shapes "llama-400m:2048:8 ..."] [--schemes "preln hc ..."] [--no-torch] [--no-compile]
 #        [--timeout S] [--ldm-mode unwind] [--dtype bf16] [--no-workbench] [--prebuilt] [--no-infer]
-#        [--window-sweep] [--ldm-window-impl 0|1|2]
+#        [--window-sweep]
 #
 # Shapes are PRESET:T:B[:N_LAYER] (default: the spec's list, larger Qwen3 presets with 4 blocks):
 #   llama-400m:2048:8 qwen-1.5b:2048:4 qwen3-1.7b:2048:4 qwen3-1.7b:8192:1
@@ -24,8 +24,7 @@
 # Schemes: preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer (ldm-rls-nores too).
 # LDM runs rls and outer in --ldm-mode (default unwind), delta in store (not invertible).
 # Window sweep (issue #9): schemes ldm-rls-w1 ldm-rls-w2 ldm-rls-w4 ldm-rls-w8 (rls, --ldm-mode
-# window --ldm-window W); --window-sweep appends them to the schemes; --ldm-window-impl sets
-# LDM_LDM_WINDOW (0 sequential, 1 Woodbury v1 = default, 2 Woodbury v2; cuda/scheme_ldm.cuh).
+# window --ldm-window W); --window-sweep appends them to the schemes.
 # --quick (about 2 minutes on an H200): llama-400m T=2048 B=8, preln + ldm-rls,
 # 10 steps, C++ and PyTorch eager (no torch.compile, no workbench), 150 s per item.
 # Data: random token ids in a synthetic shard (timing does not depend on them); the GPT-2
@@ -48,7 +47,7 @@ while [ $# -gt 0 ]; do
     --dtype) DTYPE=$2; shift 2 ;; --no-workbench) WORKBENCH=0; shift ;; --quick) QUICK=1; shift ;;
     --prebuilt) PREBUILT=1; shift ;;
     --no-infer) INFER=0; shift ;;
-    --window-sweep) WINDOW_SWEEP=1; shift ;; --ldm-window-impl) export LDM_LDM_WINDOW=$2; shift 2 ;;
+    --window-sweep) WINDOW_SWEEP=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; exit 2 ;;
   esac

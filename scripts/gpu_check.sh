@@ -19,8 +19,8 @@
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
 #   NCCL_BENCH (1, the default: also bench preln with --nccl --zero 1, reduction after backward and
 #   overlapped with it, on one GPU; 0: skip),
-#   LDM_BENCH (1, the default: also bench train_ldm rls unwind and window 4 with window paths
-#   LDM_LDM_WINDOW=1 and 2; 2: also path 0, the sequential one; 0: skip; doc/cuda.md "LDM kernels"),
+#   LDM_BENCH (1, the default: also bench train_ldm rls unwind at d_k 8 and 4, and window 4; 0: skip;
+#   doc/cuda.md "LDM kernels"),
 #   LDM_DATA_DIR (data; else ../shared/data).
 # Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -247,10 +247,8 @@ print("prefill %.0f tok/s (B=%d, P=%d), decode %.3f ms/token median (%.0f tok/s)
     fi
   if [ "${LDM_BENCH:-1}" != 0 ]; then  # LDM window paths (train_ldm); the workbench checks them first
     TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-unwind" --ldm-rule rls --ldm-mode unwind
-    for wi in $([ "${LDM_BENCH:-1}" = 2 ] && echo 0) 1 2; do
-      TRAINER="$BUILD/cuda/train_ldm" LDM_LDM_WINDOW=$wi bench "ldm-rls-window4-w$wi" --ldm-rule rls \
-        --ldm-mode window --ldm-window 4
-    done
+    TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-unwind-dk4" --ldm-rule rls --ldm-mode unwind --ldm-dk 4
+    TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-window4" --ldm-rule rls --ldm-mode window --ldm-window 4
   fi
 else
   row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))

@@ -1,8 +1,9 @@
 // CPU emulation test of the attention kernels of cuda/attention.cuh (dev/emu; doc/cuda.md
-// "Emulating kernels on the CPU"): attention_forward / attention_backward (the launch helpers:
-// row-dot, then dK/dV and dQ) for variant 1 (fp32 and bf16, one warp per row) and variants 2
-// (bf16 mma.sync m16n8k16) and 3 (the same with ldmatrix), with mma.sync and ldmatrix emulated as
-// warp collectives per the PTX ISA fragment tables, against cpu/ops.h attention in double
+// "Emulating kernels on the CPU"), through the dev/cuda/attention.cu workbench's kernel_forward /
+// kernel_backward (row-dot, then dK/dV and dQ): the scalar kernels (fp32 and bf16, one warp per
+// row), the mma kernels (bf16 mma.sync m16n8k16 with ldmatrix fragments, production) and the
+// workbench's mma-plain variant (plain shared-memory fragment loads), with mma.sync and ldmatrix
+// emulated as warp collectives per the PTX ISA fragment tables, against cpu/ops.h attention in double
 // (out, lse, dqkv). Outputs are poisoned with NaN; each case runs under the three scheduling
 // orders and must give bit-identical results.
 #include <catch2/catch.hpp>
@@ -12,11 +13,7 @@
 #include <string>
 #include <vector>
 
-// inline-asm paths of attention.cuh (`__trap();  // host: KEY` -> EMU_HOST_KEY, dev/emu/gen.py)
-#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)
-#define EMU_HOST_ldsm ::emu::ldmatrix_x4(r, p, false)
-#define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
-#include "cuda_emu/attention.cuh"
+#include "cuda_emu/dev_cuda/attention.cu.h"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
 
@@ -24,12 +21,6 @@ using namespace ldm;
 using namespace ldm::gpu;
 
 namespace {
-
-struct Shape {
-    int B, T, nh, nkv, hd;
-    int64_t N() const { return (int64_t)B * T; }
-    int64_t C3() const { return (int64_t)(nh + 2 * nkv) * hd; }
-};
 
 template <typename T>
 std::vector<T> rnd(int64_t n, uint64_t seed) {
@@ -60,7 +51,7 @@ void report(const std::string& ctx, const char* what, const std::vector<float>& 
 }
 
 template <typename T>
-void run(const Shape& sh, int variant, uint64_t seed) {
+void run(const Shape& sh, Kernel variant, uint64_t seed) {
     const int64_t N = sh.N(), C3 = sh.C3(), qd = (int64_t)sh.nh * sh.hd, kvd = (int64_t)sh.nkv * sh.hd;
     const auto qkv = rnd<T>(N * C3, seed);
     const auto dout = rnd<T>(N * qd, seed + 1);
@@ -106,7 +97,7 @@ void run(const Shape& sh, int variant, uint64_t seed) {
                 for (int j = 0; j <= t; j++) sum += std::exp(s[(size_t)j] - mx);
                 ref_lse[((size_t)b * sh.nh + h) * sh.T + t] = (float)(mx + std::log(sum));
             }
-    const std::string ctx = strprintf("attention v%d %s B=%d T=%d nh=%d nkv=%d hd=%d", variant, dtype_name<T>(), sh.B,
+    const std::string ctx = strprintf("attention %s %s B=%d T=%d nh=%d nkv=%d hd=%d", kernel_name(variant), dtype_name<T>(), sh.B,
                                       sh.T, sh.nh, sh.nkv, sh.hd);
     std::vector<uint16_t> first;
     const emu::Order orders[3] = {emu::Order::kForward, emu::Order::kReverse, emu::Order::kRandom};
@@ -114,9 +105,9 @@ void run(const Shape& sh, int variant, uint64_t seed) {
         emu::set_order(orders[oi], 99 + oi);
         std::vector<T> o((size_t)(N * qd), from_f<T>(NAN)), dqkv((size_t)(N * C3), from_f<T>(NAN));
         std::vector<float> lse(ref_lse.size(), NAN), scr(ref_lse.size(), NAN);
-        attention_forward<T>(o.data(), lse.data(), qkv.data(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, variant);
-        attention_backward<T>(dqkv.data(), scr.data(), dout.data(), o.data(), lse.data(), qkv.data(), sh.B, sh.T,
-                              sh.nh, sh.nkv, sh.hd, 0, variant);
+        kernel_forward<T>(variant, o.data(), lse.data(), qkv.data(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0);
+        kernel_backward<T>(variant, dqkv.data(), scr.data(), dout.data(), o.data(), lse.data(), qkv.data(), sh.B,
+                           sh.T, sh.nh, sh.nkv, sh.hd, 0);
         std::vector<uint16_t> all = raw_bits(o);
         for (auto x : raw_bits(dqkv)) all.push_back(x);
         for (auto x : raw_bits(lse)) all.push_back(x);
@@ -137,25 +128,27 @@ void run(const Shape& sh, int variant, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("emu: attention variants 2 and 3 (bf16 mma.sync, ldmatrix)", "[emu][attention]") {
+TEST_CASE("emu: attention mma kernels (bf16 mma.sync; ldmatrix and plain fragment loads; the dispatch)",
+          "[emu][attention]") {
     // T = 1 (one row), T = 37 (partial tile, GQA 2), T = 70 (two tiles, hd 128)
     const Shape shapes[] = {{1, 1, 2, 1, 64}, {2, 37, 4, 2, 64}, {1, 70, 4, 2, 128}};
     uint64_t seed = 5;
     for (const Shape& sh : shapes) {
-        for (int v : {2, 3}) {
-            REQUIRE(attn_detail::variant_supported<bf16>(v, sh.hd));
-            run<bf16>(sh, v, seed);
-        }
+        REQUIRE(attention_uses_mma<bf16>(sh.hd));
+        for (Kernel k : {kMma, kMmaPlain}) run<bf16>(sh, k, seed);
         seed += 7;
     }
+    run<bf16>(shapes[1], kAuto, 3);  // what the trainer calls
 }
 
-TEST_CASE("emu: attention variant 1 (fp32 and bf16)", "[emu][attention]") {
+TEST_CASE("emu: attention scalar kernels (fp32 and bf16)", "[emu][attention]") {
     const Shape shapes[] = {{2, 37, 4, 2, 16}, {1, 9, 3, 1, 6}};
     uint64_t seed = 50;
     for (const Shape& sh : shapes) {
-        run<float>(sh, 1, seed);
-        run<bf16>(sh, 1, seed);
+        REQUIRE_FALSE(attention_uses_mma<bf16>(sh.hd));
+        run<float>(sh, kScalar, seed);
+        run<bf16>(sh, kScalar, seed);
         seed += 7;
     }
+    run<float>(shapes[0], kAuto, 3);
 }

@@ -1,6 +1,6 @@
 // CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of
-// cuda/scheme_attnres.cuh: the --quick workbench checks of dev/cuda/attnres.cu (Full AttnRes, Block
-// AttnRes with backward variants 1 and 2, fp32 and bf16, vs the CPU Scheme<double>), with the
+// GpuAttnRes (train_gpt_baselines.cu, kernels cuda/attnres.cuh): the --quick workbench checks of
+// dev/cuda/attnres.cu (Full AttnRes, Block AttnRes with the deferred and the direct backward, fp32 and bf16, vs the CPU Scheme<double>), with the
 // cuBLASLt GEMMs replaced by the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS.
 #include <catch2/catch.hpp>
 

@@ -1,11 +1,12 @@
 // CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of the whole GPU
-// forward and the GPU inference path: GPT<float> (cuda/gpt.cuh: embedding, RMSNorm, q|k|v GEMM,
+// forward and the GPU inference path: Transformer<float> (cuda/transformer.cuh: embedding, RMSNorm, q|k|v GEMM,
 // QK-norm + RoPE, attention, SwiGLU, each depth scheme, fused classifier; the cuBLASLt GEMMs are
 // the host GEMM of dev/emu/matmul_host.h) on a tiny model, then GpuInference<float>
 // (cuda/infer.cuh): prefill of P tokens and one-token decode steps with the KV cache. The logits
 // of every prefill and decode position must equal the full forward's at that position (fp32,
-// relative 1e-4), for PreLN, mHC, AttnRes-Block and LDM rls (unwind). All kernels run on host
-// memory through the emulated launches; nothing here needs a GPU.
+// relative 1e-4), for PreLN, mHC and AttnRes-Block (the schemes of train_gpt_baselines.cu,
+// included with TESTING; LDM: the emulated train_ldm --infer-check of test_emu_train). All kernels
+// run on host memory through the emulated launches; nothing here needs a GPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -13,30 +14,11 @@
 #include <memory>
 #include <vector>
 
-#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)
-#define EMU_HOST_ldsm ::emu::ldmatrix_x4(r, p, false)
-#define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
 #include "cuda_emu/infer.cuh"
-#include "cuda_emu/scheme_attnres.cuh"
-#include "cuda_emu/scheme_hc.cuh"
-#include "cuda_emu/scheme_ldm.cuh"
+#define TESTING  // the trainer file without its main()
+#include "cuda_emu/train_gpt_baselines.cu.h"
 #include "cpu/rng.h"
 #include "dev/emu/harness.h"
-
-namespace ldm {
-namespace gpu {
-void check_gpu_scheme(const ModelConfig&) {}
-template <typename T>
-std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg) {
-    if (cfg.scheme == "preln") return std::make_unique<GpuPreLN<T>>(cfg);
-    if (cfg.scheme == "mhc") return std::make_unique<GpuHC<T>>(cfg, true);
-    if (cfg.scheme == "attnres-block") return std::make_unique<GpuAttnRes<T>>(cfg, true);
-    if (cfg.scheme == "ldm") return std::make_unique<LdmGpuScheme<T>>(cfg);
-    throw Error("test: scheme " + cfg.scheme);
-}
-template std::unique_ptr<GpuScheme<float>> make_gpu_scheme<float>(const ModelConfig&);
-}  // namespace gpu
-}  // namespace ldm
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -51,7 +33,7 @@ static double rel_l2(const float* a, const float* b, int64_t n) {
 }
 
 TEST_CASE("emu: GPU inference (prefill + KV-cache decode) equals the GPU full forward", "[emu][infer]") {
-    for (const char* scheme : {"preln", "mhc", "attnres-block", "ldm"}) {
+    for (const char* scheme : {"preln", "mhc", "attnres-block"}) {
         ModelConfig cfg = preset_config("tiny", 97);
         cfg.n_layer = 2;
         cfg.scheme = scheme;
@@ -59,7 +41,7 @@ TEST_CASE("emu: GPU inference (prefill + KV-cache decode) equals the GPU full fo
         if (cfg.scheme == "ldm") cfg.ldm_mode = "unwind";
         cfg.validate();
         const int B = 2, T = 12, P = 5, V = cfg.vocab_size, Vp = cfg.padded_vocab;
-        GPT<float> model(cfg, B, T, 0, -1);
+        Transformer<float> model(cfg, B, T, 0);
         model.init(5);
         std::vector<int32_t> tok((size_t)B * T), tgt((size_t)B * T);
         const uint64_t s0 = init_stream(3, 1);

@@ -1,4 +1,4 @@
-// CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of cuda/scheme_hc.cuh:
+// CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of GpuHC (train_gpt_baselines.cu, kernels cuda/hc.cuh):
 // the --quick workbench checks of dev/cuda/hc.cu (GpuHC for HC and mHC, forward and backward of
 // every scheme call at two small odd shapes, fp32 and bf16, vs the CPU Scheme<double>), with the
 // cuBLASLt GEMMs replaced by the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS.

@@ -1,6 +1,6 @@
-// CPU emulation test of the LDM kernels of cuda/scheme_ldm.cuh (dev/emu: the kernels run under
+// CPU emulation test of the LDM kernels of cuda/ldm.cuh (dev/emu: the kernels run under
 // g++ on host memory, one fiber per CUDA thread; see doc/cuda.md "Emulating kernels on the CPU").
-// Each v2 kernel (one warp per token-head: read, rls write incl. in place and recompute, outer /
+// Each warp kernel (one warp per token-head: read, rls write incl. in place and recompute, outer /
 // delta write, fused unwind+VJP of rls, outer / delta VJP, unwind, read backward) and the drift
 // kernel is launched directly (ldmk::..., with the launch shapes of LdmGpuScheme) at tiny odd
 // shapes, against the per token-head math of math/ldm_math.h in double. Inputs are fresh random
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emu/scheme_ldm.cuh"
+#include "cuda_emu/ldm.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -190,7 +190,7 @@ const double kTol = 2e-5;  // fp32 kernel vs double reference, relative to max(1
 
 }  // namespace
 
-TEST_CASE("emu: v2 read forward (fp32 and bf16 x, with and without residual gates)", "[emu][ldm]") {
+TEST_CASE("emu: warp read forward (fp32 and bf16 x, with and without residual gates)", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
             for (int resid = 0; resid < 2; resid++)
@@ -205,11 +205,11 @@ TEST_CASE("emu: v2 read forward (fp32 and bf16 x, with and without residual gate
                     r.fill(src);
                     r.fill(a);
                     const float* ap = resid ? a.p() : nullptr;
-                    const std::string ctx = ctx_of("read_v2", s, K, resid ? " resid" : "");
+                    const std::string ctx = ctx_of("read_warp", s, K, resid ? " resid" : "");
                     run_orders(
                         ctx, [&] { Qn.poison(); Qnrm.poison(); x.poison(); },
                         [&] {
-                            emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, read_v2_kernel<float, DK>, D,
+                            emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, read_warp_kernel<float, DK>, D,
                                         (const float*)cur.p(), (const float*)raw.p(), Qn.p(), Qnrm.p(),
                                         (const float*)src.p(), ap, x.p());
                         },
@@ -232,7 +232,7 @@ TEST_CASE("emu: v2 read forward (fp32 and bf16 x, with and without residual gate
                     expect_close("x", x, rx, kTol, ctx);
                     // bf16 output: same values rounded to bf16 (8 mantissa bits)
                     std::vector<bf16> xb((size_t)x.n + kGuard, __float2bfloat16(0.f));
-                    emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, read_v2_kernel<bf16, DK>, D,
+                    emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, read_warp_kernel<bf16, DK>, D,
                                 (const float*)cur.p(), (const float*)raw.p(), Qn.p(), Qnrm.p(),
                                 (const float*)src.p(), ap, xb.data());
                     Buf xf(x.n);
@@ -241,7 +241,7 @@ TEST_CASE("emu: v2 read forward (fp32 and bf16 x, with and without residual gate
                 });
 }
 
-TEST_CASE("emu: v2 rls write (out of place, in place, recompute)", "[emu][ldm]") {
+TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
             for (int mode = 0; mode < 3; mode++)  // 0 out of place, 1 in place, 2 RECOMP in place
@@ -256,7 +256,7 @@ TEST_CASE("emu: v2 rls write (out of place, in place, recompute)", "[emu][ldm]")
                     for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
                     if (mode == 2) random_keys(D, raw, Knrm, r);  // raw = stored normalised keys
                     else r.fill(raw);
-                    const std::string ctx = ctx_of("write_rls_v2", s, K, mode == 0 ? " out-of-place" : mode == 1 ? " in-place" : " recompute");
+                    const std::string ctx = ctx_of("write_rls_warp", s, K, mode == 0 ? " out-of-place" : mode == 1 ? " in-place" : " recompute");
                     run_orders(
                         ctx,
                         [&] {
@@ -268,11 +268,11 @@ TEST_CASE("emu: v2 rls write (out of place, in place, recompute)", "[emu][ldm]")
                         [&] {
                             float* src = mode == 0 ? in.p() : out.p();
                             if (mode == 2)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_v2_kernel<DK, true>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, true>, D,
                                             out.p(), (const float*)src, (const float*)raw.p(), (float*)nullptr,
                                             (float*)nullptr, (const float*)v.p(), (const float*)lam.p());
                             else
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_v2_kernel<DK, false>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, false>, D,
                                             out.p(), (const float*)src, (const float*)raw.p(), Kn.p(), Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p());
                         },
@@ -299,7 +299,7 @@ TEST_CASE("emu: v2 rls write (out of place, in place, recompute)", "[emu][ldm]")
                 });
 }
 
-TEST_CASE("emu: v2 outer / delta write (forward and recompute)", "[emu][ldm]") {
+TEST_CASE("emu: warp outer / delta write (forward and recompute)", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
             for (int rule : {kOuter, kDelta})
@@ -319,17 +319,17 @@ TEST_CASE("emu: v2 outer / delta write (forward and recompute)", "[emu][ldm]") {
                         for (int64_t i = 0; i < beta_in.n; i++) beta_in[i] = r.pos(0.05f, 0.95f);
                         if (recomp) random_keys(D, raw, Knrm, r);
                         else r.fill(raw);
-                        const std::string ctx = ctx_of(rule == kOuter ? "write_od_v2<outer>" : "write_od_v2<delta>", s, K,
+                        const std::string ctx = ctx_of(rule == kOuter ? "write_od_warp<outer>" : "write_od_warp<delta>", s, K,
                                                        recomp ? " recompute" : "");
                         auto kern = [&](auto rc) {
                             constexpr int RL = decltype(rc)::value;
                             if (recomp)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_od_v2_kernel<RL, DK, true>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_od_warp_kernel<RL, DK, true>, D,
                                             cur.p(), (const float*)raw.p(), (float*)nullptr, (float*)nullptr,
                                             (const float*)v.p(), (const float*)lam.p(), (const float*)nullptr,
                                             (const float*)nullptr, beta.p());
                             else
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_od_v2_kernel<RL, DK, false>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_od_warp_kernel<RL, DK, false>, D,
                                             cur.p(), (const float*)raw.p(), Kn.p(), Knrm.p(), (const float*)v.p(),
                                             (const float*)lam.p(), (const float*)zraw.p(), (const float*)bb.p(), beta.p());
                         };
@@ -372,10 +372,10 @@ TEST_CASE("emu: v2 outer / delta write (forward and recompute)", "[emu][ldm]") {
                     });
 }
 
-TEST_CASE("emu: v2 rls unwind+VJP (fused) and VJP, and v2 unwind", "[emu][ldm]") {
+TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
-            for (int unw = 0; unw < 3; unw++)  // 0 VJP only, 1 fused unwind+VJP, 2 unwind_v2 alone
+            for (int unw = 0; unw < 3; unw++)  // 0 VJP only, 1 fused unwind+VJP, 2 unwind_warp alone
                 with_dk(K, [&](auto kc) {
                     constexpr int DK = decltype(kc)::value;
                     const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
@@ -389,7 +389,7 @@ TEST_CASE("emu: v2 rls unwind+VJP (fused) and VJP, and v2 unwind", "[emu][ldm]")
                     r.fill(v);
                     r.fill(dsrc);
                     for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
-                    const std::string ctx = ctx_of(unw == 2 ? "unwind_v2<rls>" : "unwind_vjp_rls_v2", s, K,
+                    const std::string ctx = ctx_of(unw == 2 ? "unwind_warp<rls>" : "unwind_vjp_rls_warp", s, K,
                                                    unw == 1 ? " UNWIND" : "");
                     run_orders(
                         ctx,
@@ -402,15 +402,15 @@ TEST_CASE("emu: v2 rls unwind+VJP (fused) and VJP, and v2 unwind", "[emu][ldm]")
                         },
                         [&] {
                             if (unw == 2)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_v2_kernel<kRls, DK>, D, cur.p(),
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_warp_kernel<kRls, DK>, D, cur.p(),
                                             (const float*)Kn.p(), (const float*)v.p(), (const float*)lam.p());
                             else if (unw == 1)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_v2_kernel<DK, true>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, true>, D,
                                             cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
                                             dvacc.p(), draw.p(), dtok.p());
                             else
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_v2_kernel<DK, false>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, false>, D,
                                             cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
                                             dvacc.p(), draw.p(), dtok.p());
@@ -454,10 +454,10 @@ TEST_CASE("emu: v2 rls unwind+VJP (fused) and VJP, and v2 unwind", "[emu][ldm]")
                 });
 }
 
-TEST_CASE("emu: v2 outer / delta VJP (outer also fused with its unwind) and outer unwind", "[emu][ldm]") {
+TEST_CASE("emu: warp outer / delta VJP (outer also fused with its unwind) and outer unwind", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
-            for (int mode = 0; mode < 4; mode++)  // 0 outer VJP, 1 outer fused, 2 delta VJP, 3 unwind_v2<outer>
+            for (int mode = 0; mode < 4; mode++)  // 0 outer VJP, 1 outer fused, 2 delta VJP, 3 unwind_warp<outer>
                 with_dk(K, [&](auto kc) {
                     constexpr int DK = decltype(kc)::value;
                     const Dims D = dims(s.N, s.Hm, s.dk, s.dv, false);
@@ -473,7 +473,7 @@ TEST_CASE("emu: v2 outer / delta VJP (outer also fused with its unwind) and oute
                     r.fill(dsrc);
                     for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
                     for (int64_t i = 0; i < beta.n; i++) beta[i] = r.pos(0.05f, 0.9f);
-                    const char* names[4] = {"vjp_od_v2<outer>", "vjp_od_v2<outer>", "vjp_od_v2<delta>", "unwind_v2<outer>"};
+                    const char* names[4] = {"vjp_od_warp<outer>", "vjp_od_warp<outer>", "vjp_od_warp<delta>", "unwind_warp<outer>"};
                     const std::string ctx = ctx_of(names[mode], s, K, mode == 1 ? " UNWIND" : "");
                     run_orders(
                         ctx,
@@ -489,16 +489,16 @@ TEST_CASE("emu: v2 outer / delta VJP (outer also fused with its unwind) and oute
                             const float *kn = Kn.p(), *knrm = Knrm.p(), *vp = v.p(), *lp = lam.p(), *bp = beta.p(),
                                         *ds = dsrc.p();
                             if (mode == 0)
-                                emu::launch(g, b, 0, 0, vjp_od_v2_kernel<kOuter, DK, false>, D, cur.p(), dS.p(), kn, knrm, vp,
+                                emu::launch(g, b, 0, 0, vjp_od_warp_kernel<kOuter, DK, false>, D, cur.p(), dS.p(), kn, knrm, vp,
                                             lp, bp, ds, dvacc.p(), draw.p(), dtok.p());
                             else if (mode == 1)
-                                emu::launch(g, b, 0, 0, vjp_od_v2_kernel<kOuter, DK, true>, D, cur.p(), dS.p(), kn, knrm, vp,
+                                emu::launch(g, b, 0, 0, vjp_od_warp_kernel<kOuter, DK, true>, D, cur.p(), dS.p(), kn, knrm, vp,
                                             lp, bp, ds, dvacc.p(), draw.p(), dtok.p());
                             else if (mode == 2)
-                                emu::launch(g, b, 0, 0, vjp_od_v2_kernel<kDelta, DK, false>, D, cur.p(), dS.p(), kn, knrm, vp,
+                                emu::launch(g, b, 0, 0, vjp_od_warp_kernel<kDelta, DK, false>, D, cur.p(), dS.p(), kn, knrm, vp,
                                             lp, bp, ds, dvacc.p(), draw.p(), dtok.p());
                             else
-                                emu::launch(g, b, 0, 0, unwind_v2_kernel<kOuter, DK>, D, cur.p(), kn, vp, lp);
+                                emu::launch(g, b, 0, 0, unwind_warp_kernel<kOuter, DK>, D, cur.p(), kn, vp, lp);
                         },
                         {&cur, &dS, &dvacc, &draw, &dtok});
                     std::vector<double> rS((size_t)cur.n), rdS((size_t)dS.n), rdv((size_t)dvacc.n),
@@ -543,7 +543,7 @@ TEST_CASE("emu: v2 outer / delta VJP (outer also fused with its unwind) and oute
                 });
 }
 
-TEST_CASE("emu: v2 read backward (fp32 and bf16 dx, with and without residual gates)", "[emu][ldm]") {
+TEST_CASE("emu: warp read backward (fp32 and bf16 dx, with and without residual gates)", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
             for (int mode = 0; mode < 3; mode++)  // 0 no gates, 1 gates, 2 gates + bf16 dx
@@ -564,7 +564,7 @@ TEST_CASE("emu: v2 read backward (fp32 and bf16 dx, with and without residual ga
                         if (mode == 2) dx[i] = __bfloat162float(dxb[(size_t)i]);  // reference sees the bf16 values
                     }
                     const float* ap = mode ? a.p() : nullptr;
-                    const std::string ctx = ctx_of("read_bwd_v2", s, K, mode == 0 ? "" : mode == 1 ? " gates" : " gates bf16");
+                    const std::string ctx = ctx_of("read_bwd_warp", s, K, mode == 0 ? "" : mode == 1 ? " gates" : " gates bf16");
                     run_orders(
                         ctx,
                         [&] {
@@ -575,11 +575,11 @@ TEST_CASE("emu: v2 read backward (fp32 and bf16 dx, with and without residual ga
                         [&] {
                             const dim3 g(warp_blocks(D)), b(32 * kWarpsPerBlock);
                             if (mode == 2)
-                                emu::launch(g, b, 0, 0, read_bwd_v2_kernel<bf16, DK>, D, (const float*)cur.p(),
+                                emu::launch(g, b, 0, 0, read_bwd_warp_kernel<bf16, DK>, D, (const float*)cur.p(),
                                             (const float*)Qn.p(), (const float*)Qnrm.p(), (const bf16*)dxb.data(), ap,
                                             dS.p(), draw.p(), prod.p());
                             else
-                                emu::launch(g, b, 0, 0, read_bwd_v2_kernel<float, DK>, D, (const float*)cur.p(),
+                                emu::launch(g, b, 0, 0, read_bwd_warp_kernel<float, DK>, D, (const float*)cur.p(),
                                             (const float*)Qn.p(), (const float*)Qnrm.p(), (const float*)dx.p(), ap,
                                             dS.p(), draw.p(), prod.p());
                         },

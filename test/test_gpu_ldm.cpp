@@ -5,9 +5,8 @@
 // prints "skipped: no GPU" (WARN) and passes. Tolerances (test/gpu_compare.h, doc/cuda.md):
 //   one step, --dtype fp32: loss 1e-5, logits 1e-4, every gradient 1e-4 (DebugTolerances::fp32)
 //   one step, --dtype bf16 (rls unwind only): DebugTolerances::bf16
-//   every one-step run is repeated with kernel variants 2 and 3 (LDM_LDM_VARIANT; rls unwind also 1);
-//   window cases run every window path (LDM_LDM_WINDOW 0 sequential, 1 Woodbury v1, 2 Woodbury v2)
-//   window fallback (--ldm-drift-tol 1e-12): Woodbury paths and CPU keep window-start states (3)
+//   (the kernels follow the shape: d_k <= 16 warp kernels, the rls-dk24 case the thread kernels)
+//   window fallback (--ldm-drift-tol 1e-12): GPU and CPU keep window-start states (3)
 //   resume: 5 steps + checkpoint + resume 5 == 10 straight, byte-identical .model/.state
 //   drift fallback (--ldm-drift-tol 1e-12): GPU and CPU both switch to c = 2 after step 1, same losses
 //   10-step loss trajectory, fp32: 1e-4 relative per step (--no-residual: 3e-3 after step 5, see
@@ -45,6 +44,7 @@ const LdmCase kCases[] = {
     {"delta-c2", "--ldm-rule delta --ldm-mode store --ldm-checkpoint-every 2"},
     {"rls-nores-unwind", "--ldm-rule rls --ldm-mode unwind --no-residual"},
     {"rls-noforget-unwind", "--ldm-rule rls --ldm-mode unwind --ldm-no-forget --ldm-dk 4 --ldm-heads 2"},
+    {"rls-dk24-unwind", "--ldm-rule rls --ldm-mode unwind --ldm-dk 24 --ldm-heads 2"},  // thread kernels
 };
 
 std::string ldm_shards_or_skip() {
@@ -110,23 +110,18 @@ TEST_CASE("gpu ldm: one step == CPU reference for every rule and mode (fp32; bf1
         const std::string flags = data_flags(shards, 4, 64) + c.flags;
         run_ok(trainer_path() + flags + " --dump-debug-state " + dir + "/cpu.dbg");
         const DebugState ref = load_debug_state(dir + "/cpu.dbg");
-        // dtype, kernel variant (LDM_LDM_VARIANT) [, window path (LDM_LDM_WINDOW)]
-        std::vector<std::string> runs = {"fp32 2", "fp32 3"};
-        if (std::string(c.name) == "rls-unwind") runs.insert(runs.end(), {"bf16 2", "bf16 3", "fp32 1"});
-        if (std::string(c.flags).find("--ldm-mode window") != std::string::npos)
-            runs = {"fp32 2 0", "fp32 2 1", "fp32 2 2", "fp32 3 1", "fp32 1 1", "bf16 2 1", "bf16 2 2"};
-        for (const std::string& run : runs) {
-            const std::string dtype = run.substr(0, 4), var = run.substr(5, 1);
-            const std::string win = run.size() > 6 ? run.substr(7) : "";
-            const std::string out = dir + "/gpu_" + dtype + "_v" + var + (win.empty() ? "" : "_w" + win) + ".dbg";
-            run_ok("LDM_LDM_VARIANT=" + var + (win.empty() ? "" : " LDM_LDM_WINDOW=" + win) + " " + gpu + flags +
-                   " --dtype " + dtype + " --dump-debug-state " + out);
+        std::vector<std::string> dtypes = {"fp32"};
+        if (std::string(c.name) == "rls-unwind" || std::string(c.flags).find("--ldm-mode window") != std::string::npos)
+            dtypes.push_back("bf16");
+        for (const std::string& dtype : dtypes) {
+            const std::string out = dir + "/gpu_" + dtype + ".dbg";
+            run_ok(gpu + flags + " --dtype " + dtype + " --dump-debug-state " + out);
             const DebugState got = load_debug_state(out);
             const CompareReport r =
                 compare_debug_states(got, ref, dtype == "fp32" ? DebugTolerances::fp32() : DebugTolerances::bf16());
-            INFO(c.name << " " << dtype << " variant " << var << " window path " << win << ":\n" << r.table);
+            INFO(c.name << " " << dtype << ":\n" << r.table);
             CHECK(r.pass);
-            WARN(c.name << " " << dtype << " variant " << var << " window path " << win << ": loss gpu " << got.loss << " cpu " << ref.loss
+            WARN(c.name << " " << dtype << ": loss gpu " << got.loss << " cpu " << ref.loss
                         << ", worst gradient " << r.worst_grad << " rel " << r.worst_grad_rel);
             CHECK(got.params == ref.params);
         }
@@ -222,7 +217,7 @@ TEST_CASE("gpu ldm: drift above --ldm-drift-tol falls back to checkpointed segme
     }
 }
 
-TEST_CASE("gpu ldm: window mode (Woodbury paths) unwinds and falls back to window-start states, like the CPU",
+TEST_CASE("gpu ldm: window mode (Woodbury forward) unwinds and falls back to window-start states, like the CPU",
           "[gpu][ldm]") {
     const std::string gpu = gpu_trainer_or_skip("train_ldm");
     if (gpu.empty()) return;
@@ -236,13 +231,12 @@ TEST_CASE("gpu ldm: window mode (Woodbury paths) unwinds and falls back to windo
     run_ok(trainer_path() + flags + " --log " + dir + "/cpu.jsonl");
     const std::vector<nlohmann::json> cs = step_records(dir + "/cpu.jsonl");
     REQUIRE(cs.size() == 4);
-    for (const char* wi : {"1", "2"}) {
-        RunResult r = run_cmd(std::string("LDM_LDM_WINDOW=") + wi + " " + gpu + flags + " --dtype fp32 --log " + dir +
-                              "/gpu" + wi + ".jsonl");
-        INFO("LDM_LDM_WINDOW=" << wi << "\n" << r.out);
+    {
+        RunResult r = run_cmd(gpu + flags + " --dtype fp32 --log " + dir + "/gpu.jsonl");
+        INFO(r.out);
         REQUIRE(r.status == 0);
         CHECK_THAT(r.out, Catch::Contains("falling back to checkpointed segments every 3 writes"));
-        const std::vector<nlohmann::json> gs = step_records(dir + "/gpu" + wi + ".jsonl");
+        const std::vector<nlohmann::json> gs = step_records(dir + "/gpu.jsonl");
         REQUIRE(gs.size() == 4);
         for (size_t i = 0; i < 4; i++) {
             INFO("step " << i + 1 << ": gpu " << gs[i].dump() << "\ncpu " << cs[i].dump());

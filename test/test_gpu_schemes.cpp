@@ -27,7 +27,6 @@ const SchemeCase kSchemes[] = {
     {"mhc", " --hc-streams 4 --sinkhorn-iters 20", "", "mhc"},
     {"attnres-full", "", "", "attnres-full"},
     {"attnres-block", " --attnres-blocks 2", "", "attnres-block"},  // tiny: D = 4 -> 2 blocks of 2
-    {"attnres-block", " --attnres-blocks 2", "LDM_ATTNRES_VARIANT=2 ", "attnres-block-v2"},  // deferred backward
 };
 
 std::string shards_or_skip() {

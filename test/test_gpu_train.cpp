@@ -63,7 +63,7 @@ TEST_CASE("gpu: --help, --dry-run work without a GPU; no GPU -> exit 2", "[gpu]"
     INFO(m.out);
     CHECK(m.status == 1);
     CHECK_THAT(m.out, Catch::Contains("--train-data: no files match"));
-    for (const std::string flags : {"--attn-variant 9", "--attn-variant 0", "--dtype fp32 --attn-variant 2",
+    for (const std::string flags : {"--dtype fp16", "--recompute 3", "--head-dim 7",
                                     "--ckpt-every 5", "--grad-clip -0.5"}) {
         RunResult v = run_cmd("'" + p + "' --preset tiny --dry-run " + flags);
         INFO(flags << "\n" << v.out);

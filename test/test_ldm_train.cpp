@@ -39,8 +39,8 @@ TEST_CASE("ldm trainer: drift logged every step, fallback, resume across modes, 
             CHECK(j["ldm_drift_S"].get<double>() > 0);  // fp32 unwinding is never exact
             CHECK(j["ldm_fallback"].get<double>() == 0);
         }
-    for (size_t p = r.out.find("scheme: ldm_drift_S"); p != std::string::npos;
-         p = r.out.find("scheme: ldm_drift_S", p + 1))
+    // one line per step: the step line carries the scheme metrics (| ldm_drift_S ... )
+    for (size_t p = r.out.find("| ldm_drift_S "); p != std::string::npos; p = r.out.find("| ldm_drift_S ", p + 1))
         console++;
     CHECK(steps == 3);
     CHECK(console == 3);

@@ -1,5 +1,8 @@
 // dev/cuda/attention.cu — workbench for cuda/attention.cuh (doc/cuda.md, spec §1).
-// Checks every variant of attention_forward (out, lse) and attention_backward (dqkv) against the
+// Kernels (Kernel below): scalar and mma (the two production families, attention_forward picks by
+// dtype and head_dim) and mma-plain (the mma kernels with fragments read by plain shared-memory
+// loads instead of ldmatrix: the previous production path, kept here to compare).
+// Checks each kernel's forward (out, lse) and backward (dqkv), and the production dispatch, against the
 // CPU reference cpu::attention_forward / attention_backward in double (q, k, v split from the
 // packed qkv on the host; lse recomputed in double), for float and bf16, at small odd shapes,
 // with NaN-poisoned outputs; checks that two backward runs are bit-identical; then times forward
@@ -9,6 +12,7 @@
 #include <cstring>
 
 #include "cuda/attention.cuh"
+#include "dev/cuda/attention_plain_frags.cuh"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
 
@@ -28,11 +32,53 @@ struct Shape {
 
 int g_failures = 0;
 
-void report(const char* what, int variant, const char* dtype, const Shape& sh, const Compare& c,
+// The kernel families of the workbench; kAuto = the production dispatch (attention_forward).
+enum Kernel { kAuto = 0, kScalar = 1, kMmaPlain = 2, kMma = 3 };
+const char* kernel_name(Kernel k) {
+    return k == kAuto ? "auto" : k == kScalar ? "scalar" : k == kMmaPlain ? "mma-plain" : "mma";
+}
+template <typename T>
+bool kernel_supported(Kernel k, int hd) {
+    if (k == kAuto) return true;
+    if (k == kScalar) return attn_detail::scalar_supported<T>(hd);
+    return attn_detail::mma_supported<T>(hd);
+}
+template <typename T>
+void kernel_forward(Kernel k, T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv, int hd,
+                    cudaStream_t s) {
+    using namespace attn_detail;
+    const float scale = 1.f / sqrtf((float)hd);
+    if (k == kAuto) return attention_forward<T>(out, lse, qkv, B, T_, nh, nkv, hd, s);
+    if (k == kScalar) return scalar_forward<T>(out, lse, qkv, B, T_, nh, nkv, hd, scale, s);
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (k == kMma && hd == 64) mma_forward<64, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMma && hd == 128) mma_forward<128, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPlain && hd == 64) mma_forward<64, PlainFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPlain && hd == 128) mma_forward<128, PlainFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+    }
+}
+template <typename T>
+void kernel_backward(Kernel k, T* dqkv, float* scratch, const T* dout, const T* out, const float* lse, const T* qkv,
+                     int B, int T_, int nh, int nkv, int hd, cudaStream_t s) {
+    using namespace attn_detail;
+    const float scale = 1.f / sqrtf((float)hd);
+    if (k == kAuto) return attention_backward<T>(dqkv, scratch, dout, out, lse, qkv, B, T_, nh, nkv, hd, s);
+    rowdot<T>(scratch, dout, out, B, T_, nh, hd, s);
+    if (k == kScalar) return scalar_backward<T>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, hd, scale, s);
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (k == kMma && hd == 64) mma_backward<64, LdsmFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMma && hd == 128) mma_backward<128, LdsmFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPlain && hd == 64) mma_backward<64, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPlain && hd == 128) mma_backward<128, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+    }
+}
+
+
+void report(const char* what, Kernel variant, const char* dtype, const Shape& sh, const Compare& c,
             double tol) {
     const bool ok = c.finite && c.rel <= tol;
     if (!ok) g_failures++;
-    std::printf("CHECK attention %d %s %s:%s rel=%.3e max_abs=%.3e %s\n", variant, dtype,
+    std::printf("CHECK attention %s %s %s:%s rel=%.3e max_abs=%.3e %s\n", kernel_name(variant), dtype,
                 sh.str().c_str(), what, c.rel, c.max_abs, ok ? "PASS" : "FAIL");
     std::fflush(stdout);
 }
@@ -106,7 +152,7 @@ Reference cpu_reference(const Shape& sh, const std::vector<float>& qkv, const st
 }
 
 template <typename T>
-void check_shape_dtype(const Shape& sh, const std::vector<int>& variants, uint64_t seed) {
+void check_shape_dtype(const Shape& sh, const std::vector<Kernel>& variants, uint64_t seed) {
     const int64_t N = sh.N(), C3 = sh.C3(), OC = (int64_t)sh.nh * sh.hd;
     const int64_t nlse = (int64_t)sh.B * sh.nh * sh.T;
     std::vector<float> qkv_h = random_values<T>(N * C3, seed, 1.0);
@@ -119,15 +165,15 @@ void check_shape_dtype(const Shape& sh, const std::vector<int>& variants, uint64
     DeviceBuffer<float> lse(nlse), scratch(attention_backward_scratch(sh.B, sh.T, sh.nh, sh.nkv, sh.hd));
     upload(qkv.get(), qkv_h.data(), N * C3);
     upload(dout.get(), dout_h.data(), N * OC);
-    for (int v : variants) {
-        if (!attn_detail::variant_supported<T>(v, sh.hd)) continue;
+    for (Kernel v : variants) {
+        if (!kernel_supported<T>(v, sh.hd)) continue;
         fill(out.get(), out.n, NAN, 0);
         fill(lse.get(), lse.n, NAN, 0);
         fill(dqkv.get(), dqkv.n, NAN, 0);
         fill(scratch.get(), scratch.n, NAN, 0);
-        attention_forward<T>(out.get(), lse.get(), qkv.get(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, v);
-        attention_backward<T>(dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(),
-                              sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, v);
+        kernel_forward<T>(v, out.get(), lse.get(), qkv.get(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0);
+        kernel_backward<T>(v, dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(), sh.B, sh.T,
+                           sh.nh, sh.nkv, sh.hd, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<float> o = download(out.get(), out.n), l = download(lse.get(), lse.n);
         std::vector<float> d1 = download(dqkv.get(), dqkv.n);
@@ -137,8 +183,8 @@ void check_shape_dtype(const Shape& sh, const std::vector<int>& variants, uint64
         // Determinism: a second backward (after re-poisoning) must be bit-identical.
         fill(dqkv.get(), dqkv.n, NAN, 0);
         fill(scratch.get(), scratch.n, NAN, 0);
-        attention_backward<T>(dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(),
-                              sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, v);
+        kernel_backward<T>(v, dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(), sh.B, sh.T,
+                           sh.nh, sh.nkv, sh.hd, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<float> d2 = download(dqkv.get(), dqkv.n);
         Compare c = compare(d2.data(), d1.data(), dqkv.n);
@@ -148,8 +194,8 @@ void check_shape_dtype(const Shape& sh, const std::vector<int>& variants, uint64
 }
 
 template <typename T>
-void bench(const Shape& sh, int variant, int warmup, int reps) {
-    if (!attn_detail::variant_supported<T>(variant, sh.hd)) return;
+void bench(const Shape& sh, Kernel variant, int warmup, int reps) {
+    if (!kernel_supported<T>(variant, sh.hd)) return;
     const int64_t N = sh.N(), C3 = sh.C3(), OC = (int64_t)sh.nh * sh.hd;
     DeviceBuffer<T> qkv(N * C3), dout(N * OC), out(N * OC), dqkv(N * C3);
     DeviceBuffer<float> lse((int64_t)sh.B * sh.nh * sh.T),
@@ -170,20 +216,19 @@ void bench(const Shape& sh, int variant, int warmup, int reps) {
     }
     const double fwd_flops = 2.0 * 2.0 * sh.B * sh.nh * (double)sh.T * sh.T * sh.hd / 2.0;
     auto fwd = [&] {
-        attention_forward<T>(out.get(), lse.get(), qkv.get(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0,
-                             variant);
+        kernel_forward<T>(variant, out.get(), lse.get(), qkv.get(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0);
     };
     auto fwdbwd = [&] {
         fwd();
-        attention_backward<T>(dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(),
-                              sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0, variant);
+        kernel_backward<T>(variant, dqkv.get(), scratch.get(), dout.get(), out.get(), lse.get(), qkv.get(), sh.B,
+                           sh.T, sh.nh, sh.nkv, sh.hd, 0);
     };
     float ms = time_median_ms(fwd, warmup, reps);
-    std::printf("BENCH attention %d %s %s:fwd ms=%.3f GB/s=- TFLOP/s=%.1f\n", variant,
+    std::printf("BENCH attention %s %s %s:fwd ms=%.3f GB/s=- TFLOP/s=%.1f\n", kernel_name(variant),
                 dtype_name<T>(), sh.str().c_str(), ms, fwd_flops / (ms * 1e-3) / 1e12);
     std::fflush(stdout);
     ms = time_median_ms(fwdbwd, warmup, reps);
-    std::printf("BENCH attention %d %s %s:fwd+bwd ms=%.3f GB/s=- TFLOP/s=%.1f\n", variant,
+    std::printf("BENCH attention %s %s %s:fwd+bwd ms=%.3f GB/s=- TFLOP/s=%.1f\n", kernel_name(variant),
                 dtype_name<T>(), sh.str().c_str(), ms, 3.5 * fwd_flops / (ms * 1e-3) / 1e12);
     std::fflush(stdout);
 }
@@ -197,10 +242,10 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        const std::vector<int> variants = {1, 2, 3};
-        std::printf("auto variant: fp32 hd=64 -> %d, bf16 hd=64 -> %d, bf16 hd=128 -> %d\n",
-                    attention_variant<float>(64), attention_variant<bf16>(64),
-                    attention_variant<bf16>(128));
+        const std::vector<Kernel> variants = {kAuto, kScalar, kMmaPlain, kMma};
+        std::printf("production kernels: fp32 hd=64 %s, bf16 hd=64 %s, bf16 hd=128 %s, bf16 hd=16 %s\n",
+                    attention_uses_mma<float>(64) ? "mma" : "scalar", attention_uses_mma<bf16>(64) ? "mma" : "scalar",
+                    attention_uses_mma<bf16>(128) ? "mma" : "scalar", attention_uses_mma<bf16>(16) ? "mma" : "scalar");
         std::vector<Shape> shapes = {
             {1, 1, 2, 1, 64},    {2, 37, 4, 2, 16},    {1, 130, 4, 4, 64},  {2, 257, 8, 2, 128},
             {1, 64, 2, 2, 64},   {3, 100, 6, 2, 128},  {1, 65, 3, 1, 6},    {1, 200, 2, 1, 256},
@@ -214,13 +259,12 @@ int main(int argc, char** argv) {
         }
         if (!quick) {
             const Shape llama{8, 2048, 16, 16, 64}, qwen{2, 8192, 16, 8, 128};
-            bench<float>(llama, 1, 1, 3);
-            bench<bf16>(llama, 1, 1, 3);
-            for (int v : variants)
-                if (v != 1) {
-                    bench<bf16>(llama, v, 3, 20);
-                    bench<bf16>(qwen, v, 3, 20);
-                }
+            bench<float>(llama, kScalar, 1, 3);
+            bench<bf16>(llama, kScalar, 1, 3);
+            for (Kernel v : {kMmaPlain, kMma}) {
+                bench<bf16>(llama, v, 3, 20);
+                bench<bf16>(qwen, v, 3, 20);
+            }
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "attention: %s\n", e.what());

@@ -7,7 +7,7 @@
 
 #include "cuda/embedding.cuh"
 #include "cpu/ops.h"
-#include "dev/cuda/ka_workbench.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;

@@ -1,4 +1,5 @@
-// dev/cuda/hc.cu — workbench of the HC / mHC GPU schemes (cuda/scheme_hc.cuh, spec §2.2, §2.3)
+// dev/cuda/hc.cu — workbench of the HC / mHC GPU schemes (GpuHC of train_gpt_baselines.cu over
+// the kernels of cuda/hc.cuh, spec §2.2, §2.3)
 // against the CPU reference Scheme<double> (cpu/scheme_hc.*): every x_j, xn_j, y, d_o_j, de
 // and every scheme parameter gradient at several shapes (odd N and d, n = 4 and 3), fp32 (tight)
 // and bf16 (loose); then the forward+backward time of all D sublayers at N = 16384, d = 1024,
@@ -6,7 +7,8 @@
 // Usage: hc [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
 
-#include "cuda/scheme_hc.cuh"
+#define TESTING  // the trainer file without its main()
+#include "train_gpt_baselines.cu"
 #include "dev/cuda/scheme_check.cuh"
 
 using namespace ldm;

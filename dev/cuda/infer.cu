@@ -8,7 +8,7 @@
 // nkv 8, hd 128, 8192 positions) caches: bytes = the K and V rows read.
 // Usage: build/cuda/infer [--quick]. Output format: doc/cuda.md. Not yet run on a GPU.
 #include "cuda/infer.cuh"
-#include "dev/cuda/ka_workbench.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;

@@ -1,13 +1,16 @@
-// dev/cuda/ldm.cu — workbench of the LDM kernels (cuda/scheme_ldm.cuh, spec §2.5).
+// dev/cuda/ldm.cu — workbench of the LDM kernels (cuda/ldm.cuh) and scheme (train_ldm.cu,
+// spec §2.5).
 //
-// 1. Checks: drives the CPU reference Scheme<double> (cpu/scheme.h make_scheme, scheme
-//    "ldm") and LdmGpuScheme<T> through the same begin / input / output / readout / backward
-//    sequence with the same random parameters and tensors (random non-zero, GPU outputs
-//    poisoned with NaN first) for every rule (rls, delta, outer), mode (store, unwind,
-//    checkpoint-every, window), no-residual, no-forget, kernel variant (1, 2, 3) and dtype, at
+// 1. Checks (check_cases(), shared with test/test_emu_ldm_scheme.cpp): drives the CPU reference
+//    Scheme<double> (cpu/scheme.h make_scheme, scheme "ldm") and LdmGpuScheme<T> through the same
+//    begin / input / output / readout / backward sequence with the same random parameters and
+//    tensors (random non-zero, GPU outputs poisoned with NaN first) for every rule (rls, delta,
+//    outer), mode (store, unwind, checkpoint-every, window), no-residual, no-forget and dtype, at
 //    small odd shapes; compares every x_j, y, do_j, de, the final state and all scheme gradients.
-//    Window mode runs every window path (window_impl 0 sequential, 1 Woodbury v1, 2 Woodbury v2;
-//    names "-wseq", "-wv1", "-wv2") at w = 1, 2, 3, 4, 8 with D+1 = 7 (only w = 1 divides it).
+//    The kernels follow the shape (cuda/ldm.cuh): d_k <= 16 runs the warp kernels, the d_k = 24
+//    cases the thread kernels; window cases run w = 1, 2, 3, 4, 8 with D+1 = 7 (only w = 1
+//    divides it) on the warp window path, and w = 9 with D+1 = 11 on the thread window path
+//    (error rows). Names end in "-warp" / "-thread".
 // 2. Bench: each kernel at N=16384, d=1024, H_m=4, d_k=8, D=48 (read, write, unwind+VJP, and a
 //    whole window-mode write), GB/s against the state bytes the kernel must move
 //    (write: S,P read + write; read: S read; unwind+VJP: S,P,dS,dP read + write); the Woodbury
@@ -20,7 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/scheme_ldm.cuh"
+#define TESTING  // the trainer file without its main()
+#include "train_ldm.cu"
 #include "cpu/rng.h"
 #include "cpu/scheme.h"
 #include "cpu/scheme_ldm.h"
@@ -78,19 +82,29 @@ struct Rnd {
 
 int g_fail = 0;
 
-void report(const std::string& variant, const char* dtype, const std::string& shape,
+// The thread kernels (and the thread window path) at a shape where production runs the warp
+// kernels: the variant the scheme uses only for d_k > 16 (w > 8), compared here at any shape.
+template <typename T>
+struct LdmThreadKernels : LdmGpuScheme<T> {
+    explicit LdmThreadKernels(const ModelConfig& c) : LdmGpuScheme<T>(c) {
+        this->warp_ = false;
+        this->thread_window_ = true;
+    }
+};
+
+void report(const std::string& name, const char* dtype, const std::string& shape,
             const std::vector<float>& gpu, const std::vector<double>& ref, double tol) {
     std::vector<float> r(ref.size());
     for (size_t i = 0; i < ref.size(); i++) r[i] = (float)ref[i];
     Compare c = compare(gpu.data(), r.data(), (int64_t)r.size());
     const bool ok = c.finite && c.rel <= tol;
     if (!ok) g_fail++;
-    std::printf("CHECK ldm %s %s %s rel=%.3g max_abs=%.3g %s\n", variant.c_str(), dtype, shape.c_str(),
+    std::printf("CHECK ldm %s %s %s rel=%.3g max_abs=%.3g %s\n", name.c_str(), dtype, shape.c_str(),
                 c.rel, c.max_abs, ok ? "PASS" : "FAIL");
 }
 
 template <typename T>
-void run_case(const Case& k, int variant, int wimpl = kWindowImplDefault) {
+void run_case(const Case& k, bool thread_kernels = false) {
     const bool bf = !std::is_same<T, float>::value;
     const double tol = bf ? 2e-2 : 1e-4;
     const ModelConfig cfg = make_cfg(k);
@@ -165,9 +179,8 @@ void run_case(const Case& k, int variant, int wimpl = kWindowImplDefault) {
     fill(xs.ptr, xs.n, NAN, s);
     fill(dos.ptr, dos.n, NAN, s);
     fill(de_d.ptr, nd, NAN, s);
-    LdmGpuScheme<T> g(cfg);
-    g.variant = variant;
-    g.window_impl = wimpl;
+    std::unique_ptr<LdmGpuScheme<T>> gp(thread_kernels ? new LdmThreadKernels<T>(cfg) : new LdmGpuScheme<T>(cfg));
+    LdmGpuScheme<T>& g = *gp;
     g.bind(pw.ptr, pm.ptr, g_d.ptr);
     g.resize(1, N);
     g.begin(e_d.ptr, s);
@@ -186,8 +199,8 @@ void run_case(const Case& k, int variant, int wimpl = kWindowImplDefault) {
     g.begin_backward(de_d.ptr, s);
     CUDA_CHECK(cudaDeviceSynchronize());
 
-    std::string v = k.name() + "-v" + std::to_string(variant);
-    if (k.mode == "window") v += wimpl == 0 ? "-wseq" : wimpl == 1 ? "-wv1" : "-wv2";
+    std::string v = k.name() + (g.warp_kernels() ? "-warp" : "-thread");
+    if (k.mode == "window") v += g.warp_window() ? "-wwarp" : "-wthread";
     const char* dt = dtype_name<T>();
     const std::string sh = k.shape();
     report(v + "/x", dt, sh, download(xs.ptr, xs.n), cx, tol);
@@ -237,7 +250,7 @@ void bench(bool quick) {
     const int64_t N = k.N, st = N * Dm.ST, nd = N * k.d;
     DeviceBuffer<float> cur(st), dS(st), raw(N * Dm.HK), Kn(N * Dm.HK), Knrm(N * Dm.Hm), v32(nd),
         lam(Dm.Hm), dsrc(nd), dvacc(nd), draw(N * Dm.HK), dtok(N * Dm.Hm), src32(nd), r32(nd),
-        prod(nd), scratch(N * Dm.Hm * v1_scratch_per_th(Dm)), a(k.d), theta(Dm.Hm), lg(Dm.Hm);
+        prod(nd), scratch(N * Dm.Hm * thread_scratch_floats(Dm)), a(k.d), theta(Dm.Hm), lg(Dm.Hm);
     DeviceBuffer<T> x(nd), dx(nd);
     cudaStream_t s = 0;
     init_state(Dm, cur.ptr, 0.1f, s);
@@ -252,7 +265,7 @@ void bench(bool quick) {
     lambda_kernel<<<1, 32, 0, s>>>(Dm.Hm, theta.ptr, 0.95f, lam.ptr, lg.ptr);
     LDM_LAUNCH_CHECK();
     // fill Kn with normalised keys by one v1 write, then restore the state
-    write_v1_kernel<kRls><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, nullptr, nullptr, scratch.ptr);
+    write_thread_kernel<kRls><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, nullptr, nullptr, scratch.ptr);
     LDM_LAUNCH_CHECK();
     const double SP = (double)st * 4;                          // S,P bytes
     const double S_only = (double)N * Dm.Hm * Dm.SS * 4;       // S bytes
@@ -265,46 +278,46 @@ void bench(bool quick) {
     };
     float ms;
     ms = time_median_ms([&] {
-        read_v1_kernel<T><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr);
+        read_thread_kernel<T><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr);
     }, 2, reps, s);
     line("read-v1", ms, S_only);
     ms = time_median_ms([&] {
-        read_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr);
+        read_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr);
     }, 2, reps, s);
     line("read-v2", ms, S_only);
     ms = time_median_ms([&] {
-        write_v1_kernel<kRls><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, nullptr, nullptr, scratch.ptr);
+        write_thread_kernel<kRls><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, nullptr, nullptr, scratch.ptr);
     }, 2, reps, s);
     line("write-rls-v1", ms, 2 * SP);
     ms = time_median_ms([&] {
-        write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+        write_rls_warp_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("write-rls-v2", ms, 2 * SP);
     // unwind + VJP: reads S,P,dS,dP and writes all four (fused); state drifts across reps but
     // the timing does not depend on the values.
     ms = time_median_ms([&] {
-        write_vjp_v1_kernel<kRls, true><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr, scratch.ptr);
+        write_vjp_thread_kernel<kRls, true><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr, scratch.ptr);
     }, 2, reps, s);
     line("unwind-vjp-rls-v1", ms, 4 * SP);
     ms = time_median_ms([&] {
-        unwind_vjp_rls_v2_kernel<8, true><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
+        unwind_vjp_rls_warp_kernel<8, true><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
     }, 2, reps, s);
     line("unwind-vjp-rls-v2", ms, 4 * SP);
     ms = time_median_ms([&] {
-        read_bwd_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, Kn.ptr, Knrm.ptr, dx.ptr, a.ptr, dS.ptr, draw.ptr, prod.ptr);
+        read_bwd_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, Kn.ptr, Knrm.ptr, dx.ptr, a.ptr, dS.ptr, draw.ptr, prod.ptr);
     }, 2, reps, s);
     line("read-bwd-v2", ms, S_only * 3);  // S read, dS read + write
     // windowed: w = 4 writes applied sequentially (the GPU window mode; no Woodbury yet):
     // state traffic is w times that of the deferred form's one pass.
     ms = time_median_ms([&] {
         for (int t = 0; t < 4; t++)
-            write_rls_v2_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+            write_rls_warp_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("window4-sequential-v2", ms, 2 * SP);  // GB/s vs the ONE pass a Woodbury window needs
     // Woodbury window kernels (w = 4): pending-write buffers per (token, head)
     {
         const int w = 4;
-        const int64_t TH = N * Dm.Hm, sstr = std::max(v1_scratch_per_th(Dm), (int64_t)w * Dm.dk + Dm.dk + w);
+        const int64_t TH = N * Dm.Hm, sstr = std::max(thread_scratch_floats(Dm), (int64_t)w * Dm.dk + Dm.dk + w);
         DeviceBuffer<float> Kt(TH * w * Dm.dk), Et(TH * w * Dm.dv), Lc(TH * w * w), wscr(TH * sstr), lamw(w * Dm.Hm);
         DeviceBuffer<T> O(w * nd);
         fill(O.ptr, O.n, 0.25f, s);
@@ -318,31 +331,31 @@ void bench(bool quick) {
         const double Pb = (double)TH * Dm.PP * 4, Ob = (double)nd * sizeof(T), Eb = (double)nd * 4;
         // fill K~ and L for m = 0..3 (valid factors), key-only append
         for (int m = 0; m < w; m++)
-            window_append_v1_kernel<false><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, m, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
+            window_append_kernel<false><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, m, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
         LDM_LAUNCH_CHECK();
         ms = time_median_ms([&] {
-            window_append_v1_kernel<false><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, 3, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
+            window_append_kernel<false><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, 3, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
         line("window-append-key-v2", ms, Pb);
         ms = time_median_ms([&] {
-            window_append_v1_kernel<true><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lamw.ptr, 3, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
+            window_append_kernel<true><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lamw.ptr, 3, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
         line("window-append-v1", ms, S_only + Pb + Eb);
         ms = time_median_ms([&] {
-            window_read_v1_kernel<T><<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
+            window_read_thread_kernel<T><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
         line("window-read-v1-m2", ms, S_only + Pb + 2 * Eb);
         ms = time_median_ms([&] {
-            window_read_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Lc.ptr, O.ptr, nd, lamw.ptr);
+            window_read_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Lc.ptr, O.ptr, nd, lamw.ptr);
         }, 2, reps, s);
         line("window-read-v2-m2", ms, S_only + Pb + 2 * Ob);
         // flushes modify S, P in place; the timing does not depend on the values
         ms = time_median_ms([&] {
-            window_flush_v1_kernel<<<th_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
+            window_flush_thread_kernel<<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
         line("window-flush-v1-w4", ms, 2 * SP + w * Eb);
         ms = time_median_ms([&] {
-            window_flush_v2_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Lc.ptr, O.ptr, nd, wscr.ptr, sstr);
+            window_flush_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Lc.ptr, O.ptr, nd, wscr.ptr, sstr);
         }, 2, reps, s);
         line("window-flush-v2-w4", ms, 2 * SP + w * Ob);
     }
@@ -352,9 +365,10 @@ void bench(bool quick) {
 // Whole scheme, one forward + backward (all D+1 writes, D+1 reads, GEMMs included) at the bench
 // shape, per mode: the LDM overhead of a training step at N tokens.
 template <typename T>
-void bench_scheme(const std::string& rule, const std::string& mode, int variant, bool quick,
-                  int wimpl = kWindowImplDefault) {
+void bench_scheme(const std::string& rule, const std::string& mode, bool quick, int dk = 8,
+                  bool thread_kernels = false) {
     Case k;
+    k.dk = dk;
     k.N = 16384;
     k.d = 1024;
     k.n_layer = 24;
@@ -385,9 +399,8 @@ void bench_scheme(const std::string& rule, const std::string& mode, int variant,
     cudaStream_t s = 0;
     fill(gr.ptr, P, 0.f, s);
     fill(g.ptr, nd, 1e-3f, s);
-    LdmGpuScheme<T> sc(cfg);
-    sc.variant = variant;
-    sc.window_impl = wimpl;
+    std::unique_ptr<LdmGpuScheme<T>> scp(thread_kernels ? new LdmThreadKernels<T>(cfg) : new LdmGpuScheme<T>(cfg));
+    LdmGpuScheme<T>& sc = *scp;
     sc.bind(pw.ptr, pm.ptr, gr.ptr);
     sc.resize(1, k.N);
     auto fwd = [&] {
@@ -408,71 +421,76 @@ void bench_scheme(const std::string& rule, const std::string& mode, int variant,
     };
     const int reps = 3;
     (void)quick;
-    std::string tag = rule + "-" + mode;
-    if (mode == "window") tag += wimpl == 0 ? "4-wseq" : wimpl == 1 ? "4-wv1" : "4-wv2";
+    std::string tag = rule + "-" + mode + (mode == "window" ? "4" : "") + strprintf("-dk%d", dk) +
+                      (sc.warp_kernels() ? "-warp" : "-thread");
     const float fms = time_median_ms(fwd, 1, reps, s);
     const float tms = time_median_ms([&] { fwd(); bwd(); }, 1, reps, s);
-    std::printf("BENCH ldm scheme-%s-v%d-fwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", tag.c_str(), variant,
-                dtype_name<T>(), k.shape().c_str(), fms);
-    std::printf("BENCH ldm scheme-%s-v%d-fwd+bwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", tag.c_str(), variant,
-                dtype_name<T>(), k.shape().c_str(), tms);
+    std::printf("BENCH ldm scheme-%s-fwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", tag.c_str(), dtype_name<T>(),
+                k.shape().c_str(), fms);
+    std::printf("BENCH ldm scheme-%s-fwd+bwd %s %s ms=%.3f GB/s=- TFLOP/s=-\n", tag.c_str(), dtype_name<T>(),
+                k.shape().c_str(), tms);
     std::string met;
     for (auto& kv : sc.metrics()) met += strprintf(" %s=%.3g", kv.first.c_str(), kv.second);
-    std::printf("INFO ldm scheme-%s-v%d %s allocates %.1f KiB/token%s\n", tag.c_str(), variant, dtype_name<T>(),
+    std::printf("INFO ldm scheme-%s %s allocates %.1f KiB/token%s\n", tag.c_str(), dtype_name<T>(),
                 sc.allocated_bytes() / (double)k.N / 1024.0, met.c_str());
 }
 
 }  // namespace
+
+// The check cases (also run by test/test_emu_ldm_scheme.cpp under CPU emulation).
+std::vector<Case> check_cases() {
+    std::vector<Case> cases;
+    auto add = [&](Case c) { cases.push_back(c); };
+    for (const char* m : {"store", "unwind"}) {
+        Case c;
+        c.mode = m;
+        add(c);
+        c.rule = "outer";
+        add(c);
+    }
+    { Case c; c.rule = "delta"; add(c); c.ckpt = 2; add(c); }
+    { Case c; c.mode = "unwind"; c.ckpt = 2; add(c); c.rule = "outer"; add(c); }
+    { Case c; c.mode = "window"; c.window = 2; add(c); c.window = 3; add(c); }
+    // window at D+1 = 7 writes (n_layer 3): w = 2, 3, 4 leave a shorter last window, 8 > D+1
+    for (int w : {1, 2, 3, 4, 8}) { Case c; c.mode = "window"; c.window = w; c.n_layer = 3; c.N = 45; add(c); }
+    { Case c; c.mode = "window"; c.window = 4; c.n_layer = 3; c.residual = false; add(c); }
+    { Case c; c.mode = "window"; c.window = 2; c.ckpt = 1; add(c); }  // window-start states kept
+    { Case c; c.residual = false; c.mode = "unwind"; add(c); c.rule = "delta"; c.mode = "store"; add(c); }
+    { Case c; c.forget = false; c.mode = "unwind"; add(c); }
+    // odd shapes: N not a multiple of the block, d_v and d_k odd, 3 layers
+    { Case c; c.N = 131; c.d = 60; c.Hm = 4; c.dk = 5; c.n_layer = 3; c.mode = "unwind"; add(c);
+      c.mode = "store"; c.rule = "delta"; add(c); c.rule = "outer"; add(c);
+      c.rule = "rls"; c.mode = "window"; c.window = 3; add(c); }
+    { Case c; c.N = 67; c.d = 96; c.Hm = 3; c.dk = 16; c.mode = "unwind"; add(c); }
+    { Case c; c.N = 33; c.d = 48; c.Hm = 2; c.dk = 3; c.n_layer = 3; c.mode = "store"; c.ckpt = 3; add(c); }
+    // the thread kernels (d_k > 16) in every rule and mode, and the thread window path (w > 8)
+    { Case c; c.N = 29; c.d = 48; c.Hm = 2; c.dk = 24; c.mode = "store"; add(c); c.mode = "unwind"; add(c);
+      c.ckpt = 2; add(c); c.ckpt = 0; c.rule = "outer"; add(c); c.rule = "delta"; c.mode = "store"; c.ckpt = 2; add(c);
+      c.rule = "rls"; c.ckpt = 0; c.mode = "window"; c.window = 3; add(c); }
+    { Case c; c.N = 21; c.mode = "window"; c.window = 9; c.n_layer = 5; add(c); c.ckpt = 1; add(c); }
+    return cases;
+}
 
 int main(int argc, char** argv) {
     exit_if_no_gpu("ldm");
     const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        std::vector<Case> cases;
-        auto add = [&](Case c) { cases.push_back(c); };
-        for (const char* m : {"store", "unwind"}) {
-            Case c;
-            c.mode = m;
-            add(c);
-            c.rule = "outer";
-            add(c);
-        }
-        { Case c; c.rule = "delta"; add(c); c.ckpt = 2; add(c); }
-        { Case c; c.mode = "unwind"; c.ckpt = 2; add(c); c.rule = "outer"; add(c); }
-        { Case c; c.mode = "window"; c.window = 2; add(c); c.window = 3; add(c); }
-        // window at D+1 = 7 writes (n_layer 3): w = 2, 3, 4 leave a shorter last window, 8 > D+1
-        for (int w : {1, 2, 3, 4, 8}) { Case c; c.mode = "window"; c.window = w; c.n_layer = 3; c.N = 45; add(c); }
-        { Case c; c.mode = "window"; c.window = 4; c.n_layer = 3; c.residual = false; add(c); }
-        { Case c; c.residual = false; c.mode = "unwind"; add(c); c.rule = "delta"; c.mode = "store"; add(c); }
-        { Case c; c.forget = false; c.mode = "unwind"; add(c); }
-        // odd shapes: N not a multiple of the block, d_v and d_k odd, 3 layers
-        { Case c; c.N = 131; c.d = 60; c.Hm = 4; c.dk = 5; c.n_layer = 3; c.mode = "unwind"; add(c);
-          c.mode = "store"; c.rule = "delta"; add(c); c.rule = "outer"; add(c);
-          c.rule = "rls"; c.mode = "window"; c.window = 3; add(c); }
-        { Case c; c.N = 67; c.d = 96; c.Hm = 3; c.dk = 16; c.mode = "unwind"; add(c); }
-        { Case c; c.N = 33; c.d = 48; c.Hm = 2; c.dk = 3; c.n_layer = 3; c.mode = "store"; c.ckpt = 3; add(c); }
-        for (const Case& c : cases) {
-            for (int v : {1, 2, 3}) {
-                for (int wi : {0, 1, 2}) {
-                    if (c.mode != "window" && wi != kWindowImplDefault) continue;
-                    // --quick: window paths with variant 2, and 1 / 3 only with path 2's kernels
-                    // mixed in (v1 and v3 backward kernels with the Woodbury forward)
-                    if (quick && c.mode == "window" && v != 2 && wi != 2) continue;
-                    run_case<float>(c, v, wi);
-                    if (!quick || v == 2) run_case<bf16>(c, v, wi);
-                }
+        for (const Case& c : check_cases())
+            for (bool thread : {false, true}) {
+                run_case<float>(c, thread);
+                run_case<bf16>(c, thread);
             }
-        }
         bench<float>(quick);
         bench<bf16>(quick);
-        for (int v : {2, 3})
-            for (const char* m : {"store", "unwind"}) bench_scheme<bf16>("rls", m, v, quick);
-        for (int v : {2, 3})
-            for (int wi : {0, 1, 2})
-                if (!quick || v == 2) bench_scheme<bf16>("rls", "window", v, quick, wi);
-        bench_scheme<bf16>("outer", "unwind", 3, quick);  // (variant 2 runs these rules with v1)
-        bench_scheme<bf16>("delta", "store", 3, quick);
+        for (const char* m : {"store", "unwind"}) bench_scheme<bf16>("rls", m, quick);
+        bench_scheme<bf16>("rls", "window", quick);
+        bench_scheme<bf16>("rls", "unwind", quick, 8, true);  // thread kernels at the same shape
+        bench_scheme<bf16>("rls", "window", quick, 8, true);
+        bench_scheme<bf16>("rls", "unwind", quick, 4);
+        bench_scheme<bf16>("rls", "unwind", quick, 24);  // thread kernels
+        bench_scheme<bf16>("outer", "unwind", quick);
+        bench_scheme<bf16>("delta", "store", quick);
     } catch (const std::exception& ex) {
         std::printf("error: %s\n", ex.what());
         return 1;

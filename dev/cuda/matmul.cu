@@ -7,7 +7,7 @@
 // Usage: build/cuda/matmul [--quick]. Output format: doc/cuda.md.
 #include "cuda/matmul.cuh"
 #include "cpu/ops.h"
-#include "dev/cuda/ka_workbench.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;

@@ -5,7 +5,7 @@
 // Usage: build/cuda/rmsnorm [--quick]. Output format: doc/cuda.md.
 #include "cuda/rmsnorm.cuh"
 #include "cpu/ops.h"
-#include "dev/cuda/ka_workbench.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;

@@ -6,7 +6,7 @@
 // Usage: build/cuda/rope [--quick]. Output format: doc/cuda.md.
 #include "cuda/rope.cuh"
 #include "cpu/ops.h"
-#include "dev/cuda/ka_workbench.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;

@@ -4,7 +4,7 @@
 // F = 2816 (llama-400m). Usage: build/cuda/swiglu [--quick]. Output format: doc/cuda.md.
 #include "cuda/swiglu.cuh"
 #include "cpu/ops.h"
-#include "dev/cuda/ka_workbench.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;

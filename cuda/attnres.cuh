@@ -1,5 +1,6 @@
-// cuda/scheme_attnres.cuh — AttnRes, attention residuals over depth (spec §2.4), Full and Block,
-// on the GPU, forward and backward. CPU reference: cpu/scheme_attnres.* (same LDM_HD math:
+// cuda/attnres.cuh — the kernels of AttnRes, attention residuals over depth (spec §2.4), Full and
+// Block, forward and backward; the scheme that drives them is GpuAttnRes in
+// train_gpt_baselines.cu. CPU reference: cpu/scheme_attnres.* (same LDM_HD math:
 // attnres_softmax, attnres_softmax_backward, attnres_score_grad, rms_scale).
 //
 // Aggregation of sublayer j over sources u_1..u_K (per token): s_k = r_k (q · u_k) with
@@ -19,8 +20,8 @@
 // needed for backward anyway): output(j) writes p + o_j straight into pv_{j+1}, or into the block
 // source b_n at the block end; no running copy. In backward dL/dp accumulates in place in
 // dL/db_n's buffer (final once the block's last sublayer is reached).
-// Block backward variant 2 (LDM_ATTNRES_VARIANT=2, see GpuAttnRes): the block sources' gradients
-// are applied once per block from per-sublayer scalars and a dx stash instead of once per sublayer.
+// Block's deferred backward (block_scores_backward + block_flush): the block sources' gradients are
+// applied once per block from per-sublayer scalars and a dx stash instead of once per sublayer.
 // Parameters: w_j, g_j (and the readout's w_f, g_f, index D+1) are read from the fp32 master
 // array; gradients fp32, accumulated (+=). Activations T (float or bf16), arithmetic fp32.
 #pragma once
@@ -227,7 +228,7 @@ __global__ void to_act_kernel(T* out, const float* in, int64_t n) {
         out[i] = from_f<T>(in[i]);
 }
 
-// ---- Block backward, variant 2 (deferred block-source gradients) ------------------------------
+// ---- Block backward, deferred (block-source gradients applied once per block) ------------------------------
 // Per sublayer j of block n (position i): like aggregate_backward_kernel for the scores, but the
 // block sources b_0..b_{n-1} (the first S.K0 sources) are NOT updated: their per-token scalars
 // α_k, β_k = ds_k r_k, γ_k = ds_k s_k r_k²/d are written to a[t·ldc + k], b[..], c[..] and dx is
@@ -364,254 +365,6 @@ __global__ void dq_reduce_multi_kernel(F* gwg, const F* dq_part, int nblocks, in
 }
 
 }  // namespace ar_detail
-
-// AttnRes Full (block = false) and Block (block = true) behind GpuScheme<T>. Parameter block
-// (core/config.cpp): per sublayer j = 1..D: w [d], g [d]; then w_f [d], g_f [d] (readout, j = D+1).
-// Buffers (resize): sources src [K, N, d] (T; Full K = D+1: v_0..v_D, Block K = N_b+1:
-// b_0..b_N), their r [K, N] and fp32 gradients [K, N, d]; Block also pv [D, N, d] (T) and r [D, N].
-// Backward variants (Block only; Full always uses 1):
-//   1: every sublayer adds its gradient into each of its sources' fp32 rows (read-modify-write of
-//      K·d fp32 per sublayer and token);
-//   2: the block sources' gradients are deferred: each sublayer stores 3 scalars per source and
-//      stashes dx_j (T); once per block one flush kernel adds Σ_j (α dx_j + β q_j − γ u_k) into
-//      each block source (one read-modify-write per block instead of per sublayer).
-// variant 0 = from the environment variable LDM_ATTNRES_VARIANT (1 or 2), default 1.
-template <typename T>
-struct GpuAttnRes final : GpuScheme<T> {
-    GpuAttnRes(const ModelConfig& cfg, bool block, int variant = 0)
-        : d_(cfg.d_model), D_(cfg.n_sublayers()), block_(block), eps_((float)cfg.norm_eps) {
-        if (block_) {
-            nb_ = std::min(cfg.attnres_blocks, D_);
-            if (nb_ <= 0)
-                throw Error(strprintf("attnres-block: attnres_blocks must be positive, got %d", cfg.attnres_blocks));
-            S_ = D_ / nb_;
-        } else {
-            nb_ = D_;
-            S_ = 1;
-        }
-        if (variant == 0) {
-            const char* e = std::getenv("LDM_ATTNRES_VARIANT");
-            variant = e ? std::atoi(e) : 1;
-        }
-        if (variant != 1 && variant != 2) throw Error(strprintf("attnres: backward variant %d (1 or 2)", variant));
-        v2_ = block_ && variant == 2;
-        smax_ = block_ ? std::max(S_, D_ - (nb_ - 1) * S_) : 1;
-    }
-    int variant() const { return v2_ ? 2 : 1; }
-
-    void bind(const T* params, const float* master, float* grads) override {
-        P_ = params;
-        M_ = master;
-        G_ = grads;
-    }
-
-    void resize(int B, int T_) override {
-        N_ = B * T_;
-        const int64_t N = N_, d = d_, K = nb_ + 1;
-        grow(src_, K * N * d);
-        grow(rsrc_, K * N);
-        grow(dsrc_, K * N * d);
-        if (block_) {
-            grow(pv_, (int64_t)D_ * N * d);
-            grow(rp_, (int64_t)D_ * N);
-        }
-        grow(dq_part_, (int64_t)bwd_blocks() * d);
-        if (v2_) {
-            grow(co_, 3 * (int64_t)smax_ * N * nb_);
-            grow(stash_, (int64_t)smax_ * N * d);
-            grow(dq2_part_, (int64_t)bwd_blocks() * smax_ * d);
-            if (flush_smem() > 227 * 1024)
-                throw Error(strprintf("attnres-block variant 2: %d sublayers per block x d = %d need %zu bytes of "
-                                      "shared memory; use LDM_ATTNRES_VARIANT=1", smax_, d_, flush_smem()));
-        }
-    }
-
-    void begin(const T* e, cudaStream_t s) override {
-        ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(U(0), RU(0), nullptr, e, d_, eps_);
-        LDM_LAUNCH_CHECK();
-    }
-
-    void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
-        aggregate(j, x, xn, rstd, w, eps, s);
-    }
-
-    void output(int j, const T* o, cudaStream_t s) override {
-        if (!block_) {
-            ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(U(j), RU(j), nullptr, o, d_, eps_);
-            LDM_LAUNCH_CHECK();
-            return;
-        }
-        int n, i;
-        locate(j, &n, &i);
-        const T* p = i >= 2 ? PV(j) : nullptr;
-        if (block_end(j, n))
-            ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(U(n), RU(n), p, o, d_, eps_);
-        else
-            ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(PV(j + 1), RP(j + 1), p, o, d_, eps_);
-        LDM_LAUNCH_CHECK();
-    }
-
-    void readout(T* y, cudaStream_t s) override { aggregate(D_ + 1, y, nullptr, nullptr, nullptr, 0.f, s); }
-
-    void readout_backward(const T* dy, cudaStream_t s) override { aggregate_backward(D_ + 1, dy, true, s); }
-
-    void output_backward(int j, T* d_o, cudaStream_t s) override {
-        int n = j, i = 1;
-        if (block_) locate(j, &n, &i);
-        // Full: dL/dv_j. Block: dL/dp after sublayer j, kept in place in b_n's gradient buffer.
-        to_act(d_o, DU(n), s);
-    }
-
-    void input_backward(int j, const T* dx, cudaStream_t s) override {
-        if (v2_) block_backward_v2(j, dx, s);
-        else aggregate_backward(j, dx, false, s);
-    }
-
-    void begin_backward(T* de, cudaStream_t s) override { to_act(de, DU(0), s); }
-
-    // Every byte per token allocated in resize(): sources (T) + r + fp32 gradients; Block also the
-    // partial-sum snapshots pv (T) + r. (The dq partials are per block, not per token.)
-    int64_t extra_bytes_per_token() const override {
-        const int64_t d = d_, K = nb_ + 1, tb = sizeof(T);
-        int64_t v = K * d * tb + K * 4 + K * d * 4;
-        if (block_) v += (int64_t)D_ * d * tb + (int64_t)D_ * 4;
-        if (v2_) v += 3 * (int64_t)smax_ * nb_ * 4 + (int64_t)smax_ * d * tb;  // scalars + dx stash
-        return v;
-    }
-    int n_blocks() const { return nb_; }
-    // Block index n and position i (1-based) of sublayer j (same rule as the CPU reference).
-    void locate(int j, int* n, int* i) const {
-        int b = (j - 1) / S_ + 1;
-        if (b > nb_) b = nb_;
-        *n = b;
-        *i = j - (b - 1) * S_;
-    }
-
-   private:
-    int d_, D_, nb_ = 0, S_ = 1;
-    bool block_;
-    bool v2_ = false;
-    int smax_ = 1;  // most sublayers in one block (the last block takes the remainder)
-    float eps_;
-    int N_ = 0;
-    const T* P_ = nullptr;
-    const float* M_ = nullptr;
-    float* G_ = nullptr;
-    DeviceBuffer<T> src_, pv_;
-    DeviceBuffer<float> rsrc_, dsrc_, rp_, dq_part_;
-    DeviceBuffer<T> stash_;                 // v2: dx_j of the current block [smax, N, d]
-    DeviceBuffer<float> co_, dq2_part_;     // v2: α, β, γ [3][smax][N][nb]; flush dq partials
-
-    template <typename E>
-    static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
-        if (b.n < n) b.alloc(n);
-    }
-    T* U(int k) const { return src_.ptr + (int64_t)k * N_ * d_; }
-    float* RU(int k) const { return rsrc_.ptr + (int64_t)k * N_; }
-    float* DU(int k) const { return dsrc_.ptr + (int64_t)k * N_ * d_; }
-    T* PV(int j) const { return pv_.ptr + (int64_t)(j - 1) * N_ * d_; }
-    float* RP(int j) const { return rp_.ptr + (int64_t)(j - 1) * N_; }
-    bool block_end(int j, int n) const { return (n < nb_) ? (j == n * S_) : (j == D_); }
-    int bwd_blocks() const { return std::max(1, std::min(N_, ar_detail::kBackwardBlocks)); }
-
-    ar_detail::Sources sources(int j) const {
-        ar_detail::Sources S{U(0), RU(0), 0, nullptr, nullptr, DU(0), nullptr};
-        if (j == D_ + 1) {
-            S.K0 = nb_ + 1;
-        } else if (!block_) {
-            S.K0 = j;
-        } else {
-            int n, i;
-            locate(j, &n, &i);
-            S.K0 = n;
-            if (i >= 2) {
-                S.Ux = PV(j);
-                S.Rx = RP(j);
-                S.dUx = DU(n);  // dL/dp accumulates in place in b_n's gradient buffer
-            }
-        }
-        return S;
-    }
-
-    void aggregate(int j, T* x, T* xn, float* rstd, const T* wn, float eps_n, cudaStream_t s) {
-        const ar_detail::Sources S = sources(j);
-        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
-        const float* g = w + d_;
-        const int nw = ar_detail::kThreads / 32;
-        const size_t smem = (size_t)(nw + 1) * S.K() * sizeof(float);
-        ar_detail::aggregate_kernel<T><<<N_, ar_detail::kThreads, smem, s>>>(x, xn, rstd, wn, eps_n, S, w, g, N_, d_);
-        LDM_LAUNCH_CHECK();
-    }
-
-    void aggregate_backward(int j, const T* dx, bool overwrite, cudaStream_t s) {
-        const ar_detail::Sources S = sources(j);
-        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
-        const float* g = w + d_;
-        float* gw = G_ + (int64_t)(j - 1) * 2 * d_;
-        float* gg = gw + d_;
-        const int nw = ar_detail::kThreads / 32, nb = bwd_blocks();
-        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::aggregate_backward_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ar_detail::aggregate_backward_kernel<T><<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, dx, S, w, g, N_,
-                                                                                       d_, overwrite);
-        LDM_LAUNCH_CHECK();
-        ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nb, w, g, d_);
-        LDM_LAUNCH_CHECK();
-    }
-
-    size_t flush_smem() const { return ((size_t)smax_ * d_ + 3 * (size_t)smax_) * sizeof(float); }
-
-    // Variant 2 backward of sublayer j (Block): scores + p-source update now, block sources at the
-    // block's first sublayer (the last one in backward order).
-    void block_backward_v2(int j, const T* dx, cudaStream_t s) {
-        int n, i;
-        locate(j, &n, &i);
-        const ar_detail::Sources S = sources(j);
-        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
-        const float* g = w + d_;
-        float* gw = G_ + (int64_t)(j - 1) * 2 * d_;
-        float* gg = gw + d_;
-        const int nw = ar_detail::kThreads / 32, nbk = bwd_blocks();
-        const int64_t N = N_, plane = (int64_t)smax_ * N * nb_;
-        float* ca = co_.ptr + (int64_t)(i - 1) * N * nb_;
-        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_scores_backward_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ar_detail::block_scores_backward_kernel<T><<<nbk, ar_detail::kThreads, smem, s>>>(
-            dq_part_.ptr, ca, ca + plane, ca + 2 * plane, nb_, stash_.ptr + (int64_t)(i - 1) * N * d_, dx, S, w, g, N_,
-            d_);
-        LDM_LAUNCH_CHECK();
-        if (S.Ux) {
-            ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nbk,
-                                                                                            w, g, d_);
-            LDM_LAUNCH_CHECK();
-        }
-        if (i != 1) return;
-        // Flush: the block's ns sublayers j .. j+ns-1 into the block sources b_0..b_{n-1}.
-        const int ns = n < nb_ ? S_ : D_ - (nb_ - 1) * S_;
-        const size_t fsm = ((size_t)ns * d_ + 3 * (size_t)ns) * sizeof(float);
-        if (fsm > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
-        ar_detail::block_flush_kernel<T><<<nbk, ar_detail::kThreads, fsm, s>>>(
-            dq2_part_.ptr, co_.ptr, co_.ptr + plane, co_.ptr + 2 * plane, nb_, stash_.ptr, U(0), DU(0), n, w, ns, N_,
-            d_);
-        LDM_LAUNCH_CHECK();
-        dim3 rg((unsigned)ceil_div(d_, 256), (unsigned)ns);
-        ar_detail::dq_reduce_multi_kernel<float><<<rg, 256, 0, s>>>(gw, dq2_part_.ptr, nbk, ns, w, d_);
-        LDM_LAUNCH_CHECK();
-    }
-
-    void to_act(T* out, const float* in, cudaStream_t s) {
-        const int64_t n = (int64_t)N_ * d_;
-        const unsigned b = (unsigned)std::min<int64_t>(std::max<int64_t>(ceil_div(n, 256), 1), 65535 * 16);
-        ar_detail::to_act_kernel<T><<<b, 256, 0, s>>>(out, in, n);
-        LDM_LAUNCH_CHECK();
-    }
-};
 
 }  // namespace gpu
 }  // namespace ldm

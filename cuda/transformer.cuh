@@ -1,5 +1,6 @@
-// cuda/gpt.cuh — the spec §1 backbone on the GPU over a GpuScheme<T> (cuda/scheme.cuh), shared by
-// both GPU trainers. It mirrors cpu/model.cpp operation by operation (same math, same flat
+// cuda/transformer.cuh — Transformer<T>: the spec §1 decoder-only backbone (the Llama / Qwen
+// presets) on the GPU over a depth scheme GpuScheme<T> (cuda/scheme.cuh), shared by both GPU
+// trainers. It mirrors cpu/model.cpp operation by operation (same math, same flat
 // parameter layout core/config.h param_specs, same init) with these GPU-side fusions:
 //   * one GEMM for q|k|v over the contiguous attn.wq|wk|wv block (bias bq|bk|bv) -> qkv [N, qkvd]
 //   * QK-norm (qwen3) + RoPE in one kernel (qknorm_rope_forward) -> qkvr
@@ -46,7 +47,7 @@ std::unique_ptr<GpuScheme<T>> make_gpu_scheme(const ModelConfig& cfg);
 void check_gpu_scheme(const ModelConfig& cfg);
 
 // Byte counts of one training configuration (printed at startup, doc/cuda.md "Memory").
-struct GptMemory {
+struct TransformerMemory {
     int64_t params = 0;        // fp32 master + working copy (bf16 runs)
     int64_t grads = 0;         // fp32
     int64_t adamw = 0;         // m, v fp32 (allocated by the trainer)
@@ -57,12 +58,12 @@ struct GptMemory {
 };
 
 template <typename T>
-struct GPT {
+struct Transformer {
     // Allocates parameters, gradients and activations for micro-batches of up to B_max x T_max
     // tokens (any B·T <= B_max·T_max with T <= T_max runs without reallocation). recompute:
     // 0 = keep everything; 1 = recompute the SwiGLU output a in backward; 2 = also the two
-    // RMSNorm outputs of each layer. attn_variant: passed to attention_forward/backward (-1 best).
-    GPT(const ModelConfig& cfg, int B_max, int T_max, int recompute, int attn_variant);
+    // RMSNorm outputs of each layer.
+    Transformer(const ModelConfig& cfg, int B_max, int T_max, int recompute);
 
     ModelConfig cfg;
     std::vector<ParamSpec> specs;
@@ -106,7 +107,7 @@ struct GPT {
         return download(logits_.ptr + row * cfg.padded_vocab, cfg.vocab_size);
     }
 
-    GptMemory memory() const;
+    TransformerMemory memory() const;
     int64_t allocated_bytes() const { return allocated_; }
     GpuScheme<T>& scheme() { return *scheme_; }
     int B_max() const { return Bmax_; }
@@ -134,7 +135,7 @@ struct GPT {
 
     std::unique_ptr<GpuScheme<T>> scheme_;
     Matmul mm_;
-    int Bmax_, Tmax_, recompute_, attn_variant_;
+    int Bmax_, Tmax_, recompute_;
     int64_t allocated_ = 0;
     std::vector<Layer> L_;
     int64_t wte_ = 0, final_norm_ = 0, lm_head_ = 0, scheme_off_ = -1;
@@ -154,18 +155,17 @@ struct GPT {
 // ------------------------------------------------------------------------------------------------
 
 template <typename T>
-int64_t GPT<T>::off(const std::string& name) const {
+int64_t Transformer<T>::off(const std::string& name) const {
     for (const auto& s : specs)
         if (s.name == name) return s.offset;
-    throw Error("GPT: no parameter named '" + name + "'");
+    throw Error("Transformer: no parameter named '" + name + "'");
 }
 
 template <typename T>
-GPT<T>::GPT(const ModelConfig& c, int B_max, int T_max, int recompute, int attn_variant)
-    : cfg(c), specs(param_specs(c)), Bmax_(B_max), Tmax_(T_max), recompute_(recompute),
-      attn_variant_(attn_variant) {
-    if (B_max <= 0 || T_max <= 0) throw Error(strprintf("GPT: B=%d, T=%d must be positive", B_max, T_max));
-    if (T_max > cfg.seq_len) throw Error(strprintf("GPT: T=%d exceeds seq_len %d", T_max, cfg.seq_len));
+Transformer<T>::Transformer(const ModelConfig& c, int B_max, int T_max, int recompute)
+    : cfg(c), specs(param_specs(c)), Bmax_(B_max), Tmax_(T_max), recompute_(recompute) {
+    if (B_max <= 0 || T_max <= 0) throw Error(strprintf("Transformer: B=%d, T=%d must be positive", B_max, T_max));
+    if (T_max > cfg.seq_len) throw Error(strprintf("Transformer: T=%d exceeds seq_len %d", T_max, cfg.seq_len));
     if (recompute < 0 || recompute > 2) throw Error(strprintf("--recompute must be 0, 1 or 2, got %d", recompute));
     n_params = count_params(cfg);
     scheme_ = make_gpu_scheme<T>(cfg);
@@ -191,11 +191,11 @@ GPT<T>::GPT(const ModelConfig& c, int B_max, int T_max, int recompute, int attn_
         y.attn_norm = off(p + "attn_norm.w");
         y.wqkv = off(p + "attn.wq");
         if (off(p + "attn.wk") != y.wqkv + qd * d || off(p + "attn.wv") != y.wqkv + (qd + kvd) * d)
-            throw Error("GPT: attn.wq|wk|wv are not contiguous in param_specs");
+            throw Error("Transformer: attn.wq|wk|wv are not contiguous in param_specs");
         if (cfg.qkv_bias) {
             y.bqkv = off(p + "attn.bq");
             if (off(p + "attn.bk") != y.bqkv + qd || off(p + "attn.bv") != y.bqkv + qd + kvd)
-                throw Error("GPT: attn.bq|bk|bv are not contiguous in param_specs");
+                throw Error("Transformer: attn.bq|bk|bv are not contiguous in param_specs");
         }
         if (cfg.qk_norm) {
             y.q_norm = off(p + "attn.q_norm.w");
@@ -204,7 +204,7 @@ GPT<T>::GPT(const ModelConfig& c, int B_max, int T_max, int recompute, int attn_
         y.wo = off(p + "attn.wo");
         y.mlp_norm = off(p + "mlp_norm.w");
         y.w13 = off(p + "mlp.w1");
-        if (off(p + "mlp.w3") != y.w13 + F * d) throw Error("GPT: mlp.w1|w3 are not contiguous");
+        if (off(p + "mlp.w3") != y.w13 + F * d) throw Error("Transformer: mlp.w1|w3 are not contiguous");
         y.w2 = off(p + "mlp.w2");
     }
     wte_ = off("wte");
@@ -279,55 +279,55 @@ GPT<T>::GPT(const ModelConfig& c, int B_max, int T_max, int recompute, int attn_
 }
 
 template <typename T>
-void GPT<T>::refresh_working_copy() {
+void Transformer<T>::refresh_working_copy() {
     if (sizeof(T) != sizeof(float)) convert_f32<T>(work.ptr, master.ptr, n_params, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 template <typename T>
-void GPT<T>::init(uint64_t seed) {
+void Transformer<T>::init(uint64_t seed) {
     std::vector<float> h((size_t)n_params);
     cpu::init_params<float>(cfg, h.data(), seed);
     set_master(h.data());
 }
 
 template <typename T>
-void GPT<T>::set_master(const float* host) {
+void Transformer<T>::set_master(const float* host) {
     CUDA_CHECK(cudaMemcpy(master.ptr, host, (size_t)master.bytes(), cudaMemcpyHostToDevice));
     refresh_working_copy();
 }
 
 template <typename T>
-std::vector<float> GPT<T>::get_master() const { return download(master.ptr, n_params); }
+std::vector<float> Transformer<T>::get_master() const { return download(master.ptr, n_params); }
 template <typename T>
-std::vector<float> GPT<T>::get_grads() const { return download(grads.ptr, n_params); }
+std::vector<float> Transformer<T>::get_grads() const { return download(grads.ptr, n_params); }
 
 template <typename T>
-void GPT<T>::zero_grad() {
+void Transformer<T>::zero_grad() {
     CUDA_CHECK(cudaMemsetAsync(grads.ptr, 0, (size_t)grads.bytes(), stream));
 }
 
 template <typename T>
-std::vector<float> GPT<T>::logits_host() const {
-    if (dlogits_ready_) throw Error("GPT::logits_host: logits were replaced by dlogits (forward with grad_scale <= 0)");
+std::vector<float> Transformer<T>::logits_host() const {
+    if (dlogits_ready_) throw Error("Transformer::logits_host: logits were replaced by dlogits (forward with grad_scale <= 0)");
     return download(logits_.ptr, N_ * cfg.padded_vocab);
 }
 
 template <typename T>
-double GPT<T>::forward(const int32_t* tokens, const int32_t* targets, int B, int T_, double grad_scale) {
+double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, int B, int T_, double grad_scale) {
     const ModelConfig& c = cfg;
-    if (B <= 0 || T_ <= 0) throw Error(strprintf("GPT::forward: B=%d and T=%d must be positive", B, T_));
+    if (B <= 0 || T_ <= 0) throw Error(strprintf("Transformer::forward: B=%d and T=%d must be positive", B, T_));
     if (T_ > Tmax_ || (int64_t)B * T_ > (int64_t)Bmax_ * Tmax_)
-        throw Error(strprintf("GPT::forward: B=%d x T=%d exceeds the allocated %d x %d", B, T_, Bmax_, Tmax_));
+        throw Error(strprintf("Transformer::forward: B=%d x T=%d exceeds the allocated %d x %d", B, T_, Bmax_, Tmax_));
     const int64_t N = (int64_t)B * T_;
     const int d = c.d_model, qd = c.q_dim(), F = c.ffn, nh = c.n_head, nkv = c.n_kv_head,
               hd = c.head_dim, V = c.vocab_size, Vp = c.padded_vocab;
     for (int64_t n = 0; n < N; n++) {
         if (tokens[n] < 0 || tokens[n] >= V)
-            throw Error(strprintf("GPT::forward: token id %d at position %lld is outside [0, %d)",
+            throw Error(strprintf("Transformer::forward: token id %d at position %lld is outside [0, %d)",
                                   tokens[n], (long long)n, V));
         if (targets && (targets[n] < 0 || targets[n] >= V))
-            throw Error(strprintf("GPT::forward: target id %d at position %lld is outside [0, %d)",
+            throw Error(strprintf("Transformer::forward: target id %d at position %lld is outside [0, %d)",
                                   targets[n], (long long)n, V));
     }
     B_ = B;
@@ -355,7 +355,7 @@ double GPT<T>::forward(const int32_t* tokens, const int32_t* targets, int B, int
         qknorm_rope_forward<T>(a.qkvr.ptr, c.qk_norm ? a.rstd_qk.ptr : nullptr, qkv,
                                c.qk_norm ? P(p.q_norm) : nullptr, c.qk_norm ? P(p.k_norm) : nullptr,
                                cos_.ptr, sin_.ptr, N, T_, nh, nkv, hd, eps, s);
-        attention_forward<T>(a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s, attn_variant_);
+        attention_forward<T>(a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s);
         linear_forward<T>(mm_, o_.ptr, a.ao.ptr, P(p.wo), nullptr, N, qd, d, s);
         S.output(2 * l + 1, o_.ptr, s);
         // ---- MLP sublayer j = 2l+2
@@ -386,10 +386,10 @@ double GPT<T>::forward(const int32_t* tokens, const int32_t* targets, int B, int
 }
 
 template <typename T>
-void GPT<T>::backward(double grad_scale) {
+void Transformer<T>::backward(double grad_scale) {
     const ModelConfig& c = cfg;
-    if (N_ == 0 || !have_targets_) throw Error("GPT::backward: needs a preceding forward() with targets");
-    if (backward_done_) throw Error("GPT::backward: called twice after one forward (run forward again)");
+    if (N_ == 0 || !have_targets_) throw Error("Transformer::backward: needs a preceding forward() with targets");
+    if (backward_done_) throw Error("Transformer::backward: called twice after one forward (run forward again)");
     backward_done_ = true;
     const int64_t N = N_;
     const int B = B_, T_ = Tcur_, d = c.d_model, qd = c.q_dim(), F = c.ffn, nh = c.n_head,
@@ -429,8 +429,7 @@ void GPT<T>::backward(double grad_scale) {
         // ---- attention sublayer j = 2l+1
         S.output_backward(2 * l + 1, d_o_.ptr, s);
         linear_backward<T>(mm_, dao_.ptr, G(p.wo), nullptr, d_o_.ptr, a.ao.ptr, P(p.wo), N, qd, d, false, scr, s);
-        attention_backward<T>(dqkvr_.ptr, scr, dao_.ptr, a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s,
-                              attn_variant_);
+        attention_backward<T>(dqkvr_.ptr, scr, dao_.ptr, a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s);
         // RoPE (and QK-norm) backward: dqkv = ∂L/∂(q|k|v before RoPE / QK-norm); v passes through.
         T* dqkv = dqkv_.ptr;
         qknorm_rope_backward<T>(dqkv, c.qk_norm ? G(p.q_norm) : nullptr, c.qk_norm ? G(p.k_norm) : nullptr, scr,
@@ -459,10 +458,10 @@ void GPT<T>::backward(double grad_scale) {
 }
 
 // Byte counts of a configuration without allocating anything (also for --dry-run without a GPU):
-// the same buffers as the GPT constructor. elt = sizeof(T) (4 fp32, 2 bf16).
-inline GptMemory gpt_memory_estimate(const ModelConfig& cfg, int recompute, int64_t elt,
+// the same buffers as the Transformer constructor. elt = sizeof(T) (4 fp32, 2 bf16).
+inline TransformerMemory transformer_memory_estimate(const ModelConfig& cfg, int recompute, int64_t elt,
                                      int64_t scheme_bytes_per_token) {
-    GptMemory m;
+    TransformerMemory m;
     const int64_t n = count_params(cfg), d = cfg.d_model, qd = cfg.q_dim(),
                   qkvd = cfg.q_dim() + 2 * cfg.kv_dim(), F = cfg.ffn, nh = cfg.n_head,
                   nkv = cfg.n_kv_head, Vp = cfg.padded_vocab, et = elt;
@@ -486,8 +485,8 @@ inline GptMemory gpt_memory_estimate(const ModelConfig& cfg, int recompute, int6
 }
 
 template <typename T>
-GptMemory GPT<T>::memory() const {
-    GptMemory m = gpt_memory_estimate(cfg, recompute_, sizeof(T), scheme_->extra_bytes_per_token());
+TransformerMemory Transformer<T>::memory() const {
+    TransformerMemory m = transformer_memory_estimate(cfg, recompute_, sizeof(T), scheme_->extra_bytes_per_token());
     m.fixed = fscratch_.bytes() + cos_.bytes() * 2;
     return m;
 }

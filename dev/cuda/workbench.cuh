@@ -1,4 +1,4 @@
-// dev/cuda/ka_workbench.cuh — helpers for the matmul / embedding / rmsnorm / rope / swiglu
+// dev/cuda/workbench.cuh — helpers for the matmul / embedding / rmsnorm / rope / swiglu
 // workbenches: random inputs, rounding to the activation type, CHECK / BENCH lines in the
 // format of doc/cuda.md (workbench output convention), and a failure count for the exit code.
 #pragma once

@@ -1,0 +1,174 @@
+// core/train_loop.cpp — the non-template helpers of the shared training loop (core/train_loop.h).
+#include "core/train_loop.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+#include <map>
+
+namespace ldm {
+namespace train {
+
+std::vector<std::string> glob_files(const std::string& pattern) {
+    glob_t g;
+    std::vector<std::string> out;
+    if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++) out.push_back(g.gl_pathv[i]);
+    globfree(&g);
+    return out;
+}
+
+std::string dirname_of(const std::string& p) {
+    size_t s = p.find_last_of('/');
+    return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+std::string basename_of(const std::string& p) {
+    size_t s = p.find_last_of('/');
+    return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+uint64_t SampleRng::next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+double SampleRng::uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
+
+double unigram_baseline(const std::string& train_glob, const std::vector<int32_t>& val_targets, uint32_t V) {
+    std::vector<double> counts(V, 1.0);  // add-one smoothing
+    double total = V;
+    for (const auto& f : glob_files(train_glob)) {
+        std::vector<uint32_t> t = read_shard(f);
+        for (uint32_t x : t)
+            if (x < V) counts[x] += 1, total += 1;
+    }
+    double s = 0;
+    for (int32_t y : val_targets) s -= std::log(counts[size_t(y)] / total);
+    return val_targets.empty() ? NAN : s / double(val_targets.size());
+}
+
+nlohmann::json options_json(const TrainOptions& o) {
+    return nlohmann::json{
+        {"preset", o.preset}, {"scheme", o.scheme}, {"train_data", o.train_data}, {"val_data", o.val_data},
+        {"tokenizer", o.tokenizer}, {"B", o.B}, {"T", o.T}, {"total_batch_tokens", o.total_batch_tokens},
+        {"steps", o.steps}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup_steps", o.warmup_steps},
+        {"schedule", o.schedule}, {"wsd_decay_frac", o.wsd_decay_frac}, {"weight_decay", o.weight_decay},
+        {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip},
+        {"val_every", o.val_every}, {"val_batches", o.val_batches}, {"sample_every", o.sample_every},
+        {"sample_tokens", o.sample_tokens}, {"ckpt_every", o.ckpt_every}, {"keep_checkpoints", o.keep_checkpoints},
+        {"stop_after", o.stop_after}, {"out_dir", o.out_dir}, {"resume", o.resume}, {"seed", o.seed},
+        {"dtype", o.dtype}, {"threads", o.threads}, {"zero", o.zero}};
+}
+
+nlohmann::json resume_flags(const TrainOptions& o, const ModelConfig& cfg) {
+    return nlohmann::json{{"config", config_to_json(cfg)}, {"dtype", o.dtype}, {"B", o.B}, {"T", o.T},
+                          {"total_batch_tokens", o.total_batch_tokens}, {"seed", o.seed}, {"lr", o.lr},
+                          {"min_lr_ratio", o.min_lr_ratio}, {"warmup_steps", o.warmup_steps},
+                          {"schedule", o.schedule}, {"wsd_decay_frac", o.wsd_decay_frac},
+                          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2},
+                          {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip}};
+}
+
+double model_flops_per_token(const ModelConfig& c, int T) {
+    ParamCounts pc = count_params_detailed(c);
+    return 6.0 * double(pc.backbone_nonembed + pc.scheme) + 6.0 * double(c.padded_vocab) * c.d_model +
+           12.0 * c.n_layer * double(c.d_model) * T;
+}
+
+std::string format_duration(double s) {
+    if (!(s >= 0) || !std::isfinite(s)) return "?";
+    const long long t = (long long)std::llround(s);
+    if (t >= 3600) return strprintf("%lldh%02lldm", t / 3600, (t % 3600) / 60);
+    if (t >= 60) return strprintf("%lldm%02llds", t / 60, t % 60);
+    return strprintf("%llds", t);
+}
+
+namespace {
+// "ckpt_000123.model" -> 123 and the extension after the step; false for other names.
+bool parse_ckpt_name(const std::string& name, int64_t* step, std::string* rest) {
+    if (name.compare(0, 5, "ckpt_") != 0) return false;
+    size_t i = 5;
+    int64_t v = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') v = v * 10 + (name[i++] - '0');
+    if (i == 5 || i >= name.size() || name[i] != '.') return false;
+    *step = v;
+    *rest = name.substr(i);
+    return true;
+}
+std::vector<std::string> list_dir(const std::string& dir) {
+    std::vector<std::string> out;
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return out;
+    while (dirent* e = ::readdir(d)) out.push_back(e->d_name);
+    ::closedir(d);
+    return out;
+}
+}  // namespace
+
+std::vector<std::string> complete_checkpoints(const std::string& dir) {
+    std::map<int64_t, std::vector<std::string>> by_step;
+    for (const std::string& f : list_dir(dir)) {
+        int64_t s;
+        std::string rest;
+        if (parse_ckpt_name(f, &s, &rest)) by_step[s].push_back(rest);
+    }
+    std::vector<std::string> out;
+    for (const auto& kv : by_step) {
+        const auto has = [&](const char* ext) {
+            return std::find(kv.second.begin(), kv.second.end(), std::string(ext)) != kv.second.end();
+        };
+        // A .state without a .done is an older single-process checkpoint; with several ranks the
+        // .done marker is written last (doc/distributed.md), so it alone says "complete".
+        if (has(".model") && (has(".done") || has(".state"))) {
+            std::string base = dir + "/" + std::string("ckpt_") + strprintf("%06lld", (long long)kv.first);
+            if (file_exists(base + ".model")) out.push_back(base);
+        }
+    }
+    return out;
+}
+
+int remove_stale_temp_files(const std::string& dir) {
+    int removed = 0;
+    const time_t now = std::time(nullptr);
+    for (const std::string& f : list_dir(dir)) {
+        if (f.compare(0, 5, "ckpt_") != 0) continue;
+        const size_t p = f.rfind(".tmp.");
+        if (p == std::string::npos) continue;
+        const std::string pid_s = f.substr(p + 5);
+        if (pid_s.empty() || pid_s.find_first_not_of("0123456789") != std::string::npos) continue;
+        const long pid = std::atol(pid_s.c_str());
+        const std::string path = dir + "/" + f;
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) continue;
+        const bool dead = pid <= 0 || (::kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+        const bool old = now - st.st_mtime > 24 * 3600;
+        if ((dead || old) && ::unlink(path.c_str()) == 0) removed++;
+    }
+    return removed;
+}
+
+void remove_checkpoint(const std::string& base) {
+    const std::string dir = dirname_of(base), name = basename_of(base);
+    for (const std::string& f : list_dir(dir))
+        if (f.compare(0, name.size() + 1, name + ".") == 0) ::unlink((dir + "/" + f).c_str());
+}
+
+std::string resolve_resume(const std::string& resume, const std::string& out_dir) {
+    if (resume != "latest" && resume != "auto") return resume;
+    if (out_dir.empty())
+        throw Error("--resume " + resume + " needs --out-dir (the directory whose newest checkpoint to use)");
+    const std::vector<std::string> c = complete_checkpoints(out_dir);
+    if (c.empty()) {
+        if (resume == "auto") return "";
+        throw Error("--resume latest: no complete checkpoint in " + out_dir);
+    }
+    return c.back();
+}
+
+}  // namespace train
+}  // namespace ldm

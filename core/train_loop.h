@@ -1,0 +1,536 @@
+// core/train_loop.h — the training loop every trainer runs (train_cpu.cpp on the CPU reference,
+// the GPU trainers through cuda/trainer.cuh), written once over a Backend that owns the model,
+// its gradients and optimizer state: data loaders, resume, debug dump, JSONL log, in-training
+// validation / evaluations / samples, the step loop (accumulation, divergence guard, progress
+// with throughput and ETA), checkpoints (rotation, never non-finite) and the benchmark report.
+// Flags and semantics: doc/training.md; the Backend contract: doc/architecture.md "One loop".
+//
+// Steps are counted from 1 in every message, log record and checkpoint name: "step k" is the
+// k-th optimizer update; ckpt_<k> holds the state after it.
+#pragma once
+#include <glob.h>
+#include <omp.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint.h"
+#include "core/common.h"
+#include "core/config.h"
+#include "core/dataloader.h"
+#include "core/dist.h"
+#include "core/eval.h"
+#include "core/logger.h"
+#include "core/optim.h"
+#include "core/shard.h"
+#include "core/tokenizer.h"
+
+namespace ldm {
+
+// The options every trainer shares (bound to flags by core/train_flags.h add_common_train_flags
+// and add_loop_flags). A trainer extends it with its own fields.
+struct TrainOptions {
+    // model
+    std::string preset = "tiny";
+    int n_layer = 0, d_model = 0, n_head = 0, n_kv_head = 0, head_dim = 0, ffn = 0;
+    std::string scheme = "preln";
+    int hc_streams = 4, sinkhorn_iters = 20, attnres_blocks = 8;  // HC, mHC, AttnRes (spec §2.2-2.4)
+    std::string ldm_rule = "rls", ldm_mode = "store";             // LDM (spec §2.5)
+    bool ldm_no_residual = false, ldm_no_forget = false;
+    int ldm_heads = 4, ldm_dk = 8, ldm_window = 2, ldm_checkpoint_every = 0;
+    double ldm_delta = 0.1, ldm_lambda_min = 0.95, ldm_drift_tol = 1e-3;
+    // data
+    std::string train_data, val_data, tokenizer;
+    int B = 4, T = 64;
+    int64_t total_batch_tokens = 0;
+    // optimisation
+    int64_t steps = 100;
+    double lr = 1e-3, min_lr_ratio = 0.1;
+    int64_t warmup_steps = 0;
+    std::string schedule = "cosine";
+    double wsd_decay_frac = 0.2;
+    double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8, grad_clip = 1.0;
+    // evaluation, sampling, output
+    int64_t val_every = 0;
+    int val_batches = 20;
+    int64_t eval_every = 0, eval_max_examples = 0;  // in-training evals (core/eval.h)
+    std::string eval_lambada, eval_wikitext, eval_hellaswag;
+    int64_t sample_every = 0;
+    int sample_tokens = 64;
+    int64_t ckpt_every = 0;
+    int keep_checkpoints = 0;  // keep the newest K checkpoints of this run (0 = all)
+    int64_t stop_after = 0;    // stop (with a checkpoint) after this many steps of this invocation
+    std::string out_dir, resume, log;
+    int64_t seed = 1337;
+    std::string dtype;  // the trainer's default (train_cpu fp32, GPU bf16)
+    int threads = 0;
+    bool dry_run = false, unigram_baseline = false, quiet = false;
+    std::string dump_debug_state;
+    int64_t bench = 0;
+    int zero = 0;  // data parallel: 1 = ZeRO-1 (AdamW state sharded over the ranks)
+};
+
+namespace train {
+
+std::vector<std::string> glob_files(const std::string& pattern);
+std::string dirname_of(const std::string& p);
+std::string basename_of(const std::string& p);
+
+// splitmix64: the sampling RNG; its whole state is one uint64 (saved in the training state).
+struct SampleRng {
+    uint64_t s = 0;
+    uint64_t next();
+    double uniform();  // [0, 1), 53 bits
+};
+
+// Cross-entropy (nats per token) of the val targets under an add-one-smoothed unigram model
+// fitted on every token of the training shards: the "knows only token frequencies" baseline.
+double unigram_baseline(const std::string& train_glob, const std::vector<int32_t>& val_targets, uint32_t V);
+
+// The run's settings for the log's config line, and the subset a resumed run must share with its
+// checkpoint for a bit-exact continuation (the data is checked by the loader's shard fingerprint;
+// --steps may grow: doc/training.md "Extending a run").
+nlohmann::json options_json(const TrainOptions& o);
+nlohmann::json resume_flags(const TrainOptions& o, const ModelConfig& cfg);
+
+// Model FLOPs per token (spec performance.md; doc/cuda.md "MFU"):
+//   6·N_nonembed + 6·N_embed_head + 12·n_layer·d·T
+double model_flops_per_token(const ModelConfig& c, int T);
+
+// Samples n_tokens from <|endoftext|> at temperature 1 over the real V: each token runs
+// logits(ctx, Ts, pos) — the fp32 logits [V] at position pos of one forward of the window ctx
+// [Ts] (unused positions hold eot; causal attention makes them irrelevant).
+template <class LogitsFn>
+std::string sample_text(LogitsFn&& logits, const Tokenizer* tok, uint32_t eot, int V, int n_tokens, int Tmax,
+                        SampleRng& rng) {
+    const int Ts = std::min(Tmax, n_tokens + 1);
+    std::vector<int32_t> ctx(static_cast<size_t>(Ts), static_cast<int32_t>(eot));
+    std::vector<uint32_t> out;
+    int len = 1;
+    std::vector<double> p(static_cast<size_t>(V));
+    for (int i = 0; i < n_tokens && len <= Ts; i++) {
+        const std::vector<float> lg = logits(ctx.data(), Ts, len - 1);
+        double mx = -INFINITY;
+        for (int v = 0; v < V; v++) mx = std::max(mx, double(lg[size_t(v)]));
+        double z = 0;
+        for (int v = 0; v < V; v++) z += (p[size_t(v)] = std::exp(double(lg[size_t(v)]) - mx));
+        double u = rng.uniform() * z, c = 0;
+        int pick = V - 1;
+        for (int v = 0; v < V; v++) {
+            c += p[size_t(v)];
+            if (u < c) {
+                pick = v;
+                break;
+            }
+        }
+        out.push_back(uint32_t(pick));
+        if (len < Ts) ctx[size_t(len)] = pick;
+        len++;
+    }
+    return tok ? tok->decode(out) : std::string("<no tokenizer>");
+}
+
+// "1h02m", "3m05s", "42s".
+std::string format_duration(double seconds);
+
+// Checkpoints in `dir`: the bases (dir/ckpt_<step>) of the complete ones (a .model and its .state,
+// or its .done marker), ascending by step.
+std::vector<std::string> complete_checkpoints(const std::string& dir);
+// Removes dir/ckpt_*.tmp.<pid> files left by a writer that died (its pid no longer runs on this
+// host, or the file is older than a day). Returns how many were removed.
+int remove_stale_temp_files(const std::string& dir);
+// Deletes every file of checkpoint `base` (.model, .state, .state.rank*, .done).
+void remove_checkpoint(const std::string& base);
+// The checkpoint --resume names: a path as given; "latest" = the newest complete checkpoint in
+// out_dir (ldm::Error when there is none); "auto" = the same, or "" (start fresh) when there is none.
+std::string resolve_resume(const std::string& resume, const std::string& out_dir);
+
+// True when every value is finite.
+template <typename R>
+bool all_finite(const R* x, int64_t n) {
+    bool ok = true;
+#pragma omp parallel for reduction(&& : ok)
+    for (int64_t i = 0; i < n; i++) ok = ok && std::isfinite(x[i]);
+    return ok;
+}
+
+}  // namespace train
+
+// The Backend a trainer passes to train_loop (duck-typed; cpu: train_cpu.cpp CpuBackend, gpu:
+// cuda/trainer.cuh GpuBackend). All calls are made by every rank in the same order; the ones
+// marked "collective" communicate.
+//   int64_t n_params() const;
+//   const char* state_dtype() const;                 // dtype of the AdamW moments: fp32 | fp64
+//   void zero_grad();
+//   double train_batch(in, tg, B, T, grad_scale, bool last_micro);  // loss; grads += scale·dL/dθ
+//   double eval_batch(in, tg, B, T);                 // mean loss, no gradients
+//   double reduce_gradients();                       // collective: sum over ranks; global norm
+//   void optimizer_step(double lr, double grad_norm);// AdamW (clip by grad_norm); collective
+//   void set_step_count(int64_t t);                  // AdamW's update count (resume)
+//   double sum_over_ranks(double x);                 // collective, fixed order
+//   void barrier();                                  // collective
+//   std::vector<float> next_logits(const int32_t* ctx, int Ts, int pos);  // sampling (rank 0)
+//   ScoringModel& scorer();                          // in-training evaluations (rank 0)
+//   std::vector<std::pair<std::string, double>> metrics();  // scheme metrics of the last step
+//   std::vector<float> checkpoint_params();          // collective: fp32 parameters, full on rank 0
+//   bool params_finite();                            // every parameter finite (this rank's view)
+//   void checkpoint_state(TrainState& ts, int64_t off, int64_t count);  // collective: m, v
+//       (+ exact_params for fp64) of the flat range [off, off+count), ts.dtype
+//   void restore(const ModelCheckpoint& mc, const dist::SavedState& saved);  // params + moments
+//   void dump_debug_state(path, DataLoader& train, int64_t accum, int B, int T);
+//   nlohmann::json log_fields();                     // extra fields of the log's config line
+//   std::string device() const;                      // "... threads" / the GPU, for the model line
+//   void print_startup();                            // memory / scheme lines after the model line
+//   void step_begin();  void step_end();             // around one timed step (stats, sync)
+//   nlohmann::json bench_fields(double step_ms, double tokens_per_s);  // --bench report extras
+
+// Runs the training loop of o (validated flags) for cfg. Returns the process exit code (0; errors
+// throw ldm::Error). rank 0 prints and logs; every rank trains its share of each step's
+// micro-batches.
+template <class Backend>
+int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* tok, Backend& be) {
+    using nlohmann::json;
+    using namespace train;
+    const int B = o.B, T = o.T;
+    const int64_t accum = o.total_batch_tokens / (int64_t(B) * T);  // micro-batches per step, all ranks
+    // Data parallel (core/dist.h, doc/distributed.md): rank r of W runs accum / W of the step's
+    // micro-batches (the loader gives it windows r, r+W, ...); W = 1 is the plain run.
+    const int W = dist::world(), rank = dist::rank();
+    if (accum % W != 0)
+        throw Error(strprintf("data parallel: the %lld micro-batches of B*T per step (--total-batch-tokens / (B*T)) "
+                              "are not divisible by the world size %d",
+                              (long long)accum, W));
+    const int64_t accum_local = accum / W;
+    const uint32_t V = uint32_t(cfg.vocab_size);
+    const uint32_t eot = tok ? tok->eot_id() : V - 1;
+    const int64_t n = be.n_params();
+
+    // Data: every shard is validated by the loaders (ids < V) before any step.
+    if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");
+    if (glob_files(o.train_data).empty()) throw Error("--train-data: no files match '" + o.train_data + "'");
+    DataLoader train(o.train_data, B, T, rank, W, true, uint64_t(o.seed), V);
+    std::unique_ptr<DataLoader> val;
+    if (!o.val_data.empty()) {
+        if (glob_files(o.val_data).empty()) throw Error("--val-data: no files match '" + o.val_data + "'");
+        val.reset(new DataLoader(o.val_data, B, T, rank, W, false, 0, V));
+    }
+    // val_batches: global count (windows 0..val_batches-1); rank r scores those with index = r mod W.
+    const int val_batches =
+        val ? int(std::min<uint64_t>(uint64_t(o.val_batches), val->batches_per_epoch() * uint64_t(W))) : 0;
+    const int val_batches_local = val_batches > rank ? (val_batches - rank + W - 1) / W : 0;
+
+    LRSchedule sched;
+    sched.kind = o.schedule;
+    sched.lr = o.lr;
+    sched.min_lr_ratio = o.min_lr_ratio;
+    sched.warmup_steps = o.warmup_steps;
+    sched.total_steps = o.steps;
+    sched.wsd_decay_frac = o.wsd_decay_frac;
+    sched.validate();
+    if (o.warmup_steps > o.steps && rank == 0)
+        std::fprintf(stderr,
+                     "warning: --warmup-steps %lld is larger than --steps %lld: the learning rate never reaches "
+                     "its peak %g (last step at %g)\n",
+                     (long long)o.warmup_steps, (long long)o.steps, o.lr, sched.lr_at(o.steps - 1));
+
+    SampleRng rng;
+    rng.s = uint64_t(o.seed) ^ 0x5eed5a3b1e000000ull;
+    int64_t start_step = 0;
+    const json rflags = resume_flags(o, cfg);
+
+    if (!o.out_dir.empty() && rank == 0) {
+        const int removed = remove_stale_temp_files(o.out_dir);
+        if (removed > 0)
+            std::printf("removed %d stale temporary file%s of an interrupted checkpoint write in %s\n", removed,
+                        removed == 1 ? "" : "s", o.out_dir.c_str());
+    }
+    std::string resumed_from;
+    const std::string resume_path = o.resume.empty() ? "" : resolve_resume(o.resume, o.out_dir);
+    if (!resume_path.empty()) {
+        // A checkpoint is ckpt_<step>.model plus either one .state file (a single-process run) or
+        // per-rank shards .state.rank<r>of<W0> completed by the marker .done (doc/distributed.md).
+        // Any world size resumes from either: the shards are reassembled and cut for this world.
+        const std::string base = dist::checkpoint_base(resume_path), mpath = base + ".model";
+        ModelCheckpoint mc;
+        dist::SavedState saved;
+        try {
+            mc = load_model(mpath);
+            std::string d = config_diff(mc.cfg, cfg);
+            if (!d.empty())
+                throw Error("--resume " + mpath + ": the checkpoint's model config differs from the command line (" +
+                            d + ")");
+            saved = dist::load_saved_state(base, n, mc.step, rflags);
+        } catch (const Error& e) {
+            std::string msg = e.what();
+            const std::vector<std::string> good = complete_checkpoints(dirname_of(base));
+            if (!good.empty() && good.back() != base)
+                msg += "\n  the newest complete checkpoint in " + dirname_of(base) + " is " + good.back();
+            throw Error(msg);
+        }
+        if (o.steps <= mc.step) {
+            std::printf("%s is at step %lld of --steps %lld: the run is complete, nothing to train (pass a larger "
+                        "--steps to extend it; doc/training.md \"Extending a run\")\n",
+                        base.c_str(), (long long)mc.step, (long long)o.steps);
+            return 0;
+        }
+        be.restore(mc, saved);
+        be.set_step_count(mc.step);
+        if (saved.world == W) {
+            train.load_state(saved.parts[size_t(rank)].loader_state);
+        } else {
+            // Another world size: replay this rank's share of the batches already consumed.
+            std::vector<int32_t> xi(size_t(B) * T), yi(size_t(B) * T);
+            for (int64_t k = 0; k < mc.step * accum_local; k++) train.next_batch(xi.data(), yi.data());
+        }
+        rng.s = saved.parts[0].rng_state[0];
+        start_step = mc.step;
+        resumed_from = base;
+        std::printf("resumed from %s at step %lld", mpath.c_str(), (long long)start_step);
+        if (saved.world != W)
+            std::printf(" (resharded: saved by %d process%s, now %d)", saved.world, saved.world == 1 ? "" : "es", W);
+        const json& ex = saved.parts[0].extra;
+        if (ex.contains("steps") && ex["steps"].is_number_integer() && ex["steps"].get<int64_t>() != o.steps)
+            std::printf("; the run was planned for %lld steps, now --steps %lld (the schedule continues with the new "
+                        "total)",
+                        (long long)ex["steps"].get<int64_t>(), (long long)o.steps);
+        std::printf("\n");
+    }
+
+    std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
+
+    if (!o.dump_debug_state.empty()) {
+        if (W > 1) throw Error("--dump-debug-state is for a single process (run it without mpirun)");
+        be.dump_debug_state(o.dump_debug_state, train, accum, B, T);
+        return 0;
+    }
+
+    if (!o.out_dir.empty()) mkdir_p(o.out_dir);
+    JsonlLogger logger;
+    if (!o.log.empty() && rank == 0) {  // only rank 0 logs
+        mkdir_p(dirname_of(o.log));
+        logger = JsonlLogger(o.log, start_step > 0);
+        if (start_step > 0) {
+            logger.log({{"type", "resume"}, {"step", start_step}, {"from", resumed_from}});
+        } else {
+            json c{{"type", "config"}, {"config", config_to_json(cfg)}, {"args", options_json(o)},
+                   {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()}};
+            const json extra = be.log_fields();
+            for (auto it = extra.begin(); it != extra.end(); ++it) c[it.key()] = it.value();
+            logger.log(c);
+        }
+    }
+
+    // In-training evaluation (core/eval.h, doc/evaluation.md): binaries loaded and checked once.
+    EvalSuite esuite;
+    esuite.lambada = o.eval_lambada;
+    esuite.wikitext = o.eval_wikitext;
+    esuite.hellaswag = o.eval_hellaswag;
+    esuite.max_examples = esuite.max_docs = o.eval_max_examples;
+    esuite.expected_eot = tok ? int64_t(tok->eot_id()) : -1;
+    esuite.print_progress = !o.quiet;
+    const bool do_evals = !(o.eval_lambada.empty() && o.eval_wikitext.empty() && o.eval_hellaswag.empty());
+    LoadedEvalSets esets;
+    if (do_evals) esets = load_eval_sets(esuite, V);
+    auto run_evals = [&](int64_t step) {
+        if (rank != 0) return;  // evaluations run on rank 0 only
+        json r = run_eval_suite(be.scorer(), esuite, esets);
+        std::printf("step %6lld | eval\n%s", (long long)step, format_results_table(r).c_str());
+        logger.log({{"type", "eval"}, {"step", step}, {"results", r}});
+    };
+    auto sample = [&]() {
+        return sample_text([&](const int32_t* ctx, int Ts, int pos) { return be.next_logits(ctx, Ts, pos); }, tok, eot,
+                           int(V), o.sample_tokens, T, rng);
+    };
+
+    std::printf("model %s (%s, %s): %lld parameters | B=%d T=%d accum=%lld -> %lld tokens/step | %lld steps | %s\n",
+                cfg.preset.c_str(), cfg.scheme.c_str(), o.dtype.c_str(), (long long)n, B, T, (long long)accum,
+                (long long)o.total_batch_tokens, (long long)o.steps, be.device().c_str());
+    be.print_startup();
+
+    // Unigram baseline over exactly the val targets the validation loss uses.
+    double unigram = NAN;
+    if (o.unigram_baseline && val && rank == 0) {
+        std::vector<int32_t> vt;
+        DataLoader uval(o.val_data, B, T, 0, 1, false, 0, V);  // all val windows (the ranks' union)
+        for (int b = 0; b < val_batches; b++) {
+            uval.next_batch(inputs.data(), targets.data());
+            vt.insert(vt.end(), targets.begin(), targets.end());
+        }
+        unigram = unigram_baseline(o.train_data, vt, V);
+        std::printf("unigram baseline (add-one unigram fitted on the train shards, on %zu val tokens): %.4f nats/token\n",
+                    vt.size(), unigram);
+        logger.log({{"type", "unigram"}, {"val_tokens", vt.size()}, {"unigram_loss", unigram}});
+    }
+
+    auto eval_val = [&]() -> double {
+        val->reset();
+        double s = 0;
+        for (int b = 0; b < val_batches_local; b++) {
+            val->next_batch(inputs.data(), targets.data());
+            s += be.eval_batch(inputs.data(), targets.data(), B, T);
+        }
+        return be.sum_over_ranks(s) / val_batches;  // W = 1: s
+    };
+
+    std::vector<std::string> written;  // this run's checkpoints, oldest first (rotation)
+    std::string last_good = resumed_from;
+    auto save_ckpt = [&](int64_t step) {
+        if (o.out_dir.empty()) return;
+        const std::string base = o.out_dir + strprintf("/ckpt_%06lld", (long long)step);
+        const std::vector<float> p = be.checkpoint_params();
+        // never write a non-finite checkpoint (the divergence guard stops before an update with a
+        // non-finite gradient; this also catches a finite gradient that overflowed a parameter)
+        const int bad = be.sum_over_ranks(be.params_finite() && (rank != 0 || all_finite(p.data(), int64_t(p.size())))
+                                              ? 0.0
+                                              : 1.0) > 0;
+        if (bad)
+            throw Error(strprintf("the parameters after step %lld are not finite (diverged): no checkpoint written%s",
+                                  (long long)step,
+                                  last_good.empty() ? "" : ("; the last good checkpoint is " + last_good).c_str()));
+        if (rank == 0) save_model<float>(base + ".model", cfg, p.data(), step);
+        TrainState st;
+        st.step = step;
+        st.flags = rflags;
+        st.loader_state = train.save_state();
+        st.rng_state = {rng.s};
+        st.extra = {{"steps", o.steps}};
+        std::vector<std::string> states;
+        if (W == 1) {
+            be.checkpoint_state(st, 0, n);
+            save_train_state(base + ".state", st);
+            states.push_back(basename_of(base) + ".state");
+        } else {
+            // Every rank writes its shard dist::shard_range(n, W, rank) of the AdamW moments (and
+            // of the exact fp64 parameters): the layout every trainer reads.
+            const dist::Shard sh = dist::shard_range(n, W, rank);
+            be.checkpoint_state(st, sh.offset, sh.count);
+            st.extra = {{"steps", o.steps}, {"world", W}, {"rank", rank}, {"zero", o.zero}, {"param_count", n},
+                        {"shard_offset", sh.offset}, {"shard_count", sh.count}};
+            save_train_state(dist::shard_state_path(base, rank, W), st);
+            for (int q = 0; q < W; q++) states.push_back(basename_of(dist::shard_state_path(base, q, W)));
+        }
+        be.barrier();  // every file is complete before the marker says so
+        if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states);
+        std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
+        logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
+        last_good = base;
+        written.push_back(base);
+        if (o.keep_checkpoints > 0 && rank == 0)
+            while ((int)written.size() > o.keep_checkpoints) {
+                remove_checkpoint(written.front());
+                written.erase(written.begin());
+            }
+    };
+    auto diverged = [&](const char* what, double x, int64_t step) {
+        return Error(strprintf("%s is %g at step %lld (diverged): the step's update was not applied and no checkpoint "
+                               "of it was written%s",
+                               what, x, (long long)step,
+                               last_good.empty() ? " (no earlier checkpoint of this run)"
+                                                 : ("; the last good checkpoint is " + last_good).c_str()));
+    };
+
+    const int64_t end_step = o.stop_after > 0 ? std::min(o.steps, start_step + o.stop_after) : o.steps;
+    double last_val = NAN;
+    double bench_ms = 0;
+    int64_t bench_n = 0;
+    double ema_ms = 0;  // smoothed step time for the ETA
+    const auto t_start = std::chrono::steady_clock::now();
+    for (int64_t step = start_step; step < end_step; step++) {
+        const int64_t k = step + 1;  // this step's number
+        const bool last = k == o.steps;
+        if (val && o.val_every > 0 && step % o.val_every == 0) {
+            last_val = eval_val();
+            std::printf("step %6lld | val loss %.4f\n", (long long)step, last_val);
+            logger.log({{"type", "val"}, {"step", step}, {"val_loss", last_val}});
+        }
+        if (do_evals && o.eval_every > 0 && step > 0 && step % o.eval_every == 0) run_evals(step);
+        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0 && rank == 0) {
+            std::string s = sample();
+            std::printf("step %6lld | sample: %s\n", (long long)step, s.c_str());
+            logger.log({{"type", "sample"}, {"step", step}, {"text", s}});
+        }
+        be.step_begin();
+        auto t0 = std::chrono::steady_clock::now();
+        be.zero_grad();
+        double loss = 0;
+        for (int64_t a = 0; a < accum_local; a++) {
+            train.next_batch(inputs.data(), targets.data());
+            loss += be.train_batch(inputs.data(), targets.data(), B, T, 1.0 / double(accum), a + 1 == accum_local);
+        }
+        loss = be.sum_over_ranks(loss) / double(accum);  // W = 1: loss / accum
+        const double gnorm = be.reduce_gradients();
+        // divergence guard: nothing non-finite reaches the parameters or a checkpoint
+        if (!std::isfinite(loss)) throw diverged("loss", loss, k);
+        if (!std::isfinite(gnorm)) throw diverged("gradient norm", gnorm, k);
+        const double lr = sched.lr_at(step);
+        be.optimizer_step(lr, gnorm);
+        be.step_end();
+        auto t1 = std::chrono::steady_clock::now();
+        const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+        const double tps = double(o.total_batch_tokens) / (ms / 1e3);
+        ema_ms = step == start_step ? ms : 0.9 * ema_ms + 0.1 * ms;
+        const auto sm = be.metrics();  // e.g. the LDM unwind drift, every step
+        if (!o.quiet || last || k % 10 == 0 || k == end_step) {
+            std::string line = strprintf("step %6lld/%lld | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s",
+                                         (long long)k, (long long)o.steps, loss, lr, gnorm, ms, tps);
+            if (k < end_step) line += " | ETA " + format_duration(ema_ms / 1e3 * double(end_step - k));
+            for (const auto& kv : sm) line += strprintf(" | %s %.3g", kv.first.c_str(), kv.second);
+            std::printf("%s\n", line.c_str());
+        }
+        json jstep{{"type", "step"}, {"step", k}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"ms", ms},
+                   {"tokens_per_s", tps}, {"tokens", k * o.total_batch_tokens}};
+        for (const auto& kv : sm) jstep[kv.first] = kv.second;
+        std::fflush(stdout);
+        logger.log(jstep);
+        if (o.bench > 0 && step - start_step >= 2) {  // skip 2 warm-up steps
+            bench_ms += ms;
+            bench_n++;
+        }
+        if (o.ckpt_every > 0 && k % o.ckpt_every == 0 && k != end_step && o.bench == 0) save_ckpt(k);
+    }
+    const bool finished = end_step == o.steps, trained = end_step > start_step;
+    if (!finished && trained) {
+        std::printf("stopped after %lld steps at step %lld of %lld (--stop-after); resume with --resume %s\n",
+                    (long long)(end_step - start_step), (long long)end_step, (long long)o.steps,
+                    o.out_dir.empty() ? "<no --out-dir: nothing saved>" : "latest");
+        if (o.bench == 0) save_ckpt(end_step);
+        return 0;
+    }
+    if (val && trained) {
+        last_val = eval_val();
+        std::printf("final val loss %.4f", last_val);
+        if (std::isfinite(unigram)) std::printf(" | unigram baseline %.4f | difference %.4f nats", unigram, unigram - last_val);
+        std::printf("\n");
+        logger.log({{"type", "val"}, {"step", o.steps}, {"val_loss", last_val}, {"unigram_loss", unigram}});
+    }
+    if (do_evals && trained) run_evals(o.steps);
+    if (o.sample_every >= 0 && o.sample_tokens > 0 && tok && trained && o.bench == 0 && rank == 0) {
+        std::string s = sample();
+        std::printf("sample: %s\n", s.c_str());
+        logger.log({{"type", "sample"}, {"step", o.steps}, {"text", s}});
+    }
+    if (trained && o.bench == 0) save_ckpt(o.steps);
+    if (o.bench > 0 && bench_n > 0) {
+        const double step_ms = bench_ms / double(bench_n);
+        const double tps = double(o.total_batch_tokens) / (step_ms / 1e3);
+        json r{{"type", "bench"}, {"steps_timed", bench_n}, {"tokens_per_s", tps}, {"step_ms", step_ms},
+               {"B", B}, {"T", T}, {"dtype", o.dtype}, {"preset", cfg.preset}, {"scheme", cfg.scheme},
+               {"accum", accum}, {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()}};
+        const json extra = be.bench_fields(step_ms, tps);
+        for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
+        std::printf("BENCH %s\n", r.dump().c_str());
+        logger.log(r);
+    }
+    return 0;
+}
+
+}  // namespace ldm
