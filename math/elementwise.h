@@ -15,6 +15,8 @@ namespace ldm {
 
 LDM_HD inline float ldm_exp(float x) { return expf(x); }
 LDM_HD inline double ldm_exp(double x) { return exp(x); }
+LDM_HD inline float ldm_log(float x) { return logf(x); }
+LDM_HD inline double ldm_log(double x) { return log(x); }
 LDM_HD inline float ldm_sqrt(float x) { return sqrtf(x); }
 LDM_HD inline double ldm_sqrt(double x) { return sqrt(x); }
 

@@ -1,76 +1,94 @@
 // math/sinkhorn.h — Sinkhorn-Knopp of mHC (spec §2.3) with its unrolled backward, per token.
 //
-// Forward: M = exp(Rt - max(Rt)) (n x n, row-major), then `iters` times: divide every column by
-// its sum, then every row by its sum (paper order; the last step is a row normalisation, so rows
-// sum to 1 up to rounding, columns only approximately). The backward never uses the converged
-// fixed point: it walks back through all 2*iters normalisations, whose outputs and divisors the
-// forward left in `work`. The per-token caller stores only Rt and recomputes (spec §2.3).
-// Plain LDM_HD inline functions: no allocation, no exceptions; shared with the CUDA kernels.
+// SK(Rt): M = exp(Rt - max(Rt)) (n x n, row-major), then `iters` times: normalise every column to
+// sum 1, then every row (paper order; the last step is a row normalisation, so rows sum to 1 up
+// to rounding, columns only approximately). Evaluated in the log domain so that no logit
+// magnitude over- or underflows: the iterate is kept as L = log X, and a normalisation of a line
+// is L <- (L - m) - log(sum exp(L - m)), m = the line's max (the sum is in [1, n]). The backward
+// never uses the converged fixed point: it walks back through all 2*iters normalisations (each a
+// log-softmax along its line), whose outputs the forward left in `work`. The per-token caller
+// stores only Rt and recomputes (spec §2.3). Plain LDM_HD inline functions: no allocation, no
+// exceptions, no local arrays; shared with the CUDA kernels (cuda/scheme_hc.cuh).
 #pragma once
+#include <float.h>
+
 #include "math/elementwise.h"
 
 namespace ldm {
 
-// Scratch values needed by sinkhorn_forward / sinkhorn_backward for an n x n matrix.
-LDM_HD inline int sinkhorn_work_size(int n, int iters) { return n * n + 2 * iters * (n * n + n); }
+// Most negative finite value: the floor of the log-domain iterate (below, see sinkhorn_forward).
+LDM_HD inline float sinkhorn_lowest(float) { return -FLT_MAX; }
+LDM_HD inline double sinkhorn_lowest(double) { return -DBL_MAX; }
 
-// Rt [n*n] -> out [n*n] = SK(Rt). work [sinkhorn_work_size(n, iters)] receives exp(Rt - max) and,
-// for step s = 0..2*iters-1 (even: columns, odd: rows), its output matrix and its n divisors.
+// Scratch values needed by sinkhorn_forward / sinkhorn_backward for an n x n matrix: the running
+// log-domain iterate (n*n) and the output of every one of the 2*iters normalisations (n*n each).
+LDM_HD inline int sinkhorn_work_size(int n, int iters) { return n * n * (1 + 2 * iters); }
+
+// Rt [n*n] -> out [n*n] = SK(Rt), iters >= 1. work [sinkhorn_work_size(n, iters)]: work[0, n*n)
+// holds the log iterate L (starting at Rt), the block 1 + s (s = 0..2*iters-1; even: columns,
+// odd: rows) receives step s's output exp(L) = exp(L - m) / sum exp(L - m) (max-shifted, so it
+// equals the plain column/row division wherever that stays in R's normal range). The spec's
+// shift by max(Rt) is subsumed by the first step's per-column shift (a column normalisation
+// ignores any scaling of its column), which keeps each column's information even when another
+// column is huge. After that shift an entry is floored at the most negative finite value
+// (reached only if a column spans more than the type's range: exp(-huge) = 0 either way); from
+// then on every entry of L stays in [lowest, 0], since a step lowers an entry by at most log n.
+// Logits must be finite (a NaN propagates to the output).
 template <typename R>
 LDM_HD inline void sinkhorn_forward(const R* Rt, int n, int iters, R* out, R* work) {
     const int nn = n * n;
-    R mx = Rt[0];
-    for (int e = 1; e < nn; e++) mx = Rt[e] > mx ? Rt[e] : mx;
-    R* M = work;
-    for (int e = 0; e < nn; e++) M[e] = ldm_exp(Rt[e] - mx);
-    const R* X = M;
+    const R lo = sinkhorn_lowest(R(0));
+    R* L = work;
+    for (int e = 0; e < nn; e++) L[e] = Rt[e];
+    R* Y = work;
     for (int s = 0; s < 2 * iters; s++) {
-        R* Y = work + nn + s * (nn + n);
-        R* sum = Y + nn;
+        Y = work + nn * (1 + s);
         const bool cols = (s % 2) == 0;
         for (int a = 0; a < n; a++) {
+            // line a: entries a*n + b (row) or b*n + a (column), b = 0..n-1
+            const int e0 = cols ? a : a * n, de = cols ? n : 1;
+            R m = L[e0];
+            for (int b = 1, e = e0 + de; b < n; b++, e += de) m = L[e] > m ? L[e] : m;
             R t = 0;
-            for (int b = 0; b < n; b++) t += cols ? X[b * n + a] : X[a * n + b];
-            sum[a] = t;
-            R inv = R(1) / t;
-            for (int b = 0; b < n; b++) {
-                int e = cols ? b * n + a : a * n + b;
-                Y[e] = X[e] * inv;
+            for (int b = 0, e = e0; b < n; b++, e += de) {
+                const R d = L[e] - m;
+                L[e] = d < lo ? lo : d;  // only step 0 can reach the floor; a NaN stays NaN
+                Y[e] = ldm_exp(L[e]);
+                t += Y[e];
+            }
+            const R inv = R(1) / t, lt = ldm_log(t);  // t in [1, n]
+            for (int b = 0, e = e0; b < n; b++, e += de) {
+                Y[e] = Y[e] * inv;
+                L[e] = L[e] - lt;
             }
         }
-        X = Y;
     }
-    for (int e = 0; e < nn; e++) out[e] = X[e];
+    for (int e = 0; e < nn; e++) out[e] = Y[e];
 }
 
 // Given dout = dL/dSK(Rt) and the work filled by sinkhorn_forward(Rt), writes dRt (=).
-// dout is used as scratch (overwritten). Each normalisation Y = X / s (s = sum along the line)
-// has the vector-Jacobian product dX = (dY - <dY, Y>_line) / s.
+// dout is used as scratch (overwritten). Exact gradient of the unrolled steps: out = exp(L_last)
+// gives dL = dout * out; each step L' = L - logsumexp(L) along a line has the vector-Jacobian
+// product dL = dL' - P * sum(dL') over the line, P = exp(L') its stored output. No division, so
+// every magnitude stays finite. The floor of sinkhorn_forward is passed through (it acts only
+// where the entry's weight is exp(-huge) = 0).
 template <typename R>
 LDM_HD inline void sinkhorn_backward(R* dout, int n, int iters, const R* work, R* dRt) {
     const int nn = n * n;
-    R* dY = dout;
+    R* g = dout;
+    const R* Pl = work + nn * (2 * iters);
+    for (int e = 0; e < nn; e++) g[e] = g[e] * Pl[e];
     for (int s = 2 * iters - 1; s >= 0; s--) {
-        const R* Y = work + nn + s * (nn + n);
-        const R* sum = Y + nn;
+        const R* P = work + nn * (1 + s);
         const bool cols = (s % 2) == 0;
         for (int a = 0; a < n; a++) {
-            R dot = 0;
-            for (int b = 0; b < n; b++) {
-                int e = cols ? b * n + a : a * n + b;
-                dot += dY[e] * Y[e];
-            }
-            R inv = R(1) / sum[a];
-            for (int b = 0; b < n; b++) {
-                int e = cols ? b * n + a : a * n + b;
-                dY[e] = (dY[e] - dot) * inv;
-            }
+            const int e0 = cols ? a : a * n, de = cols ? n : 1;
+            R t = 0;
+            for (int b = 0, e = e0; b < n; b++, e += de) t += g[e];
+            for (int b = 0, e = e0; b < n; b++, e += de) g[e] = g[e] - P[e] * t;
         }
     }
-    // M = exp(Rt - max): dRt = dM * M. The max is a constant shift; SK is invariant to scaling M,
-    // so its derivative contributes nothing.
-    const R* M = work;
-    for (int e = 0; e < nn; e++) dRt[e] = dY[e] * M[e];
+    for (int e = 0; e < nn; e++) dRt[e] = g[e];
 }
 
 }  // namespace ldm
