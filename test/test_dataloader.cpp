@@ -239,14 +239,13 @@ TEST_CASE("file size disagreeing with the header and token ids >= vocab are erro
     bad[77] = 50257;
     ldm::write_shard(d2 + "/b_000.bin", ok.data(), ok.size(), false);
     ldm::write_shard(d2 + "/b_001.bin", bad.data(), bad.size(), false);
-    DataLoader dl(d2 + "/b_*.bin", 1, 16, 0, 1, false, 0, 50257);  // 6 windows per shard
-    std::vector<int32_t> x(16), y(16);
-    for (int i = 0; i < 6; i++) dl.next_batch(x.data(), y.data());  // b_000 is fine
-    msg = error_of([&] { dl.next_batch(x.data(), y.data()); });
+    // found at construction, before any batch (b_001 would be read only after 6 batches)
+    msg = error_of([&] { DataLoader dl(d2 + "/b_*.bin", 1, 16, 0, 1, false, 0, 50257); });
     INFO(msg);
     REQUIRE(msg.find("b_001.bin") != std::string::npos);
-    REQUIRE(msg.find("50257") != std::string::npos);
-    REQUIRE(msg.find("index 77") != std::string::npos);
+    REQUIRE(msg.find("token id 50257") != std::string::npos);
+    REQUIRE(msg.find("index 77 (byte offset 1178)") != std::string::npos);  // 1024 + 77 * 2
+    std::vector<int32_t> x(16), y(16);
     // with a larger vocabulary the same data is accepted
     DataLoader dl2(d2 + "/b_*.bin", 1, 16, 0, 1, false, 0, 50258);
     for (int i = 0; i < 11; i++) dl2.next_batch(x.data(), y.data());
