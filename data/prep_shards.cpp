@@ -333,7 +333,12 @@ class StagedOutput {
     explicit StagedOutput(const ShardsOptions& o) : o_(o) {
         created_ = mkdir_p(o.out_dir);
         staging_ = o.out_dir + "/." + o.name + ".staging." + std::to_string(::getpid());
-        if (::mkdir(staging_.c_str(), 0755) != 0) {
+        int rc = ::mkdir(staging_.c_str(), 0755);
+        if (rc != 0 && errno == EEXIST) {  // left by a killed run that had our pid: nobody owns it
+            remove_staging();
+            rc = ::mkdir(staging_.c_str(), 0755);
+        }
+        if (rc != 0) {
             const int e = errno;
             remove_created();
             throw Error("cannot create the staging directory " + staging_ + ": " + std::strerror(e));
