@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
         ap.add("--checkpoint", &o.checkpoint, "model checkpoint ckpt_<step>.model (required)");
         ap.add("--dtype", &o.dtype, "fp32|fp64: precision of the CPU forward pass");
         ap.add("--tokenizer", &o.tokenizer,
-               "optional tokenizer dir or tokenizer.json: its vocab size and end-of-text id must match the "
-               "model and every eval binary");
+               "optional: bytes, a tokenizer dir or tokenizer.json; its vocab size and end-of-text id must "
+               "match the model and every eval binary");
         ap.section("Evaluations (each runs when its input is given)");
         ap.add("--val-data", &o.val_data, "glob of validation token shards (read in order, no shuffling)");
         ap.add("--val-batches", &o.val_batches, "validation batches of val-B x val-T tokens (0 = one full pass)");
@@ -123,12 +123,11 @@ int main(int argc, char** argv) {
         s.batch.max_rows = o.max_rows;
         s.print_progress = !o.quiet;
         if (!o.tokenizer.empty()) {
-            if (!file_exists(o.tokenizer)) throw Error("--tokenizer: " + o.tokenizer + " does not exist");
-            Tokenizer tok = Tokenizer::load(o.tokenizer);
-            if (tok.vocab_size() != V)
+            const std::unique_ptr<Tokenizer> tok = load_tokenizer_flag(o.tokenizer);
+            if (tok->vocab_size() != V)
                 throw Error(strprintf("--tokenizer %s has %u ids but the model %s has vocab_size %u: tokenizer mismatch",
-                                      o.tokenizer.c_str(), tok.vocab_size(), o.checkpoint.c_str(), V));
-            s.expected_eot = tok.eot_id();
+                                      o.tokenizer.c_str(), tok->vocab_size(), o.checkpoint.c_str(), V));
+            s.expected_eot = tok->eot_id();
         }
         if (o.max_length > ck.cfg.seq_len)
             throw Error(strprintf("--max-length %d exceeds the model's context (seq_len %d)", o.max_length,

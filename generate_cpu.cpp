@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
         ap.add("--dtype", &o.dtype, "fp32|fp64");
         ap.section("Prompt and sampling");
         ap.add("--tokenizer", &o.tokenizer,
-               "tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json (\"\" = <data dir>/gpt2_tokenizer)");
+               "bytes (256 byte ids + EOT), tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json "
+               "(\"\" = <data dir>/gpt2_tokenizer)");
         cpu::add_generation_flags(ap, o, "prompt text (\"\" = start from <|endoftext|>)",
                                   "instead of --prompt: N random token ids (timing)");
         ap.add("--seed", &o.seed, "sampling seed (and of --prompt-len ids)");
@@ -128,17 +129,9 @@ int main(int argc, char** argv) {
         openblas_set_num_threads(threads);
 
         std::unique_ptr<Tokenizer> tok;
-        std::string tpath = o.tokenizer;
-        if (tpath.empty()) {
-            std::string dd = find_data_dir();
-            if (!dd.empty() && file_exists(dd + "/gpt2_tokenizer/encoder.json")) tpath = dd + "/gpt2_tokenizer";
-        }
-        if (!tpath.empty() && !(o.print_config && o.tokenizer.empty())) {
-            if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
-            tok.reset(new Tokenizer(Tokenizer::load(tpath)));
-        } else if (o.prompt_len == 0 && !o.print_config) {
+        if (!(o.print_config && o.tokenizer.empty())) tok = load_tokenizer_flag(o.tokenizer);
+        if (!tok && o.prompt_len == 0 && !o.print_config)
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory (or use --prompt-len)");
-        }
 
         ModelConfig cfg;
         ModelCheckpoint ck;
@@ -147,8 +140,10 @@ int main(int argc, char** argv) {
             ck = load_model(o.checkpoint);
             cfg = ck.cfg;
             if (tok && tok->vocab_size() != (uint32_t)cfg.vocab_size)
-                throw Error(strprintf("--tokenizer %s has %u ids but the model has vocab_size %d: tokenizer mismatch",
-                                      tpath.c_str(), tok->vocab_size(), cfg.vocab_size));
+                throw Error(strprintf("--tokenizer %s has %u ids but the model has vocab_size %d: tokenizer mismatch%s",
+                                      o.tokenizer.empty() ? "<data dir>/gpt2_tokenizer" : o.tokenizer.c_str(),
+                                      tok->vocab_size(), cfg.vocab_size,
+                                      cfg.vocab_size == 257 ? " (257 ids is the byte tokenizer: --tokenizer bytes)" : ""));
         } else {
             cfg = preset_config(o.preset, o.vocab_size > 0 ? o.vocab_size : tok ? (int)tok->vocab_size() : 50257);
             if (o.n_layer > 0) cfg.n_layer = o.n_layer;

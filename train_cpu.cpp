@@ -351,18 +351,8 @@ int main_body(int argc, char** argv) {
     openblas_set_num_threads(threads);
 
     // Tokenizer: gives V, eot and the decoder for samples.
-    std::unique_ptr<Tokenizer> tok;
-    std::string tpath = o.tokenizer;
-    if (tpath.empty()) {
-        std::string dd = find_data_dir();
-        if (!dd.empty() && file_exists(dd + "/gpt2_tokenizer/encoder.json")) tpath = dd + "/gpt2_tokenizer";
-    }
-    if (!tpath.empty()) {
-        if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
-        tok.reset(new Tokenizer(Tokenizer::load(tpath)));
-    } else if (!o.dry_run) {
-        throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
-    }
+    std::unique_ptr<Tokenizer> tok = load_tokenizer_flag(o.tokenizer);
+    if (!tok && !o.dry_run) throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
     const int V = tok ? int(tok->vocab_size()) : 50257;
 
     ModelConfig cfg = model_config_from_flags(o, V);

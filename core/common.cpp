@@ -75,18 +75,32 @@ void write_file_atomic(const std::string& path, const void* data, size_t size) {
     }
 }
 
-void mkdir_p(const std::string& d) {
+std::vector<std::string> mkdir_p(const std::string& d) {
+    std::vector<std::string> created;
+    auto undo = [&created] {
+        for (auto it = created.rbegin(); it != created.rend(); ++it) ::rmdir(it->c_str());
+    };
     std::string cur;
     for (size_t i = 0; i <= d.size(); i++) {
         if (i == d.size() || d[i] == '/') {
-            if (!cur.empty() && !file_exists(cur) && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-                throw Error("cannot create directory " + cur + ": " + std::strerror(errno));
+            if (!cur.empty() && !file_exists(cur)) {
+                if (::mkdir(cur.c_str(), 0755) == 0) {
+                    created.push_back(cur);
+                } else if (errno != EEXIST) {
+                    const int e = errno;
+                    undo();
+                    throw Error("cannot create directory " + cur + ": " + std::strerror(e));
+                }
+            }
         }
         if (i < d.size()) cur.push_back(d[i]);
     }
     struct stat st;
-    if (!d.empty() && (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
+    if (!d.empty() && (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
+        undo();
         throw Error("cannot create directory " + d + ": a file of that name exists");
+    }
+    return created;
 }
 
 void prepare_output_dir(const std::string& dir, const char* flag) {

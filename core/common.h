@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ldm {
 
@@ -33,9 +34,11 @@ std::string read_file(const std::string& path);
 
 bool file_exists(const std::string& path);
 
-// Creates directory d and its missing parents (like `mkdir -p`); "" does nothing. Throws
-// ldm::Error naming the path that could not be created (e.g. a parent is a regular file).
-void mkdir_p(const std::string& d);
+// Creates directory d and its missing parents (like `mkdir -p`); "" does nothing. Returns the
+// directories it created, parents first (so a failed run can remove exactly those). Throws
+// ldm::Error naming the path that could not be created (e.g. a parent is a regular file), after
+// removing the directories this call created.
+std::vector<std::string> mkdir_p(const std::string& d);
 
 // For an output directory given by `flag` (--out-dir, ...): creates it (mkdir_p) and checks that
 // a file can be written into it, so that a bad path fails at startup and not after hours of

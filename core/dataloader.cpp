@@ -102,8 +102,12 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
     const uint64_t bt = uint64_t(B) * uint64_t(T);
     uint64_t largest = 0;
     Fnv fp;
-    for (const std::string& f : files) {
-        ShardInfo info = read_shard_info(f);
+    // Every shard given, used or not: headers, then every token id < vocab_size, before any step.
+    std::vector<ShardInfo> infos;
+    for (const std::string& f : files) infos.push_back(read_shard_info(f));
+    check_shard_ids(infos, vocab_, "data loader");
+    for (const ShardInfo& info : infos) {
+        const std::string& f = info.path;
         fp.add_str(basename_of(f));
         fp.add_u64(info.file_size);
         largest = std::max(largest, info.num_tokens);
@@ -182,13 +186,14 @@ void DataLoader::load_shard(size_t s) {
             done += size_t(r);
         }
         ::close(fd);
-        // Validate every id against the vocabulary.
-        for (uint64_t i = 0; i < n; i++) {
-            uint32_t v = now.token_bytes == 2 ? tokens16_[i] : tokens32_[i];
-            if (v >= vocab_)
-                throw Error(strprintf("data loader: shard %s: token id %u at index %llu is >= vocab_size %u",
-                                      now.path.c_str(), v, (unsigned long long)i, vocab_));
-        }
+        // Checked at construction; again here in case the file was rewritten since (same size).
+        const uint64_t i = now.token_bytes == 2 ? first_id_at_least(tokens16_.data(), n, vocab_)
+                                                : first_id_at_least(tokens32_.data(), n, vocab_);
+        if (i < n)
+            throw Error(strprintf("data loader: shard %s: token id %u at index %llu is >= vocab_size %u (the file "
+                                  "changed since the loader was opened)",
+                                  now.path.c_str(), now.token_bytes == 2 ? uint32_t(tokens16_[i]) : tokens32_[i],
+                                  (unsigned long long)i, vocab_));
         loaded_shard_ = int64_t(s);
         perm_epoch_ = ~0ull;
     }

@@ -1,8 +1,10 @@
 // core/dataloader.h — token-shard data loader shared by the CPU and GPU trainers (issue #2 item 7).
 // Semantics (documented in doc/formats.md "Data loader"):
 //
-// * Shards: the files matching a glob pattern (sorted by name), each checked with
-//   read_shard_info at construction. Only one shard is held in memory at a time.
+// * Shards: the files matching a glob pattern (sorted by name). At construction, before any
+//   batch, every one of them is checked: header and size (read_shard_info) and every token id
+//   < vocab_size (check_shard_ids: streamed, parallel over shards and blocks). Only one shard is
+//   held in memory at a time.
 // * Windows: a batch is ONE contiguous window of B*T+1 tokens (as in llm.c): inputs = w[0:B*T],
 //   targets = w[1:B*T+1], both reshaped row-major to [B, T]. A shard of n tokens has
 //   floor((n-1)/(B*T)) windows, window k starting at token k*B*T (consecutive windows share one
@@ -15,8 +17,8 @@
 //   g = r, r+W, r+2W, ... for g < floor(N/W)*W. The last N mod W windows of the epoch's order are
 //   dropped, so every rank has exactly floor(N/W) batches per epoch and ranks never overlap.
 // * After the last batch of an epoch the next call starts the next epoch (new permutation).
-// * Token ids >= vocab_size -> ldm::Error naming the shard and the token index, checked for the
-//   whole shard when it is loaded.
+// * Token ids >= vocab_size -> ldm::Error at construction naming the shard, the token index, its
+//   byte offset and the id (checked again when a shard is loaded, in case it was rewritten).
 // * save_state/load_state: (epoch, batch index) plus B, T, rank, world, shuffle, seed and a
 //   fingerprint of the shard files (names + sizes); a mismatch on load -> ldm::Error saying which.
 #pragma once

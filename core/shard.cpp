@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstring>
 #include <fcntl.h>
+#include <omp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -205,6 +206,99 @@ void read_shard_tokens(const ShardInfo& info, uint64_t start, uint64_t count, ui
         pread_exact(fd.fd, buf.data(), m * 2, off + done * 2, info.path);
         for (size_t i = 0; i < m; i++) out[done + i] = buf[i];
         done += m;
+    }
+}
+
+namespace {
+template <typename W>
+uint64_t first_id_at_least_t(const W* t, uint64_t n, uint32_t vocab_size) {
+    if (vocab_size == 0) return 0;                         // every id is bad
+    if (sizeof(W) == 2 && vocab_size > 0xFFFF) return n;   // every uint16 id fits
+    const W lim = W(vocab_size - 1);                       // every id must be <= lim
+    constexpr uint64_t kBlock = 1 << 14;
+    for (uint64_t b = 0; b < n; b += kBlock) {
+        const uint64_t e = std::min(n, b + kBlock);
+        W mx = 0;
+#pragma omp simd reduction(max : mx)
+        for (uint64_t i = b; i < e; i++) mx = t[i] > mx ? t[i] : mx;
+        if (mx > lim)
+            for (uint64_t i = b; i < e; i++)
+                if (t[i] > lim) return i;
+    }
+    return n;
+}
+}  // namespace
+
+uint64_t first_id_at_least(const uint16_t* tokens, uint64_t n, uint32_t vocab_size) {
+    return first_id_at_least_t(tokens, n, vocab_size);
+}
+uint64_t first_id_at_least(const uint32_t* tokens, uint64_t n, uint32_t vocab_size) {
+    return first_id_at_least_t(tokens, n, vocab_size);
+}
+
+void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, const std::string& who) {
+    struct Block {
+        size_t shard;
+        uint64_t start, count;  // tokens
+    };
+    constexpr uint64_t kBlockBytes = uint64_t(8) << 20;
+    std::vector<Block> blocks;
+    for (size_t s = 0; s < shards.size(); s++) {
+        const ShardInfo& sh = shards[s];
+        if (sh.token_bytes == 2 && vocab_size > 0xFFFF) continue;  // every uint16 id fits
+        const uint64_t per = kBlockBytes / uint64_t(sh.token_bytes);
+        for (uint64_t at = 0; at < sh.num_tokens; at += per)
+            blocks.push_back({s, at, std::min(per, sh.num_tokens - at)});
+    }
+    const long nb = long(blocks.size());
+    std::vector<uint64_t> bad(blocks.size(), UINT64_MAX);  // index in the shard of the first bad id
+    std::vector<uint32_t> bad_id(blocks.size(), 0);
+    std::vector<std::string> err(blocks.size());
+#pragma omp parallel if (nb > 1)
+    {
+        std::vector<uint32_t> buf32;  // 8 MiB block buffer (uint16 blocks use it as uint16)
+        Fd fd;
+        size_t open_shard = SIZE_MAX;
+#pragma omp for schedule(dynamic, 1)
+        for (long b = 0; b < nb; b++) {
+            const Block& k = blocks[size_t(b)];
+            const ShardInfo& sh = shards[k.shard];
+            try {
+                if (open_shard != k.shard) {
+                    if (fd.fd >= 0) ::close(fd.fd);
+                    open_shard = SIZE_MAX;
+                    fd.fd = ::open(sh.path.c_str(), O_RDONLY);
+                    if (fd.fd < 0) throw Error("cannot open shard " + sh.path + ": " + std::strerror(errno));
+                    ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+                    open_shard = k.shard;
+                }
+                const uint64_t w = uint64_t(sh.token_bytes);
+                buf32.resize(size_t(kBlockBytes / 4));
+                pread_exact(fd.fd, buf32.data(), size_t(k.count * w), kShardHeaderBytes + k.start * w, sh.path);
+                uint64_t i;
+                if (w == 2) {
+                    const uint16_t* p = reinterpret_cast<const uint16_t*>(buf32.data());
+                    i = first_id_at_least(p, k.count, vocab_size);
+                    if (i < k.count) bad_id[size_t(b)] = p[i];
+                } else {
+                    i = first_id_at_least(buf32.data(), k.count, vocab_size);
+                    if (i < k.count) bad_id[size_t(b)] = buf32[size_t(i)];
+                }
+                if (i < k.count) bad[size_t(b)] = k.start + i;
+            } catch (const std::exception& e) {
+                err[size_t(b)] = e.what();
+            }
+        }
+    }
+    for (size_t b = 0; b < blocks.size(); b++) {
+        if (!err[b].empty()) throw Error(who + ": " + err[b]);
+        if (bad[b] != UINT64_MAX) {
+            const ShardInfo& sh = shards[blocks[b].shard];
+            throw Error(strprintf("%s: shard %s: token id %u at index %llu (byte offset %llu) is >= vocab_size %u",
+                                  who.c_str(), sh.path.c_str(), bad_id[b], (unsigned long long)bad[b],
+                                  (unsigned long long)(kShardHeaderBytes + bad[b] * uint64_t(sh.token_bytes)),
+                                  vocab_size));
+        }
     }
 }
 

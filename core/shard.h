@@ -51,6 +51,19 @@ std::vector<uint32_t> read_shard(const std::string& path);
 // widening to uint32. ldm::Error when the range is outside the shard or the read fails.
 void read_shard_tokens(const ShardInfo& info, uint64_t start, uint64_t count, uint32_t* out);
 
+// Index of the first token >= vocab_size among tokens[0, n) (uint16 or uint32 ids), or n if
+// there is none. Vectorized max reduction per block, then a search inside the failing block.
+uint64_t first_id_at_least(const uint16_t* tokens, uint64_t n, uint32_t vocab_size);
+uint64_t first_id_at_least(const uint32_t* tokens, uint64_t n, uint32_t vocab_size);
+
+// Checks every token of every shard (headers already checked by read_shard_info) against
+// vocab_size, streaming the files in 8 MiB blocks on all OpenMP threads (parallel over the
+// blocks of all shards, so one large shard is split too; uint16 shards need no scan when
+// vocab_size >= 65536). Throws ldm::Error "<who>: shard F: token id X at index I (byte offset B)
+// is >= vocab_size V" for the first bad token in list order, or the read error. Throughput:
+// doc/formats.md "Data loader".
+void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, const std::string& who);
+
 // Streaming writer for shards of unknown length: appends tokens to `path.tmp.<pid>`, and
 // finish() writes the header (count), fsyncs and renames to `path`. If destroyed without
 // finish() (e.g. an exception unwinding), the temp file is removed and `path` is untouched.

@@ -1,5 +1,5 @@
 // core/tokenizer.cpp — byte-level BPE (GPT-2 / tiktoken `gpt2`, and HF tokenizer.json ByteLevel
-// BPE). See core/tokenizer.h and doc/tokenizer.md.
+// BPE) and the byte tokenizer. See core/tokenizer.h and doc/tokenizer.md.
 #include "core/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -255,6 +255,7 @@ struct PairMap {
 struct AddedToken {
     std::string content;  // raw UTF-8 (normalized form for normalized tokens)
     uint32_t id;
+    bool special = false;  // "special": true in tokenizer.json (matched only by encode_with_special)
 };
 
 // Leftmost-longest matcher for a small set of added tokens (HF AddedVocabulary semantics:
@@ -278,8 +279,9 @@ struct AddedMatcher {
         }
     }
     bool empty() const { return toks.empty(); }
-    // Position of the leftmost match in s[from..] (longest there) or npos.
-    size_t find(std::string_view s, size_t from, const AddedToken** hit) const {
+    // Position of the leftmost match in s[from..] (longest there) or npos; special tokens count
+    // only when with_special.
+    size_t find(std::string_view s, size_t from, const AddedToken** hit, bool with_special) const {
         const unsigned char* p = reinterpret_cast<const unsigned char*>(s.data());
         size_t n = s.size();
         for (size_t i = from; i < n; i++) {
@@ -290,6 +292,7 @@ struct AddedMatcher {
             }
             if (!cand) continue;
             for (const auto& t : toks) {
+                if (t.special && !with_special) continue;
                 if (t.content.size() <= n - i && std::memcmp(p + i, t.content.data(), t.content.size()) == 0) {
                     *hit = &t;
                     return i;
@@ -301,7 +304,8 @@ struct AddedMatcher {
 };
 
 struct TokenizerImpl {
-    bool hf = false;                      // false: GPT-2 / tiktoken semantics
+    bool hf = false;                      // false: GPT-2 / tiktoken semantics (or bytes)
+    bool bytes = false;                   // the byte tokenizer: id = byte value, eot = 256
     std::vector<std::string> id_to_bytes; // decode table: id -> raw bytes
     std::vector<uint8_t> id_present;      // 0 for ids no token has (decode error)
     std::unordered_map<std::string, uint32_t> bytes_to_id;  // BPE vocab (raw bytes)
@@ -320,7 +324,7 @@ struct TokenizerImpl {
     static constexpr size_t kLongWord = 96;  // longer words use the O(n log n) merge loop
     void encode_pretoken(std::string_view word, std::vector<uint32_t>& out) const;
     void encode_ordinary(std::string_view text, std::vector<uint32_t>& out) const;
-    void encode_hf(std::string_view text, std::vector<uint32_t>& out) const;
+    void encode_hf(std::string_view text, std::vector<uint32_t>& out, bool with_special) const;
     std::string normalize(std::string_view s) const;
     void finish();
 };
@@ -583,7 +587,7 @@ std::string TokenizerImpl::normalize(std::string_view s) const {
     return cur;
 }
 
-void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out) const {
+void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out, bool with_special) const {
     auto pretokenize = [&](std::string_view piece) {
         if (piece.empty()) return;
         std::string tmp;
@@ -604,7 +608,7 @@ void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out)
         while (pos < s.size()) {
             const AddedToken* hit = nullptr;
             size_t at = added_norm.empty() ? std::string_view::npos
-                                           : added_norm.find(s, pos, &hit);
+                                           : added_norm.find(s, pos, &hit, with_special);
             if (at == std::string_view::npos) { pretokenize(s.substr(pos)); break; }
             pretokenize(s.substr(pos, at - pos));
             out.push_back(hit->id);
@@ -615,7 +619,7 @@ void TokenizerImpl::encode_hf(std::string_view text, std::vector<uint32_t>& out)
     while (pos < text.size()) {
         const AddedToken* hit = nullptr;
         size_t at = added_raw.empty() ? std::string_view::npos
-                                      : added_raw.find(text, pos, &hit);
+                                      : added_raw.find(text, pos, &hit, with_special);
         if (at == std::string_view::npos) { normalized_piece(text.substr(pos)); break; }
         normalized_piece(text.substr(pos, at - pos));
         out.push_back(hit->id);
@@ -847,10 +851,11 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
                 const char* why = "";
                 if (find_invalid_utf8(content, &why) != std::string_view::npos)
                     throw Error(path + ": added token content is not valid UTF-8");
-                bool normalized = at.value("normalized", !at.value("special", false));
+                const bool special = at.value("special", false);
+                bool normalized = at.value("normalized", !special);
                 set_token(*T, id, content, path);
-                if (normalized) T->added_norm.toks.push_back({T->normalize(content), id});
-                else T->added_raw.toks.push_back({content, id});
+                if (normalized) T->added_norm.toks.push_back({T->normalize(content), id, special});
+                else T->added_raw.toks.push_back({content, id, special});
                 if (content == "<|endoftext|>") T->eot = id;
             }
         }
@@ -870,7 +875,27 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
     return tok;
 }
 
+Tokenizer Tokenizer::bytes() {
+    static const std::shared_ptr<const TokenizerImpl> table = [] {
+        auto T = std::make_shared<TokenizerImpl>();
+        T->bytes = true;
+        T->id_to_bytes.resize(257);
+        T->id_present.assign(257, 1);
+        for (int b = 0; b < 256; b++) T->id_to_bytes[size_t(b)] = std::string(1, char(b));
+        T->id_to_bytes[256] = "<|endoftext|>";
+        T->eot = 256;
+        T->nvocab = 257;
+        T->uid = g_uid.fetch_add(1);
+        for (int b = 0; b < 256; b++) T->byte_id[b] = b;
+        return std::shared_ptr<const TokenizerImpl>(T);
+    }();
+    Tokenizer tok;
+    tok.impl_ = table;
+    return tok;
+}
+
 Tokenizer Tokenizer::load(const std::string& path) {
+    if (path == kBytesName) return bytes();
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) throw Error("tokenizer: " + path + " does not exist");
     if (S_ISDIR(st.st_mode)) {
@@ -887,9 +912,40 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text, const std::string
     if (!impl_) throw Error("tokenizer: encode on an unloaded Tokenizer");
     check_utf8(text, source, base_offset);
     std::vector<uint32_t> out;
+    if (impl_->bytes) {
+        out.assign(reinterpret_cast<const unsigned char*>(text.data()),
+                   reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+        return out;
+    }
     out.reserve(text.size() / 3 + 4);
-    if (impl_->hf) impl_->encode_hf(text, out);
+    if (impl_->hf) impl_->encode_hf(text, out, false);
     else impl_->encode_ordinary(text, out);
+    return out;
+}
+
+std::vector<uint32_t> Tokenizer::encode_with_special(std::string_view text, const std::string& source,
+                                                     uint64_t base_offset) const {
+    if (!impl_) throw Error("tokenizer: encode on an unloaded Tokenizer");
+    check_utf8(text, source, base_offset);
+    std::vector<uint32_t> out;
+    out.reserve(text.size() / 3 + 4);
+    if (impl_->hf) {
+        impl_->encode_hf(text, out, true);
+        return out;
+    }
+    // GPT-2 and bytes: the one special token is "<|endoftext|>" (tiktoken allowed_special="all").
+    const std::string& eot = impl_->id_to_bytes[impl_->eot];
+    size_t pos = 0;
+    while (pos <= text.size()) {
+        size_t at = text.find(eot, pos);
+        std::string_view piece = text.substr(pos, (at == std::string_view::npos ? text.size() : at) - pos);
+        if (impl_->bytes) out.insert(out.end(), reinterpret_cast<const unsigned char*>(piece.data()),
+                                     reinterpret_cast<const unsigned char*>(piece.data()) + piece.size());
+        else impl_->encode_ordinary(piece, out);
+        if (at == std::string_view::npos) break;
+        out.push_back(impl_->eot);
+        pos = at + eot.size();
+    }
     return out;
 }
 
@@ -916,6 +972,23 @@ uint32_t Tokenizer::eot_id() const {
 uint32_t Tokenizer::vocab_size() const {
     if (!impl_) throw Error("tokenizer: vocab_size on an unloaded Tokenizer");
     return impl_->nvocab;
+}
+
+bool Tokenizer::is_bytes() const {
+    if (!impl_) throw Error("tokenizer: is_bytes on an unloaded Tokenizer");
+    return impl_->bytes;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_flag(const std::string& flag_value) {
+    std::string path = flag_value;
+    if (path.empty()) {
+        const std::string dd = find_data_dir();
+        if (dd.empty() || !file_exists(dd + "/gpt2_tokenizer/encoder.json")) return nullptr;
+        path = dd + "/gpt2_tokenizer";
+    } else if (path != Tokenizer::kBytesName && !file_exists(path)) {
+        throw Error("--tokenizer: " + path + " does not exist");
+    }
+    return std::unique_ptr<Tokenizer>(new Tokenizer(Tokenizer::load(path)));
 }
 
 }  // namespace ldm

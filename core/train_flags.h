@@ -49,8 +49,8 @@ void add_common_train_flags(ArgParser& ap, O& o) {
     ap.add("--train-data", &o.train_data, "glob of training token shards (required)");
     ap.add("--val-data", &o.val_data, "glob of validation token shards (optional)");
     ap.add("--tokenizer", &o.tokenizer,
-           "tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json: vocab size, eot, sampling "
-           "(\"\" = <data dir>/gpt2_tokenizer)");
+           "bytes (256 byte ids + EOT), tokenizer dir (encoder.json + vocab.bpe) or tokenizer.json: vocab "
+           "size, eot, sampling (\"\" = <data dir>/gpt2_tokenizer)");
     ap.add("-B,--batch-size", &o.B, "sequences per micro-batch");
     ap.add("-T,--seq-len", &o.T, "tokens per sequence (also the model's max sequence length)");
     ap.add("--total-batch-tokens", &o.total_batch_tokens,

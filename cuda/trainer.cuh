@@ -396,18 +396,9 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
         if (o.infer.active()) check_infer_options(o.infer, o.resume, o.T);  // flag errors even without a GPU
 
-        std::unique_ptr<Tokenizer> tok;
-        std::string tpath = o.tokenizer;
-        if (tpath.empty()) {
-            std::string dd = find_data_dir();
-            if (!dd.empty() && file_exists(dd + "/gpt2_tokenizer/encoder.json")) tpath = dd + "/gpt2_tokenizer";
-        }
-        if (!tpath.empty()) {
-            if (!file_exists(tpath)) throw Error("--tokenizer: " + tpath + " does not exist");
-            tok.reset(new Tokenizer(Tokenizer::load(tpath)));
-        } else if (!o.dry_run && !o.infer.active()) {  // inference without one: V = 50257, token ids only
+        std::unique_ptr<Tokenizer> tok = load_tokenizer_flag(o.tokenizer);
+        if (!tok && !o.dry_run && !o.infer.active())  // inference without one: V = 50257, token ids only
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
-        }
         const int V = tok ? int(tok->vocab_size()) : 50257;
 
         ModelConfig cfg = model_config_from_flags(o, V);

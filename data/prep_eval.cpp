@@ -648,7 +648,7 @@ bool parse_args(int argc, char** argv, const char* help, Args& a) {
       a.threads = int(t);
     }
   }
-  if (a.tokenizer.empty()) throw UsageError("missing --tokenizer <dir|tokenizer.json> (see --help)");
+  if (a.tokenizer.empty()) throw UsageError("missing --tokenizer <bytes|dir|tokenizer.json> (see --help)");
   if (a.input.empty()) throw UsageError("missing --input FILE (see --help)");
   if (a.out.empty()) throw UsageError("missing --out FILE (see --help)");
   return true;
@@ -703,12 +703,13 @@ int run(const char* name, int argc, char** argv, const char* help, int (*body)(c
 }
 
 const char* kLambadaHelp =
-    "usage: ldm_data lambada --tokenizer <dir|tokenizer.json> --input lambada_test.jsonl --out FILE\n"
+    "usage: ldm_data lambada --tokenizer <bytes|dir|tokenizer.json> --input lambada_test.jsonl --out FILE\n"
     "                        [--threads N]\n"
     "Builds the LAMBADA (lambada_openai) eval binary. Each jsonl line's \"text\" is split at its LAST\n"
     "ASCII space: context = text[:i], target = \" \" + text[i+1:]; target tokens =\n"
     "tok(context + target)[len(tok(context)):] (lm-eval-harness _encode_pair), asserted equal to\n"
     "tok(\" \" + word) and tok(context) asserted to be a prefix of tok(context + target).\n"
+    "--tokenizer bytes: one token per UTF-8 byte (end-of-text 256); targets are then several tokens.\n"
     "Format: doc/formats.md \"Eval binaries\". Spec: shared/spec/evals.md.\n";
 
 int lambada_body(const Args& a) {
@@ -738,7 +739,7 @@ int lambada_body(const Args& a) {
 }
 
 const char* kWikiTextHelp =
-    "usage: ldm_data wikitext --tokenizer <dir|tokenizer.json> --input wiki.test.raw --out FILE\n"
+    "usage: ldm_data wikitext --tokenizer <bytes|dir|tokenizer.json> --input wiki.test.raw --out FILE\n"
     "                         [--threads N]\n"
     "Builds the WikiText-2 (wikitext, wikitext-2-raw-v1) eval binary: the file is split into pages\n"
     "as EleutherAI/wikitext_document_level does (a page starts at each top-level \" = Title = \" line),\n"
@@ -775,7 +776,7 @@ int wikitext_body(const Args& a) {
 }
 
 const char* kHellaSwagHelp =
-    "usage: ldm_data hellaswag --tokenizer <dir|tokenizer.json> --input FILE --out FILE [--threads N]\n"
+    "usage: ldm_data hellaswag --tokenizer <bytes|dir|tokenizer.json> --input FILE --out FILE [--threads N]\n"
     "Builds the HellaSwag (validation) eval binary. FILE is either the original hellaswag_val.jsonl\n"
     "(lm-eval-harness preprocessing: query = preprocess(activity_label + \": \" + ctx_a + \" \" +\n"
     "ctx_b.capitalize()), choices = preprocess(ending)) or the 6-line reformatted text copy\n"

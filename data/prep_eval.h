@@ -7,7 +7,7 @@
 //   ldm_data wikitext  ...  -> cmd_wikitext(argc, argv)
 //   ldm_data hellaswag ...  -> cmd_hellaswag(argc, argv)
 // with argv[0] = the subcommand name ("lambada", ...) and argv[1..argc-1] its flags.
-// Each parses its own flags (--tokenizer <dir|tokenizer.json> --input FILE --out FILE, --help),
+// Each parses its own flags (--tokenizer <bytes|dir|tokenizer.json> --input FILE --out FILE, --help),
 // prints its own --help and a summary, writes the output atomically, and returns the exit
 // status (0 ok; 1 on error after printing "error: ..." to stderr; 2 on bad usage). They catch
 // ldm::Error themselves, so the caller may simply `return cmd_xxx(argc, argv);`.

@@ -19,12 +19,14 @@
 
 #include "core/common.h"
 #include "core/shard.h"
+#include "data/prep_eval.h"
 
 namespace ldm {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr size_t kSkippedShown = 10;  // skipped documents named on stderr and in the summary
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -169,10 +171,11 @@ class Reader {
 };
 
 // Whether cutting a document between "<visible ASCII>\n" and "<visible ASCII>" leaves its tokens
-// unchanged for the tokenizer at `path`: true for GPT-2 (encoder.json + vocab.bpe) and for HF
+// unchanged for the tokenizer at `path`: true for bytes, GPT-2 (encoder.json + vocab.bpe) and HF
 // ByteLevel pre-tokenizers that split with the regex (use_regex true) and add no prefix space.
 // Anything else, or an unknown path, -> false (documents are then encoded whole).
 bool line_cuts_are_safe(const std::string& path, const Tokenizer& tok) {
+    if (tok.is_bytes()) return true;  // one id per byte: any cut is exact
     if (path.empty()) return false;
     std::string json_path = path;
     struct stat st;
@@ -203,6 +206,9 @@ std::vector<uint32_t> encode_unit(const Unit& u, const std::vector<std::string>&
     std::vector<uint32_t> out;
     if (u.json) {
         const std::string where = strprintf("%s:%llu", files[u.file].c_str(), (unsigned long long)u.line);
+        // before the JSON parser, whose message would quote the bad bytes: "FILE:LINE: invalid
+        // UTF-8 at byte K" (K counted from the start of the line)
+        evalprep::check_utf8(u.text, where);
         nlohmann::json j;
         try {
             j = nlohmann::json::parse(u.text);
@@ -231,7 +237,9 @@ std::vector<uint32_t> encode_unit(const Unit& u, const std::vector<std::string>&
 // Sequential output: the val shard, then train shards of exactly shard_tokens tokens.
 class Output {
  public:
-    Output(const ShardsOptions& o, bool u32, ShardsSummary& sum) : o_(o), u32_(u32), sum_(sum) {
+    // Shards are written into `dir` (the staging directory).
+    Output(const ShardsOptions& o, const std::string& dir, bool u32, ShardsSummary& sum)
+        : o_(o), dir_(dir), u32_(u32), sum_(sum) {
         if (o.val_docs >= 0) val_docs_ = uint64_t(o.val_docs);
         else val_tokens_ = o.val_tokens >= 0 ? uint64_t(o.val_tokens) : 10000000ull;
         use_docs_ = o.val_docs >= 0;
@@ -269,7 +277,7 @@ class Output {
 
  private:
     std::string path(const char* split, int idx) const {
-        return strprintf("%s/%s_%s_%06d.bin", o_.out_dir.c_str(), o_.name.c_str(), split, idx);
+        return strprintf("%s/%s_%s_%06d.bin", dir_.c_str(), o_.name.c_str(), split, idx);
     }
     void close_val() {
         if (val_) finish(val_);
@@ -280,6 +288,7 @@ class Output {
         w.reset();
     }
     const ShardsOptions& o_;
+    std::string dir_;
     bool u32_;
     ShardsSummary& sum_;
     bool use_docs_ = false, in_val_ = false;
@@ -313,6 +322,68 @@ void remove_stale(const ShardsOptions& o, const std::vector<std::string>& writte
         if (::unlink(p.c_str()) == 0) std::fprintf(stderr, "[shards] removed stale shard %s\n", p.c_str());
     }
 }
+
+// The output directory of one run: creates out_dir (remembering which directories it made) and a
+// private staging directory out_dir/.NAME.staging.<pid> for the shards. commit() moves the
+// finished shards into out_dir; without commit (an error unwinding) the destructor deletes the
+// staging directory with its files and removes the directories this run created if they are
+// empty, so a failed run leaves out_dir as it was.
+class StagedOutput {
+ public:
+    explicit StagedOutput(const ShardsOptions& o) : o_(o) {
+        created_ = mkdir_p(o.out_dir);
+        staging_ = o.out_dir + "/." + o.name + ".staging." + std::to_string(::getpid());
+        int rc = ::mkdir(staging_.c_str(), 0755);
+        if (rc != 0 && errno == EEXIST) {  // left by a killed run that had our pid: nobody owns it
+            remove_staging();
+            rc = ::mkdir(staging_.c_str(), 0755);
+        }
+        if (rc != 0) {
+            const int e = errno;
+            remove_created();
+            throw Error("cannot create the staging directory " + staging_ + ": " + std::strerror(e));
+        }
+    }
+    ~StagedOutput() {
+        if (committed_) return;
+        remove_staging();
+        remove_created();
+    }
+    const std::string& dir() const { return staging_; }
+    // Renames the staged shards (paths inside dir()) into out_dir, in order; `shards` then holds
+    // the final paths.
+    void commit(std::vector<std::string>& shards) {
+        for (std::string& p : shards) {
+            const std::string dst = o_.out_dir + p.substr(staging_.size());
+            if (::rename(p.c_str(), dst.c_str()) != 0)
+                throw Error("cannot move " + p + " to " + dst + ": " + std::strerror(errno));
+            p = dst;
+        }
+        committed_ = true;
+        remove_staging();
+    }
+
+ private:
+    void remove_staging() {
+        if (DIR* d = ::opendir(staging_.c_str())) {
+            std::vector<std::string> names;
+            while (dirent* e = ::readdir(d)) {
+                const std::string n = e->d_name;
+                if (n != "." && n != "..") names.push_back(staging_ + "/" + n);
+            }
+            ::closedir(d);
+            for (const std::string& f : names) ::unlink(f.c_str());
+        }
+        ::rmdir(staging_.c_str());
+    }
+    void remove_created() {
+        for (auto it = created_.rbegin(); it != created_.rend(); ++it) ::rmdir(it->c_str());  // only if empty
+    }
+    const ShardsOptions& o_;
+    std::vector<std::string> created_;
+    std::string staging_;
+    bool committed_ = false;
+};
 
 }  // namespace
 
@@ -360,7 +431,7 @@ ShardsSummary prepare_shards(const ShardsOptions& o, const Tokenizer* tok_in) {
         tok_in = &loaded;
     }
     const Tokenizer& tok = *tok_in;
-    mkdir_p(o.out_dir);
+    StagedOutput staged(o);
 
     ShardsSummary sum;
     sum.uint32_tokens = shard_needs_uint32(tok.vocab_size());
@@ -368,8 +439,9 @@ ShardsSummary prepare_shards(const ShardsOptions& o, const Tokenizer* tok_in) {
     const size_t batch_bytes = o.batch_bytes ? o.batch_bytes : size_t(4 << 20) * size_t(threads);
     const bool tty = ::isatty(2);
 
-    Reader reader(files, o, o.format == "text" && line_cuts_are_safe(o.tokenizer, tok));
-    Output out(o, sum.uint32_tokens, sum);
+    // With skip_bad_docs a plain-text document is one unit, so that a bad one is dropped whole.
+    Reader reader(files, o, o.format == "text" && !o.skip_bad_docs && line_cuts_are_safe(o.tokenizer, tok));
+    Output out(o, staged.dir(), sum.uint32_tokens, sum);
     auto t0 = Clock::now();
     double last_report = 0;
     auto report = [&](bool final) {
@@ -413,7 +485,16 @@ ShardsSummary prepare_shards(const ShardsOptions& o, const Tokenizer* tok_in) {
             }
         }
         for (size_t i = 0; i < batch.size(); i++) {
-            if (!errors[i].empty()) throw Error(errors[i]);
+            if (!errors[i].empty()) {
+                if (!o.skip_bad_docs) throw Error(errors[i] + " (--skip-bad-docs leaves such documents out)");
+                // every unit is a whole document here (jsonl line, or unsplit text document)
+                sum.skipped_docs++;
+                if (sum.skipped_examples.size() < kSkippedShown) {
+                    sum.skipped_examples.push_back(errors[i]);
+                    if (o.progress) std::fprintf(stderr, "[shards] skipped bad document: %s\n", errors[i].c_str());
+                }
+                continue;
+            }
             out.add(results[i], batch[i].doc_start);
             std::vector<uint32_t>().swap(results[i]);
         }
@@ -423,8 +504,16 @@ ShardsSummary prepare_shards(const ShardsOptions& o, const Tokenizer* tok_in) {
     sum.input_bytes = reader.bytes_read();
     sum.seconds = seconds_since(t0);
     report(true);
-    if (sum.docs == 0) throw Error("no documents in the input");
+    if (sum.docs == 0)
+        throw Error(sum.skipped_docs ? strprintf("no documents in the input but the %llu bad ones skipped",
+                                                 (unsigned long long)sum.skipped_docs)
+                                     : std::string("no documents in the input"));
+    staged.commit(sum.shards);
     remove_stale(o, sum.shards);
+    if (sum.skipped_docs && o.progress)
+        std::fprintf(stderr, "[shards] skipped %llu bad documents (--skip-bad-docs)%s\n",
+                     (unsigned long long)sum.skipped_docs,
+                     sum.skipped_docs > sum.skipped_examples.size() ? "; the first ones are listed above" : "");
     if (sum.train_tokens == 0)
         std::fprintf(stderr,
                      "[shards] warning: no train shard written: all %llu tokens went to the validation shard "
@@ -526,17 +615,20 @@ int guarded(const char* cmd, F body) {
 }
 
 const char* kShardsHelp =
-    "usage: ldm_data shards --tokenizer DIR|tokenizer.json --input FILE|GLOB... --out-dir DIR --name NAME\n"
+    "usage: ldm_data shards --tokenizer bytes|DIR|tokenizer.json --input FILE|GLOB... --out-dir DIR --name NAME\n"
     "                       [--format jsonl|text] [--text-field text] [--text-split file|blank]\n"
-    "                       [--shard-tokens N] [--val-tokens N | --val-docs N] [--threads N] [--quiet]\n"
+    "                       [--shard-tokens N] [--val-tokens N | --val-docs N] [--threads N]\n"
+    "                       [--skip-bad-docs] [--quiet]\n"
     "\n"
     "Tokenizes documents into llm.c-compatible token shards (doc/formats.md):\n"
     "  DIR/NAME_val_000000.bin    the first documents (validation), then\n"
     "  DIR/NAME_train_000001.bin, NAME_train_000002.bin, ...  (--shard-tokens tokens each)\n"
-    "Every document is written as <EOT> + its tokens. uint16 tokens when the vocabulary has\n"
-    "<= 65536 ids (GPT-2), else the uint32 variant (magic 20240801).\n"
+    "Every document is written as <EOT> + its tokens; document text is ordinary text (a literal\n"
+    "\"<|endoftext|>\" in it is not the EOT id). uint16 tokens when the vocabulary has <= 65536 ids\n"
+    "(GPT-2, bytes), else the uint32 variant (magic 20240801). A failed run leaves no shard behind.\n"
     "\n"
-    "  --tokenizer P     GPT-2 directory (encoder.json + vocab.bpe) or a HF tokenizer.json\n"
+    "  --tokenizer P     bytes (one id per UTF-8 byte + EOT 256; 257 ids), a GPT-2 directory\n"
+    "                    (encoder.json + vocab.bpe) or a HF tokenizer.json\n"
     "  --input F...      input files or quoted globs, in order (each glob sorted)\n"
     "  --format F        jsonl (default): one JSON object per line, document = --text-field;\n"
     "                    text: plain UTF-8 text files\n"
@@ -548,22 +640,28 @@ const char* kShardsHelp =
     "                    (default 10000000; 0 = no val shard)\n"
     "  --val-docs N      instead: the first N documents form the val shard\n"
     "  --threads N       encoding threads (default: all cores)\n"
+    "  --skip-bad-docs   leave out documents that cannot be read or encoded (invalid UTF-8, bad\n"
+    "                    JSON line, missing text field) instead of failing; they are counted and\n"
+    "                    the first ones named on stderr and in the summary (plain-text documents\n"
+    "                    are then encoded whole, one thread each)\n"
     "  --quiet           no progress line\n";
 
 const char* kEncodeHelp =
-    "usage: ldm_data encode --tokenizer DIR|tokenizer.json [--file F | --text STRING] [--eot]\n"
-    "Prints the token ids of the text (from --file, --text, or stdin), space-separated, one line.\n"
+    "usage: ldm_data encode --tokenizer bytes|DIR|tokenizer.json [--file F | --text STRING] [--eot]\n"
+    "Prints the token ids of the text (from --file, --text, or stdin), space-separated, one line,\n"
+    "encoded as the shard builder encodes document text (special-token text is ordinary text).\n"
     "--eot prepends the end-of-text id, as the shard builder does for each document.\n";
 
 const char* kDecodeHelp =
-    "usage: ldm_data decode --tokenizer DIR|tokenizer.json [ID...]\n"
+    "usage: ldm_data decode --tokenizer bytes|DIR|tokenizer.json [ID...]\n"
     "Writes the bytes the ids decode to (ids from the arguments, or whitespace-separated on stdin).\n";
 
 const char* kInfoHelp =
-    "usage: ldm_data info SHARD.bin [--eot ID] [--vocab N]\n"
+    "usage: ldm_data info SHARD.bin [--tokenizer bytes|DIR|tokenizer.json] [--eot ID] [--vocab N]\n"
     "Checks a shard's header and size and prints its format, token count and token statistics\n"
     "(min/max id, distinct ids, documents = number of EOT ids (default 50256), most common ids).\n"
-    "--vocab N: also fail (exit 1) if any id >= N.\n";
+    "--vocab N: also fail (exit 1) if any id >= N. --tokenizer P sets --eot and --vocab to the\n"
+    "tokenizer's (given explicitly they must agree with it).\n";
 
 std::vector<uint32_t> parse_ids(const std::vector<std::string>& words, uint32_t vocab) {
     std::vector<uint32_t> ids;
@@ -585,8 +683,9 @@ int cmd_shards(int argc, char** argv) {
     return guarded("shards", [&] {
         Args a = parse_args(argc, argv,
                             {"--tokenizer", "--input", "--format", "--text-field", "--text-split", "--out-dir",
-                             "--name", "--shard-tokens", "--val-tokens", "--val-docs", "--threads", "--quiet"},
-                            {"--input"}, {"--quiet"});
+                             "--name", "--shard-tokens", "--val-tokens", "--val-docs", "--threads", "--quiet",
+                             "--skip-bad-docs"},
+                            {"--input"}, {"--quiet", "--skip-bad-docs"});
         if (!a.positional.empty()) throw std::invalid_argument("unexpected argument '" + a.positional[0] + "'");
         ShardsOptions o;
         o.tokenizer = one(a, "--tokenizer");
@@ -607,6 +706,7 @@ int cmd_shards(int argc, char** argv) {
             throw std::invalid_argument("give either --val-tokens or --val-docs, not both");
         if (a.flags.count("--threads")) o.threads = int(parse_u64("--threads", one(a, "--threads")));
         o.progress = !a.flags.count("--quiet");
+        o.skip_bad_docs = a.flags.count("--skip-bad-docs") > 0;
         ShardsSummary s = prepare_shards(o);
         std::printf("shards: %llu documents, %llu tokens (EOT included), %zu shards (%s tokens) in %s\n",
                     (unsigned long long)s.docs, (unsigned long long)s.tokens, s.shards.size(),
@@ -617,6 +717,12 @@ int cmd_shards(int argc, char** argv) {
                     (unsigned long long)s.train_tokens);
         std::printf("  input: %.2f MB in %.2f s (%.2f MB/s)\n", s.input_bytes / 1e6, s.seconds,
                     s.seconds > 0 ? s.input_bytes / 1e6 / s.seconds : 0.0);
+        if (o.skip_bad_docs) {
+            std::printf("  skipped: %llu bad documents (--skip-bad-docs)\n", (unsigned long long)s.skipped_docs);
+            for (const std::string& e : s.skipped_examples) std::printf("    %s\n", e.c_str());
+            if (s.skipped_docs > s.skipped_examples.size())
+                std::printf("    ... and %llu more\n", (unsigned long long)(s.skipped_docs - s.skipped_examples.size()));
+        }
         for (const std::string& p : s.shards) std::printf("  %s\n", p.c_str());
         return 0;
     });
@@ -695,11 +801,24 @@ int cmd_info(int argc, char** argv) {
         return 0;
     }
     return guarded("info", [&] {
-        Args a = parse_args(argc, argv, {"--eot", "--vocab"}, {}, {});
+        Args a = parse_args(argc, argv, {"--eot", "--vocab", "--tokenizer"}, {}, {});
         if (a.positional.size() != 1) throw std::invalid_argument("expected exactly one shard file");
         const std::string path = a.positional[0];
         uint64_t eot = a.flags.count("--eot") ? parse_u64("--eot", one(a, "--eot")) : 50256;
         uint64_t vocab = a.flags.count("--vocab") ? parse_u64("--vocab", one(a, "--vocab")) : 0;
+        if (a.flags.count("--tokenizer")) {
+            const std::string tp = one(a, "--tokenizer");
+            if (tp.empty()) throw std::invalid_argument("--tokenizer needs a value");
+            const Tokenizer tok = Tokenizer::load(tp);
+            if (a.flags.count("--eot") && eot != tok.eot_id())
+                throw Error(strprintf("--eot %llu disagrees with --tokenizer %s (end-of-text id %u)",
+                                      (unsigned long long)eot, tp.c_str(), tok.eot_id()));
+            if (a.flags.count("--vocab") && vocab != tok.vocab_size())
+                throw Error(strprintf("--vocab %llu disagrees with --tokenizer %s (%u ids)", (unsigned long long)vocab,
+                                      tp.c_str(), tok.vocab_size()));
+            eot = tok.eot_id();
+            vocab = tok.vocab_size();
+        }
         ShardInfo info = read_shard_info(path);
         std::printf("shard:    %s\n", path.c_str());
         std::printf("header:   magic %d, version %d (%s tokens)\n", info.magic, info.version,

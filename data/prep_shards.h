@@ -14,6 +14,14 @@
 // the first val_docs documents); the rest fill NAME_train_000001.bin, ... with exactly
 // shard_tokens tokens each (the last may be shorter; documents may continue into the next
 // shard, as in llm.c). Token width: uint16 when vocab_size <= 65536, else the uint32 variant.
+// Document text is encoded with Tokenizer::encode (no special-token matching), so a document
+// holding the text "<|endoftext|>" adds no end-of-text id: a shard of N documents has exactly N.
+//
+// Bad documents (invalid UTF-8, bad JSON line, missing/non-string field, encoding error): by
+// default the run fails (ldm::Error naming the file and line/offset); with skip_bad_docs they
+// are left out, counted and reported instead. Either way nothing partial is left behind: shards
+// are written into a private staging directory inside out_dir and moved into place only when
+// the run succeeds; a failed run removes the staging directory and any directories it created.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,7 +32,7 @@
 namespace ldm {
 
 struct ShardsOptions {
-    std::string tokenizer;            // dir with encoder.json + vocab.bpe, or a tokenizer.json
+    std::string tokenizer;            // "bytes", dir with encoder.json + vocab.bpe, or a tokenizer.json
     std::vector<std::string> inputs;  // files or glob patterns, in order (each glob sorted)
     std::string format = "jsonl";     // jsonl | text
     std::string text_field = "text";  // jsonl field holding the document
@@ -40,6 +48,9 @@ struct ShardsOptions {
                                         // (only for tokenizers where that is exact: GPT-2 and HF
                                         // ByteLevel with use_regex and no add_prefix_space)
     size_t batch_bytes = 0;             // bytes read per parallel batch (0 = 4 MiB * threads)
+    bool skip_bad_docs = false;         // leave out (and count) bad documents instead of failing;
+                                        // plain-text documents are then encoded whole (a document
+                                        // must be dropped before any of its tokens are written)
 };
 
 struct ShardsSummary {
@@ -51,6 +62,8 @@ struct ShardsSummary {
     double seconds = 0;
     bool uint32_tokens = false;
     std::vector<std::string> shards;        // paths written, in order (val first)
+    uint64_t skipped_docs = 0;              // bad documents left out (skip_bad_docs)
+    std::vector<std::string> skipped_examples;  // the first few of their error messages
 };
 
 // Expands files/globs (each glob's matches sorted; a pattern without matches -> ldm::Error).
@@ -59,9 +72,10 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
 // Builds the shards. `tok` may be given to reuse a loaded tokenizer (else opt.tokenizer is
 // loaded; opt.tokenizer should still name its path, which decides whether long plain-text
 // documents may be split for the threads). Memory: one batch of input (batch_bytes) plus the
-// longest single jsonl line / text line; tokens are streamed to the shard files. Throws ldm::Error on any bad input; shards are
-// written to temp names and renamed when complete; stale NAME_{val,train}_*.bin files of an
-// earlier run that this run did not write are removed at the end.
+// longest single jsonl line / text line; tokens are streamed to the shard files. Throws
+// ldm::Error on any bad input (see "Bad documents" above: out_dir is then as before the run).
+// On success the shards move from the staging directory into out_dir, and stale
+// NAME_{val,train}_*.bin files of an earlier run that this run did not write are removed.
 ShardsSummary prepare_shards(const ShardsOptions& opt, const Tokenizer* tok = nullptr);
 
 // Subcommands of ldm_data (argv[0] = subcommand name). Return the exit status: 0 ok, 1 error

@@ -3,8 +3,10 @@
 // binary's subcommands and its errors on bad input.
 #include "test/helpers.h"
 
+#include <algorithm>
 #include <climits>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -297,10 +299,11 @@ TEST_CASE("bad inputs give a clear error, exit 1, and leave no shard", "[data_to
         REQUIRE(r.err.find("error: ") != std::string::npos);
         REQUIRE(r.err.find(c.must1) != std::string::npos);
         REQUIRE(r.err.find(c.must2) != std::string::npos);
-        // nothing at a final shard name, no temp files left behind
+        // nothing at a final shard name, no temp files left behind: the output directory this
+        // run would have created does not exist
         RunResult ls = run("info '" + d + "/out/bad_val_000000.bin'", d);
         REQUIRE(ls.rc == 1);
-        REQUIRE(std::system(("ls '" + d + "/out' 2>/dev/null | grep -q . ").c_str()) != 0);
+        REQUIRE(!ldm::file_exists(d + "/out"));
     }
     // usage errors exit 2
     REQUIRE(run("shards " + tk + "--input x --bogus 1", d).rc == 2);
@@ -322,12 +325,15 @@ TEST_CASE("--help for the tool and each subcommand", "[data_tool]") {
     REQUIRE(r.rc == 0);
     for (const char* sub : {"shards", "info", "encode", "decode", "lambada", "wikitext", "hellaswag"})
         REQUIRE(r.out.find(sub) != std::string::npos);
+    REQUIRE(r.out.find("bytes") != std::string::npos);  // the tokenizers are listed
     for (const char* sub : {"shards", "info", "encode", "decode", "lambada", "wikitext", "hellaswag"}) {
         RunResult h = run(std::string(sub) + " --help", d);
         INFO(sub << ": " << h.err);
         REQUIRE(h.rc == 0);
         REQUIRE(h.out.find("usage") != std::string::npos);
+        REQUIRE(h.out.find("bytes") != std::string::npos);  // --tokenizer bytes
     }
+    REQUIRE(run("shards --help", d).out.find("--skip-bad-docs") != std::string::npos);
 }
 
 TEST_CASE("encode, decode and info subcommands", "[data_tool]") {
@@ -385,12 +391,13 @@ TEST_CASE("a vocabulary over 65536 ids gives uint32 shards end to end", "[data_t
     std::string data = data_dir_or_skip("uint32 shards");
     if (data.empty()) return;
     // A synthetic HF tokenizer: the OLMo tokenizer plus filler vocab entries up to id 69999 and a
-    // special added token <|big|> = 70000, so vocab_size = 70001 > 65536.
+    // (non-special, so matched in document text) added token <|big|> = 70000, so vocab_size =
+    // 70001 > 65536.
     nlohmann::json j =
         nlohmann::json::parse(ldm::read_file(data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json"));
     for (int id = 50280; id < 70000; id++) j["model"]["vocab"][ldm::strprintf("zzfill%d", id)] = id;
     j["added_tokens"].push_back({{"id", 70000}, {"content", "<|big|>"}, {"single_word", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+                                 {"rstrip", false}, {"normalized", false}, {"special", false}});
     std::string d = scratch_dir("tool_u32");
     std::string tj = j.dump();
     ldm::write_file_atomic(d + "/big.json", tj.data(), tj.size());
@@ -418,9 +425,8 @@ TEST_CASE("a vocabulary over 65536 ids gives uint32 shards end to end", "[data_t
     REQUIRE(info.token_bytes == 4);
     REQUIRE(ldm::read_shard(info.path) == expect);
     check_with_loader(info.path, {expect}, 4, 70001);
-    ldm::DataLoader small(info.path, 1, 4, 0, 1, false, 0, 70000);  // id 70000 >= vocab: error on load
-    std::vector<int32_t> x(4), y(4);
-    REQUIRE_THROWS_AS(small.next_batch(x.data(), y.data()), Error);
+    // id 70000 >= vocab: error when the loader is constructed
+    REQUIRE_THROWS_AS(ldm::DataLoader(info.path, 1, 4, 0, 1, false, 0, 70000), Error);
 }
 
 TEST_CASE("streaming: peak memory does not grow with the input size", "[data_tool]") {
@@ -467,4 +473,235 @@ TEST_CASE("streaming: peak memory does not grow with the input size", "[data_too
     // Holding the extra 18 MB of input, or its ~4M tokens, would add >= 16 MB.
     REQUIRE(big_kb - small_kb < 8 * 1024);
     REQUIRE(ldm::read_shard_info(d + "/out/s_train_000004.bin").num_tokens == 1000000);
+}
+
+namespace {
+std::string ls_dir(const std::string& d) {
+    std::string out = d + ".ls";
+    std::system(("ls -A '" + d + "' > '" + out + "' 2>&1").c_str());
+    std::string s = ldm::read_file(out);
+    std::remove(out.c_str());
+    return s;
+}
+}  // namespace
+
+TEST_CASE("a failed run leaves an existing output directory as it was (no partial shards)", "[data_tool]") {
+    std::string data = data_dir_or_skip("failed run keeps old shards");
+    if (data.empty()) return;
+    std::string d = scratch_dir("tool_keep");
+    std::string docs;
+    for (int i = 0; i < 40; i++) docs += nlohmann::json({{"text", "document number " + std::to_string(i)}}).dump() + "\n";
+    ldm::write_file_atomic(d + "/good.jsonl", docs.data(), docs.size());
+    // many documents, then a bad one: shards are finished before the error is reached
+    std::string bad = docs + "{\"text\": \"oops \xc3\x28\"}\n" + docs;
+    ldm::write_file_atomic(d + "/bad.jsonl", bad.data(), bad.size());
+    const std::string args = "--tokenizer bytes --out-dir '" + d + "/out' --name k --val-docs 5 --shard-tokens 64 "
+                             "--quiet --threads 1 ";
+    RunResult r = run("shards " + args + "--input '" + d + "/good.jsonl'", d);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const std::string before = ls_dir(d + "/out");
+    std::vector<std::string> names;
+    {
+        std::istringstream in(before);
+        std::string n;
+        while (std::getline(in, n)) names.push_back(n);
+    }
+    REQUIRE(names.size() > 5);  // the val shard and several train shards
+    std::vector<std::string> contents;
+    for (auto& n : names) contents.push_back(ldm::read_file(d + "/out/" + n));
+    r = run("shards " + args + "--input '" + d + "/bad.jsonl'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("bad.jsonl:41") != std::string::npos);
+    REQUIRE(r.err.find("--skip-bad-docs") != std::string::npos);  // the hint
+    REQUIRE(ls_dir(d + "/out") == before);  // no staging directory, no temp file, no new shard
+    for (size_t i = 0; i < names.size(); i++) REQUIRE(ldm::read_file(d + "/out/" + names[i]) == contents[i]);
+    // a nested output path that did not exist: nothing of it remains
+    r = run("shards --tokenizer bytes --out-dir '" + d + "/new/a/b' --name k --quiet --input '" + d + "/bad.jsonl'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(!ldm::file_exists(d + "/new"));
+}
+
+TEST_CASE("--skip-bad-docs leaves out bad documents, counts and names them", "[data_tool]") {
+    std::string data = data_dir_or_skip("skip bad documents");
+    if (data.empty()) return;
+    std::string d = scratch_dir("tool_skip");
+    const auto& tok = gpt2(data);
+    // jsonl: invalid UTF-8, bad JSON, missing field, non-string field, non-object among good docs
+    std::vector<std::string> good = {"first good", "second good \xc3\xa9", "third", "fourth one"};
+    std::string in = nlohmann::json({{"text", good[0]}}).dump() + "\n" + "{\"text\": \"bad \xff utf8\"}\n" +
+                     nlohmann::json({{"text", good[1]}}).dump() + "\n" + "{\"text\": \"x\",,}\n" + "{\"body\": \"x\"}\n" +
+                     nlohmann::json({{"text", good[2]}}).dump() + "\n" + "{\"text\": 7}\n" + "[1]\n" +
+                     nlohmann::json({{"text", good[3]}}).dump() + "\n";
+    ldm::write_file_atomic(d + "/mixed.jsonl", in.data(), in.size());
+    const std::string tk = "--tokenizer '" + data + "/gpt2_tokenizer' --name m --val-tokens 0 --threads 2 ";
+    // default: the first bad document fails the run
+    RunResult r = run("shards " + tk + "--quiet --out-dir '" + d + "/strict' --input '" + d + "/mixed.jsonl'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("mixed.jsonl:2: invalid UTF-8 at byte 14") != std::string::npos);
+    REQUIRE(!ldm::file_exists(d + "/strict"));
+    r = run("shards " + tk + "--skip-bad-docs --out-dir '" + d + "/out' --input '" + d + "/mixed.jsonl'", d);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    std::vector<uint32_t> expect;
+    for (auto& g : good) {
+        auto ids = with_eot(tok, g);
+        expect.insert(expect.end(), ids.begin(), ids.end());
+    }
+    REQUIRE(ldm::read_shard(d + "/out/m_train_000001.bin") == expect);
+    REQUIRE(r.out.find("shards: 4 documents") != std::string::npos);
+    REQUIRE(r.out.find("skipped: 5 bad documents (--skip-bad-docs)") != std::string::npos);
+    for (const char* where : {"mixed.jsonl:2: invalid UTF-8", "mixed.jsonl:4: bad JSON", "mixed.jsonl:5: missing text field",
+                              "mixed.jsonl:7: text field 'text' is not a string", "mixed.jsonl:8: bad JSON line: not an object"}) {
+        INFO(where);
+        REQUIRE(r.out.find(where) != std::string::npos);  // in the summary
+        REQUIRE(r.err.find(where) != std::string::npos);  // and on stderr as it happens
+    }
+    REQUIRE(r.err.find("skipped 5 bad documents") != std::string::npos);
+    // the library reports the same
+    ldm::ShardsOptions o;
+    o.inputs = {d + "/mixed.jsonl"};
+    o.out_dir = d + "/lib";
+    o.name = "m";
+    o.val_tokens = 0;
+    o.progress = false;
+    o.skip_bad_docs = true;
+    ldm::ShardsSummary s = ldm::prepare_shards(o, &tok);
+    REQUIRE(s.docs == 4);
+    REQUIRE(s.skipped_docs == 5);
+    REQUIRE(s.skipped_examples.size() == 5);
+    REQUIRE(s.skipped_examples[0].find("mixed.jsonl:2") != std::string::npos);
+
+    // plain text, paragraphs: the bad paragraph is dropped whole (even when longer than a piece)
+    std::string para_ok1 = "Good paragraph one.\n", para_bad = std::string(3000, 'b') + "\n" + "bad \xed\xa0\x80 here\n" +
+                                                                   std::string(3000, 'c') + "\n",
+                para_ok2 = "Good paragraph two.\n";
+    std::string txt = para_ok1 + "\n" + para_bad + "\n" + para_ok2;
+    ldm::write_file_atomic(d + "/p.txt", txt.data(), txt.size());
+    o.inputs = {d + "/p.txt"};
+    o.format = "text";
+    o.text_split = "blank";
+    o.piece_bytes = 1000;
+    o.out_dir = d + "/text";
+    s = ldm::prepare_shards(o, &tok);
+    REQUIRE(s.docs == 2);
+    REQUIRE(s.skipped_docs == 1);
+    REQUIRE(s.skipped_examples[0].find("p.txt: invalid UTF-8 at byte offset 3026") != std::string::npos);
+    expect = with_eot(tok, para_ok1);
+    auto e2 = with_eot(tok, para_ok2);
+    expect.insert(expect.end(), e2.begin(), e2.end());
+    REQUIRE(ldm::read_shard(s.shards[0]) == expect);
+    // every document bad: an error, nothing written
+    o.inputs = {d + "/mixed.jsonl"};
+    std::string allbad = "{\"text\": \"\xff\"}\n[2]\n";
+    ldm::write_file_atomic(d + "/allbad.jsonl", allbad.data(), allbad.size());
+    o.inputs = {d + "/allbad.jsonl"};
+    o.format = "jsonl";
+    o.out_dir = d + "/none";
+    REQUIRE_THROWS_WITH(ldm::prepare_shards(o, &tok), Catch::Contains("no documents") && Catch::Contains("2 bad"));
+    REQUIRE(!ldm::file_exists(d + "/none"));
+}
+
+TEST_CASE("document text holding \"<|endoftext|>\": N documents give exactly N EOT ids, every tokenizer",
+          "[data_tool]") {
+    std::string data = data_dir_or_skip("EOT literal in documents");
+    if (data.empty()) return;
+    std::string d = scratch_dir("tool_eot_literal");
+    const std::vector<std::string> docs = {"Plain first document.", "one literal <|endoftext|> inside",
+                                           "<|endoftext|>starts and ends<|endoftext|>", "padding <|padding|> too"};
+    std::string in;
+    for (auto& t : docs) in += nlohmann::json({{"text", t}}).dump() + "\n";
+    ldm::write_file_atomic(d + "/docs.jsonl", in.data(), in.size());
+    for (const std::string& tk : {data + "/gpt2_tokenizer", data + "/gpt_neox_20b_tokenizer/20B_tokenizer.json",
+                                  data + "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json", std::string("bytes")}) {
+        INFO(tk);
+        const ldm::Tokenizer tok = ldm::Tokenizer::load(tk);
+        const std::string out = d + "/out_" + std::to_string(tok.vocab_size()) + "_" + std::to_string(tok.eot_id());
+        RunResult r = run("shards --tokenizer '" + tk + "' --input '" + d + "/docs.jsonl' --out-dir '" + out +
+                              "' --name e --val-tokens 0 --quiet",
+                          d);
+        INFO(r.err);
+        REQUIRE(r.rc == 0);
+        const std::vector<uint32_t> t = ldm::read_shard(out + "/e_train_000001.bin");
+        REQUIRE(std::count(t.begin(), t.end(), tok.eot_id()) == long(docs.size()));
+        // the EOTs are exactly the document starts, and each document decodes to its text
+        std::vector<size_t> at;
+        for (size_t i = 0; i < t.size(); i++)
+            if (t[i] == tok.eot_id()) at.push_back(i);
+        REQUIRE(at.size() == docs.size());
+        at.push_back(t.size());
+        REQUIRE(at[0] == 0);
+        for (size_t k = 0; k < docs.size(); k++)
+            REQUIRE(tok.decode(t.data() + at[k] + 1, at[k + 1] - at[k] - 1) == docs[k]);
+        // the encode subcommand agrees (no special-token matching there either)
+        r = run("encode --tokenizer '" + tk + "' --text 'x<|endoftext|>y'", d);
+        REQUIRE(r.rc == 0);
+        std::istringstream ids(r.out);
+        std::vector<uint32_t> got;
+        uint32_t v;
+        while (ids >> v) got.push_back(v);
+        REQUIRE(got == tok.encode("x<|endoftext|>y"));
+        REQUIRE(std::count(got.begin(), got.end(), tok.eot_id()) == 0);
+    }
+}
+
+TEST_CASE("bytes: tiny Shakespeare shards hold the file's bytes; encode, decode, info", "[data_tool]") {
+    std::string data = data_dir_or_skip("byte tokenizer shards");
+    if (data.empty()) return;
+    std::string d = scratch_dir("tool_bytes");
+    const std::string path = data + "/tinyshakespeare/input.txt";
+    const std::string text = ldm::read_file(path);
+    RunResult r = run("shards --tokenizer bytes --format text --input '" + path + "' --out-dir '" + d +
+                          "/out' --name ts --val-tokens 100000 --threads 2 --quiet",
+                      d);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("uint16") != std::string::npos);
+    // [EOT 256] + one id per byte; all of it one document in the val shard
+    std::vector<uint32_t> expect(1, 256u);
+    for (unsigned char c : text) expect.push_back(c);
+    REQUIRE(expect.size() == 1115394 + 1);
+    REQUIRE(ldm::read_shard(d + "/out/ts_val_000000.bin") == expect);
+    check_with_loader(d + "/out/ts_val_000000.bin", {expect}, 1024, 257);
+    // split into pieces for the threads: same ids
+    ldm::ShardsOptions o;
+    o.inputs = {path};
+    o.tokenizer = "bytes";
+    o.format = "text";
+    o.out_dir = d + "/lib";
+    o.name = "ts";
+    o.shard_tokens = 300000;
+    o.val_tokens = 0;
+    o.threads = 2;
+    o.progress = false;
+    o.piece_bytes = 4096;
+    ldm::ShardsSummary s = ldm::prepare_shards(o);
+    REQUIRE(s.pieces > 100);
+    REQUIRE(s.shards.size() == 4);
+    REQUIRE(concat_shards(s.shards) == expect);
+    r = run("info --tokenizer bytes '" + s.shards[0] + "'", d);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out.find("docs:     1 (EOT id 256)") != std::string::npos);
+    REQUIRE(r.out.find("max 256") != std::string::npos);
+    r = run("info --tokenizer bytes --eot 50256 '" + s.shards[0] + "'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("disagrees") != std::string::npos);
+    std::vector<uint32_t> big = {256, 65, 300};
+    ldm::write_shard(d + "/big.bin", big.data(), big.size(), false);
+    r = run("info --tokenizer bytes '" + d + "/big.bin'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("token id 300 at index 2 is >= --vocab 257") != std::string::npos);
+    // encode / decode
+    r = run("encode --tokenizer bytes --eot --text 'H\xc3\xa9!'", d);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out == "256 72 195 169 33\n");
+    r = run("decode --tokenizer bytes 72 195 169 256 255", d);
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.out == "H\xc3\xa9<|endoftext|>\xff");
+    r = run("decode --tokenizer bytes 72 257", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("257") != std::string::npos);
+    r = run("encode --tokenizer bytes --text 'a\xff'", d);
+    REQUIRE(r.rc == 1);
+    REQUIRE(r.err.find("invalid UTF-8") != std::string::npos);
 }

@@ -1,8 +1,11 @@
 // Tests for core/dataloader.h (issue #2 item 7): windows, skipping, rank split, shuffling,
-// resume, and the error cases.
+// resume, and the error cases; the construction-time check of every shard's ids (issue #19).
 #include "test/helpers.h"
 
+#include <omp.h>
+
 #include <map>
+#include <random>
 #include <set>
 
 #include "core/dataloader.h"
@@ -239,14 +242,13 @@ TEST_CASE("file size disagreeing with the header and token ids >= vocab are erro
     bad[77] = 50257;
     ldm::write_shard(d2 + "/b_000.bin", ok.data(), ok.size(), false);
     ldm::write_shard(d2 + "/b_001.bin", bad.data(), bad.size(), false);
-    DataLoader dl(d2 + "/b_*.bin", 1, 16, 0, 1, false, 0, 50257);  // 6 windows per shard
-    std::vector<int32_t> x(16), y(16);
-    for (int i = 0; i < 6; i++) dl.next_batch(x.data(), y.data());  // b_000 is fine
-    msg = error_of([&] { dl.next_batch(x.data(), y.data()); });
+    // found at construction, before any batch (b_001 would be read only after 6 batches)
+    msg = error_of([&] { DataLoader dl(d2 + "/b_*.bin", 1, 16, 0, 1, false, 0, 50257); });
     INFO(msg);
     REQUIRE(msg.find("b_001.bin") != std::string::npos);
-    REQUIRE(msg.find("50257") != std::string::npos);
-    REQUIRE(msg.find("index 77") != std::string::npos);
+    REQUIRE(msg.find("token id 50257") != std::string::npos);
+    REQUIRE(msg.find("index 77 (byte offset 1178)") != std::string::npos);  // 1024 + 77 * 2
+    std::vector<int32_t> x(16), y(16);
     // with a larger vocabulary the same data is accepted
     DataLoader dl2(d2 + "/b_*.bin", 1, 16, 0, 1, false, 0, 50258);
     for (int i = 0; i < 11; i++) dl2.next_batch(x.data(), y.data());
@@ -316,4 +318,88 @@ TEST_CASE("loader_permutation is a uniform permutation (chi-square over seeds)",
     REQUIRE(ldm::loader_permutation(1000, 1, 2, 3) == ldm::loader_permutation(1000, 1, 2, 3));
     REQUIRE(ldm::loader_permutation(1000, 1, 2, 3) != ldm::loader_permutation(1000, 1, 2, 4));
     REQUIRE(ldm::loader_permutation(0, 1, 2, 3).empty());
+}
+
+TEST_CASE("first_id_at_least equals a plain scan (uint16 and uint32, any position, vocab edges)", "[loader]") {
+    std::mt19937_64 rng(7);
+    for (int it = 0; it < 200; it++) {
+        const uint64_t n = rng() % 70000;  // several 16384-token blocks
+        const uint32_t V = it % 3 == 0 ? 257 : it % 3 == 1 ? 50257 : 70000;
+        std::vector<uint32_t> t32(n);
+        for (auto& x : t32) x = uint32_t(rng() % V);
+        const int nbad = int(rng() % 3);
+        for (int k = 0; k < nbad && n; k++) t32[rng() % n] = V + uint32_t(rng() % 5);
+        std::vector<uint16_t> t16(n);
+        bool fits16 = true;
+        for (uint64_t i = 0; i < n; i++) fits16 &= t32[i] <= 0xFFFF, t16[i] = uint16_t(t32[i]);
+        uint64_t want = n;
+        for (uint64_t i = 0; i < n; i++)
+            if (t32[i] >= V) { want = i; break; }
+        INFO("n " << n << " V " << V);
+        CHECK(ldm::first_id_at_least(t32.data(), n, V) == want);
+        if (fits16) CHECK(ldm::first_id_at_least(t16.data(), n, V) == want);
+    }
+    const std::vector<uint16_t> all16 = {0, 65535, 3};
+    CHECK(ldm::first_id_at_least(all16.data(), 3, 65536) == 3);   // every uint16 id fits
+    CHECK(ldm::first_id_at_least(all16.data(), 3, 65535) == 1);
+    CHECK(ldm::first_id_at_least(all16.data(), 3, 0) == 0);
+    CHECK(ldm::first_id_at_least(all16.data(), 0, 5) == 0);
+}
+
+TEST_CASE("every shard is checked at construction: the first bad id names file, index, offset, id", "[loader]") {
+    std::string d = scratch_dir("dl_check_all");
+    // shards of different sizes and widths; c is longer than one 8 MiB read block (4M uint16 ids)
+    // and e is too short for a window (skipped, but still checked)
+    const uint32_t V = 50257;
+    std::mt19937_64 rng(11);
+    struct S {
+        std::string name;
+        uint64_t n;
+        bool u32;
+    };
+    const std::vector<S> shards = {{"a", 5000, false}, {"b", 3000, true}, {"c", (uint64_t(1) << 22) + 12345, false},
+                                   {"d", 7000, true}, {"e", 10, false}};
+    std::vector<std::vector<uint32_t>> tok;
+    for (const S& s : shards) {
+        std::vector<uint32_t> t(s.n);
+        for (auto& x : t) x = uint32_t(rng() % V);
+        tok.push_back(t);
+        ldm::write_shard(d + "/" + s.name + ".bin", t.data(), t.size(), s.u32);
+    }
+    const std::string pat = d + "/*.bin";
+    { DataLoader ok(pat, 2, 64, 0, 1, true, 1, V); CHECK(ok.num_shards() == 4); }
+    // one bad id at a time in each shard (the last one in the skipped shard e), and at the block
+    // boundary of c: found at construction with the exact position
+    struct Bad {
+        size_t shard;
+        uint64_t index;
+        uint32_t id;
+    };
+    for (const Bad& b : {Bad{0, 0, V}, Bad{1, 2999, 1u << 31}, Bad{2, (uint64_t(1) << 22) - 1, 65535},
+                         Bad{2, uint64_t(1) << 22, V + 1}, Bad{3, 4321, 70000}, Bad{4, 9, 60000}}) {
+        std::vector<uint32_t> t = tok[b.shard];
+        t[b.index] = b.id;
+        const S& s = shards[b.shard];
+        ldm::write_shard(d + "/" + s.name + ".bin", t.data(), t.size(), s.u32);
+        for (int threads : {1, 2, 3}) {
+            omp_set_num_threads(threads);
+            const std::string msg = error_of([&] { DataLoader x(pat, 2, 64, 0, 1, true, 1, V); });
+            INFO(msg);
+            CHECK(msg.find("data loader: shard " + d + "/" + s.name + ".bin: token id " + std::to_string(b.id) +
+                           " at index " + std::to_string(b.index) + " (byte offset " +
+                           std::to_string(1024 + b.index * (s.u32 ? 4 : 2)) + ") is >= vocab_size 50257") !=
+                  std::string::npos);
+        }
+        ldm::write_shard(d + "/" + s.name + ".bin", tok[b.shard].data(), tok[b.shard].size(), s.u32);
+    }
+    // two bad shards: the first in sorted order is named, at its first bad index
+    std::vector<uint32_t> tb = tok[1], td = tok[3];
+    tb[100] = V;
+    tb[50] = V + 7;
+    td[5] = V;
+    ldm::write_shard(d + "/b.bin", tb.data(), tb.size(), true);
+    ldm::write_shard(d + "/d.bin", td.data(), td.size(), true);
+    const std::string msg = error_of([&] { DataLoader x(pat, 2, 64, 0, 1, false, 0, V); });
+    CHECK(msg.find("b.bin: token id 50264 at index 50 ") != std::string::npos);
+    omp_set_num_threads(omp_get_num_procs());
 }

@@ -4,12 +4,15 @@
 // safety. The byte-exact comparison with independent encoders is in test_tokenizer_xcheck.cpp.
 #include <omp.h>
 
+#include <random>
+
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/common.h"
+#include "core/config.h"
 #include "core/tokenizer.h"
 #include "test/helpers.h"
 
@@ -102,8 +105,15 @@ TEST_CASE("HF tokenizer.json: known ids, added tokens, EOT and vocabulary sizes"
         CHECK(tok.encode("a  b") == std::vector<uint32_t>{id("a"), two_spaces, id("b")});
         CHECK(tok.encode("a" + std::string(25, ' ') + "y") ==
               std::vector<uint32_t>{id("a"), twentyfour, id("\xC4\xA0y")});
-        // "<|endoftext|>" inside text IS the special token for HF
-        CHECK(tok.encode("x<|endoftext|>y") == std::vector<uint32_t>{id("x"), eot, id("y")});
+        // "<|endoftext|>" inside text is the special token only for encode_with_special (HF's
+        // default); encode (document text) treats it as ordinary text
+        CHECK(tok.encode_with_special("x<|endoftext|>y") == std::vector<uint32_t>{id("x"), eot, id("y")});
+        {
+            const std::vector<uint32_t> e = tok.encode("x<|endoftext|>y");
+            CHECK(std::count(e.begin(), e.end(), eot) == 0);
+            CHECK(e.size() > 3);
+            CHECK(tok.decode(e) == "x<|endoftext|>y");
+        }
         CHECK(tok.decode(std::vector<uint32_t>{eot}) == "<|endoftext|>");
         // NFC: "e" + U+0301 encodes like the precomposed U+00E9
         CHECK(tok.encode("caf" "e\xCC\x81") == tok.encode("caf\xC3\xA9"));
@@ -132,6 +142,18 @@ TEST_CASE("decode(encode(x)) == x on all the shared data", "[tokenizer]") {
         CHECK(ntok > nbytes / 8);
         CHECK(ntok < nbytes / 2);
     }
+    // the byte tokenizer: ids are exactly the bytes of every text
+    {
+        const Tokenizer b = Tokenizer::load("bytes");
+        size_t bad = 0;
+        for (const auto& t : texts) {
+            const auto ids = b.encode(t);
+            bool same = ids.size() == t.size();
+            for (size_t i = 0; same && i < ids.size(); i++) same = ids[i] == uint32_t((unsigned char)t[i]);
+            if (!same || b.decode(ids) != t) bad++;
+        }
+        CHECK(bad == 0);
+    }
     // NFC is lossy for non-NFC input (HF), but GPT-2 round-trips anything
     Tokenizer g = Tokenizer::load(d + "/gpt2_tokenizer");
     std::string nfd = "e\xCC\x81 A\xCC\x8A \xE2\x84\xAB";
@@ -159,8 +181,8 @@ TEST_CASE("invalid UTF-8 is an ldm::Error naming the source and byte offset", "[
         {"caf\xC3\xA9 \xC3\xA9\xA9", 8, "continuation"},  // valid é é then a stray byte
         {std::string(100000, 'a') + "\xFF", 100000, "0xF5"},
     };
-    for (std::string f : {std::string("/gpt2_tokenizer"), std::string(kOlmo)}) {
-        Tokenizer tok = Tokenizer::load(d + f);
+    for (std::string f : {std::string("/gpt2_tokenizer"), std::string(kOlmo), std::string("bytes")}) {
+        Tokenizer tok = Tokenizer::load(f == "bytes" ? f : d + f);
         for (const auto& c : cases) {
             INFO(f << " case at " << c.off);
             std::string msg = error_of([&] { tok.encode(c.text, "docs/file.jsonl", 1000); });
@@ -281,4 +303,128 @@ TEST_CASE("encode is thread-safe and copies share tables", "[tokenizer]") {
     }
     CHECK(pa == sa);
     CHECK(pb == sb);
+}
+
+namespace {
+// UTF-8 of a code point, written out here (independent of the library).
+std::string utf8(uint32_t cp) {
+    std::string o;
+    if (cp < 0x80) {
+        o += char(cp);
+    } else if (cp < 0x800) {
+        o += char(0xC0 | (cp >> 6));
+        o += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        o += char(0xE0 | (cp >> 12));
+        o += char(0x80 | ((cp >> 6) & 0x3F));
+        o += char(0x80 | (cp & 0x3F));
+    } else {
+        o += char(0xF0 | (cp >> 18));
+        o += char(0x80 | ((cp >> 12) & 0x3F));
+        o += char(0x80 | ((cp >> 6) & 0x3F));
+        o += char(0x80 | (cp & 0x3F));
+    }
+    return o;
+}
+}  // namespace
+
+TEST_CASE("bytes: 256 byte ids + EOT 256, encode = the UTF-8 bytes, decode = any bytes", "[tokenizer]") {
+    const Tokenizer b = Tokenizer::load("bytes");
+    CHECK(b.is_bytes());
+    CHECK(b.vocab_size() == 257);
+    CHECK(b.eot_id() == 256);
+    CHECK(ldm::preset_config("small", int(b.vocab_size())).padded_vocab == 384);  // multiple of 128
+    CHECK(Tokenizer::bytes().encode("x") == std::vector<uint32_t>{120});
+    CHECK(b.encode("").empty());
+    CHECK(b.decode(std::vector<uint32_t>{}).empty());
+    CHECK(b.encode("Hi \n") == std::vector<uint32_t>{72, 105, 32, 10});
+    // 1- to 4-byte sequences: "é" = C3 A9, "€" = E2 82 AC, U+1F600 = F0 9F 98 80
+    CHECK(b.encode("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80") ==
+          std::vector<uint32_t>{0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x98, 0x80});
+    CHECK(b.encode(std::string("a\0b", 3)) == std::vector<uint32_t>{97, 0, 98});
+    // random valid UTF-8 over every sequence length (surrogates excluded): ids = bytes, round trip
+    std::mt19937_64 rng(20);
+    const uint32_t lo[4] = {0, 0x80, 0x800, 0x10000}, hi[4] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+    for (int it = 0; it < 300; it++) {
+        std::string s;
+        const int n = int(rng() % 40);
+        for (int k = 0; k < n; k++) {
+            const int len = int(rng() % 4);
+            uint32_t cp = lo[len] + uint32_t(rng() % (hi[len] - lo[len] + 1));
+            if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0xE000;
+            s += utf8(cp);
+        }
+        const std::vector<uint32_t> ids = b.encode(s);
+        REQUIRE(ids.size() == s.size());
+        for (size_t i = 0; i < s.size(); i++) REQUIRE(ids[i] == uint32_t((unsigned char)s[i]));
+        REQUIRE(b.decode(ids) == s);
+    }
+    // decode takes any ids < 257: all 256 bytes in a random order (invalid UTF-8 included)
+    std::vector<uint32_t> all(256);
+    for (uint32_t i = 0; i < 256; i++) all[i] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    const std::string raw = b.decode(all);
+    REQUIRE(raw.size() == 256);
+    for (size_t i = 0; i < 256; i++) CHECK(uint32_t((unsigned char)raw[i]) == all[i]);
+    CHECK(b.decode(std::vector<uint32_t>{0xFF, 0xC0, 0x80}) == "\xFF\xC0\x80");
+    // EOT decodes like the other tokenizers' EOT; an id >= 257 is an error
+    CHECK(b.decode(std::vector<uint32_t>{104, 256, 105}) == "h<|endoftext|>i");
+    CHECK(contains(error_of([&] { b.decode(std::vector<uint32_t>{65, 257}); }), "cannot decode id 257 at position 1"));
+    // "<|endoftext|>" in text is ordinary text (13 bytes); only encode_with_special matches it
+    const std::vector<uint32_t> lit = b.encode("a<|endoftext|>b");
+    CHECK(lit.size() == 15);
+    CHECK(std::count(lit.begin(), lit.end(), 256u) == 0);
+    CHECK(b.encode_with_special("a<|endoftext|>b<|endoftext|>") == std::vector<uint32_t>{97, 256, 98, 256});
+    CHECK(b.encode_with_special("<|endoftext|") == b.encode("<|endoftext|"));
+}
+
+TEST_CASE("encode_with_special matches the special tokens; encode never does", "[tokenizer]") {
+    std::string d = data_dir_or_skip("tokenizer");
+    if (d.empty()) return;
+    const Tokenizer g = Tokenizer::load(d + "/gpt2_tokenizer");
+    auto cat = [](std::vector<std::vector<uint32_t>> parts) {
+        std::vector<uint32_t> o;
+        for (auto& p : parts) o.insert(o.end(), p.begin(), p.end());
+        return o;
+    };
+    // GPT-2 (tiktoken allowed_special="all"): pieces between the literals encode on their own
+    CHECK(g.encode_with_special("Hello<|endoftext|> world<|endoftext|>") ==
+          cat({g.encode("Hello"), {50256}, g.encode(" world"), {50256}}));
+    CHECK(g.encode_with_special("no special here, it's fine") == g.encode("no special here, it's fine"));
+    for (const char* f : {kOlmo, kNeox}) {
+        INFO(f);
+        const Tokenizer t = Tokenizer::load(d + f);
+        const uint32_t eot = t.eot_id();
+        for (const std::string s : {"a<|endoftext|>b", "<|padding|>x", "<|endoftext|><|endoftext|>"}) {
+            INFO(s);
+            const std::vector<uint32_t> o = t.encode(s), w = t.encode_with_special(s);
+            CHECK(t.decode(o) == s);
+            CHECK(t.decode(w) == s);
+            CHECK(std::count(o.begin(), o.end(), eot) == 0);
+            CHECK(std::count(o.begin(), o.end(), 1u) == 0);  // <|padding|> = 1 in both files
+            CHECK(o != w);
+        }
+        // non-special added tokens (space runs) are still matched by encode
+        const std::vector<uint32_t> sp = t.encode("a  b");
+        CHECK(std::count(sp.begin(), sp.end(), 50276u) == 1);
+        CHECK(t.encode_with_special("a  b") == sp);
+    }
+}
+
+TEST_CASE("load_tokenizer_flag: bytes, a path, the data directory default, a missing path", "[tokenizer]") {
+    auto b = ldm::load_tokenizer_flag("bytes");
+    REQUIRE(b);
+    CHECK(b->is_bytes());
+    CHECK(b->vocab_size() == 257);
+    CHECK(contains(error_of([] { ldm::load_tokenizer_flag("/nonexistent/tok"); }),
+                   "--tokenizer: /nonexistent/tok does not exist"));
+    std::string d = data_dir_or_skip("tokenizer flag default");
+    if (d.empty()) return;
+    auto g = ldm::load_tokenizer_flag("");
+    REQUIRE(g);
+    CHECK(!g->is_bytes());
+    CHECK(g->vocab_size() == 50257);
+    auto o = ldm::load_tokenizer_flag(d + kOlmo);
+    REQUIRE(o);
+    CHECK(o->vocab_size() == 50280);
 }

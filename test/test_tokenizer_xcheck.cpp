@@ -3,7 +3,10 @@
 //   OLMo and GPT-NeoX-20B tokenizer.json vs tokenizers.js (@huggingface/tokenizers).
 // Byte-exact on: all of WikiText-2 test (LF file and the CRLF source copy, whole files), every
 // LAMBADA line's text, tiny Shakespeare (whole file), every FineWeb-Edu sample document, a list
-// of hard strings and 400 seeded random strings built from tricky characters.
+// of hard strings and 400 seeded random strings built from tricky characters. Both APIs: encode
+// (document text, special tokens never matched) against js-tiktoken without specials and
+// tokenizers.js on the file with its "special" added tokens removed; encode_with_special against
+// js-tiktoken with allowedSpecial "all" and tokenizers.js on the unchanged file.
 //
 // Known, documented disagreement (doc/tokenizer.md): the JS encoders use JavaScript's `\s`, which
 // contains U+FEFF and lacks U+0085; tiktoken (Rust regex) and HF tokenizers (Oniguruma) use
@@ -131,14 +134,15 @@ std::string ids_str(const std::vector<uint32_t>& v, size_t from, size_t n) {
     return r;
 }
 
-// Compares ours with the reference for every text; returns the number of mismatching texts and
-// reports the first few with the first differing position.
+// Compares ours (encode, or encode_with_special when `special`) with the reference for every
+// text; returns the number of mismatching texts and reports the first few with the first
+// differing position.
 size_t compare_all(const ldm::Tokenizer& tok, const Texts& texts, const IdLists& ref,
-                   const std::string& what, size_t* ntokens = nullptr) {
+                   const std::string& what, size_t* ntokens = nullptr, bool special = false) {
     REQUIRE(ref.size() == texts.size());
     size_t bad = 0, tokens = 0;
     for (size_t i = 0; i < texts.size(); i++) {
-        std::vector<uint32_t> ours = tok.encode(texts[i], what);
+        std::vector<uint32_t> ours = special ? tok.encode_with_special(texts[i], what) : tok.encode(texts[i], what);
         tokens += ours.size();
         if (ours == ref[i]) continue;
         if (++bad <= 5) {
@@ -293,7 +297,7 @@ const char* kOlmoJson = "/olmo_tokenizer/allenai_gpt-neox-olmo-dolma-v1_5.json";
 const char* kNeoxJson = "/gpt_neox_20b_tokenizer/20B_tokenizer.json";
 
 // The corpora and, started together on first use so that they overlap, the three reference runs
-// on them (tags "gpt2", "olmo", "neox20b").
+// of encode on them (tags "gpt2", "olmo", "neox20b"; specials not matched).
 struct Reference {
     std::vector<Corpus> corpora;
     size_t ntexts = 0;
@@ -311,8 +315,8 @@ Reference& reference(const std::string& d) {
         r->ntexts = all.size();
         std::string in = write_texts(all, binary_scratch_dir("tokenizer_xcheck_in"));
         r->jobs["gpt2"] = launch_js("gpt2", in, "gpt2");
-        r->jobs["olmo"] = launch_js("hf '" + d + kOlmoJson + "'", in, "olmo");
-        r->jobs["neox20b"] = launch_js("hf '" + d + kNeoxJson + "'", in, "neox20b");
+        r->jobs["olmo"] = launch_js("hf-ordinary '" + d + kOlmoJson + "'", in, "olmo");
+        r->jobs["neox20b"] = launch_js("hf-ordinary '" + d + kNeoxJson + "'", in, "neox20b");
         ref = std::move(r);
     }
     return *ref;
@@ -389,7 +393,52 @@ void piecewise_check(const ldm::Tokenizer& tok, const std::string& mode, const s
     CHECK(js_disagrees >= 2);
 }
 
+// Texts holding special-token text, in and around other text.
+Texts special_texts() {
+    Texts t = {"<|endoftext|>", "Hello<|endoftext|>World", "<|endoftext|><|endoftext|>", "a <|endoftext|> b",
+               "x<|padding|>y", "<|padding|><|endoftext|>", "line\n<|endoftext|>\nnext", " <|endoftext|>",
+               "<|endoftext|", "<|endoftext|>>", "<<|endoftext|>", "|||IP_ADDRESS|||<|endoftext|>  two",
+               "caf\xC3\xA9<|endoftext|>na\xC3\xAFve", "   <|endoftext|>   "};
+    for (const auto& s : hard_strings())
+        if (s.find("<|") != std::string::npos) t.push_back(s);
+    for (const auto& s : random_strings(400, 12345))
+        if (s.find("<|") != std::string::npos) t.push_back(s);
+    return t;
+}
+
 }  // namespace
+
+TEST_CASE("encode_with_special equals the reference encoders with special tokens matched", "[tokenizer][xcheck]") {
+    std::string d = data_dir_or_skip("tokenizer cross-check");
+    if (d.empty()) return;
+    const Texts texts = special_texts();
+    REQUIRE(texts.size() > 40);
+    std::string in = write_texts(texts, binary_scratch_dir("tokenizer_xcheck_in_special"));
+    JsJob g = launch_js("gpt2-special", in, "gpt2_special"), o = launch_js("hf '" + d + kOlmoJson + "'", in, "olmo_special"),
+          n = launch_js("hf '" + d + kNeoxJson + "'", in, "neox_special");
+    struct Case {
+        const char* tag;
+        ldm::Tokenizer tok;
+        JsJob* job;
+    };
+    for (Case c : {Case{"gpt2", ldm::Tokenizer::load(d + "/gpt2_tokenizer"), &g},
+                   Case{"olmo", ldm::Tokenizer::load(d + kOlmoJson), &o},
+                   Case{"neox20b", ldm::Tokenizer::load(d + kNeoxJson), &n}}) {
+        IdLists ref = collect_js(*c.job, texts.size());
+        size_t with_eot = 0;
+        for (const auto& r : ref) with_eot += std::count(r.begin(), r.end(), c.tok.eot_id()) > 0;
+        INFO(c.tag);
+        CHECK(with_eot > 20);  // the reference does match them: the two APIs really differ here
+        CHECK(compare_all(c.tok, texts, ref, std::string(c.tag) + " special", nullptr, true) == 0);
+        // and encode (no matching) never gives the end-of-text id on these texts
+        size_t eot_in_encode = 0;
+        for (const auto& t : texts) {
+            auto e = c.tok.encode(t);
+            eot_in_encode += std::count(e.begin(), e.end(), c.tok.eot_id());
+        }
+        CHECK(eot_in_encode == 0);
+    }
+}
 
 TEST_CASE("GPT-2 encodes exactly like js-tiktoken on all data and hard strings", "[tokenizer][xcheck]") {
     std::string d = data_dir_or_skip("tokenizer cross-check");

@@ -183,11 +183,25 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
     expect_fail(tr + " --preset tiny -B 4 -T 64 --train-data '" + dir + "/few.bin'", "few.bin");
     RunResult r = run_cmd(tr + " --preset tiny -B 4 -T 64 --train-data '" + dir + "/few.bin'");
     CHECK_THAT(r.out, Catch::Contains("too few tokens"));
-    // token id >= vocab (GPT-2 V = 50257)
+    // token id >= vocab (GPT-2 V = 50257) in a train or a val shard: found when the loaders are
+    // made, before the first step (and so before any checkpoint could be lost at the end)
     std::vector<uint32_t> big(5000, 11);
     big[1234] = 60000;
     ldm::write_shard(dir + "/big.bin", big.data(), big.size(), false);
-    expect_fail(tr + " --preset tiny -B 2 -T 32 --steps 200 --train-data '" + dir + "/big.bin'", "big.bin");
+    expect_fail(tr + " --preset tiny -B 2 -T 32 --steps 200 --train-data '" + dir + "/big.bin'",
+                "shard " + dir + "/big.bin: token id 60000 at index 1234 (byte offset 3492)");
+    {
+        std::vector<uint32_t> val = ldm::read_shard(shards + "/val.bin");
+        REQUIRE(val.size() > 800);
+        val[777] = 50300;
+        ldm::write_shard(dir + "/badval.bin", val.data(), val.size(), false);
+        const std::string c = tr + " --preset tiny -B 2 -T 32 --steps 50 --val-every 0" + data + " --val-data '" + dir +
+                              "/badval.bin' --out-dir '" + dir + "/vrun'";
+        expect_fail(c, "shard " + dir + "/badval.bin: token id 50300 at index 777");
+        RunResult f = run_cmd(c);
+        CHECK_THAT(f.out, !Catch::Contains("step      1"));
+        CHECK(!ldm::file_exists(dir + "/vrun/ckpt_000050.model"));
+    }
 
     // corrupt / truncated checkpoints
     const std::string cmd = base_cmd(shards) + " --steps 1";
@@ -211,4 +225,45 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
     expect_fail(cmd + " --resume " + dir + "/bad/missing", "missing.model");
     // a checkpoint with another config
     expect_fail(cmd + " --d-model 32 --n-head 2 --n-kv-head 1 --resume " + dir + "/run/ckpt_000001", "d_model: 64 vs 32");
+}
+
+TEST_CASE("train_cpu --tokenizer bytes: V = 257 (padded 384), byte shards, the log records the tokenizer", "[train]") {
+    std::string dd = data_dir_or_skip("byte-level training needs tiny Shakespeare");
+    if (dd.empty()) return;
+    const std::string dir = train_scratch("train_bytes");
+    const ldm::Tokenizer b = ldm::Tokenizer::bytes();
+    const std::string text = ldm::read_file(dd + "/tinyshakespeare/input.txt");
+    std::vector<uint32_t> ids = b.encode(text);
+    ids.insert(ids.begin(), b.eot_id());
+    const size_t cut = ids.size() * 9 / 10;
+    ldm::write_shard(dir + "/train.bin", ids.data(), cut, false);
+    ldm::write_shard(dir + "/val.bin", ids.data() + cut, ids.size() - cut, false);
+    const std::string tr = trainer_path();
+    RunResult dry = run_cmd(tr + " --preset tiny -T 32 --tokenizer bytes --dry-run");
+    INFO(dry.out);
+    REQUIRE(dry.status == 0);
+    CHECK_THAT(dry.out, Catch::Contains("vocab=257 padded=384"));
+    RunResult r = run_cmd(tr + " --preset tiny -B 2 -T 32 --steps 4 --lr 3e-3 --warmup-steps 1 --tokenizer bytes --train-data '" +
+                          dir + "/train.bin' --val-data '" + dir + "/val.bin' --val-batches 2 --val-every 2 --sample-every 2 " +
+                          "--sample-tokens 8 --quiet --out-dir '" + dir + "/run' --log '" + dir + "/run/log.jsonl'");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    auto log = read_jsonl(dir + "/run/log.jsonl");
+    auto cfg = of_type(log, "config");
+    REQUIRE(cfg.size() == 1);
+    CHECK(cfg[0]["args"]["tokenizer"] == "bytes");
+    CHECK(cfg[0]["config"]["vocab_size"] == 257);
+    CHECK(cfg[0]["config"]["padded_vocab"] == 384);
+    auto steps = of_type(log, "step");
+    REQUIRE(steps.size() == 4);
+    CHECK(steps.front()["loss"].get<double>() == Approx(std::log(257.0)).margin(0.1));
+    CHECK(of_type(log, "sample").size() >= 2);
+    ldm::ModelCheckpoint ck = ldm::load_model(dir + "/run/ckpt_000004.model");
+    CHECK(ck.cfg.vocab_size == 257);
+    // a byte shard with the GPT-2 default tokenizer trains (ids < 50257) but the reverse does not:
+    // GPT-2 ids are >= 257
+    std::vector<uint32_t> g = {50256, 15496, 995, 11, 12, 13, 14, 15};
+    ldm::write_shard(dir + "/gpt2.bin", g.data(), g.size(), false);
+    expect_fail(tr + " --preset tiny -B 1 -T 4 --steps 1 --tokenizer bytes --train-data '" + dir + "/gpt2.bin'",
+                "token id 50256 at index 0");
 }

@@ -2,13 +2,17 @@
 // (test/test_tokenizer_xcheck.cpp) and the benchmark (scripts/bench_tokenizer.sh).
 //
 //   node encode.mjs gpt2 IN OUT            js-tiktoken, `gpt2` encoding (ranks shipped in the package)
+//   node encode.mjs gpt2-special IN OUT    the same with allowedSpecial "all" (<|endoftext|> -> 50256)
 //   node encode.mjs hf TOKENIZER_JSON IN OUT   @huggingface/tokenizers (tokenizers.js) on a local tokenizer.json
+//   node encode.mjs hf-ordinary TOKENIZER_JSON IN OUT   the same with the added tokens marked
+//                                          "special" removed from the file (HF split_special_tokens)
 //   node encode.mjs bench-gpt2 FILE... / bench-hf TOKENIZER_JSON FILE...   timing only (see below)
 //
 // IN: binary list of texts: uint32 count, then per text uint32 byte length + UTF-8 bytes (little
 // endian). OUT: per text uint32 token count + uint32 ids. Invalid UTF-8 in IN is an error.
-// "<|endoftext|>" inside text is ordinary text for gpt2 (disallowedSpecial = []), and the
-// added token for hf (as HF tokenizers does). Exit status 1 with "error: ..." on failure.
+// "<|endoftext|>" inside text is ordinary text for gpt2 (disallowedSpecial = []) and hf-ordinary,
+// and the special token for gpt2-special and hf (as HF tokenizers does). Exit status 1 with
+// "error: ..." on failure.
 import fs from "node:fs";
 import { Tiktoken } from "js-tiktoken/lite";
 import gpt2ranks from "js-tiktoken/ranks/gpt2";
@@ -40,22 +44,24 @@ function writeIds(path, lists) {
   fs.renameSync(tmp, path);
 }
 
-function makeGpt2() {
+function makeGpt2(special = false) {
   const enc = new Tiktoken(gpt2ranks);
-  return (t) => enc.encode(t, [], []);
+  return special ? (t) => enc.encode(t, "all", []) : (t) => enc.encode(t, [], []);
 }
 
-function makeHf(jsonPath) {
+function makeHf(jsonPath, ordinary = false) {
   const tj = JSON.parse(fs.readFileSync(jsonPath, "utf8"));
+  if (ordinary) tj.added_tokens = tj.added_tokens.filter((a) => !a.special);
   const tok = new Tokenizer(tj, {});
   return (t) => tok.encode(t, { add_special_tokens: false }).ids;
 }
 
 function main() {
   const [mode, ...args] = process.argv.slice(2);
-  if (mode === "gpt2" || mode === "hf") {
-    const [enc, inp, out] = mode === "gpt2" ? [makeGpt2(), args[0], args[1]] : [makeHf(args[0]), args[1], args[2]];
-    if (!inp || !out) throw new Error("usage: encode.mjs gpt2 IN OUT | hf TOKENIZER_JSON IN OUT");
+  if (mode === "gpt2" || mode === "gpt2-special" || mode === "hf" || mode === "hf-ordinary") {
+    const [enc, inp, out] = mode.startsWith("gpt2") ? [makeGpt2(mode === "gpt2-special"), args[0], args[1]]
+                                                    : [makeHf(args[0], mode === "hf-ordinary"), args[1], args[2]];
+    if (!inp || !out) throw new Error("usage: encode.mjs gpt2|gpt2-special IN OUT | hf|hf-ordinary TOKENIZER_JSON IN OUT");
     writeIds(out, readTexts(inp).map((t) => enc(t)));
   } else if (mode === "bench-gpt2" || mode === "bench-hf") {
     // Encodes each file's texts (IN format) once to warm up, then times `reps` passes.
@@ -78,7 +84,7 @@ function main() {
       console.log(`${f} ${bytes} ${sec} ${ntok} ${cpu}`);
     }
   } else {
-    throw new Error("usage: encode.mjs gpt2 IN OUT | hf TOKENIZER_JSON IN OUT | bench-gpt2 IN... | bench-hf TOKENIZER_JSON IN...");
+    throw new Error("usage: encode.mjs gpt2|gpt2-special IN OUT | hf|hf-ordinary TOKENIZER_JSON IN OUT | bench-gpt2 IN... | bench-hf TOKENIZER_JSON IN...");
   }
 }
 
