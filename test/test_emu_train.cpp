@@ -1,0 +1,323 @@
+// The GPU trainers' own code, run on the CPU: build/emu/train_gpt_baselines and build/emu/train_ldm
+// are the trainer files compiled with every kernel under the CUDA emulation (dev/emu,
+// dev/emu/program.cpp; host GEMMs for cuBLASLt, NCCL over MPI), so this test runs the GPU
+// training step end to end without a GPU, against build/train_cpu on the same byte-level shards
+// (tiny Shakespeare, --tokenizer bytes: V = 257). Small odd shapes (B = 3, T = 13; d_model 48 and
+// head_dim 10 in one case), fp32 and bf16, every scheme and LDM rule / mode:
+//   one step, two micro-batches (--total-batch-tokens 2·B·T): loss, logits and every gradient
+//     (--dump-debug-state) with the tolerances of the real GPU tests (test/gpu_compare.h
+//     DebugTolerances: fp32 loss 1e-5, logits 1e-4, gradients 1e-4; bf16 1e-2 / 3e-2 / 3e-2, 1-D 5e-2,
+//     scheme tensors 5e-2);
+//   two optimizer steps (fp32; clipping active with --grad-clip 0.5): the first step's gradient
+//     norm and the second step's loss (it depends on the first AdamW update) within 1e-4
+//     relative, the parameters after them within 1e-3 of the CPU's update (relative L2 of the
+//     difference over the size of the update); bf16 for PreLN, mHC and LDM: 2e-2 on the loss;
+//   save -> resume: 2 steps + checkpoint + 2 resumed == 4 straight, byte-identical .model / .state
+//     (fp32 LDM unwind, bf16 PreLN with validation and samples: the bf16 run's fp32 master is what
+//     the checkpoint holds, else the resumed run could not be bit-exact);
+//   the NCCL paths (emulated NCCL, one rank): --nccl ZeRO-0/1, overlap on/off give the plain run's
+//     bytes; under mpirun -np 2 (NCCL over MPI) ZeRO-0/1 with overlap equal the one-process run
+//     within fp32 rounding (1e-5 on the losses);
+//   inference: --infer-check (prefill + KV-cache decode == full forward == CPU inference).
+// A missing emulated trainer (no CUDA headers at build time) prints a visible skip.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint.h"
+#include "core/config.h"
+#include "test/gpu_compare.h"
+#include "test/infer_check.h"
+#include "test/test_train_shards.h"
+
+using nlohmann::json;
+
+namespace {
+
+std::string emu_trainer_or_skip(const std::string& name) {
+    const std::string p = build_dir_of_test() + "/emu/" + name;
+    if (!ldm::file_exists(p)) {
+        WARN("skipped: " << p << " is not built (no CUDA headers at build time?)");
+        return "";
+    }
+    return p;
+}
+
+// Byte-level shards of tiny Shakespeare (train + 20k-token val), made once per test binary.
+std::string byte_shards() {
+    static std::string dir;
+    if (!dir.empty()) return dir;
+    const std::string dd = data_dir_or_skip("the emulated training tests need tiny Shakespeare");
+    if (dd.empty()) return "";
+    const std::string d = binary_scratch_dir("emu_train_shards");
+    const std::string cmd = build_dir_of_test() + "/ldm_data shards --tokenizer bytes --input '" + dd +
+                            "/tinyshakespeare/input.txt' --format text --text-split blank --out-dir '" + d +
+                            "' --name sh --val-tokens 20000 --quiet";
+    RunResult r = run_cmd(cmd);
+    INFO(cmd << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    dir = d;
+    return dir;
+}
+
+void run_ok(const std::string& cmd) {
+    RunResult r = run_cmd(cmd);
+    INFO("command: " << cmd << "\noutput:\n" << r.out);
+    REQUIRE(r.status == 0);
+}
+
+struct Config {
+    const char* name;
+    bool ldm;           // train_ldm (else train_gpt_baselines)
+    const char* flags;  // scheme / model flags shared by train_cpu and the GPU trainer
+    bool bf16 = true;   // also compared in bf16 (not --no-residual: chaotic at init, fp32 only as on the GPU)
+};
+
+// Every scheme and LDM rule / mode of the GPU trainers (kernel paths in brackets).
+const Config kConfigs[] = {
+    {"preln", false, "--scheme preln"},
+    {"preln-odd", false, "--scheme preln --d-model 48 --n-head 3 --n-kv-head 1 --head-dim 10 --ffn 100"},
+    {"preln-hd64", false, "--scheme preln --n-head 2 --n-kv-head 1 --head-dim 64"},  // [mma attention in bf16]
+    {"hc", false, "--scheme hc --hc-streams 4"},
+    {"hc-n3", false, "--scheme hc --hc-streams 3"},
+    {"mhc", false, "--scheme mhc --hc-streams 4 --sinkhorn-iters 20"},
+    {"attnres-full", false, "--scheme attnres-full"},
+    {"attnres-block", false, "--scheme attnres-block --attnres-blocks 2"},  // [deferred backward]
+    {"ldm-rls-store", true, "--ldm-rule rls --ldm-mode store"},               // [warp, slots]
+    {"ldm-rls-unwind", true, "--ldm-rule rls --ldm-mode unwind"},
+    {"ldm-rls-ckpt2", true, "--ldm-rule rls --ldm-mode unwind --ldm-checkpoint-every 2"},
+    {"ldm-rls-window2", true, "--ldm-rule rls --ldm-mode window --ldm-window 2"},  // [warp window]
+    {"ldm-rls-window4", true, "--ldm-rule rls --ldm-mode window --ldm-window 4"},
+    {"ldm-rls-window9", true, "--ldm-rule rls --ldm-mode window --ldm-window 9"},  // [thread window]
+    {"ldm-rls-window2-starts", true, "--ldm-rule rls --ldm-mode window --ldm-window 2 --ldm-checkpoint-every 1"},
+    {"ldm-delta-store", true, "--ldm-rule delta --ldm-mode store"},
+    {"ldm-delta-ckpt2", true, "--ldm-rule delta --ldm-mode store --ldm-checkpoint-every 2"},
+    {"ldm-outer-unwind", true, "--ldm-rule outer --ldm-mode unwind"},
+    {"ldm-rls-nores", true, "--ldm-rule rls --ldm-mode unwind --no-residual", false},
+    {"ldm-rls-noforget", true, "--ldm-rule rls --ldm-mode unwind --ldm-no-forget"},
+    {"ldm-rls-dk24", true, "--ldm-rule rls --ldm-mode unwind --ldm-heads 2 --ldm-dk 24"},  // [thread kernels]
+};
+
+const int kB = 3, kT = 13;
+
+std::string data_flags(const std::string& shards) {
+    return ldm::strprintf(" --preset tiny -B %d -T %d --seed 7 --tokenizer bytes --train-data '%s/sh_train_*.bin' ", kB,
+                          kT, shards.c_str());
+}
+
+DebugTolerances tolerances(const std::string& dtype) {
+    if (dtype == "fp32") return DebugTolerances::fp32();
+    DebugTolerances t = DebugTolerances::bf16();
+    auto base = t.grad;
+    t.grad = [base](const std::string& name) { return name.rfind("scheme.", 0) == 0 ? 5e-2 : base(name); };
+    return t;
+}
+
+std::vector<json> records(const std::string& log, const char* type) {
+    std::vector<json> out;
+    for (const json& j : read_jsonl(log))
+        if (j.value("type", "") == type) out.push_back(j);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("emu train: one step (2 micro-batches) == train_cpu, every scheme and LDM mode, fp32 and bf16",
+          "[emu][train]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    for (const Config& c : kConfigs) {
+        const std::string gpu = emu_trainer_or_skip(c.ldm ? "train_ldm" : "train_gpt_baselines");
+        if (gpu.empty()) return;
+        const std::string dir = train_scratch(std::string("emu_step_") + c.name);
+        const std::string flags =
+            data_flags(shards) + (c.ldm ? "--scheme ldm " : "") + c.flags + ldm::strprintf(" --total-batch-tokens %d", 2 * kB * kT);
+        run_ok(trainer_path() + flags + " --dump-debug-state " + dir + "/cpu.dbg");
+        const DebugState ref = load_debug_state(dir + "/cpu.dbg");
+        REQUIRE(ref.B == 2 * kB);  // both micro-batches
+        for (std::string dtype : {"fp32", "bf16"}) {
+            if (dtype == "bf16" && !c.bf16) continue;
+            const std::string out = dir + "/emu_" + dtype + ".dbg";
+            run_ok(gpu + flags + " --dtype " + dtype + " --dump-debug-state " + out);
+            const DebugState got = load_debug_state(out);
+            const CompareReport r = compare_debug_states(got, ref, tolerances(dtype));
+            INFO(c.name << " " << dtype << ":\n" << r.table);
+            CHECK(r.pass);
+            CHECK(got.params == ref.params);  // same host init
+        }
+    }
+}
+
+TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad norm, parameters)", "[emu][train]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    for (const Config& c : kConfigs) {
+        const std::string gpu = emu_trainer_or_skip(c.ldm ? "train_ldm" : "train_gpt_baselines");
+        if (gpu.empty()) return;
+        const std::string dir = train_scratch(std::string("emu_adamw_") + c.name);
+        const std::string flags = data_flags(shards) + (c.ldm ? "--scheme ldm " : "") + c.flags +
+                                  ldm::strprintf(" --total-batch-tokens %d", 2 * kB * kT) +
+                                  " --steps 2 --lr 3e-3 --grad-clip 0.5 --sample-every -1 --quiet";
+        run_ok(trainer_path() + flags + " --out-dir " + dir + "/cpu --log " + dir + "/cpu.jsonl");
+        run_ok(trainer_path() + data_flags(shards) + (c.ldm ? "--scheme ldm " : "") + c.flags +
+               " --dump-debug-state " + dir + "/init.dbg");
+        const std::vector<float> p0 = load_debug_state(dir + "/init.dbg").params;
+        const std::vector<json> cs = records(dir + "/cpu.jsonl", "step");
+        REQUIRE(cs.size() == 2);
+        CHECK(cs[0]["grad_norm"].get<double>() > 0.5);  // the clip is active
+        const ldm::ModelCheckpoint pc = ldm::load_model(dir + "/cpu/ckpt_000002.model");
+        const bool bf16_too = std::string(c.name) == "preln" || std::string(c.name) == "mhc" ||
+                              std::string(c.name) == "ldm-rls-unwind";
+        for (std::string dtype : {"fp32", "bf16"}) {
+            if (dtype == "bf16" && !bf16_too) continue;
+            run_ok(gpu + flags + " --dtype " + dtype + " --out-dir " + dir + "/" + dtype + " --log " + dir + "/" +
+                   dtype + ".jsonl");
+            const std::vector<json> gs = records(dir + "/" + dtype + ".jsonl", "step");
+            REQUIRE(gs.size() == 2);
+            const double tol = dtype == "fp32" ? 1e-4 : 2e-2;
+            for (size_t i = 0; i < 2; i++) {
+                const double lg = gs[i]["loss"].get<double>(), lc = cs[i]["loss"].get<double>();
+                const double ng = gs[i]["grad_norm"].get<double>(), nc = cs[i]["grad_norm"].get<double>();
+                INFO(c.name << " " << dtype << " step " << i + 1 << ": loss emu " << lg << " cpu " << lc << ", grad norm emu "
+                            << ng << " cpu " << nc);
+                CHECK(std::fabs(lg - lc) <= tol * std::fabs(lc));
+                CHECK(std::fabs(ng - nc) <= (dtype == "fp32" ? 1e-4 : 5e-2) * nc);
+            }
+            if (dtype != "fp32") continue;
+            // the parameters after two updates: the emulated GPU's update vs the CPU's
+            const ldm::ModelCheckpoint pg = ldm::load_model(dir + "/" + dtype + "/ckpt_000002.model");
+            REQUIRE(pg.params.size() == pc.params.size());
+            double num = 0, den = 0;
+            for (size_t i = 0; i < pc.params.size(); i++) {
+                num += double(pg.params[i] - pc.params[i]) * double(pg.params[i] - pc.params[i]);
+                den += double(pc.params[i] - p0[i]) * double(pc.params[i] - p0[i]);
+            }
+            INFO(c.name << ": |p_emu - p_cpu| / |p_cpu - p_0| = " << std::sqrt(num / den));
+            CHECK(den > 0);
+            CHECK(std::sqrt(num) <= 1e-3 * std::sqrt(den));
+        }
+    }
+}
+
+TEST_CASE("emu train: checkpoint -> resume is bit-exact (bf16 PreLN with val and samples, fp32 LDM unwind)",
+          "[emu][train]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    struct R {
+        const char* name;
+        bool ldm;
+        const char* flags;
+    };
+    for (const R& c : {R{"preln-bf16", false, "--scheme preln --dtype bf16"},
+                       R{"ldm-unwind-fp32", true, "--scheme ldm --ldm-mode unwind --dtype fp32"}}) {
+        const std::string gpu = emu_trainer_or_skip(c.ldm ? "train_ldm" : "train_gpt_baselines");
+        if (gpu.empty()) return;
+        const std::string dir = train_scratch(std::string("emu_resume_") + c.name);
+        const std::string cmd = gpu + data_flags(shards) + c.flags + " --val-data '" + shards +
+                                "/sh_val_*.bin' --val-batches 2 --val-every 2 --sample-every 2 --sample-tokens 4 --quiet "
+                                "--steps 4 --lr 3e-3 --warmup-steps 1";
+        run_ok(cmd + " --out-dir " + dir + "/C --log " + dir + "/C.jsonl");
+        run_ok(cmd + " --ckpt-every 2 --out-dir " + dir + "/A");
+        REQUIRE(ldm::file_exists(dir + "/A/ckpt_000002.state"));
+        RunResult b = run_cmd(cmd + " --resume " + dir + "/A/ckpt_000002 --out-dir " + dir + "/B --log " + dir + "/B.jsonl");
+        INFO(b.out);
+        REQUIRE(b.status == 0);
+        CHECK_THAT(b.out, Catch::Contains("resumed from"));
+        for (const char* ext : {".model", ".state"}) {
+            INFO(c.name << " " << ext);
+            CHECK(ldm::read_file(dir + "/C/ckpt_000004" + ext) == ldm::read_file(dir + "/B/ckpt_000004" + ext));
+        }
+        const std::vector<json> lc = records(dir + "/C.jsonl", "step"), lb = records(dir + "/B.jsonl", "step");
+        REQUIRE(lc.size() == 4);
+        REQUIRE(lb.size() == 2);
+        for (size_t i = 0; i < 2; i++) CHECK(lb[i]["loss"] == lc[i + 2]["loss"]);
+        CHECK(records(dir + "/C.jsonl", "sample").size() >= 1);
+        CHECK(records(dir + "/C.jsonl", "val").size() >= 2);
+    }
+}
+
+TEST_CASE("emu train: the NCCL paths (one rank; two ranks under mpirun) give the plain run's result",
+          "[emu][train][dist]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string gpu = emu_trainer_or_skip("train_gpt_baselines");
+    if (gpu.empty()) return;
+    const std::string dir = train_scratch("emu_nccl");
+    const std::string args = data_flags(shards) + ldm::strprintf(" --total-batch-tokens %d", 2 * kB * kT) +
+                             " --steps 3 --lr 3e-3 --val-data '" + shards +
+                             "/sh_val_*.bin' --val-batches 2 --sample-every -1 --quiet --dtype bf16 --scheme mhc";
+    auto logged = [&](const std::string& sub) { return " --log " + dir + sub + ".jsonl --out-dir " + dir + sub; };
+    auto losses = [&](const std::string& sub) {  // step and val records without the timings
+        std::vector<std::string> out;
+        for (json j : read_jsonl(dir + sub + ".jsonl"))
+            if (j.value("type", "") == "step" || j.value("type", "") == "val") {
+                j.erase("ms");
+                j.erase("tokens_per_s");
+                out.push_back(j.dump());
+            }
+        return out;
+    };
+    run_ok(gpu + args + logged("/plain"));
+    const char* variants[] = {"--nccl --zero 0 --nccl-overlap 0", "--nccl --zero 1 --nccl-overlap 0",
+                              "--nccl --zero 0 --nccl-overlap 1", "--nccl --zero 1 --nccl-overlap 1"};
+    const std::vector<std::string> base = losses("/plain");
+    REQUIRE(base.size() >= 4);
+    for (int k = 0; k < 4; k++) {
+        const std::string sub = "/one" + std::to_string(k);
+        RunResult r = run_cmd(gpu + args + " " + variants[k] + logged(sub));
+        INFO(variants[k] << "\n" << r.out);
+        REQUIRE(r.status == 0);
+        CHECK_THAT(r.out, Catch::Contains("data parallel: 1 GPU process"));
+        CHECK(losses(sub) == base);
+        CHECK(ldm::read_file(dir + "/plain/ckpt_000003.model") == ldm::read_file(dir + sub + "/ckpt_000003.model"));
+    }
+    if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+        WARN("skipped: the two-rank part needs mpirun");
+        return;
+    }
+    const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca "
+                               "btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 -np 2 ";
+    const std::vector<json> ref = records(dir + "/plain.jsonl", "step");
+    for (int k : {1, 3}) {  // ZeRO-1 after backward and overlapped
+        const std::string sub = "/two" + std::to_string(k);
+        RunResult r = run_cmd(mpirun + gpu + args + " " + variants[k] + logged(sub));
+        INFO(variants[k] << " (2 ranks)\n" << r.out);
+        REQUIRE(r.status == 0);
+        CHECK_THAT(r.out, Catch::Contains("data parallel: 2 GPU processes"));
+        const std::vector<json> got = records(dir + sub + ".jsonl", "step");
+        REQUIRE(got.size() == ref.size());
+        for (size_t i = 0; i < ref.size(); i++) {
+            const double a = got[i]["loss"].get<double>(), b = ref[i]["loss"].get<double>();
+            INFO("step " << i + 1 << ": 2 ranks " << a << ", 1 process " << b);
+            CHECK(std::fabs(a - b) <= 1e-5 * std::fabs(b));
+        }
+        CHECK(ldm::file_exists(dir + sub + "/ckpt_000003.done"));
+    }
+}
+
+TEST_CASE("emu train: --infer-check (prefill + KV-cache decode == full forward == CPU inference)", "[emu][infer]") {
+    struct C {
+        const char* trainer;
+        const char* flags;
+        const char* label;
+    };
+    const C cases[] = {
+        {"train_gpt_baselines", " --preset tiny --tokenizer bytes --scheme mhc", "mhc"},
+        {"train_gpt_baselines", " --preset tiny --tokenizer bytes --scheme attnres-block --attnres-blocks 2",
+         "attnres-block"},
+        {"train_ldm", " --preset tiny --tokenizer bytes --ldm-mode unwind", "ldm rls unwind"},
+        {"train_ldm", " --preset tiny --tokenizer bytes --ldm-rule outer", "ldm outer"},
+        {"train_ldm", " --preset tiny --tokenizer bytes --ldm-rule delta", "ldm delta"},
+    };
+    for (const C& c : cases) {
+        const std::string gpu = emu_trainer_or_skip(c.trainer);
+        if (gpu.empty()) return;
+        const std::string dir = train_scratch(std::string("emu_infer_") + c.trainer);
+        for (std::string dtype : {"fp32", "bf16"}) infer_check::run(gpu, c.flags, c.label, dtype, 2, 12, 7, dir);
+    }
+}
