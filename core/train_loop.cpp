@@ -67,11 +67,24 @@ nlohmann::json options_json(const TrainOptions& o) {
 
 nlohmann::json resume_flags(const TrainOptions& o, const ModelConfig& cfg) {
     return nlohmann::json{{"config", config_to_json(cfg)}, {"dtype", o.dtype}, {"B", o.B}, {"T", o.T},
-                          {"total_batch_tokens", o.total_batch_tokens}, {"seed", o.seed}, {"lr", o.lr},
-                          {"min_lr_ratio", o.min_lr_ratio}, {"warmup_steps", o.warmup_steps},
-                          {"schedule", o.schedule}, {"wsd_decay_frac", o.wsd_decay_frac},
-                          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2},
-                          {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip}};
+                          {"total_batch_tokens", o.total_batch_tokens}, {"seed", o.seed}};
+}
+
+nlohmann::json optimizer_settings(const TrainOptions& o) {
+    return nlohmann::json{{"steps", o.steps}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio},
+                          {"warmup_steps", o.warmup_steps}, {"schedule", o.schedule},
+                          {"wsd_decay_frac", o.wsd_decay_frac}, {"weight_decay", o.weight_decay},
+                          {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps},
+                          {"grad_clip", o.grad_clip}};
+}
+
+std::string changed_settings(const nlohmann::json& saved, const nlohmann::json& now) {
+    std::string out;
+    for (auto it = now.begin(); it != now.end(); ++it) {
+        if (!saved.contains(it.key()) || saved.at(it.key()) == it.value()) continue;
+        out += (out.empty() ? "" : ", ") + it.key() + " " + saved.at(it.key()).dump() + " -> " + it.value().dump();
+    }
+    return out;
 }
 
 double model_flops_per_token(const ModelConfig& c, int T) {

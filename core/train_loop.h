@@ -96,11 +96,16 @@ struct SampleRng {
 // fitted on every token of the training shards: the "knows only token frequencies" baseline.
 double unigram_baseline(const std::string& train_glob, const std::vector<int32_t>& val_targets, uint32_t V);
 
-// The run's settings for the log's config line, and the subset a resumed run must share with its
-// checkpoint for a bit-exact continuation (the data is checked by the loader's shard fingerprint;
-// --steps may grow: doc/training.md "Extending a run").
+// The run's settings for the log's config line; the subset a resumed run must share with its
+// checkpoint (model, dtype, batch, seed: the data order; the data itself is checked by the
+// loader's shard fingerprint); and the optimizer settings, which a resumed run may change (a
+// longer --steps, a lower lr after a divergence): saved in the training state, and a resume that
+// changes them says which (doc/training.md "Resuming with other settings").
 nlohmann::json options_json(const TrainOptions& o);
 nlohmann::json resume_flags(const TrainOptions& o, const ModelConfig& cfg);
+nlohmann::json optimizer_settings(const TrainOptions& o);
+// "lr 0.01 -> 0.001, steps 100 -> 200" for the keys of now whose value differs in saved; "" if none.
+std::string changed_settings(const nlohmann::json& saved, const nlohmann::json& now);
 
 // Model FLOPs per token (spec performance.md; doc/cuda.md "MFU"):
 //   6·N_nonembed + 6·N_embed_head + 12·n_layer·d·T
@@ -297,12 +302,20 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         std::printf("resumed from %s at step %lld", mpath.c_str(), (long long)start_step);
         if (saved.world != W)
             std::printf(" (resharded: saved by %d process%s, now %d)", saved.world, saved.world == 1 ? "" : "es", W);
-        const json& ex = saved.parts[0].extra;
-        if (ex.contains("steps") && ex["steps"].is_number_integer() && ex["steps"].get<int64_t>() != o.steps)
-            std::printf("; the run was planned for %lld steps, now --steps %lld (the schedule continues with the new "
-                        "total)",
-                        (long long)ex["steps"].get<int64_t>(), (long long)o.steps);
         std::printf("\n");
+        const json& ex = saved.parts[0].extra;
+        if (ex.contains("optimizer")) {
+            const json& sv = ex["optimizer"];
+            if (sv.contains("steps") && sv["steps"] != o.steps)
+                std::printf("the run was planned for %lld steps, now --steps %lld: the schedule continues with the new "
+                            "total\n",
+                            (long long)sv["steps"].get<int64_t>(), (long long)o.steps);
+            const std::string ch = changed_settings(sv, optimizer_settings(o));
+            if (!ch.empty())
+                std::printf("resuming with other optimizer settings than the checkpoint's (%s): the continuation "
+                            "differs from the original run's\n",
+                            ch.c_str());
+        }
     }
 
     std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
@@ -402,7 +415,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         st.flags = rflags;
         st.loader_state = train.save_state();
         st.rng_state = {rng.s};
-        st.extra = {{"steps", o.steps}};
+        st.extra = {{"optimizer", optimizer_settings(o)}};
         std::vector<std::string> states;
         if (W == 1) {
             be.checkpoint_state(st, 0, n);
@@ -413,8 +426,8 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
             // of the exact fp64 parameters): the layout every trainer reads.
             const dist::Shard sh = dist::shard_range(n, W, rank);
             be.checkpoint_state(st, sh.offset, sh.count);
-            st.extra = {{"steps", o.steps}, {"world", W}, {"rank", rank}, {"zero", o.zero}, {"param_count", n},
-                        {"shard_offset", sh.offset}, {"shard_count", sh.count}};
+            st.extra = {{"optimizer", optimizer_settings(o)}, {"world", W}, {"rank", rank}, {"zero", o.zero},
+                        {"param_count", n}, {"shard_offset", sh.offset}, {"shard_count", sh.count}};
             save_train_state(dist::shard_state_path(base, rank, W), st);
             for (int q = 0; q < W; q++) states.push_back(basename_of(dist::shard_state_path(base, q, W)));
         }

@@ -321,3 +321,26 @@ TEST_CASE("emu train: --infer-check (prefill + KV-cache decode == full forward =
         for (std::string dtype : {"fp32", "bf16"}) infer_check::run(gpu, c.flags, c.label, dtype, 2, 12, 7, dir);
     }
 }
+
+TEST_CASE("emu train: the divergence guard of the GPU trainers (no update, no non-finite checkpoint)", "[emu][train]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string gpu = emu_trainer_or_skip("train_gpt_baselines");
+    if (gpu.empty()) return;
+    const std::string dir = train_scratch("emu_diverge");
+    RunResult r = run_cmd(gpu + data_flags(shards) +
+                          "--dtype fp32 --steps 30 --lr 1e4 --grad-clip 0 --ckpt-every 1 --sample-every -1 --quiet --out-dir " +
+                          dir);
+    INFO(r.out);
+    REQUIRE(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("diverged"));
+    int n = 0;
+    for (int s = 1; s <= 30; s++) {
+        const std::string m = dir + ldm::strprintf("/ckpt_%06d.model", s);
+        if (!ldm::file_exists(m)) continue;
+        n++;
+        for (float x : ldm::load_model(m).params) REQUIRE(std::isfinite(x));
+    }
+    CHECK(n >= 1);
+    CHECK_THAT(r.out, Catch::Contains("the last good checkpoint is " + dir + ldm::strprintf("/ckpt_%06d", n)));
+}

@@ -1,0 +1,186 @@
+// Reliability of the training loop every trainer shares (core/train_loop.h), through
+// build/train_cpu on byte-level tiny-Shakespeare shards (the GPU trainers run the same loop; their
+// divergence guard is also checked under emulation in test_emu_train):
+//   divergence: a step whose loss or gradient norm is not finite is never applied, no checkpoint
+//     with a non-finite number is ever written, the error names the last good checkpoint, exit 1;
+//   stale ckpt_*.tmp.<pid> files of a killed writer are removed at startup;
+//   a refused --resume names the newest complete checkpoint;
+//   --resume latest / auto, --keep-checkpoints, --stop-after, extending a finished run with a
+//     larger --steps, resuming a finished run says so;
+//   --warmup-steps > --steps warns; a model too large for the machine is refused before
+//     allocating, naming what it needs.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint.h"
+#include "core/common.h"
+#include "test/test_train_shards.h"
+
+using nlohmann::json;
+
+namespace {
+
+std::string byte_shards() {
+    static std::string dir;
+    if (!dir.empty()) return dir;
+    const std::string dd = data_dir_or_skip("the trainer robustness tests need tiny Shakespeare");
+    if (dd.empty()) return "";
+    const std::string d = binary_scratch_dir("robust_shards");
+    RunResult r = run_cmd(build_dir_of_test() + "/ldm_data shards --tokenizer bytes --input '" + dd +
+                          "/tinyshakespeare/input.txt' --format text --text-split blank --out-dir '" + d +
+                          "' --name sh --val-tokens 20000 --quiet");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    dir = d;
+    return dir;
+}
+
+std::string cmd(const std::string& shards, const std::string& extra) {
+    return trainer_path() + " --preset tiny -B 2 -T 32 --tokenizer bytes --seed 3 --train-data '" + shards +
+           "/sh_train_*.bin' --val-data '" + shards + "/sh_val_*.bin' --val-batches 2 --sample-every -1 --quiet " + extra;
+}
+
+std::vector<json> steps_of(const std::string& log) {
+    std::vector<json> out;
+    for (const json& j : read_jsonl(log))
+        if (j.value("type", "") == "step") out.push_back(j);
+    return out;
+}
+
+bool finite_file(const std::string& model) {
+    const ldm::ModelCheckpoint m = ldm::load_model(model);
+    for (float x : m.params)
+        if (!std::isfinite(x)) return false;
+    return true;
+}
+
+}  // namespace
+
+TEST_CASE("train loop: divergence stops before the update; no non-finite checkpoint; names the last good one",
+          "[train][robust]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("robust_diverge");
+    // lr 1e4 without clipping: the parameters blow up within a few steps
+    RunResult r = run_cmd(cmd(shards, "--steps 40 --lr 1e4 --grad-clip 0 --warmup-steps 0 --ckpt-every 1 --out-dir " +
+                                          dir + " --log " + dir + "/log.jsonl"));
+    INFO(r.out);
+    REQUIRE(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("diverged"));
+    CHECK_THAT(r.out, Catch::Contains("was not applied") || Catch::Contains("not finite"));
+    // every checkpoint on disk is finite, and the error names the newest of them
+    std::vector<std::string> ck;
+    for (int s = 1; s <= 40; s++) {
+        const std::string b = dir + ldm::strprintf("/ckpt_%06d", s);
+        if (ldm::file_exists(b + ".model")) ck.push_back(b);
+    }
+    REQUIRE(!ck.empty());
+    for (const auto& b : ck) {
+        INFO(b);
+        CHECK(finite_file(b + ".model"));
+    }
+    CHECK_THAT(r.out, Catch::Contains("the last good checkpoint is " + ck.back()));
+    // the error's step number is the first step not taken: one after the last logged step record
+    const std::vector<json> st = steps_of(dir + "/log.jsonl");
+    REQUIRE(!st.empty());
+    CHECK_THAT(r.out, Catch::Contains(ldm::strprintf("at step %lld", (long long)st.back()["step"].get<int64_t>() + 1)) ||
+                          Catch::Contains("not finite"));
+    // the last good checkpoint resumes with a lower lr (its parameters may already be too large
+    // to train on: then the guard stops again, with the same clear message)
+    RunResult b = run_cmd(cmd(shards, "--steps 40 --lr 1e-3 --grad-clip 0 --resume " + ck.back() + " --stop-after 1 "
+                                      "--out-dir " + dir + "/resumed"));
+    INFO(b.out);
+    CHECK((b.status == 0 || (b.status == 1 && b.out.find("diverged") != std::string::npos)));
+    CHECK_THAT(b.out, Catch::Contains("resumed from " + ck.back()));
+    CHECK_THAT(b.out, Catch::Contains("resuming with other optimizer settings") && Catch::Contains("lr 10000.0 -> 0.001"));
+}
+
+TEST_CASE("train loop: stale checkpoint temp files are removed; a refused resume names the newest complete checkpoint",
+          "[train][robust]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("robust_ckpt");
+    REQUIRE(run_cmd(cmd(shards, "--steps 2 --ckpt-every 1 --out-dir " + dir)).status == 0);
+    // a killed writer's leftovers: a temp file of a process that does not exist (pid 2^22 + 1 is
+    // above Linux's pid_max limit) and a .model without .state or .done
+    const std::string tmp = dir + "/ckpt_000003.state.tmp.4194305";
+    ldm::write_file_atomic(tmp, "partial", 7);
+    ldm::write_file_atomic(dir + "/ckpt_000003.model", ldm::read_file(dir + "/ckpt_000002.model").data(),
+                           ldm::read_file(dir + "/ckpt_000002.model").size());
+    RunResult r = run_cmd(cmd(shards, "--steps 4 --resume " + dir + "/ckpt_000003 --out-dir " + dir));
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("removed 1 stale temporary file"));
+    CHECK_FALSE(ldm::file_exists(tmp));
+    CHECK_THAT(r.out, Catch::Contains("the newest complete checkpoint in " + dir + " is " + dir + "/ckpt_000002"));
+    // --resume latest takes it (ckpt_000003 is incomplete)
+    RunResult l = run_cmd(cmd(shards, "--steps 4 --resume latest --out-dir " + dir));
+    INFO(l.out);
+    CHECK(l.status == 0);
+    CHECK_THAT(l.out, Catch::Contains("resumed from " + dir + "/ckpt_000002.model at step 2"));
+}
+
+TEST_CASE("train loop: --stop-after, --resume auto, --keep-checkpoints, finished and extended runs", "[train][robust]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("robust_cadence");
+    const std::string base = "--lr 3e-3 --warmup-steps 1 --out-dir " + dir + "/A";
+    // the straight run to compare with
+    REQUIRE(run_cmd(cmd(shards, "--steps 6 --lr 3e-3 --warmup-steps 1 --out-dir " + dir + "/S")).status == 0);
+    // 6 steps in three invocations of --stop-after 2 --resume auto (the first starts fresh)
+    for (int k = 0; k < 3; k++) {
+        RunResult r = run_cmd(cmd(shards, "--steps 6 --stop-after 2 --resume auto --keep-checkpoints 1 --ckpt-every 1 " + base));
+        INFO("invocation " << k << "\n" << r.out);
+        REQUIRE(r.status == 0);
+        if (k < 2) CHECK_THAT(r.out, Catch::Contains("stopped after 2 steps at step " + std::to_string(2 * k + 2)));
+        if (k > 0) CHECK_THAT(r.out, Catch::Contains("resumed from"));
+    }
+    // the same bytes as the straight run; only the newest checkpoint of the last invocation is kept
+    CHECK(ldm::read_file(dir + "/A/ckpt_000006.model") == ldm::read_file(dir + "/S/ckpt_000006.model"));
+    CHECK(ldm::read_file(dir + "/A/ckpt_000006.state") != "");
+    CHECK_FALSE(ldm::file_exists(dir + "/A/ckpt_000005.model"));
+    // resuming a finished run says so and trains nothing
+    RunResult f = run_cmd(cmd(shards, "--steps 6 --resume latest " + base));
+    INFO(f.out);
+    CHECK(f.status == 0);
+    CHECK_THAT(f.out, Catch::Contains("the run is complete, nothing to train"));
+    // a larger --steps extends it
+    RunResult e = run_cmd(cmd(shards, "--steps 8 --resume latest " + base + " --log " + dir + "/ext.jsonl"));
+    INFO(e.out);
+    CHECK(e.status == 0);
+    CHECK_THAT(e.out, Catch::Contains("planned for 6 steps, now --steps 8"));
+    CHECK(steps_of(dir + "/ext.jsonl").size() == 2);
+    CHECK(ldm::file_exists(dir + "/A/ckpt_000008.model"));
+    // flag errors
+    for (const std::string& bad : std::vector<std::string>{"--keep-checkpoints -1 --out-dir " + dir, "--stop-after 2", "--resume latest"}) {
+        RunResult r = run_cmd(cmd(shards, "--steps 2 " + bad));
+        INFO(bad << "\n" << r.out);
+        CHECK(r.status == 1);
+        CHECK_THAT(r.out, Catch::Contains("error:"));
+    }
+}
+
+TEST_CASE("train loop: --warmup-steps > --steps warns; a model too large for this machine is refused up front",
+          "[train][robust]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    RunResult w = run_cmd(cmd(shards, "--steps 2 --warmup-steps 5"));
+    INFO(w.out);
+    CHECK(w.status == 0);
+    CHECK_THAT(w.out, Catch::Contains("warning: --warmup-steps 5 is larger than --steps 2"));
+    // qwen3-14b in fp64: ~470 GB of parameters, gradients and AdamW state
+    const std::string big = trainer_path() + " --preset qwen3-14b --dtype fp64 -B 1 -T 64 --tokenizer bytes --train-data '" +
+                            shards + "/sh_train_*.bin' --steps 1";
+    const auto t0 = std::chrono::steady_clock::now();
+    RunResult r = run_cmd(big);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("needs") && Catch::Contains("GiB") && Catch::Contains("available"));
+    CHECK(s < 20);  // refused before the allocation / initialisation
+}
