@@ -8,7 +8,7 @@
 //        s_a, s_b, a_m0 [n], a_r0 [n,n] (row i, column k = A_r0[i,k]), b0 [n].
 //   mHC: phi_pre [n,nd], phi_post [n,nd], phi_res [n²,nd] (one [(2n+n²), nd] matrix Φ_j),
 //        a_pre, a_post, a_res, b_pre [n], b_post [n], b_res [n,n] (row k = output stream).
-// Per-element math lives in the LDM_HD helpers below (shared with the CUDA kernels later).
+// Per-element math lives in the LDM_HD helpers below (shared with the CUDA kernels, cuda/hc.cuh).
 #pragma once
 #include <cmath>
 #include <vector>

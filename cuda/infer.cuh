@@ -3,7 +3,6 @@
 // logits layout) so that the host-side sampling of cpu/infer.h (SamplingParams, sample_token)
 // picks the tokens. Spec: ../shared/spec/model.md §1-§2, performance.md ("inference: prefill
 // tokens/s and per-token decode latency"). Walkthrough: doc/cuda.md "Inference on the GPU".
-// Status: compiles; not yet run on a GPU.
 //
 // Why a cache of attention keys/values is all that is needed (see cpu/infer.h): every depth
 // scheme keeps its state per token and mixes only across the depth of that token, so a step runs

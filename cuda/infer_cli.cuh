@@ -13,7 +13,7 @@
 // The model: --checkpoint FILE.model, or --resume out/ckpt_000100 (its .model), or a random init
 // of the flags' config with --seed (timing). --seed also seeds the random prompt ids and sampling
 // (splitmix64 streams of cpu/rng.h, as generate_cpu). Single process (no mpirun).
-// Status: compiles; not yet run on a GPU. Walkthrough: doc/cuda.md "Inference on the GPU".
+// Walkthrough: doc/cuda.md "Inference on the GPU".
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -47,8 +47,7 @@ struct InferOptions : cpu::GenerationFlags {  // + --prompt ... --stop-at-eot
 };
 
 inline void add_infer_flags(ArgParser& ap, InferOptions& o) {
-    ap.section("Inference on the GPU (instead of training; doc/cuda.md \"Inference on the GPU\"; compiles, not yet "
-               "run on a GPU)");
+    ap.section("Inference on the GPU (instead of training; doc/cuda.md \"Inference on the GPU\")");
     ap.add("--generate", &o.generate,
            "generate text with a KV cache (prefill + incremental decode); prints GENERATE json with prefill "
            "tokens/s and per-token decode latency");

@@ -190,7 +190,7 @@ constexpr int64_t kNcclMinBucketElems = int64_t(1) << 22;
 //   from the master) from its owner, grouped in-place ncclBroadcasts. The rest of the fp32 master
 //   is then stale outside the own slice (it is only read there, by AdamW); allgather_master()
 //   completes it before a checkpoint.
-// Flat (overlap = false, the default, the path run on the H200): after the backward of the last micro-batch, on the
+// Flat (overlap = false, the default): after the backward of the last micro-batch, on the
 // compute stream: ZeRO-0 all-reduces the whole gradient in place; ZeRO-1 copies it into a buffer
 // padded to W * S, reduce-scatters, updates its slice, all-gathers the fp32 master and refreshes the
 // bf16 working copy locally.

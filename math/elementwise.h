@@ -1,4 +1,4 @@
-// math/elementwise.h — scalar per-element math shared by the CPU reference and (later) the
+// math/elementwise.h — scalar per-element math shared by the CPU reference and the
 // CUDA kernels. Every function is a small inline template marked LDM_HD, which expands to
 // `__host__ __device__` under nvcc and to nothing otherwise. No allocation, no exceptions.
 #pragma once

@@ -1,5 +1,5 @@
 // math/ldm_math.h — per token-head math of Linear Depth Memory (spec §2.5), shared by the CPU
-// reference (cpu/scheme_ldm.cpp) and, later, the CUDA kernels. Every function is an inline
+// reference (cpu/scheme_ldm.cpp) and the CUDA kernels (cuda/ldm.cuh). Every function is an inline
 // template marked LDM_HD; no allocation, no exceptions; scratch comes from the caller.
 //
 // Layouts (one token, one memory head): memory S [dv, dk] row-major (S[a*dk + b]); inverse

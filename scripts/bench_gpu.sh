@@ -11,7 +11,7 @@
 # Inference (cuda/infer.cuh): for every C++ row also one `--bench-infer P:G` call (B sequences,
 # prefill of P = T/2 random tokens, then G = min(128, T/2) greedy decode steps with the KV cache):
 # prefill tokens/s, decode ms/token, KV cache and peak memory, as an "Inference" section of
-# bench.md and infer.csv (infer_rows.jsonl). --no-infer skips it. Compiles; not yet run on a GPU.
+# bench.md and infer.csv (infer_rows.jsonl). --no-infer skips it.
 #
 #   scripts/bench_gpu.sh [--quick] [--name gpu_bench | --out DIR] [--steps 20]
 #        [--shapes "llama-400m:2048:8 ..."] [--schemes "preln hc ..."] [--no-torch] [--no-compile]

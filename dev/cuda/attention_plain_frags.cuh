@@ -2,7 +2,7 @@
 // kernels of cuda/attention.cuh: the MMA operand fragments read from shared memory with plain
 // 32/16-bit loads (ld_pair / pack_bf16) instead of ldmatrix. Same register contents as
 // LdsmFrags, more shared-memory instructions: the mma kernels' loader before ldmatrix, kept so
-// dev/cuda/attention.cu can compare the two (H200: 1.2-1.4x slower, doc/results_gpu.md).
+// dev/cuda/attention.cu can compare the two (measurements: doc/results_gpu.md).
 #pragma once
 #include "cuda/attention.cuh"
 
