@@ -95,10 +95,25 @@ struct LdmGpuScheme : GpuScheme<T> {
 
     // forward
     void write_forward(int i, cudaStream_t s);  // write i (its input O_i is stored)
-    void sequential_write(int i, cudaStream_t s);
+    // Applies write i (store, unwind, checkpoint-every) then what the mode keeps of it; with a
+    // FusedRead (fuse_forward()), read i+1 of the new state in the same pass.
+    void sequential_write(int i, cudaStream_t s, const ldmk::FusedRead<T>* read = nullptr);
     void window_write(int i, cudaStream_t s);
+    // The state passes that are fused (doc/cuda.md "LDM kernels", "Fused passes"): the forward
+    // applies write j-1 and read j in one pass (write j-1 waits in pending_write_ for input(j));
+    // the backward runs read j's backward and the unwind + VJP of write j-1 in one pass (read j's
+    // backward waits in pending_read_bwd_ for output_backward(j-1)).
+    bool fuse_forward() const { return warp_ && !window_; }
+    bool fuse_backward(int i) const {  // read i+1's backward with write i's unwind + VJP
+        if (!warp_ || delta_ || i <= 0) return false;
+        if (keep() == kNone) return true;
+        return keep() == kSegments && (i - 1) % ckpt_ != 0;
+    }
+    void read_backward_gemms(int j, const float* draw, cudaStream_t s);  // after a read's backward kernel
     // backward
-    void write_backward(int i, T* d_o, cudaStream_t s);
+    // write i's backward: the state before it (prev_state), the VJP kernel (unless vjp_done: it
+    // ran fused with read i+1's backward), the GEMMs and column sums of its parameters.
+    void write_backward(int i, T* d_o, cudaStream_t s, bool vjp_done = false);
     void read_backward(int j, const T* dx, cudaStream_t s);
     // Make live_ the state before write i. Returns true when it is left to the VJP kernel, which
     // then unwinds cur_ in place itself (fused unwind + VJP).
@@ -138,6 +153,7 @@ struct LdmGpuScheme : GpuScheme<T> {
     bool rls_, delta_, outer_, residual_, forget_, unwind_, window_ = false;
     int w_ = 1, ckpt_ = 0;
     bool warned_ = false, fell_back_ = false;
+    int pending_write_ = -1, pending_read_bwd_ = -1;
     double drift_S_ = 0, drift_P_ = 0;
     bool drift_pending_ = false;
     int N_ = 0;
@@ -150,10 +166,11 @@ struct LdmGpuScheme : GpuScheme<T> {
     const float* theta_ = nullptr;
     float* gtheta_ = nullptr;
     // activations / state (fp32 unless noted)
-    DeviceBuffer<float> src32_, cur_, stored_, dS_, dsrc_, tmp32_, prod32_, v32_, raw_, draw_,
+    DeviceBuffer<float> src32_, cur_, stored_, dS_, dsrc_, tmp32_, prod32_, v32_, raw_, rawq_, draw_, drawq_,
         Qn_, Qnrm_, Kn_, Knrm_, beta_, dtok_, lam_, lgrad_, scratch_, partial_;
     DeviceBuffer<float> Kt_, Et_, Lc_;  // window mode: pending writes per (n, h)
     DeviceBuffer<T> srcT_, O_, drawT_, dtokT_;  // srcT_/drawT_/dtokT_ only for T != float
+    DeviceBuffer<T> dxT_;  // dL/dx_j of a read whose backward is deferred (fused backward)
     DeviceBuffer<unsigned> drift_;
     float* live_ = nullptr;  // the state reads and VJPs use (cur_ or a slot of stored_)
 };
@@ -259,7 +276,10 @@ void LdmGpuScheme<T>::resize(int B, int T_) {
     grow(prod32_, residual_ ? nd : 0);
     grow(v32_, f32 ? 0 : nd);
     grow(raw_, N * HK_);
+    grow(rawq_, N * HK_);
     grow(draw_, N * HK_);
+    grow(drawq_, warp_ ? N * HK_ : 0);
+    grow(dxT_, warp_ ? nd : 0);
     if (!f32) {
         grow(drawT_, N * HK_);
         grow(dtokT_, N * Hm_);
@@ -272,7 +292,8 @@ void LdmGpuScheme<T>::resize(int B, int T_) {
 template <typename T>
 int64_t LdmGpuScheme<T>::allocated_bytes() const {
     return src32_.bytes() + cur_.bytes() + stored_.bytes() + dS_.bytes() + dsrc_.bytes() +
-           tmp32_.bytes() + prod32_.bytes() + v32_.bytes() + raw_.bytes() + draw_.bytes() +
+           tmp32_.bytes() + prod32_.bytes() + v32_.bytes() + raw_.bytes() + rawq_.bytes() + draw_.bytes() +
+           drawq_.bytes() + dxT_.bytes() +
            Qn_.bytes() + Qnrm_.bytes() + Kn_.bytes() + Knrm_.bytes() + beta_.bytes() +
            dtok_.bytes() + scratch_.bytes() + partial_.bytes() + srcT_.bytes() + O_.bytes() +
            drawT_.bytes() + dtokT_.bytes() + Kt_.bytes() + Et_.bytes() + Lc_.bytes();
@@ -304,6 +325,7 @@ void LdmGpuScheme<T>::begin(const T* e, cudaStream_t s) {
     LDM_LAUNCH_CHECK();
     init_state(dims_, cur_.ptr, (float)cfg_.ldm_delta, s);
     live_ = cur_.ptr;
+    pending_write_ = pending_read_bwd_ = -1;
     if (keep() == kWindowStarts) copy_state(state(0), cur_.ptr, s);
     const int64_t nd = (int64_t)N_ * d_;
     T* sT = const_cast<T*>(srcT());
@@ -329,12 +351,13 @@ void LdmGpuScheme<T>::write_forward(int i, cudaStream_t s) {
     mm_.template gemm<T, float>(false, true, N, HK_, d_, 1.f, O_.ptr + (int64_t)i * N * d_, d_, Wk_[i], d_, 0.f,
                                 raw_.ptr, HK_, nullptr, s);
     if (window_) window_write(i, s);
+    else if (fuse_forward()) pending_write_ = i;  // applied by input(i + 1), fused with its read
     else sequential_write(i, s);
 }
 
 // Write i applied at once (store, unwind, checkpoint-every), then what the mode keeps of it.
 template <typename T>
-void LdmGpuScheme<T>::sequential_write(int i, cudaStream_t s) {
+void LdmGpuScheme<T>::sequential_write(int i, cudaStream_t s, const ldmk::FusedRead<T>* read) {
     using namespace ldmk;
     const int64_t N = N_;
     float* Kn = Kn_.ptr + (int64_t)i * N * HK_;
@@ -353,7 +376,12 @@ void LdmGpuScheme<T>::sequential_write(int i, cudaStream_t s) {
         if (!rls_ && dst != from) copy_state(dst, from, s);  // the rls warp write reads `from`
         dispatch_dk(dk_, [&](auto c) {
             constexpr int DK = decltype(c)::value;
-            if (rls_) write_rls_warp_kernel<DK><<<gw, tw, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam);
+            if (read) {  // write i, then read i + 1 of the new state
+                const FusedRead<T> fr = *read;
+                if (rls_) write_read_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam, fr);
+                else if (outer_) write_read_od_warp_kernel<kOuter, T, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, nullptr, fr);
+                else write_read_od_warp_kernel<kDelta, T, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i], beta, fr);
+            } else if (rls_) write_rls_warp_kernel<DK><<<gw, tw, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam);
             else if (outer_) write_od_warp_kernel<kOuter, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, nullptr);
             else write_od_warp_kernel<kDelta, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i], beta);
         });
@@ -423,10 +451,22 @@ template <typename T>
 void LdmGpuScheme<T>::input(int j, T* x, cudaStream_t s) {
     using namespace ldmk;
     const int64_t N = N_;
-    mm_.template gemm<T, float>(false, true, N, HK_, d_, 1.f, srcT(), d_, Wq_[j], d_, 0.f, raw_.ptr, HK_, nullptr, s);
+    mm_.template gemm<T, float>(false, true, N, HK_, d_, 1.f, srcT(), d_, Wq_[j], d_, 0.f, rawq_.ptr, HK_, nullptr, s);
     float* Qn = Qn_.ptr + (int64_t)(j - 1) * N * HK_;
     float* Qnrm = Qnrm_.ptr + (int64_t)(j - 1) * N * Hm_;
     const float* a = residual_ ? A_[j] : nullptr;
+    if (pending_write_ == j - 1) {  // write j-1 and read j in one pass over the state
+        FusedRead<T> fr;
+        fr.raw = rawq_.ptr;
+        fr.Qn = Qn;
+        fr.Qnrm = Qnrm;
+        fr.src32 = src32_.ptr;
+        fr.a = a;
+        fr.x = x;
+        pending_write_ = -1;
+        sequential_write(j - 1, s, &fr);
+        return;
+    }
     const int m = window_ && j <= D_ ? j % w_ : 0;  // pending writes of the current window
     const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock), gb(thread_blocks(dims_)), tb(kThreads);
     if (m > 0 && warp_window()) {
@@ -434,19 +474,19 @@ void LdmGpuScheme<T>::input(int j, T* x, cudaStream_t s) {
         const float* lamw = lam_.ptr + (int64_t)(j - m) * Hm_;
         dispatch_dk(dk_, [&](auto c) {
             constexpr int DK = decltype(c)::value;
-            window_read_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x, m,
+            window_read_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, cur_.ptr, rawq_.ptr, Qn, Qnrm, src32_.ptr, a, x, m,
                                                              w_, Kt_.ptr, Lc_.ptr, O0, N * d_, lamw);
         });
     } else if (m > 0) {
-        window_read_thread_kernel<T><<<gb, tb, 0, s>>>(dims_, cur_.ptr, raw_.ptr, Qn, Qnrm, tmp32_.ptr, src32_.ptr, a,
+        window_read_thread_kernel<T><<<gb, tb, 0, s>>>(dims_, cur_.ptr, rawq_.ptr, Qn, Qnrm, tmp32_.ptr, src32_.ptr, a,
                                                        x, m, w_, Kt_.ptr, Et_.ptr, Lc_.ptr, scratch_.ptr, scr_stride());
     } else if (warp_) {
         dispatch_dk(dk_, [&](auto c) {
             constexpr int DK = decltype(c)::value;
-            read_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, src32_.ptr, a, x);
+            read_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, live_, rawq_.ptr, Qn, Qnrm, src32_.ptr, a, x);
         });
     } else {
-        read_thread_kernel<T><<<gb, tb, 0, s>>>(dims_, live_, raw_.ptr, Qn, Qnrm, tmp32_.ptr, src32_.ptr, a, x);
+        read_thread_kernel<T><<<gb, tb, 0, s>>>(dims_, live_, rawq_.ptr, Qn, Qnrm, tmp32_.ptr, src32_.ptr, a, x);
     }
     LDM_LAUNCH_CHECK();
 }
@@ -466,19 +506,60 @@ void LdmGpuScheme<T>::readout_backward(const T* dy, cudaStream_t s) {
     } else {
         CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)nd * 4, s));
     }
-    read_backward(D_ + 1, dy, s);
+    pending_read_bwd_ = -1;
+    if (fuse_backward(D_)) {  // read D+1's backward waits for write D's unwind + VJP
+        CUDA_CHECK(cudaMemcpyAsync(dxT_.ptr, dy, (size_t)nd * sizeof(T), cudaMemcpyDeviceToDevice, s));
+        pending_read_bwd_ = D_ + 1;
+    } else {
+        read_backward(D_ + 1, dy, s);
+    }
 }
 
 template <typename T>
 void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
-    const int64_t nd = (int64_t)N_ * d_;
+    using namespace ldmk;
+    const int64_t N = N_, nd = N * d_;
     const T* Oj = O_.ptr + (int64_t)j * nd;
     T* sT = const_cast<T*>(srcT());
-    ldmk::restore_src_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
-    LDM_LAUNCH_CHECK();
-    // d_o = dsrc (+ the write's VJP, inside write_backward); without residual dsrc restarts at 0
-    // after being handed to d_o.
-    write_backward(j, d_o, s);
+    if (pending_read_bwd_ == j + 1) {
+        // One pass over S, P, dS, dP: read j+1's backward on the state after write j, then write j
+        // unwound and its VJP; dvacc gets the write's dv (dsrc is added once read j+1's GEMMs,
+        // which need src = h_j, have updated it).
+        pending_read_bwd_ = -1;
+        FusedRead<T> fr;
+        fr.Qn = Qn_.ptr + (int64_t)j * N * HK_;
+        fr.Qnrm = Qnrm_.ptr + (int64_t)j * N * Hm_;
+        fr.a = residual_ ? A_[j + 1] : nullptr;
+        fr.dx = dxT_.ptr;
+        fr.draw = drawq_.ptr;
+        fr.prod32 = prod32_.ptr;
+        const bool f32 = std::is_same<T, float>::value;
+        float* dvacc = f32 ? reinterpret_cast<float*>(d_o) : tmp32_.ptr;
+        const float* Kn = Kn_.ptr + (int64_t)j * N * HK_;
+        const float* Knrm = Knrm_.ptr + (int64_t)j * N * Hm_;
+        const float* lam = lam_.ptr + (int64_t)j * Hm_;
+        const float* v = v32(j, s);
+        live_ = cur_.ptr;
+        const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
+        dispatch_dk(dk_, [&](auto c) {
+            constexpr int DK = decltype(c)::value;
+            if (rls_) read_bwd_unwind_vjp_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
+            else read_bwd_vjp_od_warp_kernel<kOuter, T, DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
+        });
+        LDM_LAUNCH_CHECK();
+        read_backward_gemms(j + 1, drawq_.ptr, s);  // src is still h_j
+        restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
+        LDM_LAUNCH_CHECK();
+        add_grad_kernel<float><<<elem_blocks(nd), 256, 0, s>>>(nd, dsrc_.ptr, dvacc, true);  // dvacc += dsrc
+        LDM_LAUNCH_CHECK();
+        write_backward(j, d_o, s, /*vjp_done=*/true);
+    } else {
+        restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
+        LDM_LAUNCH_CHECK();
+        // d_o = dsrc (+ the write's VJP, inside write_backward)
+        write_backward(j, d_o, s);
+    }
+    // without residual dsrc restarts at 0 after being handed to d_o
     if (!residual_) CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)nd * 4, s));
 }
 
@@ -489,7 +570,12 @@ void LdmGpuScheme<T>::input_backward(int j, const T* dx, cudaStream_t s) {
         ldmk::add_grad_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, dx, dsrc_.ptr, true);
         LDM_LAUNCH_CHECK();
     }
-    read_backward(j, dx, s);
+    if (fuse_backward(j - 1)) {  // read j's backward waits for write j-1's unwind + VJP
+        CUDA_CHECK(cudaMemcpyAsync(dxT_.ptr, dx, (size_t)nd * sizeof(T), cudaMemcpyDeviceToDevice, s));
+        pending_read_bwd_ = j;
+    } else {
+        read_backward(j, dx, s);
+    }
 }
 
 template <typename T>
@@ -510,18 +596,25 @@ void LdmGpuScheme<T>::read_backward(int j, const T* dx, cudaStream_t s) {
                                                                            draw_.ptr, tmp32_.ptr, prod32_.ptr);
     }
     LDM_LAUNCH_CHECK();
-    if (residual_) colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
-    const T* dr = to_T(draw_.ptr, N * HK_, drawT_.ptr, s);
-    // dsrc [N, d] += draw · W_q ; dW_q [HK, d] += drawᵀ · src
+    read_backward_gemms(j, draw_.ptr, s);
+}
+
+// The rest of read j's backward once its kernel has run: the gate's gradient from prod32, then
+// dsrc [N, d] += draw · W_q and dW_q [HK, d] += drawᵀ · src (src = h_{j-1}, read j's input).
+template <typename T>
+void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s) {
+    const int64_t N = N_;
+    if (residual_) ldmk::colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
+    const T* dr = to_T(draw, N * HK_, drawT_.ptr, s);
     mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);
     mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, srcT(), d_, 1.f, gWq_[j], d_, nullptr, s);
 }
 
 template <typename T>
-void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s) {
+void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_done) {
     using namespace ldmk;
     const int64_t N = N_, nd = N * d_;
-    const bool fused = prev_state(i, s);
+    const bool fused = vjp_done || prev_state(i, s);
     const T* Oi = O_.ptr + (int64_t)i * nd;
     const float* Kn = Kn_.ptr + (int64_t)i * N * HK_;
     const float* Knrm = Knrm_.ptr + (int64_t)i * N * Hm_;
@@ -531,7 +624,9 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s) {
     const bool f32 = std::is_same<T, float>::value;
     float* dvacc = f32 ? reinterpret_cast<float*>(d_o) : tmp32_.ptr;
     float* L = live_;
-    if (warp_) {
+    if (vjp_done) {
+        // the unwind + VJP ran with the previous read's backward (output_backward)
+    } else if (warp_) {
         const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
         dispatch_dk(dk_, [&](auto c) {
             constexpr int DK = decltype(c)::value;

@@ -445,6 +445,66 @@ __device__ inline void store_P(float* P, const float (&Pl)[DK * DK], int dk, int
     }
 }
 
+// A read fused into another kernel's pass over the state (the forward: read j of the state that
+// write j-1 has just produced, cuda/ldm.cuh *_read_warp_kernel; the backward: read j's backward
+// before the unwind + VJP of write j-1, read_bwd_* kernels), so the state moves once for both.
+// Per (token, head): forward q = L2n(raw) -> Qn, Qnrm, x = src32 + a ⊙ (S q) (a == nullptr: no
+// residual, x = S q); backward dr = a ⊙ dx (or dx), dS += dr qᵀ, prod32 = dx ⊙ (S q) (when a),
+// draw = L2n-backward(Sᵀ dr) with Qn, Qnrm of the forward.
+template <typename T>
+struct FusedRead {
+    const float* raw = nullptr;    // forward: q before the L2n [N, HK]
+    float* Qn = nullptr;           // forward: written; backward: read
+    float* Qnrm = nullptr;         // forward: written; backward: read
+    const float* src32 = nullptr;  // forward: the residual stream h (fp32)
+    const float* a = nullptr;      // the gate a_j (fp32 master), nullptr without residual
+    T* x = nullptr;                // forward: x_j
+    const T* dx = nullptr;         // backward: dL/dx_j
+    float* draw = nullptr;         // backward: dL/d(q before the L2n) [N, HK]
+    float* prod32 = nullptr;       // backward: dx ⊙ r (for the gate's gradient)
+};
+// forward: q of (n, h) normalised into registers, Qn / Qnrm written.
+template <typename T, int DK>
+__device__ inline void fused_read_q(const FusedRead<T>& f, const Dims& D, int n, int h, int lane, float (&q)[DK]) {
+    const int64_t kh = D.key_off(n, h);
+#pragma unroll
+    for (int b = 0; b < DK; b++) q[b] = b < D.dk ? f.raw[kh + b] : 0.f;
+    const float nrm = l2n_reg<DK>(q);
+    store_vec_lanes<DK>(f.Qn + kh, q, D.dk, lane);
+    if (lane == 0) f.Qnrm[D.tok_off(n, h)] = nrm;
+}
+// backward: dq = Sᵀ dr (warp-summed here) through the L2n backward into draw.
+template <typename T, int DK>
+__device__ inline void fused_read_bwd_finish(const FusedRead<T>& f, const Dims& D, int n, int h, int lane,
+                                             const float (&q)[DK], float (&dq)[DK]) {
+#pragma unroll
+    for (int b = 0; b < DK; b++) dq[b] = warp_sum(dq[b]);
+    float yd = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++) yd += q[b] * dq[b];
+    const float inv = 1.f / f.Qnrm[D.tok_off(n, h)];
+#pragma unroll
+    for (int b = 0; b < DK; b++) dq[b] = (dq[b] - q[b] * yd) * inv;
+    store_vec_lanes<DK>(f.draw + D.key_off(n, h), dq, D.dk, lane);
+}
+// backward, one row r of (n, h): the read's part on the state row (the state the read saw) and
+// its gradient row (updated in place).
+template <typename T, int DK>
+__device__ inline void fused_read_bwd_row(const FusedRead<T>& f, const Dims& D, int h, int64_t vo, int r,
+                                          const float (&row)[DK], float (&drow)[DK], const float (&q)[DK],
+                                          float (&dq)[DK]) {
+    const float dxr = to_f(f.dx[vo + r]);
+    const float g = f.a ? f.a[h * D.dv + r] * dxr : dxr;
+    float rr = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++) {
+        rr += row[b] * q[b];
+        drow[b] += g * q[b];
+        dq[b] += row[b] * g;
+    }
+    if (f.a) f.prod32[vo + r] = dxr * rr;
+}
+
 // Warp read: same outputs as read_thread_kernel (r32 is not written).
 template <typename T, int DK>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
@@ -474,11 +534,12 @@ read_warp_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Q
 // cur (out of place in store mode, so the forward needs no extra copy; in place when equal).
 // RECOMP: re-applies a stored write (window / checkpoint recompute): raw is the stored normalised
 // key Kn, nothing but the state is written.
-template <int DK, bool RECOMP = false>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-write_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
-                    float* Knrm, const float* v32, const float* lam) {
+template <int DK, bool RECOMP, bool READ, typename T>
+__device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
+                                           float* Knrm, const float* v32, const float* lam, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
+    float q[DK];
+    if (READ) fused_read_q<T, DK>(fr, D, n, h, lane, q);
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
     const int dk = D.dk;
     float k[DK], u[DK], Pl[DK * DK];
@@ -514,23 +575,50 @@ write_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* r
 #pragma unroll
         for (int b = 0; b < DK; b++) row[b] += e * (u[b] * ig);
         store_row<DK>(S + (int64_t)r * dk, row, dk);
+        if (READ) {  // read j of the new state (read_warp_kernel's expression)
+            float rr = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) rr += row[b] * q[b];
+            fr.x[vo + r] = from_f<T>(fr.a ? fr.src32[vo + r] + fr.a[h * D.dv + r] * rr : rr);
+        }
     }
 #pragma unroll
     for (int p = 0; p < DK * DK; p++) Pl[p] = (Pl[p] - u[p / DK] * u[p % DK] * ig) * il;
     __syncwarp();
     store_P<DK>(P, Pl, dk, lane);
 }
+template <int DK, bool RECOMP = false>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+write_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
+                    float* Knrm, const float* v32, const float* lam) {
+    write_rls_warp_body<DK, RECOMP, false, float>(D, cur, src_state, raw, Kn, Knrm, v32, lam, FusedRead<float>{});
+}
+// Write i then read i+1 of the new state in the same pass (the forward of unwind / store /
+// checkpoint modes): the outputs of write_rls_warp_kernel and of read_warp_kernel.
+template <typename T, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+write_read_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn, float* Knrm,
+                           const float* v32, const float* lam, FusedRead<T> fr) {
+    write_rls_warp_body<DK, false, true, T>(D, cur, src_state, raw, Kn, Knrm, v32, lam, fr);
+}
 
 // Warp fused unwind + VJP of an rls write: same math as rls_unwind (when UNWIND) followed by
 // rls_write_vjp (ldm_math.h). One pass over the rows: each lane unwinds its S row in registers,
 // stores it, and applies the row's part of the VJP with its dS row; dk-vector sums are warp
 // reductions; the P part is computed redundantly by every lane from registers.
-template <int DK, bool UNWIND>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
-                         const float* v32, const float* lam, const float* dsrc32, float* dvacc,
-                         float* draw, float* dtok) {
+template <int DK, bool UNWIND, bool READ, typename T>
+__device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
+                                                const float* v32, const float* lam, const float* dsrc32, float* dvacc,
+                                                float* draw, float* dtok, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
+    float q[DK], dq[DK];
+    if (READ) {
+#pragma unroll
+        for (int b = 0; b < DK; b++) {
+            q[b] = b < D.dk ? fr.Qn[D.key_off(n, h) + b] : 0.f;
+            dq[b] = 0.f;
+        }
+    }
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h),
                   nh = D.tok_off(n, h);
     const int dk = D.dk;
@@ -581,6 +669,8 @@ unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const
     for (int r = lane; r < D.dv; r += 32) {
         float row[DK], drow[DK];
         load_row<DK>(S + (int64_t)r * dk, row, dk);
+        load_row<DK>(dSs + (int64_t)r * dk, drow, dk);
+        if (READ) fused_read_bwd_row<T, DK>(fr, D, h, vo, r, row, drow, q, dq);  // on the state after the write
         if (UNWIND) {  // S_prev = S - (gamma/lam)(v - S k) gu^T
             float s = 0.f;
 #pragma unroll
@@ -590,7 +680,6 @@ unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const
             for (int b = 0; b < DK; b++) row[b] -= e * gu[b];
             store_row<DK>(S + (int64_t)r * dk, row, dk);
         }
-        load_row<DK>(dSs + (int64_t)r * dk, drow, dk);
         // e = v - S k, de = dS' g; dg += dS'^T e; dv += de; dk -= S^T de; dS_prev = dS' - de k^T
         float s = 0.f, t = 0.f;
 #pragma unroll
@@ -606,8 +695,9 @@ unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const
             drow[b] -= t * k[b];
         }
         store_row<DK>(dSs + (int64_t)r * dk, drow, dk);
-        dvacc[vo + r] = dsrc32[vo + r] + t;
+        dvacc[vo + r] = (dsrc32 ? dsrc32[vo + r] : 0.f) + t;
     }
+    if (READ) fused_read_bwd_finish<T, DK>(fr, D, n, h, lane, q, dq);
 #pragma unroll
     for (int b = 0; b < DK; b++) {
         dg[b] = warp_sum(dg[b]);
@@ -664,15 +754,35 @@ unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const
     store_vec_lanes<DK>(draw + kh, dkk, dk, lane);
     if (lane == 0) dtok[nh] = dl;
 }
+template <int DK, bool UNWIND>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
+                         const float* v32, const float* lam, const float* dsrc32, float* dvacc,
+                         float* draw, float* dtok) {
+    unwind_vjp_rls_warp_body<DK, UNWIND, false, float>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok,
+                                                       FusedRead<float>{});
+}
+// Read i+1's backward, then the unwind + VJP of write i, in one pass over S, P, dS, dP (unwind mode
+// and checkpoint segments; the state in cur is the one after write i). dsrc32 == nullptr: dvacc
+// gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it).
+template <typename T, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+read_bwd_unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
+                                    const float* v32, const float* lam, const float* dsrc32, float* dvacc,
+                                    float* draw, float* dtok, FusedRead<T> fr) {
+    unwind_vjp_rls_warp_body<DK, true, true, T>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok, fr);
+}
 
 // Warp outer / delta write (forward): same math as outer_write / delta_write (in place on cur).
 // delta: beta = β_max sigmoid(zraw + bb) -> beta.
 // RECOMP: re-applies a stored write (k = raw = Kn, delta: beta read from beta), state only.
-template <int RULE, int DK, bool RECOMP = false>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-write_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
-                   const float* lam, const float* zraw, const float* bb, float* beta) {
+template <int RULE, int DK, bool RECOMP, bool READ, typename T>
+__device__ inline void write_od_warp_body(Dims D, float* cur, const float* raw, float* Kn, float* Knrm,
+                                          const float* v32, const float* lam, const float* zraw, const float* bb,
+                                          float* beta, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
+    float q[DK];
+    if (READ) fused_read_q<T, DK>(fr, D, n, h, lane, q);
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), nh = D.tok_off(n, h);
     const int dk = D.dk;
     float k[DK];
@@ -708,18 +818,45 @@ write_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knr
             for (int b = 0; b < DK; b++) row[b] += e * k[b];
         }
         store_row<DK>(S + (int64_t)r * dk, row, dk);
+        if (READ) {
+            float rr = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) rr += row[b] * q[b];
+            fr.x[vo + r] = from_f<T>(fr.a ? fr.src32[vo + r] + fr.a[h * D.dv + r] * rr : rr);
+        }
     }
+}
+template <int RULE, int DK, bool RECOMP = false>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+write_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
+                   const float* lam, const float* zraw, const float* bb, float* beta) {
+    write_od_warp_body<RULE, DK, RECOMP, false, float>(D, cur, raw, Kn, Knrm, v32, lam, zraw, bb, beta,
+                                                       FusedRead<float>{});
+}
+// Outer / delta write i then read i+1 of the new state in the same pass (in place on cur).
+template <int RULE, typename T, int DK>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+write_read_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
+                          const float* lam, const float* zraw, const float* bb, float* beta, FusedRead<T> fr) {
+    write_od_warp_body<RULE, DK, false, true, T>(D, cur, raw, Kn, Knrm, v32, lam, zraw, bb, beta, fr);
 }
 
 // Warp VJP of an outer / delta write at the state before it (UNWIND, outer only: first unwinds the
 // row in place, S_prev = (S - v kᵀ)/λ). Same math as outer_write_vjp / delta_write_vjp; outputs
 // as write_vjp_thread_kernel (dtok = dL/dλ for outer, dL/dz for delta).
-template <int RULE, int DK, bool UNWIND>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const float* v32,
-                 const float* lam, const float* beta, const float* dsrc32, float* dvacc, float* draw,
-                 float* dtok) {
+template <int RULE, int DK, bool UNWIND, bool READ, typename T>
+__device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
+                                        const float* v32, const float* lam, const float* beta, const float* dsrc32,
+                                        float* dvacc, float* draw, float* dtok, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
+    float q[DK], dq[DK];
+    if (READ) {
+#pragma unroll
+        for (int b = 0; b < DK; b++) {
+            q[b] = b < D.dk ? fr.Qn[D.key_off(n, h) + b] : 0.f;
+            dq[b] = 0.f;
+        }
+    }
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h),
                   nh = D.tok_off(n, h);
     const int dk = D.dk;
@@ -738,12 +875,13 @@ vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* 
     for (int r = lane; r < D.dv; r += 32) {
         float row[DK], G[DK];
         load_row<DK>(S + (int64_t)r * dk, row, dk);
+        load_row<DK>(dSs + (int64_t)r * dk, G, dk);
+        if (READ) fused_read_bwd_row<T, DK>(fr, D, h, vo, r, row, G, q, dq);  // on the state after the write
         if (UNWIND && RULE == kOuter) {
 #pragma unroll
             for (int b = 0; b < DK; b++) row[b] = (row[b] - v[r] * k[b]) * il;
             store_row<DK>(S + (int64_t)r * dk, row, dk);
         }
-        load_row<DK>(dSs + (int64_t)r * dk, G, dk);
         float t = 0.f;
         if (RULE == kOuter) {
 #pragma unroll
@@ -753,7 +891,7 @@ vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* 
                 dkk[b] += G[b] * v[r];
                 G[b] = lm * G[b];
             }
-            dvacc[vo + r] = dsrc32[vo + r] + t;
+            dvacc[vo + r] = (dsrc32 ? dsrc32[vo + r] : 0.f) + t;
         } else {
             float s = 0.f;
 #pragma unroll
@@ -769,10 +907,11 @@ vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* 
                 dkk[b] += bt * G[b] * e - row[b] * de;
                 G[b] -= de * k[b];
             }
-            dvacc[vo + r] = dsrc32[vo + r] + de;
+            dvacc[vo + r] = (dsrc32 ? dsrc32[vo + r] : 0.f) + de;
         }
         store_row<DK>(dSs + (int64_t)r * dk, G, dk);
     }
+    if (READ) fused_read_bwd_finish<T, DK>(fr, D, n, h, lane, q, dq);
 #pragma unroll
     for (int b = 0; b < DK; b++) dkk[b] = warp_sum(dkk[b]);
     dsc = warp_sum(dsc);
@@ -784,6 +923,22 @@ vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* 
     for (int b = 0; b < DK; b++) dkk[b] = (dkk[b] - k[b] * yd) * inv;
     store_vec_lanes<DK>(draw + kh, dkk, dk, lane);
     if (lane == 0) dtok[nh] = RULE == kDelta ? dsc * bt * (1.f - bt / kBetaMax) : dsc;
+}
+template <int RULE, int DK, bool UNWIND>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const float* v32,
+                 const float* lam, const float* beta, const float* dsrc32, float* dvacc, float* draw,
+                 float* dtok) {
+    vjp_od_warp_body<RULE, DK, UNWIND, false, float>(D, cur, dS, Kn, Knrm, v32, lam, beta, dsrc32, dvacc, draw, dtok,
+                                                     FusedRead<float>{});
+}
+// Read i+1's backward, then the (outer: unwind +) VJP of write i, in one pass (see the rls one).
+template <int RULE, typename T, int DK, bool UNWIND>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+read_bwd_vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const float* v32,
+                            const float* lam, const float* beta, const float* dsrc32, float* dvacc, float* draw,
+                            float* dtok, FusedRead<T> fr) {
+    vjp_od_warp_body<RULE, DK, UNWIND, true, T>(D, cur, dS, Kn, Knrm, v32, lam, beta, dsrc32, dvacc, draw, dtok, fr);
 }
 
 // Warp unwind of write i alone (cur: after -> before), rls / outer: same math as rls_unwind /

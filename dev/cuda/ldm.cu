@@ -280,40 +280,66 @@ void bench(bool quick) {
     ms = time_median_ms([&] {
         read_thread_kernel<T><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr);
     }, 2, reps, s);
-    line("read-v1", ms, S_only);
+    line("read-thread", ms, S_only);
     ms = time_median_ms([&] {
         read_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr);
     }, 2, reps, s);
-    line("read-v2", ms, S_only);
+    line("read-warp", ms, S_only);
     ms = time_median_ms([&] {
         write_thread_kernel<kRls><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, nullptr, nullptr, scratch.ptr);
     }, 2, reps, s);
-    line("write-rls-v1", ms, 2 * SP);
+    line("write-rls-thread", ms, 2 * SP);
     ms = time_median_ms([&] {
         write_rls_warp_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
-    line("write-rls-v2", ms, 2 * SP);
+    line("write-rls-warp", ms, 2 * SP);
     // unwind + VJP: reads S,P,dS,dP and writes all four (fused); state drifts across reps but
     // the timing does not depend on the values.
     ms = time_median_ms([&] {
         write_vjp_thread_kernel<kRls, true><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr, scratch.ptr);
     }, 2, reps, s);
-    line("unwind-vjp-rls-v1", ms, 4 * SP);
+    line("unwind-vjp-rls-thread", ms, 4 * SP);
     ms = time_median_ms([&] {
         unwind_vjp_rls_warp_kernel<8, true><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
     }, 2, reps, s);
-    line("unwind-vjp-rls-v2", ms, 4 * SP);
+    line("unwind-vjp-rls-warp", ms, 4 * SP);
     ms = time_median_ms([&] {
         read_bwd_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, Kn.ptr, Knrm.ptr, dx.ptr, a.ptr, dS.ptr, draw.ptr, prod.ptr);
     }, 2, reps, s);
-    line("read-bwd-v2", ms, S_only * 3);  // S read, dS read + write
+    line("read-bwd-warp", ms, S_only * 3);  // S read, dS read + write
+    // the fused passes production runs (train_ldm.cu): write j-1 + read j forward (S, P read +
+    // write once), read j backward + unwind + VJP of write j-1 (S, P, dS, dP read + write once)
+    {
+        FusedRead<T> fr;
+        fr.raw = raw.ptr;
+        fr.Qn = Kn.ptr;
+        fr.Qnrm = Knrm.ptr;
+        fr.src32 = src32.ptr;
+        fr.a = a.ptr;
+        fr.x = x.ptr;
+        ms = time_median_ms([&] {
+            write_read_rls_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+        }, 2, reps, s);
+        line("write-read-rls-warp-fused", ms, 2 * SP);
+        FusedRead<T> fb;
+        fb.Qn = Kn.ptr;
+        fb.Qnrm = Knrm.ptr;
+        fb.a = a.ptr;
+        fb.dx = dx.ptr;
+        fb.draw = draw.ptr;
+        fb.prod32 = prod.ptr;
+        ms = time_median_ms([&] {
+            read_bwd_unwind_vjp_rls_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+        }, 2, reps, s);
+        line("read-bwd-unwind-vjp-rls-warp-fused", ms, 4 * SP);
+    }
     // windowed: w = 4 writes applied sequentially (the GPU window mode; no Woodbury yet):
     // state traffic is w times that of the deferred form's one pass.
     ms = time_median_ms([&] {
         for (int t = 0; t < 4; t++)
             write_rls_warp_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
-    line("window4-sequential-v2", ms, 2 * SP);  // GB/s vs the ONE pass a Woodbury window needs
+    line("window4-sequential-warp", ms, 2 * SP);  // GB/s vs the ONE pass a Woodbury window needs
     // Woodbury window kernels (w = 4): pending-write buffers per (token, head)
     {
         const int w = 4;
@@ -324,9 +350,10 @@ void bench(bool quick) {
         fill(Et.ptr, Et.n, 0.01f, s);
         fill(lamw.ptr, lamw.n, 0.99f, s);
         init_state(Dm, cur.ptr, 0.1f, s);
-        // counted bytes (doc/cuda.md "LDM kernels"): append-key-v2 P read; append-v1 S, P read +
-        // the E~ row written; read-v1-m2 S, P + 2 E~ rows; read-v2-m2 S, P + 2
-        // saved v rows (T); flush-v1-w4 S, P read + write + 4 E~ rows; flush-v2-w4 the same with
+        // counted bytes (doc/cuda.md "LDM kernels"): append-key (warp path) P read; append
+        // (thread path) S, P read + the E~ row written; read-thread-m2 S, P + 2 E~ rows;
+        // read-warp-m2 S, P + 2 saved v rows (T); flush-thread-w4 S, P read + write + 4 E~ rows;
+        // flush-warp-w4 the same with
         // 4 v rows (T). Small K~, L, q, k traffic is not counted.
         const double Pb = (double)TH * Dm.PP * 4, Ob = (double)nd * sizeof(T), Eb = (double)nd * 4;
         // fill K~ and L for m = 0..3 (valid factors), key-only append
@@ -336,28 +363,28 @@ void bench(bool quick) {
         ms = time_median_ms([&] {
             window_append_kernel<false><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, nullptr, lamw.ptr, 3, w, Kt.ptr, nullptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-append-key-v2", ms, Pb);
+        line("window-append-key-warppath", ms, Pb);
         ms = time_median_ms([&] {
             window_append_kernel<true><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lamw.ptr, 3, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-append-v1", ms, S_only + Pb + Eb);
+        line("window-append-threadpath", ms, S_only + Pb + Eb);
         ms = time_median_ms([&] {
             window_read_thread_kernel<T><<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, r32.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-read-v1-m2", ms, S_only + Pb + 2 * Eb);
+        line("window-read-thread-m2", ms, S_only + Pb + 2 * Eb);
         ms = time_median_ms([&] {
             window_read_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, src32.ptr, a.ptr, x.ptr, 2, w, Kt.ptr, Lc.ptr, O.ptr, nd, lamw.ptr);
         }, 2, reps, s);
-        line("window-read-v2-m2", ms, S_only + Pb + 2 * Ob);
+        line("window-read-warp-m2", ms, S_only + Pb + 2 * Ob);
         // flushes modify S, P in place; the timing does not depend on the values
         ms = time_median_ms([&] {
             window_flush_thread_kernel<<<thread_blocks(Dm), kThreads, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Et.ptr, Lc.ptr, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-flush-v1-w4", ms, 2 * SP + w * Eb);
+        line("window-flush-thread-w4", ms, 2 * SP + w * Eb);
         ms = time_median_ms([&] {
             window_flush_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, lamw.ptr, w, w, Kt.ptr, Lc.ptr, O.ptr, nd, wscr.ptr, sstr);
         }, 2, reps, s);
-        line("window-flush-v2-w4", ms, 2 * SP + w * Ob);
+        line("window-flush-warp-w4", ms, 2 * SP + w * Ob);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
 }
