@@ -155,30 +155,42 @@ inline unsigned adamw_grid(int64_t work) {
     return (unsigned)std::min<int64_t>(blocks, 132 * 16);   // grid-stride beyond ~16 blocks/SM
 }
 
-// variant 1 = scalar, 2 = vec4 (falls back to scalar when the pointers cannot all be aligned
-// by skipping the same 0..3 leading elements).
+// The number of leading elements (0..3) to update as scalars so that p + head is 16-byte
+// aligned, when the same head also aligns m, v, g (16 bytes) and p_copy (4 elements) and n >= head:
+// the vec4 kernel applies. -1 when it does not (the arrays' alignments differ).
 template <typename T>
-void adamw_launch(int variant, float* p, T* p_copy, float* m, float* v, const float* g, int64_t n,
-                  const AdamWScalars<float>& sc, bool decay, cudaStream_t s) {
-    if (variant != -1 && variant != 1 && variant != 2)
-        throw Error(strprintf("adamw_update: unknown variant %d", variant));
+inline int vec4_head(const float* p, const T* p_copy, const float* m, const float* v,
+                     const float* g, int64_t n) {
     int head = 0;
     if (aligned_to(p, sizeof(float))) head = (int)((16 - (uintptr_t)p % 16) % 16 / sizeof(float));
-    const bool vec = variant != 1 && n >= head && aligned_to(p + head, 16) &&
-                     aligned_to(m + head, 16) && aligned_to(v + head, 16) &&
-                     aligned_to(g + head, 16) &&
-                     (p_copy == nullptr || aligned_to(p_copy + head, 4 * sizeof(T)));
-    if (vec) {
-        const unsigned grid = adamw_grid((n - head) / 4);
-        if (decay)
-            adamw_vec4_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
-        else
-            adamw_vec4_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
-    } else {
-        const unsigned grid = adamw_grid(n);
-        if (decay) adamw_scalar_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
-        else adamw_scalar_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
-    }
+    const bool ok = n >= head && aligned_to(p + head, 16) && aligned_to(m + head, 16) &&
+                    aligned_to(v + head, 16) && aligned_to(g + head, 16) &&
+                    (p_copy == nullptr || aligned_to(p_copy + head, 4 * sizeof(T)));
+    return ok ? head : -1;
+}
+
+// The launchers of one kernel each (n >= 1; sc from adamw_scalars). adamw_update runs vec4
+// whenever vec4_head allows it (launch_vec4 throws ldm::Error otherwise) and the scalar kernel
+// else; the workbench also runs the scalar kernel where vec4 applies.
+template <typename T>
+void launch_scalar(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n,
+                   const AdamWScalars<float>& sc, bool decay, cudaStream_t s) {
+    const unsigned grid = adamw_grid(n);
+    if (decay) adamw_scalar_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+    else adamw_scalar_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+void launch_vec4(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n,
+                 const AdamWScalars<float>& sc, bool decay, cudaStream_t s) {
+    const int head = vec4_head(p, p_copy, m, v, g, n);
+    if (head < 0)
+        throw Error("adamw_update: the vec4 kernel needs p, m, v, g (and p_copy) equally aligned");
+    const unsigned grid = adamw_grid((n - head) / 4);
+    if (decay)
+        adamw_vec4_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
+    else
+        adamw_vec4_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
     LDM_LAUNCH_CHECK();
 }
 }  // namespace adamw_detail
@@ -192,20 +204,25 @@ void adamw_launch(int variant, float* p, T* p_copy, float* m, float* v, const fl
 // once per contiguous range of equal ParamSpec.decay, passing cfg.weight_decay on decay ranges and
 // 0 on the others (core/optim.cpp's per-element decay flag). The hyperparameters are double and
 // are rounded to fp32 exactly as core/optim.cpp does (pass the AdamWConfig fields and the clip
-// factor computed in double to get bit-identical updates). variant: -1 = best (= 2), 1 = scalar,
-// 2 = vec4 after 0..3 scalar leading elements (scalar when the arrays' alignments differ).
-// n = 0 is a no-op; n < 0, t < 1 or an unknown variant throws ldm::Error.
+// factor computed in double to get bit-identical updates). Kernel: groups of 4 elements with
+// 16-byte accesses after 0..3 scalar leading elements, or one element per thread when the
+// arrays' alignments differ (same arithmetic). n = 0 is a no-op; n < 0 or t < 1 throws
+// ldm::Error.
 template <typename T>
 void adamw_update(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n, double lr,
                   double beta1, double beta2, double eps, double weight_decay, double grad_scale,
-                  int64_t t, cudaStream_t s, int variant = -1) {
+                  int64_t t, cudaStream_t s) {
     if (n < 0 || t < 1)
         throw Error(strprintf("adamw_update: n = %lld, t = %lld (need n >= 0, t >= 1)",
                               (long long)n, (long long)t));
     if (n == 0) return;
     const AdamWScalars<float> sc =
         adamw_scalars<float>(beta1, beta2, eps, weight_decay, lr, grad_scale, t);
-    adamw_detail::adamw_launch<T>(variant, p, p_copy, m, v, g, n, sc, weight_decay != 0.0, s);
+    const bool decay = weight_decay != 0.0;
+    if (adamw_detail::vec4_head(p, p_copy, m, v, g, n) >= 0)
+        adamw_detail::launch_vec4<T>(p, p_copy, m, v, g, n, sc, decay, s);
+    else
+        adamw_detail::launch_scalar<T>(p, p_copy, m, v, g, n, sc, decay, s);
 }
 
 }  // namespace gpu

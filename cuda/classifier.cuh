@@ -33,50 +33,15 @@ __device__ inline void ms_add(MaxSum& a, float x) {
     a.s += __expf(x - a.m);
 }
 
-// Block-wide reductions in a fixed order (shuffle tree in each warp, then warp 0 over the warp
-// results); the result is returned to EVERY thread. blockDim.x must be a multiple of 32.
-__device__ inline float warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-__device__ inline float warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
+// Block-wide reduction of the softmax statistics in a fixed order (shuffle tree in each warp, then
+// warp 0 over the warp results); the result is returned to EVERY thread. blockDim.x must be a
+// multiple of 32.
 __device__ inline MaxSum warp_ms(MaxSum a) {
     for (int o = 16; o > 0; o >>= 1) {
         MaxSum b{__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o)};
         a = ms_combine(a, b);
     }
     return a;
-}
-__device__ inline float block_max(float x) {
-    __shared__ float sh[32];
-    __shared__ float result;
-    x = warp_max(x);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) sh[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        float y = warp_max(lane < nw ? sh[lane] : -FLT_MAX);
-        if (lane == 0) result = y;
-    }
-    __syncthreads();
-    return result;
-}
-__device__ inline float block_sum(float x) {
-    __shared__ float sh[32];
-    __shared__ float result;
-    x = warp_sum(x);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) sh[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        float y = warp_sum(lane < nw ? sh[lane] : 0.0f);
-        if (lane == 0) result = y;
-    }
-    __syncthreads();
-    return result;
 }
 __device__ inline MaxSum block_ms(MaxSum a) {
     __shared__ float shm[32], shs[32];
@@ -110,30 +75,6 @@ __device__ inline float dlogit(float x, int v, int t, int V, float m, float inv_
     return dscale * (v == t ? p - 1.0f : p);
 }
 
-// v1 (simple): pass 1 max, pass 2 Σ exp (expf), pass 3 writes; scalar loads, any alignment.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    classifier_v1_kernel(T* logits, float* losses, const int32_t* targets, int V, int Vp,
-                         float dscale, bool write) {
-    T* row = logits + (int64_t)blockIdx.x * Vp;
-    const int t = targets[blockIdx.x];
-    const float xt = target_logit(row, t, V);
-    float mx = -FLT_MAX;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, to_f(row[v]));
-    mx = block_max(mx);
-    float s = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(to_f(row[v]) - mx);
-    s = block_sum(s);   // ends with __syncthreads: every read above is done before any write
-    if (threadIdx.x == 0 && losses) losses[blockIdx.x] = mx + logf(s) - xt;
-    if (!write) return;
-    const float inv_s = 1.0f / s;
-    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
-        const float x = v < V ? to_f(row[v]) : 0.0f;
-        const float d = v < V ? dscale * (expf(x - mx) * inv_s - (v == t ? 1.0f : 0.0f)) : 0.0f;
-        row[v] = from_f<T>(d);
-    }
-}
-
 // 16-byte pack of W = 16 / sizeof(T) values.
 template <typename T>
 struct alignas(16) Pack {
@@ -141,13 +82,14 @@ struct alignas(16) Pack {
     T x[W];
 };
 
-// v2 (fast): one online-softmax statistics pass, then the write pass. VEC: 16-byte loads and
-// stores (needs the row start 16-byte aligned, i.e. logits aligned and Vp·sizeof(T) % 16 == 0,
-// which also makes Vp a multiple of W); the last V % W real columns are read as scalars.
+// One online-softmax statistics pass, then the write pass (the workbench's "v2"). VEC: 16-byte
+// loads and stores (needs the row start 16-byte aligned, i.e. logits aligned and
+// Vp·sizeof(T) % 16 == 0, which also makes Vp a multiple of W); the last V % W real columns are
+// read as scalars. !VEC: scalar accesses, any alignment.
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads)
-    classifier_v2_kernel(T* logits, float* losses, const int32_t* targets, int V, int Vp,
-                         float dscale, bool write) {
+    classifier_kernel(T* logits, float* losses, const int32_t* targets, int V, int Vp,
+                      float dscale, bool write) {
     using P = Pack<T>;
     constexpr int W = P::W;
     T* row = logits + (int64_t)blockIdx.x * Vp;
@@ -214,6 +156,32 @@ __global__ void sum_losses_kernel(float* out, const float* losses, int64_t N) {
     }
 }
 
+// True when every row of logits [N, Vp] starts 16-byte aligned (the kernel's VEC path).
+template <typename T>
+inline bool rows_aligned16(const T* logits, int Vp) {
+    return ((uintptr_t)logits % 16 == 0) && ((int64_t)Vp * (int64_t)sizeof(T)) % 16 == 0;
+}
+
+// Enqueues classifier_kernel over N >= 1 rows (sizes checked by the caller): vec = the 16-byte
+// path (ldm::Error unless rows_aligned16), else the scalar path. fused_classifier picks vec
+// whenever the rows allow it; dev/cuda/classifier.cu also runs the scalar path on aligned rows.
+template <typename T>
+void launch(bool vec, T* logits, float* losses, const int32_t* targets, int64_t N, int V, int Vp,
+            float dscale, bool write_dlogits, cudaStream_t s) {
+    const unsigned grid = (unsigned)N;
+    if (vec) {
+        if (!rows_aligned16(logits, Vp))
+            throw Error(strprintf("fused_classifier: the 16-byte path needs 16-byte aligned rows "
+                                  "(Vp = %d)", Vp));
+        classifier_kernel<T, true><<<grid, kThreads, 0, s>>>(logits, losses, targets, V, Vp,
+                                                             dscale, write_dlogits);
+    } else {
+        classifier_kernel<T, false><<<grid, kThreads, 0, s>>>(logits, losses, targets, V, Vp,
+                                                              dscale, write_dlogits);
+    }
+    LDM_LAUNCH_CHECK();
+}
+
 }  // namespace classifier_detail
 
 // Fused classifier on logits [N, Vp] (row stride Vp, T = float or bf16), over the V real
@@ -224,34 +192,18 @@ __global__ void sum_losses_kernel(float* out, const float* losses, int64_t N) {
 // (dscale is the per-token weight, e.g. loss scale / N). Probabilities are never stored.
 // targets: int32 [N] on the device, expected in [0, V); an out-of-range target gives
 // losses[n] = NaN and no one-hot term (never an out-of-bounds read). losses may be nullptr.
-// One block per row; arithmetic in fp32. variant: -1 = best (2), 1 = simple three-pass,
-// 2 = online-softmax statistics pass + write pass with 16-byte accesses when the rows are
-// 16-byte aligned (scalar otherwise). Deterministic (fixed-order reductions, no atomics).
-// Throws ldm::Error on bad sizes (N < 0, N >= 2^31, V < 1, Vp < V) or an unknown variant.
+// One block per row; arithmetic in fp32: an online-softmax statistics pass, then the write pass,
+// with 16-byte accesses when the rows are 16-byte aligned (scalar otherwise). Deterministic
+// (fixed-order reductions, no atomics). Throws ldm::Error on bad sizes (N < 0, N >= 2^31, V < 1,
+// Vp < V).
 template <typename T>
 void fused_classifier(T* logits, float* losses, const int32_t* targets, int64_t N, int V, int Vp,
-                      float dscale, bool write_dlogits, cudaStream_t s, int variant = -1) {
-    using namespace classifier_detail;
+                      float dscale, bool write_dlogits, cudaStream_t s) {
     if (N < 0 || N >= (int64_t(1) << 31) || V < 1 || Vp < V)
         throw Error(strprintf("fused_classifier: bad sizes N=%lld V=%d Vp=%d", (long long)N, V, Vp));
-    if (variant == -1) variant = 2;
-    if (variant != 1 && variant != 2)
-        throw Error(strprintf("fused_classifier: unknown variant %d", variant));
     if (N == 0) return;
-    const unsigned grid = (unsigned)N;
-    if (variant == 1) {
-        classifier_v1_kernel<T><<<grid, kThreads, 0, s>>>(logits, losses, targets, V, Vp, dscale,
-                                                           write_dlogits);
-    } else {
-        const bool vec = ((uintptr_t)logits % 16 == 0) && ((int64_t)Vp * (int64_t)sizeof(T)) % 16 == 0;
-        if (vec)
-            classifier_v2_kernel<T, true><<<grid, kThreads, 0, s>>>(logits, losses, targets, V, Vp,
-                                                                    dscale, write_dlogits);
-        else
-            classifier_v2_kernel<T, false><<<grid, kThreads, 0, s>>>(logits, losses, targets, V, Vp,
-                                                                     dscale, write_dlogits);
-    }
-    LDM_LAUNCH_CHECK();
+    classifier_detail::launch<T>(classifier_detail::rows_aligned16(logits, Vp), logits, losses,
+                                 targets, N, V, Vp, dscale, write_dlogits, s);
 }
 
 // *out (device, one float) = Σ_{n<N} losses[n] (fp32 [N] on the device), accumulated in double

@@ -11,11 +11,16 @@
 namespace ldm {
 namespace gpu {
 
+// Kernels (by shape, not a choice): "v2" (16-byte packs) when C % Pack<T>::n == 0 and the bases
+// are 16-byte aligned, else "v1" (scalar, any C and alignment); the launchers of each kernel are
+// in embedding_detail (the workbench also runs v1 where v2 applies).
+namespace embedding_detail {
+
 // ---- forward: out[N, C] = wte[tokens[n], :], wte [Vp, C]; token ids must lie in [0, Vp) ----
 // v1: one thread per element.
 template <typename T>
-__global__ void embedding_forward_v1_kernel(T* out, const int32_t* tokens, const T* wte, int64_t N,
-                                            int C) {
+__global__ void forward_scalar_kernel(T* out, const int32_t* tokens, const T* wte, int64_t N,
+                                      int C) {
     const int64_t total = N * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -26,8 +31,8 @@ __global__ void embedding_forward_v1_kernel(T* out, const int32_t* tokens, const
 }
 // v2: one warp per row, 16-byte packs (needs C % Pack<T>::n == 0 and 16-byte aligned bases).
 template <typename T>
-__global__ void embedding_forward_v2_kernel(T* out, const int32_t* tokens, const T* wte, int64_t N,
-                                            int C) {
+__global__ void forward_packed_kernel(T* out, const int32_t* tokens, const T* wte, int64_t N,
+                                      int C) {
     const int64_t n = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (n >= N) return;
@@ -37,23 +42,43 @@ __global__ void embedding_forward_v2_kernel(T* out, const int32_t* tokens, const
     for (int p = lane; p < packs; p += 32) dst[p] = src[p];
 }
 
-// variant: 1 = v1, 2 = v2, -1 = best (v2 when the layout allows it, else v1).
+// Whether the packed (v2) kernels apply to rows of C values at these bases.
+template <typename T>
+inline bool packed_ok(int C, const void* p0, const void* p1) {
+    return C % Pack<T>::n == 0 && aligned16(p0) && aligned16(p1);
+}
+
+// The forward launchers (N, C >= 1; forward_packed throws ldm::Error unless packed_ok).
+template <typename T>
+void forward_scalar(T* out, const int32_t* tokens, const T* wte, int64_t N, int C,
+                    cudaStream_t s) {
+    const int64_t blocks = std::min<int64_t>(ceil_div(N * C, 256), 65535LL * 16);
+    forward_scalar_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(out, tokens, wte, N, C);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+void forward_packed(T* out, const int32_t* tokens, const T* wte, int64_t N, int C,
+                    cudaStream_t s) {
+    if (!packed_ok<T>(C, out, wte))
+        throw Error(strprintf("embedding_forward: the packed kernel needs C %% %d == 0 (C = %d) "
+                              "and 16-byte aligned buffers", Pack<T>::n, C));
+    const int warps = 8;
+    forward_packed_kernel<T><<<(unsigned)ceil_div(N, warps), warps * 32, 0, s>>>(out, tokens, wte,
+                                                                                N, C);
+    LDM_LAUNCH_CHECK();
+}
+
+}  // namespace embedding_detail
+
+// out [N, C] = wte[tokens[n], :] (wte [Vp, C]; token ids on the device, in [0, Vp)). A copy:
+// exact in any dtype.
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t N, int C,
-                       cudaStream_t s, int variant = -1) {
+                       cudaStream_t s) {
+    using namespace embedding_detail;
     if (N <= 0 || C <= 0) return;
-    const bool vec_ok = C % Pack<T>::n == 0 && aligned16(out) && aligned16(wte);
-    if (variant == 2 && !vec_ok) variant = 1;
-    if (variant == -1) variant = vec_ok ? 2 : 1;
-    if (variant == 2) {
-        const int warps = 8;
-        embedding_forward_v2_kernel<T><<<(unsigned)ceil_div(N, warps), warps * 32, 0, s>>>(
-            out, tokens, wte, N, C);
-    } else {
-        int64_t blocks = std::min<int64_t>(ceil_div(N * C, 256), 65535LL * 16);
-        embedding_forward_v1_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(out, tokens, wte, N, C);
-    }
-    LDM_LAUNCH_CHECK();
+    if (packed_ok<T>(C, out, wte)) forward_packed<T>(out, tokens, wte, N, C, s);
+    else forward_scalar<T>(out, tokens, wte, N, C, s);
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -82,11 +107,12 @@ struct EmbeddingBuckets {
     int U() const { return (int)uniq.size(); }
 };
 
+namespace embedding_detail {
+
 // v1: one thread per (bucket, column), positions summed in increasing n.
 template <typename T>
-__global__ void embedding_backward_v1_kernel(float* dwte, const T* dout, const int32_t* uniq,
-                                             const int32_t* start, const int32_t* pos, int U,
-                                             int C) {
+__global__ void backward_scalar_kernel(float* dwte, const T* dout, const int32_t* uniq,
+                                       const int32_t* start, const int32_t* pos, int U, int C) {
     const int64_t total = (int64_t)U * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -101,8 +127,8 @@ __global__ void embedding_backward_v1_kernel(float* dwte, const T* dout, const i
 // dout, fp32 accumulation in registers, float4 read-modify-write of dwte). Needs
 // C % Pack<T>::n == 0 and 16-byte aligned bases.
 template <typename T>
-__global__ void embedding_backward_v2_kernel(float* dwte, const T* dout, const int32_t* uniq,
-                                             const int32_t* start, const int32_t* pos, int C) {
+__global__ void backward_packed_kernel(float* dwte, const T* dout, const int32_t* uniq,
+                                       const int32_t* start, const int32_t* pos, int C) {
     constexpr int P = Pack<T>::n;
     const int u = blockIdx.x;
     const int j0 = start[u], j1 = start[u + 1];
@@ -130,27 +156,43 @@ __global__ void embedding_backward_v2_kernel(float* dwte, const T* dout, const i
     }
 }
 
+// The backward launchers (U, C >= 1; backward_packed throws ldm::Error unless packed_ok for
+// dout and dwte).
+template <typename T>
+void backward_scalar(float* dwte, const T* dout, const int32_t* uniq_dev, const int32_t* start_dev,
+                     const int32_t* pos_dev, int U, int C, cudaStream_t s) {
+    const int64_t blocks = std::min<int64_t>(ceil_div((int64_t)U * C, 256), 65535LL * 16);
+    backward_scalar_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(dwte, dout, uniq_dev, start_dev,
+                                                               pos_dev, U, C);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+void backward_packed(float* dwte, const T* dout, const int32_t* uniq_dev, const int32_t* start_dev,
+                     const int32_t* pos_dev, int U, int C, cudaStream_t s) {
+    if (!packed_ok<T>(C, dout, dwte))
+        throw Error(strprintf("embedding_backward: the packed kernel needs C %% %d == 0 (C = %d) "
+                              "and 16-byte aligned buffers", Pack<T>::n, C));
+    const int threads = (int)std::min<int64_t>(256, ceil_div(ceil_div(C, Pack<T>::n), 32) * 32);
+    backward_packed_kernel<T><<<(unsigned)U, threads, 0, s>>>(dwte, dout, uniq_dev, start_dev,
+                                                              pos_dev, C);
+    LDM_LAUNCH_CHECK();
+}
+
+}  // namespace embedding_detail
+
 // dwte[uniq[u]] += Σ_{n in bucket u, increasing n} dout[n] (fp32; deterministic, no atomics;
 // rows of ids not in the batch untouched). dout [N, C]; uniq/start/pos on the device, from
-// EmbeddingBuckets::build. variant: 1, 2, -1 = best.
+// EmbeddingBuckets::build.
 template <typename T>
 void embedding_backward(float* dwte, const T* dout, const int32_t* uniq_dev,
                         const int32_t* start_dev, const int32_t* pos_dev, int U, int C,
-                        cudaStream_t s, int variant = -1) {
+                        cudaStream_t s) {
+    using namespace embedding_detail;
     if (U <= 0 || C <= 0) return;
-    const bool vec_ok = C % Pack<T>::n == 0 && aligned16(dout) && aligned16(dwte);
-    if (variant == 2 && !vec_ok) variant = 1;
-    if (variant == -1) variant = vec_ok ? 2 : 1;
-    if (variant == 2) {
-        int threads = (int)std::min<int64_t>(256, ceil_div(ceil_div(C, Pack<T>::n), 32) * 32);
-        embedding_backward_v2_kernel<T><<<(unsigned)U, threads, 0, s>>>(dwte, dout, uniq_dev,
-                                                                       start_dev, pos_dev, C);
-    } else {
-        int64_t blocks = std::min<int64_t>(ceil_div((int64_t)U * C, 256), 65535LL * 16);
-        embedding_backward_v1_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(
-            dwte, dout, uniq_dev, start_dev, pos_dev, U, C);
-    }
-    LDM_LAUNCH_CHECK();
+    if (packed_ok<T>(C, dout, dwte))
+        backward_packed<T>(dwte, dout, uniq_dev, start_dev, pos_dev, U, C, s);
+    else
+        backward_scalar<T>(dwte, dout, uniq_dev, start_dev, pos_dev, U, C, s);
 }
 
 }  // namespace gpu

@@ -184,38 +184,6 @@ struct Matmul {
     std::map<Key, Plan> cache_;
 };
 
-// ---- simple reference GEMM (workbench variant v1; one thread per output, fp32 accumulation) --
-// Same semantics as Matmul::gemm. Slow; for validation of the cuBLASLt layout only.
-template <typename TA, typename TC>
-__global__ void gemm_naive_kernel(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                                  float alpha, const TA* A, int64_t lda, const TA* B, int64_t ldb,
-                                  float beta, TC* C, int64_t ldc, const TC* bias) {
-    const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    const int64_t i = blockIdx.y * (int64_t)blockDim.y + threadIdx.y;
-    if (i >= M || j >= N) return;
-    float acc = 0.f;
-    for (int64_t k = 0; k < K; k++) {
-        float a = to_f(trans_a ? A[k * lda + i] : A[i * lda + k]);
-        float b = to_f(trans_b ? B[j * ldb + k] : B[k * ldb + j]);
-        acc += a * b;
-    }
-    float v = alpha * acc;
-    if (beta != 0.f) v += beta * to_f(C[i * ldc + j]);
-    if (bias) v += to_f(bias[j]);
-    C[i * ldc + j] = from_f<TC>(v);
-}
-template <typename TA, typename TC>
-void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                const TA* A, int64_t lda, const TA* B, int64_t ldb, float beta, TC* C, int64_t ldc,
-                const TC* bias, cudaStream_t s) {
-    if (M <= 0 || N <= 0) return;
-    dim3 block(32, 8);
-    dim3 grid((unsigned)ceil_div(N, 32), (unsigned)ceil_div(M, 8));
-    gemm_naive_kernel<TA, TC><<<grid, block, 0, s>>>(trans_a, trans_b, M, N, K, alpha, A, lda, B,
-                                                     ldb, beta, C, ldc, bias);
-    LDM_LAUNCH_CHECK();
-}
-
 // ---- bias gradient: dbias[c] += Σ_n dout[n, c] (fp32, deterministic) --------------------------
 template <typename T>
 struct ColumnOp {
@@ -224,29 +192,13 @@ struct ColumnOp {
     __device__ float operator()(int64_t r, int c) const { return to_f(d[r * ld + c]); }
 };
 
-// v1: one thread per column, rows summed in order (simple; slow for large N, no scratch).
-template <typename T>
-__global__ void bias_grad_v1_kernel(float* dbias, const T* dout, int64_t N, int OC, int64_t ld) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= OC) return;
-    float acc = 0.f;
-    for (int64_t n = 0; n < N; n++) acc += to_f(dout[n * ld + c]);
-    dbias[c] += acc;
-}
-
-// dbias[OC] += column sums of dout [N, OC] (row stride ld, 0 = OC). variant 1: v1 above;
-// 2 / -1 (best): two-pass chunked reduction (colsum, pack16.cuh) with scratch >=
-// colsum_scratch(N, OC) floats.
+// dbias[OC] += column sums of dout [N, OC] (row stride ld, 0 = OC), by the deterministic
+// two-pass chunked reduction (colsum, pack16.cuh) with scratch >= colsum_scratch(N, OC) floats.
 template <typename T>
 void bias_grad(float* dbias, float* scratch, const T* dout, int64_t N, int OC, int64_t ld,
-               cudaStream_t s, int variant = -1) {
+               cudaStream_t s) {
     if (ld == 0) ld = OC;
     if (N <= 0 || OC <= 0) return;
-    if (variant == 1) {
-        bias_grad_v1_kernel<T><<<(unsigned)ceil_div(OC, 256), 256, 0, s>>>(dbias, dout, N, OC, ld);
-        LDM_LAUNCH_CHECK();
-        return;
-    }
     colsum(dbias, scratch, ColumnOp<T>{dout, ld}, N, OC, s);
 }
 

@@ -3,9 +3,9 @@
 // weight gradient. Contract: doc/cuda.md (rmsnorm.cuh). CPU reference: cpu::rmsnorm_forward /
 // rmsnorm_backward (cpu/ops.h); per-element math from math/elementwise.h (rms_scale).
 //
-// Variants (optional last argument, -1 = best): 1 = one thread per row (simple), 2 = one warp per
-// row with 16-byte packs when C % Pack<T>::n == 0 and the bases are 16-byte aligned (else the
-// same warp kernel with scalar lane-strided accesses). fp32 accumulation everywhere.
+// Kernels: one warp per row, with 16-byte packs when C % Pack<T>::n == 0 and the bases are
+// 16-byte aligned, else the same warp kernel with scalar lane-strided accesses (the workbench's
+// "v2"; its thread-per-row "v1" lives in dev/cuda/rmsnorm.cu). fp32 accumulation everywhere.
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/pack16.cuh"
@@ -16,30 +16,9 @@ namespace gpu {
 constexpr int kRmsWarps = 8;  // rows per 256-thread block in the warp kernels
 
 // ---- forward (RESID: h_out = h_in + o first, rounded to T, and the norm is taken of h_out) ---
-template <typename T, bool RESID>
-__global__ void rmsnorm_forward_v1_kernel(T* out, float* rstd, T* h_out, const T* h_in, const T* o,
-                                          const T* w, int64_t N, int C, float eps) {
-    const int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (n >= N) return;
-    const T* x = h_in + n * C;
-    if (RESID) {
-        for (int c = 0; c < C; c++)
-            h_out[n * C + c] = from_f<T>(to_f(h_in[n * C + c]) + to_f(o[n * C + c]));
-        x = h_out + n * C;
-    }
-    float ss = 0.f;
-    for (int c = 0; c < C; c++) {
-        const float v = to_f(x[c]);
-        ss += v * v;
-    }
-    const float s = rms_scale(ss, C, eps);
-    rstd[n] = s;
-    for (int c = 0; c < C; c++) out[n * C + c] = from_f<T>(to_f(w[c]) * (to_f(x[c]) * s));
-}
-
 template <typename T, bool RESID, bool VEC>
-__global__ void rmsnorm_forward_v2_kernel(T* out, float* rstd, T* h_out, const T* h_in, const T* o,
-                                          const T* w, int64_t N, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, T* h_out, const T* h_in, const T* o,
+                                       const T* w, int64_t N, int C, float eps) {
     constexpr int P = Pack<T>::n;
     const int64_t n = blockIdx.x * (int64_t)kRmsWarps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -91,62 +70,39 @@ __global__ void rmsnorm_forward_v2_kernel(T* out, float* rstd, T* h_out, const T
 
 template <typename T, bool RESID>
 void rmsnorm_forward_launch(T* out, float* rstd, T* h_out, const T* h_in, const T* o, const T* w,
-                            int64_t N, int C, float eps, cudaStream_t s, int variant) {
+                            int64_t N, int C, float eps, cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
-    if (variant == 1) {
-        rmsnorm_forward_v1_kernel<T, RESID><<<(unsigned)ceil_div(N, 128), 128, 0, s>>>(
+    const bool vec = C % Pack<T>::n == 0 && aligned16(out) && aligned16(h_in) && aligned16(w) &&
+                     (!RESID || (aligned16(h_out) && aligned16(o)));
+    const unsigned blocks = (unsigned)ceil_div(N, kRmsWarps);
+    if (vec)
+        rmsnorm_forward_kernel<T, RESID, true><<<blocks, kRmsWarps * 32, 0, s>>>(
             out, rstd, h_out, h_in, o, w, N, C, eps);
-    } else {
-        const bool vec = C % Pack<T>::n == 0 && aligned16(out) && aligned16(h_in) &&
-                         aligned16(w) && (!RESID || (aligned16(h_out) && aligned16(o)));
-        const unsigned blocks = (unsigned)ceil_div(N, kRmsWarps);
-        if (vec)
-            rmsnorm_forward_v2_kernel<T, RESID, true><<<blocks, kRmsWarps * 32, 0, s>>>(
-                out, rstd, h_out, h_in, o, w, N, C, eps);
-        else
-            rmsnorm_forward_v2_kernel<T, RESID, false><<<blocks, kRmsWarps * 32, 0, s>>>(
-                out, rstd, h_out, h_in, o, w, N, C, eps);
-    }
+    else
+        rmsnorm_forward_kernel<T, RESID, false><<<blocks, kRmsWarps * 32, 0, s>>>(
+            out, rstd, h_out, h_in, o, w, N, C, eps);
     LDM_LAUNCH_CHECK();
 }
 
 // out [N, C] = RMSNorm_w(x); rstd [N] fp32 (kept for the backward); w [C]. out may not alias x.
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps,
-                     cudaStream_t s, int variant = -1) {
-    rmsnorm_forward_launch<T, false>(out, rstd, nullptr, x, nullptr, w, N, C, eps, s, variant);
+                     cudaStream_t s) {
+    rmsnorm_forward_launch<T, false>(out, rstd, nullptr, x, nullptr, w, N, C, eps, s);
 }
 
 // h_out = h_in + o (rounded to T; h_out may alias h_in), then out = RMSNorm_w(h_out), rstd [N].
 template <typename T>
 void residual_rmsnorm_forward(T* h_out, T* out, float* rstd, const T* h_in, const T* o, const T* w,
-                              int64_t N, int C, float eps, cudaStream_t s, int variant = -1) {
-    rmsnorm_forward_launch<T, true>(out, rstd, h_out, h_in, o, w, N, C, eps, s, variant);
+                              int64_t N, int C, float eps, cudaStream_t s) {
+    rmsnorm_forward_launch<T, true>(out, rstd, h_out, h_in, o, w, N, C, eps, s);
 }
 
 // ---- backward ------------------------------------------------------------------------------
 // y_c = w_c x_c s:  dx_c = s w_c g_c - (s³/C) x_c Σ_k w_k g_k x_k ;  dw_c = Σ_n g_c x_c s.
-template <typename T>
-__global__ void rmsnorm_backward_dx_v1_kernel(T* dx, const T* dout, const T* x, const T* w,
-                                              const float* rstd, int64_t N, int C, bool accumulate) {
-    const int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (n >= N) return;
-    const T* xr = x + n * C;
-    const T* g = dout + n * C;
-    const float s = rstd[n];
-    float dot = 0.f;
-    for (int c = 0; c < C; c++) dot += to_f(w[c]) * to_f(g[c]) * to_f(xr[c]);
-    const float k = s * s * s * dot / (float)C;
-    for (int c = 0; c < C; c++) {
-        float v = s * to_f(w[c]) * to_f(g[c]) - k * to_f(xr[c]);
-        if (accumulate) v += to_f(dx[n * C + c]);
-        dx[n * C + c] = from_f<T>(v);
-    }
-}
-
 template <typename T, bool VEC>
-__global__ void rmsnorm_backward_dx_v2_kernel(T* dx, const T* dout, const T* x, const T* w,
-                                              const float* rstd, int64_t N, int C, bool accumulate) {
+__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w,
+                                           const float* rstd, int64_t N, int C, bool accumulate) {
     constexpr int P = Pack<T>::n;
     const int64_t n = blockIdx.x * (int64_t)kRmsWarps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -213,23 +169,17 @@ inline int64_t rmsnorm_backward_scratch(int64_t N, int C) { return colsum_scratc
 // forward. dx may not alias dout or x. dw may be nullptr (then scratch may be nullptr too).
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, float* scratch, const T* dout, const T* x, const T* w,
-                      const float* rstd, int64_t N, int C, bool accumulate, cudaStream_t s,
-                      int variant = -1) {
+                      const float* rstd, int64_t N, int C, bool accumulate, cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
-    if (variant == 1) {
-        rmsnorm_backward_dx_v1_kernel<T><<<(unsigned)ceil_div(N, 128), 128, 0, s>>>(
-            dx, dout, x, w, rstd, N, C, accumulate);
-    } else {
-        const bool vec = C % Pack<T>::n == 0 && aligned16(dx) && aligned16(dout) && aligned16(x) &&
-                         aligned16(w);
-        const unsigned blocks = (unsigned)ceil_div(N, kRmsWarps);
-        if (vec)
-            rmsnorm_backward_dx_v2_kernel<T, true><<<blocks, kRmsWarps * 32, 0, s>>>(
-                dx, dout, x, w, rstd, N, C, accumulate);
-        else
-            rmsnorm_backward_dx_v2_kernel<T, false><<<blocks, kRmsWarps * 32, 0, s>>>(
-                dx, dout, x, w, rstd, N, C, accumulate);
-    }
+    const bool vec = C % Pack<T>::n == 0 && aligned16(dx) && aligned16(dout) && aligned16(x) &&
+                     aligned16(w);
+    const unsigned blocks = (unsigned)ceil_div(N, kRmsWarps);
+    if (vec)
+        rmsnorm_backward_dx_kernel<T, true><<<blocks, kRmsWarps * 32, 0, s>>>(dx, dout, x, w, rstd,
+                                                                            N, C, accumulate);
+    else
+        rmsnorm_backward_dx_kernel<T, false><<<blocks, kRmsWarps * 32, 0, s>>>(dx, dout, x, w, rstd,
+                                                                             N, C, accumulate);
     LDM_LAUNCH_CHECK();
     if (dw) colsum(dw, scratch, RmsDwOp<T>{dout, x, rstd, C}, N, C, s);
 }

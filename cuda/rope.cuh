@@ -6,8 +6,8 @@
 //
 // Layout: qkv [N, (nh + 2·nkv)·hd], token n at position n % T_; heads 0..nh-1 are q, nh..nh+nkv-1
 // are k (both normed and rotated), the last nkv are v (copied). cos/sin tables [T_, hd/2] fp32.
-// Variants (optional last argument): 1 = one thread per (token, head), 2 / -1 (best) = one warp
-// per (token, head), lanes over the rotation pairs (i, i + hd/2).
+// Kernels: one warp per (token, head), lanes over the rotation pairs (i, i + hd/2) (the
+// workbench's "v2"; its thread-per-head "v1" lives in dev/cuda/rope.cu).
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/pack16.cuh"
@@ -15,16 +15,19 @@
 namespace ldm {
 namespace gpu {
 
-// Forward for one (token, head) per LANES threads (LANES = 1 or 32; a warp shares one head, so
-// early returns are warp-uniform).
-template <typename T, int LANES, bool NORM>
+constexpr int kRopeLanes = 32;   // one warp per (token, head)
+
+// Forward for one (token, head) per warp (the warp shares one head, so early returns are
+// warp-uniform).
+template <typename T, bool NORM>
 __global__ void qknorm_rope_forward_kernel(T* out, float* rstd, const T* in, const T* q_w,
                                            const T* k_w, const float* cos_t, const float* sin_t,
                                            int64_t N, int T_, int nh, int nkv, int hd, float eps,
                                            bool copy_v) {
+    constexpr int LANES = kRopeLanes;
     const int Hall = nh + 2 * nkv, Hr = nh + nkv, half = hd / 2;
     const int64_t gid = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / LANES;
-    const int lane = LANES == 1 ? 0 : (int)(threadIdx.x % LANES);
+    const int lane = (int)(threadIdx.x % LANES);
     if (gid >= N * Hall) return;
     const int64_t n = gid / Hall;
     const int h = (int)(gid - n * Hall);
@@ -43,7 +46,7 @@ __global__ void qknorm_rope_forward_kernel(T* out, float* rstd, const T* in, con
             const float v = to_f(x[c]);
             ss += v * v;
         }
-        if (LANES == 32) ss = warp_sum(ss);
+        ss = warp_sum(ss);
         s = rms_scale(ss, hd, eps);
         if (lane == 0 && rstd) rstd[n * Hr + h] = s;
     }
@@ -72,36 +75,33 @@ __global__ void qknorm_rope_forward_kernel(T* out, float* rstd, const T* in, con
 template <typename T>
 void qknorm_rope_forward(T* out, float* rstd, const T* in, const T* q_w, const T* k_w,
                          const float* cos_t, const float* sin_t, int64_t N, int T_, int nh, int nkv,
-                         int hd, float eps, cudaStream_t s, int variant = -1) {
+                         int hd, float eps, cudaStream_t s) {
     if (hd % 2) throw Error(strprintf("qknorm_rope_forward: head_dim %d must be even", hd));
     if (q_w && !k_w) throw Error("qknorm_rope_forward: q_w given without k_w");
     if (N <= 0) return;
     const int64_t heads = N * (nh + 2 * nkv);
     const bool copy_v = out != in;
-    const int lanes = variant == 1 ? 1 : 32;
-    const unsigned blocks = (unsigned)ceil_div(heads * lanes, 256);
-#define LDM_ROPE_FWD(L, NORM)                                                                    \
-    qknorm_rope_forward_kernel<T, L, NORM><<<blocks, 256, 0, s>>>(                               \
-        out, rstd, in, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd, eps, copy_v)
-    if (lanes == 1) {
-        if (q_w) LDM_ROPE_FWD(1, true); else LDM_ROPE_FWD(1, false);
-    } else {
-        if (q_w) LDM_ROPE_FWD(32, true); else LDM_ROPE_FWD(32, false);
-    }
-#undef LDM_ROPE_FWD
+    const unsigned blocks = (unsigned)ceil_div(heads * kRopeLanes, 256);
+    if (q_w)
+        qknorm_rope_forward_kernel<T, true><<<blocks, 256, 0, s>>>(
+            out, rstd, in, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd, eps, copy_v);
+    else
+        qknorm_rope_forward_kernel<T, false><<<blocks, 256, 0, s>>>(
+            out, rstd, in, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd, eps, copy_v);
     LDM_LAUNCH_CHECK();
 }
 
 // Backward of one (token, head): g = Rᵀ dy (gradient w.r.t. the normed value), then the RMSNorm
 // backward dx = s w g - (s³/hd) x Σ w g x (or dx = g without norm); v heads: dx = dy.
-template <typename T, int LANES, bool NORM>
+template <typename T, bool NORM>
 __global__ void qknorm_rope_backward_kernel(T* din, const T* dout, const T* in, const float* rstd,
                                             const T* q_w, const T* k_w, const float* cos_t,
                                             const float* sin_t, int64_t N, int T_, int nh, int nkv,
                                             int hd) {
+    constexpr int LANES = kRopeLanes;
     const int Hall = nh + 2 * nkv, Hr = nh + nkv, half = hd / 2;
     const int64_t gid = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / LANES;
-    const int lane = LANES == 1 ? 0 : (int)(threadIdx.x % LANES);
+    const int lane = (int)(threadIdx.x % LANES);
     if (gid >= N * Hall) return;
     const int64_t n = gid / Hall;
     const int h = (int)(gid - n * Hall);
@@ -126,7 +126,7 @@ __global__ void qknorm_rope_backward_kernel(T* din, const T* dout, const T* in, 
             rope_rotate_back(to_f(dy[i]), to_f(dy[i + half]), ct[i], st[i], &g1, &g2);
             dot += to_f(w[i]) * g1 * to_f(x[i]) + to_f(w[i + half]) * g2 * to_f(x[i + half]);
         }
-        if (LANES == 32) dot = warp_sum(dot);
+        dot = warp_sum(dot);
         kk = s * s * s * dot / (float)hd;
     }
     for (int i = lane; i < half; i += LANES) {
@@ -171,6 +171,22 @@ inline int64_t qknorm_rope_backward_scratch(int64_t N, int nh, int nkv, int hd) 
     return std::max(colsum_scratch(N * nh, hd), colsum_scratch(N * nkv, hd));
 }
 
+// dq_w [hd] += Σ over the q heads' rows, dk_w [hd] += over the k heads' rows, of the QkDwOp
+// terms (fp32, deterministic colsum; either may be nullptr). The second half of
+// qknorm_rope_backward with QK-norm, after the kernel that writes din.
+template <typename T>
+void qk_norm_weight_grads(float* dq_w, float* dk_w, float* scratch, const T* dout, const T* in,
+                          const float* rstd, const float* cos_t, const float* sin_t, int64_t N,
+                          int T_, int nh, int nkv, int hd, cudaStream_t s) {
+    const int Hall = nh + 2 * nkv, Hr = nh + nkv;
+    if (dq_w)
+        colsum(dq_w, scratch, QkDwOp<T>{dout, in, rstd, cos_t, sin_t, T_, nh, 0, Hall, Hr, hd},
+               N * nh, hd, s);
+    if (dk_w)
+        colsum(dk_w, scratch, QkDwOp<T>{dout, in, rstd, cos_t, sin_t, T_, nkv, nh, Hall, Hr, hd},
+               N * nkv, hd, s);
+}
+
 // din [N, W] = ∂L/∂in (=, all heads; v heads get dout); with QK-norm (q_w != nullptr):
 // dq_w, dk_w [hd] += (fp32, deterministic via scratch >= qknorm_rope_backward_scratch floats).
 // in and rstd are those of the forward. din may not alias dout or in.
@@ -178,33 +194,22 @@ template <typename T>
 void qknorm_rope_backward(T* din, float* dq_w, float* dk_w, float* scratch, const T* dout,
                           const T* in, const float* rstd, const T* q_w, const T* k_w,
                           const float* cos_t, const float* sin_t, int64_t N, int T_, int nh, int nkv,
-                          int hd, cudaStream_t s, int variant = -1) {
+                          int hd, cudaStream_t s) {
     if (hd % 2) throw Error(strprintf("qknorm_rope_backward: head_dim %d must be even", hd));
     if (q_w && !k_w) throw Error("qknorm_rope_backward: q_w given without k_w");
     if (N <= 0) return;
-    const int Hall = nh + 2 * nkv;
-    const int64_t heads = N * Hall;
-    const int lanes = variant == 1 ? 1 : 32;
-    const unsigned blocks = (unsigned)ceil_div(heads * lanes, 256);
-#define LDM_ROPE_BWD(L, NORM)                                                                    \
-    qknorm_rope_backward_kernel<T, L, NORM><<<blocks, 256, 0, s>>>(                              \
-        din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd)
-    if (lanes == 1) {
-        if (q_w) LDM_ROPE_BWD(1, true); else LDM_ROPE_BWD(1, false);
-    } else {
-        if (q_w) LDM_ROPE_BWD(32, true); else LDM_ROPE_BWD(32, false);
-    }
-#undef LDM_ROPE_BWD
+    const int64_t heads = N * (nh + 2 * nkv);
+    const unsigned blocks = (unsigned)ceil_div(heads * kRopeLanes, 256);
+    if (q_w)
+        qknorm_rope_backward_kernel<T, true><<<blocks, 256, 0, s>>>(
+            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd);
+    else
+        qknorm_rope_backward_kernel<T, false><<<blocks, 256, 0, s>>>(
+            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd);
     LDM_LAUNCH_CHECK();
-    if (q_w) {
-        const int Hr = nh + nkv;
-        if (dq_w)
-            colsum(dq_w, scratch, QkDwOp<T>{dout, in, rstd, cos_t, sin_t, T_, nh, 0, Hall, Hr, hd},
-                   N * nh, hd, s);
-        if (dk_w)
-            colsum(dk_w, scratch, QkDwOp<T>{dout, in, rstd, cos_t, sin_t, T_, nkv, nh, Hall, Hr, hd},
-                   N * nkv, hd, s);
-    }
+    if (q_w)
+        qk_norm_weight_grads<T>(dq_w, dk_w, scratch, dout, in, rstd, cos_t, sin_t, N, T_, nh, nkv,
+                                hd, s);
 }
 
 }  // namespace gpu

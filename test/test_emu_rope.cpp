@@ -1,6 +1,7 @@
 // CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of cuda/rope.cuh: the
 // workbench checks of dev/cuda/rope.cu (QK-norm + RoPE forward/backward, with and without the
-// norm, fp32 and bf16) at its two small shapes (GQA, odd T), on host memory through the emulated
+// norm, v1 = the workbench's thread-per-head kernels and v2 = production, fp32 and bf16) at its
+// two small shapes (GQA, odd T), on host memory through the emulated
 // launches. Requires every CHECK to PASS.
 #include <catch2/catch.hpp>
 

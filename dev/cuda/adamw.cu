@@ -1,5 +1,7 @@
-// dev/cuda/adamw.cu — workbench for cuda/adamw.cuh: the AdamW update (variants v1 scalar, v2 vec4)
-// against core/optim.h AdamW<float> on the same arrays (bit-exact expected: both run
+// dev/cuda/adamw.cu — workbench for cuda/adamw.cuh: the AdamW update (v2 = adamw_update, the vec4
+// kernel on these equally aligned arrays; v1 = its scalar kernel, the production fallback for
+// differently aligned arrays, run here through adamw_detail::launch_scalar) against core/optim.h
+// AdamW<float> on the same arrays (bit-exact expected: both run
 // math/optim_math.h adamw_element), the bf16 working copy against the host rounding of the CPU
 // result, and global_norm_squared against a double-precision CPU sum (plus run-to-run bit
 // identity). Then timings at n = 400e6 (llama-400m-like parameter count).
@@ -52,6 +54,20 @@ static void hash_fill(float* x, int64_t n, uint64_t seed, float lo, float hi) {
     LDM_LAUNCH_CHECK();
 }
 
+// v = 2: adamw_update (production); v = 1: the same update by the scalar kernel.
+template <typename T>
+static void update_variant(int variant, float* p, T* p_copy, float* m, float* v, const float* g,
+                           int64_t n, double lr, double beta1, double beta2, double eps,
+                           double weight_decay, double grad_scale, int64_t t) {
+    if (variant == 2)
+        return adamw_update<T>(p, p_copy, m, v, g, n, lr, beta1, beta2, eps, weight_decay,
+                               grad_scale, t, 0);
+    if (n == 0) return;
+    const AdamWScalars<float> sc =
+        adamw_scalars<float>(beta1, beta2, eps, weight_decay, lr, grad_scale, t);
+    adamw_detail::launch_scalar<T>(p, p_copy, m, v, g, n, sc, weight_decay != 0.0, 0);
+}
+
 // ---- AdamW update vs core/optim ---------------------------------------------------------------
 // Three ranges with odd boundaries: [0, a) decay, [a, b) no decay, [b, n) decay, like the
 // trainer's per-range calls; the odd range starts exercise v2's scalar head (0..3 elements).
@@ -100,9 +116,9 @@ static void check_adamw(int variant, int64_t n, uint64_t seed) {
     for (const ParamRange& r : ranges) {
         if (r.numel == 0) continue;
         const int64_t o = r.offset;
-        adamw_update<T>(dp.get() + o, copy ? dcopy.get() + o : nullptr, dm.get() + o, dv.get() + o,
-                        dg.get() + o, r.numel, lr, cfg.beta1, cfg.beta2, cfg.eps,
-                        r.decay ? cfg.weight_decay : 0.0, clip, t, 0, variant);
+        update_variant<T>(variant, dp.get() + o, copy ? dcopy.get() + o : nullptr, dm.get() + o,
+                          dv.get() + o, dg.get() + o, r.numel, lr, cfg.beta1, cfg.beta2, cfg.eps,
+                          r.decay ? cfg.weight_decay : 0.0, clip, t);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> p_gpu = download(dp.get(), n), m_gpu = download(dm.get(), n),
@@ -177,8 +193,8 @@ static void bench_adamw(int variant, int64_t n) {
     hash_fill(dg.get(), n, 4, -1e-2f, 1e-2f);
     int64_t t = 1;
     auto fn = [&]() {
-        adamw_update<T>(dp.get(), copy ? dcopy.get() : nullptr, dm.get(), dv.get(), dg.get(), n,
-                        3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, t++, 0, variant);
+        update_variant<T>(variant, dp.get(), copy ? dcopy.get() : nullptr, dm.get(), dv.get(),
+                          dg.get(), n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, t++);
     };
     const float ms = time_median_ms(fn, 3, 20);
     const double bytes = (double)n * (7.0 * sizeof(float) + (copy ? sizeof(T) : 0));

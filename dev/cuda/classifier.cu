@@ -1,5 +1,7 @@
-// dev/cuda/classifier.cu — workbench for cuda/classifier.cuh: fused_classifier (variants v1
-// simple three-pass, v2 online softmax with 16-byte accesses) against cpu/ops.h
+// dev/cuda/classifier.cu — workbench for cuda/classifier.cuh: fused_classifier ("v2": online
+// softmax, 16-byte accesses on aligned rows; "v2_scalar": the same kernel's scalar path, which
+// production runs on unaligned rows, forced here on aligned ones) and the workbench-only "v1"
+// (simple three-pass kernel below, slower: doc/cuda.md "Kernel variants") against cpu/ops.h
 // cross_entropy_forward + cross_entropy_backward_inplace, and sum_losses against a double sum.
 // Inputs: random logits (σ = 2) with the padding columns V <= v < Vp set to NaN (they must never
 // be read for the statistics and must come back as exact zeros); targets include 0 and V-1.
@@ -7,7 +9,8 @@
 // Output lines (doc/cuda.md workbench convention):
 //   CHECK classifier <variant> <dtype> <shape> rel=<x> max_abs=<y> PASS|FAIL
 //   BENCH classifier <variant> <dtype> <shape> ms=<x> GB/s=<y> TFLOP/s=-
-// GB/s counts the minimal traffic N·Vp·sizeof(T) read + written once (v2 actually reads twice).
+// GB/s counts the minimal traffic N·Vp·sizeof(T) read + written once (v2 actually reads twice,
+// v1 three times).
 // Exit code 1 if any CHECK failed; "skipped: no GPU" and exit 0 without a GPU. --quick: fewer shapes.
 #include <cstring>
 #include <random>
@@ -19,6 +22,91 @@ using namespace ldm;
 using namespace ldm::gpu;
 
 static int g_failures = 0;
+
+// ---- v1 (workbench only): pass 1 max, pass 2 Σ exp (expf), pass 3 writes; scalar loads ------
+namespace {
+using classifier_detail::kThreads;
+using classifier_detail::target_logit;
+
+// Block-wide max / sum in a fixed order (shuffle tree in each warp, then warp 0 over the warp
+// results); the result is returned to EVERY thread. blockDim.x must be a multiple of 32.
+__device__ inline float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ inline float warp_add(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ inline float block_max(float x) {
+    __shared__ float sh[32];
+    __shared__ float result;
+    x = warp_max(x);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sh[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        float y = warp_max(lane < nw ? sh[lane] : -FLT_MAX);
+        if (lane == 0) result = y;
+    }
+    __syncthreads();
+    return result;
+}
+__device__ inline float block_sum(float x) {
+    __shared__ float sh[32];
+    __shared__ float result;
+    x = warp_add(x);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sh[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        float y = warp_add(lane < nw ? sh[lane] : 0.0f);
+        if (lane == 0) result = y;
+    }
+    __syncthreads();
+    return result;
+}
+
+// Same contract as fused_classifier (one block per row, any alignment).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    classifier_three_pass_kernel(T* logits, float* losses, const int32_t* targets, int V, int Vp,
+                                 float dscale, bool write) {
+    T* row = logits + (int64_t)blockIdx.x * Vp;
+    const int t = targets[blockIdx.x];
+    const float xt = target_logit(row, t, V);
+    float mx = -FLT_MAX;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, to_f(row[v]));
+    mx = block_max(mx);
+    float s = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(to_f(row[v]) - mx);
+    s = block_sum(s);   // ends with __syncthreads: every read above is done before any write
+    if (threadIdx.x == 0 && losses) losses[blockIdx.x] = mx + logf(s) - xt;
+    if (!write) return;
+    const float inv_s = 1.0f / s;
+    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
+        const float x = v < V ? to_f(row[v]) : 0.0f;
+        const float d = v < V ? dscale * (expf(x - mx) * inv_s - (v == t ? 1.0f : 0.0f)) : 0.0f;
+        row[v] = from_f<T>(d);
+    }
+}
+
+// The kernels compared here: 1 = v1 above, 2 = production fused_classifier, 3 = its scalar path.
+const char* variant_name(int variant) {
+    return variant == 1 ? "v1" : variant == 2 ? "v2" : "v2_scalar";
+}
+template <typename T>
+void run_variant(int variant, T* logits, float* losses, const int32_t* targets, int64_t N, int V,
+                 int Vp, float dscale, bool write) {
+    if (variant == 2) return fused_classifier<T>(logits, losses, targets, N, V, Vp, dscale, write, 0);
+    if (variant == 3)
+        return classifier_detail::launch<T>(false, logits, losses, targets, N, V, Vp, dscale, write, 0);
+    if (N == 0) return;
+    classifier_three_pass_kernel<T><<<(unsigned)N, kThreads>>>(logits, losses, targets, V, Vp,
+                                                               dscale, write);
+    LDM_LAUNCH_CHECK();
+}
+}  // namespace
 
 static void report_check(const char* variant, const char* dtype, const std::string& shape,
                          double rel, double max_abs, bool pass) {
@@ -86,11 +174,11 @@ static void check_shape(int64_t N, int V, int Vp, uint64_t seed, const std::vect
     const double tol_d = std::is_same<T, float>::value ? 1e-5 : 1e-2;
 
     for (int variant : variants) {
-        const std::string vn = strprintf("v%d", variant);
+        const std::string vn = variant_name(variant);
         // losses + dlogits
         CUDA_CHECK(cudaMemcpy(work.get(), orig.get(), total * sizeof(T), cudaMemcpyDeviceToDevice));
         fill<float>(losses.get(), N, NAN, 0);
-        fused_classifier<T>(work.get(), losses.get(), tgt.get(), N, V, Vp, dscale, true, 0, variant);
+        run_variant<T>(variant, work.get(), losses.get(), tgt.get(), N, V, Vp, dscale, true);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<float> lg = download(losses.get(), N), dg = download(work.get(), total);
         const Compare cl = compare(lg.data(), loss_ref.data(), N);
@@ -121,7 +209,7 @@ static void check_shape(int64_t N, int V, int Vp, uint64_t seed, const std::vect
         // losses only: the logits stay untouched (bitwise)
         CUDA_CHECK(cudaMemcpy(work.get(), orig.get(), total * sizeof(T), cudaMemcpyDeviceToDevice));
         fill<float>(losses.get(), N, NAN, 0);
-        fused_classifier<T>(work.get(), losses.get(), tgt.get(), N, V, Vp, dscale, false, 0, variant);
+        run_variant<T>(variant, work.get(), losses.get(), tgt.get(), N, V, Vp, dscale, false);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<float> lg2 = download(losses.get(), N), after = download(work.get(), total);
         const Compare cl2 = compare(lg2.data(), loss_ref.data(), N);
@@ -145,11 +233,11 @@ static void bench(int variant, int64_t N, int V, int Vp, bool write) {
     CUDA_CHECK(cudaMemcpy(tgt.get(), targets.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
     // In place: after the first call the rows hold dlogits; the work per call is the same.
     auto fn = [&]() {
-        fused_classifier<T>(x.get(), losses.get(), tgt.get(), N, V, Vp, 1.0f / (float)N, write, 0, variant);
+        run_variant<T>(variant, x.get(), losses.get(), tgt.get(), N, V, Vp, 1.0f / (float)N, write);
     };
     const float ms = time_median_ms(fn, 3, 20);
     const double bytes = (double)total * sizeof(T) * (write ? 2.0 : 1.0);
-    std::printf("BENCH classifier v%d %s N=%lld,V=%d,Vp=%d%s ms=%.4f GB/s=%.1f TFLOP/s=-\n", variant,
+    std::printf("BENCH classifier %s %s N=%lld,V=%d,Vp=%d%s ms=%.4f GB/s=%.1f TFLOP/s=-\n", variant_name(variant),
                 dtype_name<T>(), (long long)N, V, Vp, write ? "" : ",loss_only", ms,
                 bytes / (ms * 1e-3) / 1e9);
 }
@@ -161,14 +249,15 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        const std::vector<int> variants = {1, 2};
+        const std::vector<int> variants = {1, 2, 3};
         struct Shape {
             int64_t N;
             int V, Vp;
         };
+        // {6, 999, 1001}: rows not 16-byte aligned, production runs the scalar path.
         std::vector<Shape> shapes = {{3, 50257, 50304}, {7, 1000, 1024}, {5, 1001, 1008},
-                                     {2, 3, 8},         {4096, 50257, 50257}};
-        if (quick) shapes = {{3, 50257, 50304}, {7, 1000, 1024}, {5, 1001, 1008}};
+                                     {6, 999, 1001},    {2, 3, 8},       {4096, 50257, 50257}};
+        if (quick) shapes = {{3, 50257, 50304}, {7, 1000, 1024}, {5, 1001, 1008}, {6, 999, 1001}};
         uint64_t seed = 1;
         for (const Shape& sh : shapes) {
             check_shape<float>(sh.N, sh.V, sh.Vp, seed++, variants);

@@ -1,7 +1,9 @@
-// dev/cuda/embedding.cu — workbench for cuda/embedding.cuh: embedding_forward (v1 thread per
-// element, v2 warp per row with 16-byte packs) and embedding_backward (v1 thread per
-// (bucket, column), v2 block per bucket with packs) against cpu::embedding_forward /
-// embedding_backward, then timing on a llama-400m-like batch (N = 8·2048, C = 1024, Vp = 50304).
+// dev/cuda/embedding.cu — workbench for cuda/embedding.cuh, both production kernels of each
+// direction (v2 where C and the alignment allow 16-byte packs, v1 the fallback for any C):
+// embedding_forward (v1 thread per element, v2 warp per row with 16-byte packs) and
+// embedding_backward (v1 thread per (bucket, column), v2 block per bucket with packs) against
+// cpu::embedding_forward / embedding_backward, then timing on a llama-400m-like batch
+// (N = 8·2048, C = 1024, Vp = 50304).
 // Usage: build/cuda/embedding [--quick]. Output format: doc/cuda.md.
 #include <chrono>
 
@@ -22,6 +24,26 @@ static std::vector<int32_t> random_tokens(Rng& rng, int64_t N, int Vp) {
         x = (r & 3) == 0 ? (int32_t)((r >> 8) % std::min(8, Vp)) : (int32_t)((r >> 8) % Vp);
     }
     return t;
+}
+
+// v = 1: the scalar kernels, v = 2: the packed ones; each through embedding_forward / _backward
+// where that is what they pick for these buffers, else through the embedding_detail launcher.
+template <typename T>
+static void forward_variant(int v, T* out, const int32_t* tokens, const T* wte, int64_t N, int C,
+                            cudaStream_t s) {
+    if ((v == 2) == embedding_detail::packed_ok<T>(C, out, wte))
+        return embedding_forward<T>(out, tokens, wte, N, C, s);
+    if (v == 2) embedding_detail::forward_packed<T>(out, tokens, wte, N, C, s);  // throws
+    else embedding_detail::forward_scalar<T>(out, tokens, wte, N, C, s);
+}
+template <typename T>
+static void backward_variant(int v, float* dwte, const T* dout, const int32_t* uniq,
+                             const int32_t* start, const int32_t* pos, int U, int C,
+                             cudaStream_t s) {
+    if ((v == 2) == embedding_detail::packed_ok<T>(C, dout, dwte))
+        return embedding_backward<T>(dwte, dout, uniq, start, pos, U, C, s);
+    if (v == 2) embedding_detail::backward_packed<T>(dwte, dout, uniq, start, pos, U, C, s);
+    else embedding_detail::backward_scalar<T>(dwte, dout, uniq, start, pos, U, C, s);
 }
 
 template <typename T>
@@ -45,7 +67,7 @@ static void check(Report& R, Rng& rng, int N, int C, int Vp) {
     for (int v = 1; v <= 2; v++) {
         if (v == 2 && !vec_ok) continue;
         fill(out.get(), out.n, NAN, 0);
-        embedding_forward<T>(out.get(), d_tok.get(), d_wte.get(), N, C, 0, v);
+        forward_variant<T>(v, out.get(), d_tok.get(), d_wte.get(), N, C, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         R.check("embedding", strprintf("forward_v%d", v), dt, shape, download(out.get(), out.n),
                 ref_out, 0.0);  // a copy: exact
@@ -58,15 +80,15 @@ static void check(Report& R, Rng& rng, int N, int C, int Vp) {
     for (int v = 1; v <= 2; v++) {
         if (v == 2 && !vec_ok) continue;
         auto dwte = wb::to_device<float>(dwte0);
-        embedding_backward<T>(dwte.get(), d_dout.get(), d_uniq.get(), d_start.get(), d_pos.get(),
-                              b.U(), C, 0, v);
+        backward_variant<T>(v, dwte.get(), d_dout.get(), d_uniq.get(), d_start.get(), d_pos.get(),
+                            b.U(), C, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<float> got = download(dwte.get(), dwte.n);
         R.check("embedding", strprintf("backward_v%d", v), dt, shape, got, ref_dwte,
                 wb::tol<float>());
         upload(dwte.get(), dwte0.data(), dwte.n);
-        embedding_backward<T>(dwte.get(), d_dout.get(), d_uniq.get(), d_start.get(), d_pos.get(),
-                              b.U(), C, 0, v);
+        backward_variant<T>(v, dwte.get(), d_dout.get(), d_uniq.get(), d_start.get(), d_pos.get(),
+                            b.U(), C, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         R.check_same("embedding", strprintf("backward_v%d", v), dt, shape,
                      download(dwte.get(), dwte.n), got);
@@ -91,16 +113,16 @@ static void bench(Report& R, Rng& rng, int N, int C, int Vp) {
     CUDA_CHECK(cudaMemcpy(d_start.get(), b.start.data(), b.start.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_pos.get(), b.pos.data(), b.pos.size() * 4, cudaMemcpyHostToDevice));
     for (int v = 1; v <= 2; v++) {
-        float ms = time_median_ms([&] { embedding_forward<T>(out.get(), d_tok.get(), wte.get(), N,
-                                                             C, 0, v); },
+        float ms = time_median_ms([&] { forward_variant<T>(v, out.get(), d_tok.get(), wte.get(), N,
+                                                           C, 0); },
                                   wb::kWarmup, wb::kReps);
         R.bench("embedding", strprintf("forward_v%d", v), dt, shape, ms,
                 2.0 * N * C * sizeof(T), -1);
     }
     for (int v = 1; v <= 2; v++) {
         float ms = time_median_ms(
-            [&] { embedding_backward<T>(dwte.get(), dout.get(), d_uniq.get(), d_start.get(),
-                                        d_pos.get(), b.U(), C, 0, v); },
+            [&] { backward_variant<T>(v, dwte.get(), dout.get(), d_uniq.get(), d_start.get(),
+                                      d_pos.get(), b.U(), C, 0); },
             wb::kWarmup, wb::kReps);
         R.bench("embedding", strprintf("backward_v%d", v), dt, shape + strprintf(",U=%d", b.U()),
                 ms, (double)N * C * sizeof(T) + 2.0 * b.U() * C * sizeof(float), -1);

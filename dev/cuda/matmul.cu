@@ -1,8 +1,9 @@
-// dev/cuda/matmul.cu — workbench for cuda/matmul.cuh: validates Matmul::gemm (v1 naive kernel,
-// v2 cuBLASLt) in all four transpose combinations with bias / beta / padded leading dims,
-// linear_forward / linear_backward and bias_grad (v1 thread per column, v2 two-pass) against
-// the CPU reference (cpu::gemm, cpu::matmul_forward, cpu::matmul_backward), then times them
-// and prints the peak bf16 GEMM rate used for MFU:
+// dev/cuda/matmul.cu — workbench for cuda/matmul.cuh: validates Matmul::gemm (v2 cuBLASLt) and
+// the workbench-only v1 naive GEMM below in all four transpose combinations with bias / beta /
+// padded leading dims, linear_forward / linear_backward and bias_grad (v2 two-pass colsum; v1,
+// workbench only: one thread per column) against the CPU reference (cpu::gemm,
+// cpu::matmul_forward, cpu::matmul_backward), then times them and prints the peak bf16 GEMM
+// rate used for MFU:
 //   BENCH matmul peak bf16 8192x8192x8192 ms=.. GB/s=- TFLOP/s=..
 // Usage: build/cuda/matmul [--quick]. Output format: doc/cuda.md.
 #include "cuda/matmul.cuh"
@@ -13,6 +14,59 @@ using namespace ldm;
 using namespace ldm::gpu;
 using wb::Report;
 using wb::Rng;
+
+// ---- v1 naive GEMM (workbench only; one thread per output, fp32 accumulation) ----------------
+// Same semantics as Matmul::gemm; an independent check of the cuBLASLt row-major layout.
+template <typename TA, typename TC>
+__global__ void gemm_naive_kernel(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                  float alpha, const TA* A, int64_t lda, const TA* B, int64_t ldb,
+                                  float beta, TC* C, int64_t ldc, const TC* bias) {
+    const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t i = blockIdx.y * (int64_t)blockDim.y + threadIdx.y;
+    if (i >= M || j >= N) return;
+    float acc = 0.f;
+    for (int64_t k = 0; k < K; k++) {
+        float a = to_f(trans_a ? A[k * lda + i] : A[i * lda + k]);
+        float b = to_f(trans_b ? B[j * ldb + k] : B[k * ldb + j]);
+        acc += a * b;
+    }
+    float v = alpha * acc;
+    if (beta != 0.f) v += beta * to_f(C[i * ldc + j]);
+    if (bias) v += to_f(bias[j]);
+    C[i * ldc + j] = from_f<TC>(v);
+}
+template <typename TA, typename TC>
+static void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const TA* A, int64_t lda, const TA* B, int64_t ldb, float beta, TC* C,
+                       int64_t ldc, const TC* bias, cudaStream_t s) {
+    if (M <= 0 || N <= 0) return;
+    dim3 block(32, 8);
+    dim3 grid((unsigned)ceil_div(N, 32), (unsigned)ceil_div(M, 8));
+    gemm_naive_kernel<TA, TC><<<grid, block, 0, s>>>(trans_a, trans_b, M, N, K, alpha, A, lda, B,
+                                                     ldb, beta, C, ldc, bias);
+    LDM_LAUNCH_CHECK();
+}
+
+// ---- v1 bias gradient (workbench only): one thread per column, rows summed in order ---------
+// (no scratch; slow for large N: one thread walks all N rows).
+template <typename T>
+__global__ void bias_grad_thread_kernel(float* dbias, const T* dout, int64_t N, int OC, int64_t ld) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= OC) return;
+    float acc = 0.f;
+    for (int64_t n = 0; n < N; n++) acc += to_f(dout[n * ld + c]);
+    dbias[c] += acc;
+}
+// v = 1: the kernel above; v = 2: production bias_grad (colsum). Same contract as bias_grad.
+template <typename T>
+static void bias_grad_variant(int v, float* dbias, float* scratch, const T* dout, int64_t N, int OC,
+                              int64_t ld, cudaStream_t s) {
+    if (v == 2) return bias_grad<T>(dbias, scratch, dout, N, OC, ld, s);
+    if (ld == 0) ld = OC;
+    if (N <= 0 || OC <= 0) return;
+    bias_grad_thread_kernel<T><<<(unsigned)ceil_div(OC, 256), 256, 0, s>>>(dbias, dout, N, OC, ld);
+    LDM_LAUNCH_CHECK();
+}
 
 template <typename TA, typename TC>
 static std::string pair_name() {
@@ -165,7 +219,7 @@ static void check_linear(Report& R, Matmul& mm, Rng& rng, int N, int IC, int OC,
     for (int v = 1; v <= 2; v++) {
         auto db = wb::to_device<float>(db0);
         DeviceBuffer<float> scratch(linear_backward_scratch(N, OC));
-        bias_grad<T>(db.get(), scratch.get(), d_dout.get(), N, OC, ld, 0, v);
+        bias_grad_variant<T>(v, db.get(), scratch.get(), d_dout.get(), N, OC, ld, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         R.check("matmul", v == 1 ? "bias_grad_v1" : "bias_grad_v2", dt, shape,
                 download(db.get(), db.n), rdb, wb::tol<float>());
@@ -196,7 +250,7 @@ static void bench_linear(Report& R, Matmul& mm, int N, int IC, int OC) {
                         wb::kWarmup, wb::kReps);
     R.bench("matmul", "linear_backward", dt, shape, ms, -1, 2 * flops);
     for (int v = 1; v <= 2; v++) {
-        ms = time_median_ms([&] { bias_grad<T>(db.get(), scratch.get(), dout.get(), N, OC, 0, 0, v); },
+        ms = time_median_ms([&] { bias_grad_variant<T>(v, db.get(), scratch.get(), dout.get(), N, OC, 0, 0); },
                             wb::kWarmup, wb::kReps);
         R.bench("matmul", v == 1 ? "bias_grad_v1" : "bias_grad_v2", dt, shape, ms,
                 (double)N * OC * sizeof(T), -1);

@@ -1,7 +1,9 @@
 // dev/cuda/rmsnorm.cu — workbench for cuda/rmsnorm.cuh: rmsnorm_forward, residual_rmsnorm_forward
-// (also with h_out aliasing h_in) and rmsnorm_backward (overwrite and accumulate), variants v1
-// (thread per row) and v2 (warp per row, 16-byte packs), against cpu::rmsnorm_forward /
-// rmsnorm_backward; then timing at N = 8·2048, C = 1024 and the QK-norm view [N·16, 64].
+// (also with h_out aliasing h_in) and rmsnorm_backward (overwrite and accumulate), "v2" = the
+// production launchers (warp per row, 16-byte packs when C and the bases allow, lane-strided
+// scalars otherwise: C = 37 runs that path) and the workbench-only "v1" below (thread per row,
+// slower: doc/cuda.md "Kernel variants"), against cpu::rmsnorm_forward / rmsnorm_backward; then
+// timing at N = 8·2048, C = 1024 and the QK-norm view [N·16, 64].
 // Usage: build/cuda/rmsnorm [--quick]. Output format: doc/cuda.md.
 #include "cuda/rmsnorm.cuh"
 #include "cpu/ops.h"
@@ -11,6 +13,73 @@ using namespace ldm;
 using namespace ldm::gpu;
 using wb::Report;
 using wb::Rng;
+
+// ---- v1 (workbench only): one thread per row, same math as the production warp kernels ------
+template <typename T, bool RESID>
+__global__ void rmsnorm_forward_thread_kernel(T* out, float* rstd, T* h_out, const T* h_in,
+                                              const T* o, const T* w, int64_t N, int C, float eps) {
+    const int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const T* x = h_in + n * C;
+    if (RESID) {
+        for (int c = 0; c < C; c++)
+            h_out[n * C + c] = from_f<T>(to_f(h_in[n * C + c]) + to_f(o[n * C + c]));
+        x = h_out + n * C;
+    }
+    float ss = 0.f;
+    for (int c = 0; c < C; c++) {
+        const float v = to_f(x[c]);
+        ss += v * v;
+    }
+    const float s = rms_scale(ss, C, eps);
+    rstd[n] = s;
+    for (int c = 0; c < C; c++) out[n * C + c] = from_f<T>(to_f(w[c]) * (to_f(x[c]) * s));
+}
+
+template <typename T>
+__global__ void rmsnorm_backward_dx_thread_kernel(T* dx, const T* dout, const T* x, const T* w,
+                                                  const float* rstd, int64_t N, int C,
+                                                  bool accumulate) {
+    const int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const T* xr = x + n * C;
+    const T* g = dout + n * C;
+    const float s = rstd[n];
+    float dot = 0.f;
+    for (int c = 0; c < C; c++) dot += to_f(w[c]) * to_f(g[c]) * to_f(xr[c]);
+    const float k = s * s * s * dot / (float)C;
+    for (int c = 0; c < C; c++) {
+        float v = s * to_f(w[c]) * to_f(g[c]) - k * to_f(xr[c]);
+        if (accumulate) v += to_f(dx[n * C + c]);
+        dx[n * C + c] = from_f<T>(v);
+    }
+}
+
+// The launchers by variant (1 = the thread kernels above, 2 = production), same contracts as
+// rmsnorm_forward / residual_rmsnorm_forward / rmsnorm_backward.
+template <typename T, bool RESID>
+static void forward_variant(int v, T* out, float* rstd, T* h_out, const T* h_in, const T* o,
+                            const T* w, int64_t N, int C, float eps, cudaStream_t s) {
+    if (v == 2) {
+        if (RESID) return residual_rmsnorm_forward<T>(h_out, out, rstd, h_in, o, w, N, C, eps, s);
+        return rmsnorm_forward<T>(out, rstd, h_in, w, N, C, eps, s);
+    }
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_forward_thread_kernel<T, RESID><<<(unsigned)ceil_div(N, 128), 128, 0, s>>>(
+        out, rstd, h_out, h_in, o, w, N, C, eps);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+static void backward_variant(int v, T* dx, float* dw, float* scratch, const T* dout, const T* x,
+                             const T* w, const float* rstd, int64_t N, int C, bool accumulate,
+                             cudaStream_t s) {
+    if (v == 2) return rmsnorm_backward<T>(dx, dw, scratch, dout, x, w, rstd, N, C, accumulate, s);
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_backward_dx_thread_kernel<T><<<(unsigned)ceil_div(N, 128), 128, 0, s>>>(
+        dx, dout, x, w, rstd, N, C, accumulate);
+    LDM_LAUNCH_CHECK();
+    if (dw) colsum(dw, scratch, RmsDwOp<T>{dout, x, rstd, C}, N, C, s);
+}
 
 template <typename T>
 static void check(Report& R, Rng& rng, int N, int C) {
@@ -33,7 +102,8 @@ static void check(Report& R, Rng& rng, int N, int C) {
     for (int v = 1; v <= 2; v++) {
         fill(out.get(), NC, NAN, 0);
         fill(rstd.get(), N, NAN, 0);
-        rmsnorm_forward<T>(out.get(), rstd.get(), d_x.get(), d_w.get(), N, C, eps, 0, v);
+        forward_variant<T, false>(v, out.get(), rstd.get(), nullptr, d_x.get(), nullptr, d_w.get(), N,
+                                  C, eps, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::string var = strprintf("forward_v%d", v);
         R.check("rmsnorm", var, dt, shape, download(out.get(), NC), ref_out, wb::tol<T>());
@@ -55,8 +125,8 @@ static void check(Report& R, Rng& rng, int N, int C) {
             else
                 fill(h.get(), NC, NAN, 0);
             const T* h_in = alias ? h.get() : d_x.get();
-            residual_rmsnorm_forward<T>(h_out, out.get(), rstd.get(), h_in, d_o.get(), d_w.get(), N,
-                                        C, eps, 0, v);
+            forward_variant<T, true>(v, out.get(), rstd.get(), h_out, h_in, d_o.get(), d_w.get(), N,
+                                     C, eps, 0);
             CUDA_CHECK(cudaDeviceSynchronize());
             const std::string var = strprintf("residual_forward_v%d%s", v, alias ? "_alias" : "");
             R.check("rmsnorm", var + "_h", dt, shape, download(h.get(), NC), hr, 0.0);
@@ -82,8 +152,8 @@ static void check(Report& R, Rng& rng, int N, int C) {
             else
                 fill(dx.get(), NC, NAN, 0);
             auto dw = wb::to_device<float>(dw0);
-            rmsnorm_backward<T>(dx.get(), dw.get(), scratch.get(), d_dout.get(), d_x.get(),
-                                d_w.get(), rstd.get(), N, C, acc != 0, 0, v);
+            backward_variant<T>(v, dx.get(), dw.get(), scratch.get(), d_dout.get(), d_x.get(),
+                                d_w.get(), rstd.get(), N, C, acc != 0, 0);
             CUDA_CHECK(cudaDeviceSynchronize());
             const std::string var = strprintf("backward_v%d", v);
             const std::string sh = shape + (acc ? ",acc" : ",set");
@@ -91,8 +161,8 @@ static void check(Report& R, Rng& rng, int N, int C) {
             std::vector<float> dw1 = download(dw.get(), C);
             R.check("rmsnorm", var + "_dw", dt, sh, dw1, rdw, wb::tol<T>());
             upload(dw.get(), dw0.data(), C);
-            rmsnorm_backward<T>(dx.get(), dw.get(), scratch.get(), d_dout.get(), d_x.get(),
-                                d_w.get(), rstd.get(), N, C, false, 0, v);
+            backward_variant<T>(v, dx.get(), dw.get(), scratch.get(), d_dout.get(), d_x.get(),
+                                d_w.get(), rstd.get(), N, C, false, 0);
             CUDA_CHECK(cudaDeviceSynchronize());
             R.check_same("rmsnorm", var + "_dw", dt, sh, download(dw.get(), C), dw1);
         }
@@ -113,19 +183,20 @@ static void bench(Report& R, int N, int C) {
     fill(dw.get(), C, 0.f, 0);
     const double e = sizeof(T);
     for (int v = 1; v <= 2; v++) {
-        float ms = time_median_ms([&] { rmsnorm_forward<T>(out.get(), rstd.get(), x.get(), w.get(),
-                                                           N, C, 1e-5f, 0, v); },
+        float ms = time_median_ms([&] { forward_variant<T, false>(v, out.get(), rstd.get(), nullptr,
+                                                                  x.get(), nullptr, w.get(), N, C,
+                                                                  1e-5f, 0); },
                                   wb::kWarmup, wb::kReps);
         R.bench("rmsnorm", strprintf("forward_v%d", v), dt, shape, ms, 2.0 * NC * e + 4.0 * N, -1);
-        ms = time_median_ms([&] { residual_rmsnorm_forward<T>(h.get(), out.get(), rstd.get(),
-                                                              x.get(), o.get(), w.get(), N, C,
-                                                              1e-5f, 0, v); },
+        ms = time_median_ms([&] { forward_variant<T, true>(v, out.get(), rstd.get(), h.get(),
+                                                           x.get(), o.get(), w.get(), N, C, 1e-5f,
+                                                           0); },
                             wb::kWarmup, wb::kReps);
         R.bench("rmsnorm", strprintf("residual_forward_v%d", v), dt, shape, ms,
                 4.0 * NC * e + 4.0 * N, -1);
-        ms = time_median_ms([&] { rmsnorm_backward<T>(dx.get(), dw.get(), scratch.get(), dout.get(),
-                                                      x.get(), w.get(), rstd.get(), N, C, false, 0,
-                                                      v); },
+        ms = time_median_ms([&] { backward_variant<T>(v, dx.get(), dw.get(), scratch.get(),
+                                                      dout.get(), x.get(), w.get(), rstd.get(), N,
+                                                      C, false, 0); },
                             wb::kWarmup, wb::kReps);
         // minimum traffic: read dout, x; write dx (the dw pass re-reads dout and x)
         R.bench("rmsnorm", strprintf("backward_v%d", v), dt, shape, ms, 3.0 * NC * e + 4.0 * N, -1);

@@ -1,5 +1,6 @@
 // dev/cuda/rope.cu — workbench for cuda/rope.cuh: qknorm_rope_forward / qknorm_rope_backward
-// (v1 thread per head, v2 warp per head), with and without QK-norm, also in place, against the
+// ("v2" = production, warp per head; "v1" = the workbench-only thread-per-head kernels below,
+// slower: doc/cuda.md "Kernel variants"), with and without QK-norm, also in place, against the
 // CPU path of cpu/model.cpp (cpu::rmsnorm_forward/backward on the [N·heads, hd] view, then
 // cpu::rope_forward/backward, tables from cpu::rope_tables); then timing on llama-400m-like
 // (nh = nkv = 16, hd = 64, no norm) and qwen3-like (nh 16, nkv 8, hd 128, QK-norm) batches.
@@ -12,6 +13,138 @@ using namespace ldm;
 using namespace ldm::gpu;
 using wb::Report;
 using wb::Rng;
+
+// ---- v1 (workbench only): one thread per (token, head), same math as the warp kernels -------
+template <typename T, bool NORM>
+__global__ void qknorm_rope_forward_thread_kernel(T* out, float* rstd, const T* in, const T* q_w,
+                                                  const T* k_w, const float* cos_t,
+                                                  const float* sin_t, int64_t N, int T_, int nh,
+                                                  int nkv, int hd, float eps, bool copy_v) {
+    const int Hall = nh + 2 * nkv, Hr = nh + nkv, half = hd / 2;
+    const int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (gid >= N * Hall) return;
+    const int64_t n = gid / Hall;
+    const int h = (int)(gid - n * Hall);
+    const int64_t base = n * Hall * hd + (int64_t)h * hd;
+    const T* x = in + base;
+    T* y = out + base;
+    if (h >= Hr) {  // v head
+        if (copy_v)
+            for (int c = 0; c < hd; c++) y[c] = x[c];
+        return;
+    }
+    float s = 1.f;
+    if (NORM) {
+        float ss = 0.f;
+        for (int c = 0; c < hd; c++) {
+            const float v = to_f(x[c]);
+            ss += v * v;
+        }
+        s = rms_scale(ss, hd, eps);
+        if (rstd) rstd[n * Hr + h] = s;
+    }
+    const T* w = h < nh ? q_w : k_w;
+    const int64_t t = n % T_;
+    const float* ct = cos_t + t * half;
+    const float* st = sin_t + t * half;
+    for (int i = 0; i < half; i++) {
+        float x1 = to_f(x[i]), x2 = to_f(x[i + half]);
+        if (NORM) {
+            x1 = to_f(w[i]) * (x1 * s);
+            x2 = to_f(w[i + half]) * (x2 * s);
+        }
+        float y1, y2;
+        rope_rotate(x1, x2, ct[i], st[i], &y1, &y2);
+        y[i] = from_f<T>(y1);
+        y[i + half] = from_f<T>(y2);
+    }
+}
+
+template <typename T, bool NORM>
+__global__ void qknorm_rope_backward_thread_kernel(T* din, const T* dout, const T* in,
+                                                   const float* rstd, const T* q_w, const T* k_w,
+                                                   const float* cos_t, const float* sin_t,
+                                                   int64_t N, int T_, int nh, int nkv, int hd) {
+    const int Hall = nh + 2 * nkv, Hr = nh + nkv, half = hd / 2;
+    const int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (gid >= N * Hall) return;
+    const int64_t n = gid / Hall;
+    const int h = (int)(gid - n * Hall);
+    const int64_t base = n * Hall * hd + (int64_t)h * hd;
+    const T* dy = dout + base;
+    T* dx = din + base;
+    if (h >= Hr) {
+        for (int c = 0; c < hd; c++) dx[c] = dy[c];
+        return;
+    }
+    const int64_t t = n % T_;
+    const float* ct = cos_t + t * half;
+    const float* st = sin_t + t * half;
+    const T* x = in + base;
+    const T* w = h < nh ? q_w : k_w;
+    float s = 1.f, kk = 0.f;
+    if (NORM) {
+        s = rstd[n * Hr + h];
+        float dot = 0.f;
+        for (int i = 0; i < half; i++) {
+            float g1, g2;
+            rope_rotate_back(to_f(dy[i]), to_f(dy[i + half]), ct[i], st[i], &g1, &g2);
+            dot += to_f(w[i]) * g1 * to_f(x[i]) + to_f(w[i + half]) * g2 * to_f(x[i + half]);
+        }
+        kk = s * s * s * dot / (float)hd;
+    }
+    for (int i = 0; i < half; i++) {
+        float g1, g2;
+        rope_rotate_back(to_f(dy[i]), to_f(dy[i + half]), ct[i], st[i], &g1, &g2);
+        if (NORM) {
+            g1 = s * to_f(w[i]) * g1 - kk * to_f(x[i]);
+            g2 = s * to_f(w[i + half]) * g2 - kk * to_f(x[i + half]);
+        }
+        dx[i] = from_f<T>(g1);
+        dx[i + half] = from_f<T>(g2);
+    }
+}
+
+// The launchers by variant (1 = the thread kernels above, 2 = production), same contracts as
+// qknorm_rope_forward / qknorm_rope_backward.
+template <typename T>
+static void forward_variant(int v, T* out, float* rstd, const T* in, const T* q_w, const T* k_w,
+                            const float* cos_t, const float* sin_t, int64_t N, int T_, int nh,
+                            int nkv, int hd, float eps, cudaStream_t s) {
+    if (v == 2)
+        return qknorm_rope_forward<T>(out, rstd, in, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd,
+                                      eps, s);
+    if (N <= 0) return;
+    const unsigned blocks = (unsigned)ceil_div(N * (nh + 2 * nkv), 256);
+    if (q_w)
+        qknorm_rope_forward_thread_kernel<T, true><<<blocks, 256, 0, s>>>(
+            out, rstd, in, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd, eps, out != in);
+    else
+        qknorm_rope_forward_thread_kernel<T, false><<<blocks, 256, 0, s>>>(
+            out, rstd, in, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd, eps, out != in);
+    LDM_LAUNCH_CHECK();
+}
+template <typename T>
+static void backward_variant(int v, T* din, float* dq_w, float* dk_w, float* scratch,
+                             const T* dout, const T* in, const float* rstd, const T* q_w,
+                             const T* k_w, const float* cos_t, const float* sin_t, int64_t N,
+                             int T_, int nh, int nkv, int hd, cudaStream_t s) {
+    if (v == 2)
+        return qknorm_rope_backward<T>(din, dq_w, dk_w, scratch, dout, in, rstd, q_w, k_w, cos_t,
+                                       sin_t, N, T_, nh, nkv, hd, s);
+    if (N <= 0) return;
+    const unsigned blocks = (unsigned)ceil_div(N * (nh + 2 * nkv), 256);
+    if (q_w)
+        qknorm_rope_backward_thread_kernel<T, true><<<blocks, 256, 0, s>>>(
+            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd);
+    else
+        qknorm_rope_backward_thread_kernel<T, false><<<blocks, 256, 0, s>>>(
+            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd);
+    LDM_LAUNCH_CHECK();
+    if (q_w)
+        qk_norm_weight_grads<T>(dq_w, dk_w, scratch, dout, in, rstd, cos_t, sin_t, N, T_, nh, nkv,
+                                hd, s);
+}
 
 struct Shape {
     int B, T, nh, nkv, hd;
@@ -84,10 +217,10 @@ static void check(Report& R, Rng& rng, const Shape& S, bool norm) {
             else
                 fill(out.get(), N * W, NAN, 0);
             fill(rstd.get(), N * Hr, NAN, 0);
-            qknorm_rope_forward<T>(out.get(), norm ? rstd.get() : nullptr,
-                                   inplace ? out.get() : d_in.get(), norm ? d_qw.get() : nullptr,
-                                   norm ? d_kw.get() : nullptr, d_cos.get(), d_sin.get(), N, S.T,
-                                   S.nh, S.nkv, S.hd, eps, 0, v);
+            forward_variant<T>(v, out.get(), norm ? rstd.get() : nullptr,
+                               inplace ? out.get() : d_in.get(), norm ? d_qw.get() : nullptr,
+                               norm ? d_kw.get() : nullptr, d_cos.get(), d_sin.get(), N, S.T, S.nh,
+                               S.nkv, S.hd, eps, 0);
             CUDA_CHECK(cudaDeviceSynchronize());
             const std::string var = strprintf("forward_v%d%s", v, inplace ? "_inplace" : "");
             R.check("rope", var, dt, shape, download(out.get(), N * W), ref_out, wb::tol<T>());
@@ -126,10 +259,10 @@ static void check(Report& R, Rng& rng, const Shape& S, bool norm) {
         fill(din.get(), N * W, NAN, 0);
         auto dqw = wb::to_device<float>(dqw0);
         auto dkw = wb::to_device<float>(dkw0);
-        qknorm_rope_backward<T>(din.get(), dqw.get(), dkw.get(), scratch.get(), d_dout.get(),
-                                d_in.get(), norm ? rstd.get() : nullptr,
-                                norm ? d_qw.get() : nullptr, norm ? d_kw.get() : nullptr,
-                                d_cos.get(), d_sin.get(), N, S.T, S.nh, S.nkv, S.hd, 0, v);
+        backward_variant<T>(v, din.get(), dqw.get(), dkw.get(), scratch.get(), d_dout.get(),
+                            d_in.get(), norm ? rstd.get() : nullptr, norm ? d_qw.get() : nullptr,
+                            norm ? d_kw.get() : nullptr, d_cos.get(), d_sin.get(), N, S.T, S.nh,
+                            S.nkv, S.hd, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::string var = strprintf("backward_v%d", v);
         R.check("rope", var + "_din", dt, shape, download(din.get(), N * W), ref_din, wb::tol<T>());
@@ -138,9 +271,9 @@ static void check(Report& R, Rng& rng, const Shape& S, bool norm) {
             R.check("rope", var + "_dk_w", dt, shape, download(dkw.get(), S.hd), rdkw, wb::tol<T>());
             std::vector<float> q1 = download(dqw.get(), S.hd);
             upload(dqw.get(), dqw0.data(), S.hd);
-            qknorm_rope_backward<T>(din.get(), dqw.get(), nullptr, scratch.get(), d_dout.get(),
-                                    d_in.get(), rstd.get(), d_qw.get(), d_kw.get(), d_cos.get(),
-                                    d_sin.get(), N, S.T, S.nh, S.nkv, S.hd, 0, v);
+            backward_variant<T>(v, din.get(), dqw.get(), nullptr, scratch.get(), d_dout.get(),
+                                d_in.get(), rstd.get(), d_qw.get(), d_kw.get(), d_cos.get(),
+                                d_sin.get(), N, S.T, S.nh, S.nkv, S.hd, 0);
             CUDA_CHECK(cudaDeviceSynchronize());
             R.check_same("rope", var + "_dq_w", dt, shape, download(dqw.get(), S.hd), q1);
         }
@@ -168,15 +301,15 @@ static void bench(Report& R, const Shape& S, bool norm) {
     const double bytes = 2.0 * N * W * sizeof(T);
     for (int v = 1; v <= 2; v++) {
         float ms = time_median_ms(
-            [&] { qknorm_rope_forward<T>(out.get(), rstd.get(), in.get(), norm ? qw.get() : nullptr,
-                                         kw.get(), cs.get(), sn.get(), N, S.T, S.nh, S.nkv, S.hd,
-                                         1e-6f, 0, v); },
+            [&] { forward_variant<T>(v, out.get(), rstd.get(), in.get(), norm ? qw.get() : nullptr,
+                                     kw.get(), cs.get(), sn.get(), N, S.T, S.nh, S.nkv, S.hd,
+                                     1e-6f, 0); },
             wb::kWarmup, wb::kReps);
         R.bench("rope", strprintf("forward_v%d", v), dt, shape, ms, bytes, -1);
         ms = time_median_ms(
-            [&] { qknorm_rope_backward<T>(din.get(), dqw.get(), dkw.get(), scratch.get(), dout.get(),
-                                          in.get(), rstd.get(), norm ? qw.get() : nullptr, kw.get(),
-                                          cs.get(), sn.get(), N, S.T, S.nh, S.nkv, S.hd, 0, v); },
+            [&] { backward_variant<T>(v, din.get(), dqw.get(), dkw.get(), scratch.get(), dout.get(),
+                                      in.get(), rstd.get(), norm ? qw.get() : nullptr, kw.get(),
+                                      cs.get(), sn.get(), N, S.T, S.nh, S.nkv, S.hd, 0); },
             wb::kWarmup, wb::kReps);
         R.bench("rope", strprintf("backward_v%d", v), dt, shape, ms,
                 bytes * (norm ? 1.5 : 1.0), -1);

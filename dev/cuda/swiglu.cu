@@ -1,5 +1,6 @@
 // dev/cuda/swiglu.cu — workbench for cuda/swiglu.cuh: swiglu_forward / swiglu_backward on the
-// packed h13 layout (v1 thread per element, v2 thread per 16-byte pack) against
+// packed h13 layout, both production kernels (v1 thread per element: the fallback for any F;
+// v2 thread per 16-byte pack: where F and the alignment allow it) against
 // cpu::swiglu_forward / swiglu_backward on the split h1 / h3; then timing at N = 8·2048,
 // F = 2816 (llama-400m). Usage: build/cuda/swiglu [--quick]. Output format: doc/cuda.md.
 #include "cuda/swiglu.cuh"
@@ -10,6 +11,23 @@ using namespace ldm;
 using namespace ldm::gpu;
 using wb::Report;
 using wb::Rng;
+
+// v = 1: the scalar kernels, v = 2: the packed ones; each through swiglu_forward / _backward
+// where that is what they pick for these buffers, else through the swiglu_detail launcher.
+template <typename T>
+static void forward_variant(int v, T* a, const T* h13, int64_t N, int F, cudaStream_t s) {
+    if ((v == 2) == swiglu_detail::packed_ok<T>(F, a, h13)) return swiglu_forward<T>(a, h13, N, F, s);
+    if (v == 2) swiglu_detail::forward_packed<T>(a, h13, N, F, s);  // throws: does not apply
+    else swiglu_detail::forward_scalar<T>(a, h13, N, F, s);
+}
+template <typename T>
+static void backward_variant(int v, T* dh13, const T* da, const T* h13, int64_t N, int F,
+                             cudaStream_t s) {
+    if ((v == 2) == swiglu_detail::packed_ok<T>(F, dh13, da, h13))
+        return swiglu_backward<T>(dh13, da, h13, N, F, s);
+    if (v == 2) swiglu_detail::backward_packed<T>(dh13, da, h13, N, F, s);  // throws
+    else swiglu_detail::backward_scalar<T>(dh13, da, h13, N, F, s);
+}
 
 template <typename T>
 static void check(Report& R, Rng& rng, int64_t N, int F) {
@@ -36,11 +54,11 @@ static void check(Report& R, Rng& rng, int64_t N, int F) {
     auto d_da = wb::to_device<T>(da);
     DeviceBuffer<T> a(NF), dh13(2 * NF);
     for (int v = 1; v <= 2; v++) {
-        if (v == 2 && F % Pack<T>::n != 0) continue;  // v2 would fall back to v1
+        if (v == 2 && F % Pack<T>::n != 0) continue;  // the packed kernels do not apply
         fill(a.get(), NF, NAN, 0);
         fill(dh13.get(), 2 * NF, NAN, 0);
-        swiglu_forward<T>(a.get(), d_h13.get(), N, F, 0, v);
-        swiglu_backward<T>(dh13.get(), d_da.get(), d_h13.get(), N, F, 0, v);
+        forward_variant<T>(v, a.get(), d_h13.get(), N, F, 0);
+        backward_variant<T>(v, dh13.get(), d_da.get(), d_h13.get(), N, F, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         R.check("swiglu", strprintf("forward_v%d", v), dt, shape, download(a.get(), NF), ref_a,
                 wb::tol<T>());
@@ -59,10 +77,10 @@ static void bench(Report& R, int64_t N, int F) {
     fill(da.get(), da.n, 0.1f, 0);
     const double e = sizeof(T);
     for (int v = 1; v <= 2; v++) {
-        float ms = time_median_ms([&] { swiglu_forward<T>(a.get(), h13.get(), N, F, 0, v); },
+        float ms = time_median_ms([&] { forward_variant<T>(v, a.get(), h13.get(), N, F, 0); },
                                   wb::kWarmup, wb::kReps);
         R.bench("swiglu", strprintf("forward_v%d", v), dt, shape, ms, 3.0 * NF * e, -1);
-        ms = time_median_ms([&] { swiglu_backward<T>(dh13.get(), da.get(), h13.get(), N, F, 0, v); },
+        ms = time_median_ms([&] { backward_variant<T>(v, dh13.get(), da.get(), h13.get(), N, F, 0); },
                             wb::kWarmup, wb::kReps);
         R.bench("swiglu", strprintf("backward_v%d", v), dt, shape, ms, 5.0 * NF * e, -1);
     }
