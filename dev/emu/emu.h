@@ -17,7 +17,8 @@
 // running a kernel under several orders and requiring bit-identical outputs exposes code whose
 // result depends on the interleaving between yield points (missing __syncthreads/__syncwarp).
 // Memory: kernels get host pointers; cudaMalloc is malloc, cudaMemcpy*/cudaMemset* are
-// memcpy/memset (async ones complete at once); streams and events are no-ops.
+// memcpy/memset (async ones complete at once); streams and events are no-ops. cp.async copies
+// complete only at the issuing thread's cp.async.wait_group / wait_all (see cp_async below).
 #pragma once
 
 #include <cuda_runtime.h>
