@@ -1,11 +1,13 @@
 // CPU emulation test of the attention kernels of cuda/attention.cuh (dev/emu; doc/cuda.md
 // "Emulating kernels on the CPU"), through the dev/cuda/attention.cu workbench's kernel_forward /
 // kernel_backward (row-dot, then dK/dV and dQ): the scalar kernels (fp32 and bf16, one warp per
-// row), the mma kernels (bf16 mma.sync m16n8k16 with ldmatrix fragments, production) and the
-// workbench's mma-plain variant (plain shared-memory fragment loads), with mma.sync and ldmatrix
-// emulated as warp collectives per the PTX ISA fragment tables, against cpu/ops.h attention in double
-// (out, lse, dqkv). Outputs are poisoned with NaN; each case runs under the three scheduling
-// orders and must give bit-identical results.
+// row), the mma kernels (bf16 mma.sync m16n8k16 with ldmatrix fragments, production), the
+// workbench's mma-plain variant (plain shared-memory fragment loads) and mma-pipe variant
+// (dev/cuda/attention_pipelined.cuh: cp.async pipelines), with mma.sync and ldmatrix emulated as
+// warp collectives per the PTX ISA fragment tables and cp.async completing only at its wait,
+// against cpu/ops.h attention in double (out, lse, dqkv). Outputs are poisoned with NaN; each case
+// runs under the three scheduling orders and must give bit-identical results. Also: the
+// emulator's cp.async semantics, and that the pipelined kernels fail when a wait is too shallow.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -51,7 +53,7 @@ void report(const std::string& ctx, const char* what, const std::vector<float>& 
 }
 
 template <typename T>
-void run(const Shape& sh, Kernel variant, uint64_t seed) {
+void run(const Shape& sh, Kernel variant, uint64_t seed, int wait_slack = 0) {
     const int64_t N = sh.N(), C3 = sh.C3(), qd = (int64_t)sh.nh * sh.hd, kvd = (int64_t)sh.nkv * sh.hd;
     const auto qkv = rnd<T>(N * C3, seed);
     const auto dout = rnd<T>(N * qd, seed + 1);
@@ -99,6 +101,26 @@ void run(const Shape& sh, Kernel variant, uint64_t seed) {
             }
     const std::string ctx = strprintf("attention %s %s B=%d T=%d nh=%d nkv=%d hd=%d", kernel_name(variant), dtype_name<T>(), sh.B,
                                       sh.T, sh.nh, sh.nkv, sh.hd);
+    if (wait_slack > 0) {
+        // Every cp.async wait one group too shallow: the forward must read poisoned stages, and so
+        // must the backward given the correct forward outputs.
+        std::vector<T> o((size_t)(N * qd), from_f<T>(NAN)), dqkv((size_t)(N * C3), from_f<T>(NAN));
+        std::vector<float> lse(ref_lse.size(), NAN), scr(ref_lse.size(), NAN);
+        emu::set_cp_async_wait_slack(wait_slack);
+        kernel_forward<T>(variant, o.data(), lse.data(), qkv.data(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0);
+        emu::set_cp_async_wait_slack(0);
+        INFO(ctx << ": forward with cp.async waits one group short");
+        CHECK_FALSE(compare(tof(o).data(), ref_out.data(), (int64_t)o.size()).finite);
+        kernel_forward<T>(variant, o.data(), lse.data(), qkv.data(), sh.B, sh.T, sh.nh, sh.nkv, sh.hd, 0);
+        REQUIRE(compare(tof(o).data(), ref_out.data(), (int64_t)o.size()).finite);
+        emu::set_cp_async_wait_slack(wait_slack);
+        kernel_backward<T>(variant, dqkv.data(), scr.data(), dout.data(), o.data(), lse.data(), qkv.data(), sh.B,
+                           sh.T, sh.nh, sh.nkv, sh.hd, 0);
+        emu::set_cp_async_wait_slack(0);
+        INFO(ctx << ": backward with cp.async waits one group short");
+        CHECK_FALSE(compare(tof(dqkv).data(), ref_d.data(), (int64_t)dqkv.size()).finite);
+        return;
+    }
     std::vector<uint16_t> first;
     const emu::Order orders[3] = {emu::Order::kForward, emu::Order::kReverse, emu::Order::kRandom};
     for (int oi = 0; oi < 3; oi++) {
@@ -126,7 +148,100 @@ void run(const Shape& sh, Kernel variant, uint64_t seed) {
     emu::set_order(emu::Order::kForward);
 }
 
+// One warp; each lane copies 16 bytes of `in` into each of three groups (the third zero-filled),
+// then waits as `mode` says, and writes what it sees of its own three chunks (mode 4: of the next
+// lane's first chunk, after its own full wait but without a barrier) to out[12 lane ...].
+void cp_async_probe(float* out, const float* in, int mode) {
+    float* sm = reinterpret_cast<float*>(::emu::dyn_smem());
+    const int t = threadIdx.x;
+    cp_async_16(sm + 4 * t, in + 4 * t, true);
+    cp_async_commit();
+    cp_async_16(sm + 128 + 4 * t, in + 128 + 4 * t, true);
+    cp_async_commit();
+    cp_async_16(sm + 256 + 4 * t, in, false);
+    cp_async_commit();
+    if (mode == 1) cp_async_wait<2>();
+    if (mode == 2 || mode == 4) cp_async_wait<0>();
+    if (mode == 3) cp_async_wait_all();
+    out[12 * 32 + t] = (float)::emu::cp_async_pending();
+    if (mode == 4) {
+        for (int i = 0; i < 4; i++) out[12 * t + i] = sm[4 * ((t + 1) % 32) + i];
+        return;
+    }
+    __syncthreads();
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 4; i++) out[12 * t + 4 * c + i] = sm[128 * c + 4 * t + i];
+}
+
 }  // namespace
+
+TEST_CASE("emu: cp.async lands only at its wait (commit groups, wait_group N, wait_all, zero-fill)",
+          "[emu][attention]") {
+    std::vector<float> in(256);
+    for (int i = 0; i < 256; i++) in[(size_t)i] = 1.f + (float)i;
+    auto probe = [&](int mode) {
+        std::vector<float> out(12 * 32 + 32, -7.f);
+        ::emu::launch(dim3(1), dim3(32), 384 * sizeof(float), 0, cp_async_probe, out.data(), in.data(), mode);
+        return out;
+    };
+    auto chunk_is = [&](const std::vector<float>& out, int t, int c, int what) {  // what: 0 data, 1 zero, 2 NaN
+        for (int i = 0; i < 4; i++) {
+            const float v = out[(size_t)(12 * t + 4 * c + i)];
+            if (what == 0 && v != in[(size_t)(128 * c + 4 * t + i)]) return false;
+            if (what == 1 && v != 0.f) return false;
+            if (what == 2 && !std::isnan(v)) return false;
+        }
+        return true;
+    };
+    emu::set_order(emu::Order::kForward);
+    const auto none = probe(0), first = probe(1), all = probe(2), wall = probe(3);
+    for (int t = 0; t < 32; t++) {
+        INFO("lane " << t);
+        CHECK(chunk_is(none, t, 0, 2));  // no wait: everything still poisoned
+        CHECK(chunk_is(none, t, 1, 2));
+        CHECK(chunk_is(none, t, 2, 2));
+        CHECK(none[12 * 32 + t] == 3.f);
+        CHECK(chunk_is(first, t, 0, 0));  // wait_group 2: the oldest group only
+        CHECK(chunk_is(first, t, 1, 2));
+        CHECK(chunk_is(first, t, 2, 2));
+        CHECK(first[12 * 32 + t] == 2.f);
+        for (const auto* o : {&all, &wall}) {  // wait_group 0 / wait_all: all, zero-fill as zeros
+            CHECK(chunk_is(*o, t, 0, 0));
+            CHECK(chunk_is(*o, t, 1, 0));
+            CHECK(chunk_is(*o, t, 2, 1));
+            CHECK((*o)[12 * 32 + t] == 0.f);
+        }
+    }
+    // Fault injection: wait_group 0 with slack 1 leaves the newest group pending.
+    emu::set_cp_async_wait_slack(1);
+    const auto shallow = probe(2);
+    emu::set_cp_async_wait_slack(0);
+    for (int t = 0; t < 32; t++) {
+        CHECK(chunk_is(shallow, t, 0, 0));
+        CHECK(chunk_is(shallow, t, 1, 0));
+        CHECK(chunk_is(shallow, t, 2, 2));
+    }
+    // Another lane's copies are visible only once that lane has waited: without a barrier, in
+    // forward order lane t runs to its end before lane t+1 waits, so it reads poison.
+    const auto nobar = probe(4);
+    for (int t = 0; t < 31; t++) {
+        INFO("lane " << t << " reads lane " << t + 1 << " without a barrier");
+        for (int i = 0; i < 4; i++) CHECK(std::isnan(nobar[(size_t)(12 * t + i)]));
+    }
+    for (int i = 0; i < 4; i++) CHECK(nobar[(size_t)(12 * 31 + i)] == in[(size_t)i]);  // lane 0 already waited
+}
+
+TEST_CASE("emu: attention mma-pipe (cp.async pipelines, diagonal-only mask, 128-row tiles)", "[emu][attention]") {
+    // T = 1; a partial tile with GQA 2; several key tiles so the stage ring wraps (hd 64: 3 stages,
+    // dK/dV steps across both heads of a group; hd 128: 2 stages, GQA 2 and 4).
+    const Shape shapes[] = {{1, 1, 2, 1, 64}, {2, 37, 4, 2, 64}, {1, 203, 4, 2, 64}, {1, 1, 4, 2, 128},
+                            {1, 70, 4, 2, 128}, {1, 150, 4, 1, 128}};
+    uint64_t seed = 77;
+    for (const Shape& sh : shapes) run<bf16>(sh, kMmaPipe, seed += 7);
+    // A pipeline whose waits are one group short reads stages before they land: caught.
+    run<bf16>(shapes[2], kMmaPipe, 1, 1);
+    run<bf16>(shapes[5], kMmaPipe, 2, 1);
+}
 
 TEST_CASE("emu: attention mma kernels (bf16 mma.sync; ldmatrix and plain fragment loads; the dispatch)",
           "[emu][attention]") {

@@ -1,7 +1,9 @@
 // dev/cuda/attention.cu — workbench for cuda/attention.cuh (doc/cuda.md, spec §1).
 // Kernels (Kernel below): scalar and mma (the two production families, attention_forward picks by
-// dtype and head_dim) and mma-plain (the mma kernels with fragments read by plain shared-memory
-// loads instead of ldmatrix: the previous production path, kept here to compare).
+// dtype and head_dim), mma-plain (the mma kernels with fragments read by plain shared-memory
+// loads instead of ldmatrix: the previous production path, kept here to compare) and mma-pipe
+// (dev/cuda/attention_pipelined.cuh: cp.async pipelines, diagonal-only masking, larger tiles).
+// The mma kernels are bf16 only (fp32 runs skip them).
 // Checks each kernel's forward (out, lse) and backward (dqkv), and the production dispatch, against the
 // CPU reference cpu::attention_forward / attention_backward in double (q, k, v split from the
 // packed qkv on the host; lse recomputed in double), for float and bf16, at small odd shapes,
@@ -12,6 +14,7 @@
 #include <cstring>
 
 #include "cuda/attention.cuh"
+#include "dev/cuda/attention_pipelined.cuh"
 #include "dev/cuda/attention_plain_frags.cuh"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
@@ -33,14 +36,15 @@ struct Shape {
 int g_failures = 0;
 
 // The kernel families of the workbench; kAuto = the production dispatch (attention_forward).
-enum Kernel { kAuto = 0, kScalar = 1, kMmaPlain = 2, kMma = 3 };
+enum Kernel { kAuto = 0, kScalar = 1, kMmaPlain = 2, kMma = 3, kMmaPipe = 4 };
 const char* kernel_name(Kernel k) {
-    return k == kAuto ? "auto" : k == kScalar ? "scalar" : k == kMmaPlain ? "mma-plain" : "mma";
+    return k == kAuto ? "auto" : k == kScalar ? "scalar" : k == kMmaPlain ? "mma-plain" : k == kMma ? "mma" : "mma-pipe";
 }
 template <typename T>
 bool kernel_supported(Kernel k, int hd) {
     if (k == kAuto) return true;
     if (k == kScalar) return attn_detail::scalar_supported<T>(hd);
+    if (k == kMmaPipe) return std::is_same<T, bf16>::value && attn_pipe::pipe_supported(hd);
     return attn_detail::mma_supported<T>(hd);
 }
 template <typename T>
@@ -55,6 +59,8 @@ void kernel_forward(Kernel k, T* out, float* lse, const T* qkv, int B, int T_, i
         if (k == kMma && hd == 128) mma_forward<128, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 64) mma_forward<64, PlainFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 128) mma_forward<128, PlainFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPipe && hd == 64) attn_pipe::pipe_forward<64>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPipe && hd == 128) attn_pipe::pipe_forward<128>(out, lse, qkv, B, T_, nh, nkv, scale, s);
     }
 }
 template <typename T>
@@ -70,6 +76,8 @@ void kernel_backward(Kernel k, T* dqkv, float* scratch, const T* dout, const T* 
         if (k == kMma && hd == 128) mma_backward<128, LdsmFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 64) mma_backward<64, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 128) mma_backward<128, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPipe && hd == 64) attn_pipe::pipe_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPipe && hd == 128) attn_pipe::pipe_backward<128>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
     }
 }
 
@@ -242,14 +250,22 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        const std::vector<Kernel> variants = {kAuto, kScalar, kMmaPlain, kMma};
+        const std::vector<Kernel> variants = {kAuto, kScalar, kMmaPlain, kMma, kMmaPipe};
         std::printf("production kernels: fp32 hd=64 %s, bf16 hd=64 %s, bf16 hd=128 %s, bf16 hd=16 %s\n",
                     attention_uses_mma<float>(64) ? "mma" : "scalar", attention_uses_mma<bf16>(64) ? "mma" : "scalar",
                     attention_uses_mma<bf16>(128) ? "mma" : "scalar", attention_uses_mma<bf16>(16) ? "mma" : "scalar");
+        {
+            using namespace attn_pipe;
+            std::printf("mma-pipe shared memory per block (bytes): forward hd64 %d hd128 %d, dq hd64 %d hd128 %d, "
+                        "dkdv hd64 %d hd128 %d\n",
+                        pipe_fwd_smem<64>(), pipe_fwd_smem<128>(), pipe_dq_smem<64>(), pipe_dq_smem<128>(),
+                        pipe_dkdv_smem<64>(), pipe_dkdv_smem<128>());
+        }
         std::vector<Shape> shapes = {
             {1, 1, 2, 1, 64},    {2, 37, 4, 2, 16},    {1, 130, 4, 4, 64},  {2, 257, 8, 2, 128},
             {1, 64, 2, 2, 64},   {3, 100, 6, 2, 128},  {1, 65, 3, 1, 6},    {1, 200, 2, 1, 256},
-            {2, 129, 4, 1, 64},  {1, 1, 4, 2, 128},
+            {2, 129, 4, 1, 64},  {1, 1, 4, 2, 128},    {1, 203, 4, 2, 64},  {2, 150, 4, 2, 128},
+            {1, 461, 2, 1, 64},  {1, 333, 4, 1, 128},
         };
         if (quick) shapes.resize(4);
         uint64_t seed = 1000;
@@ -261,7 +277,7 @@ int main(int argc, char** argv) {
             const Shape llama{8, 2048, 16, 16, 64}, qwen{2, 8192, 16, 8, 128};
             bench<float>(llama, kScalar, 1, 3);
             bench<bf16>(llama, kScalar, 1, 3);
-            for (Kernel v : {kMmaPlain, kMma}) {
+            for (Kernel v : {kMmaPlain, kMma, kMmaPipe}) {
                 bench<bf16>(llama, v, 3, 20);
                 bench<bf16>(qwen, v, 3, 20);
             }

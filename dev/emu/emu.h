@@ -17,7 +17,8 @@
 // running a kernel under several orders and requiring bit-identical outputs exposes code whose
 // result depends on the interleaving between yield points (missing __syncthreads/__syncwarp).
 // Memory: kernels get host pointers; cudaMalloc is malloc, cudaMemcpy*/cudaMemset* are
-// memcpy/memset (async ones complete at once); streams and events are no-ops.
+// memcpy/memset (async ones complete at once); streams and events are no-ops. cp.async copies
+// complete only at the issuing thread's cp.async.wait_group / wait_all (see cp_async below).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -98,6 +99,15 @@ struct Thread {
     uint64_t in = 0, out = 0;
     const void* ptr = nullptr;
     uint32_t win[16] = {}, wout[16] = {};
+    // cp.async: copies issued and not yet completed (group -1 = not yet committed), and the
+    // number of groups this thread has committed.
+    struct PendingCopy {
+        void* dst;
+        const void* src;
+        int size, src_size, group;
+    };
+    std::vector<PendingCopy> cp_pending;
+    int cp_groups = 0;
 #if EMU_ASM_SWITCH
     void* sp = nullptr;
 #else
@@ -123,6 +133,7 @@ struct Emu {
     size_t dyn_bytes = 0;
     std::vector<const void*> shared_seen;  // static __shared__ objects poisoned in this block
     Order order = Order::kForward;
+    int cp_wait_slack = 0;  // fault injection: cp.async.wait_group N waits as if N + slack
     std::mt19937_64 rng{1};
     bool in_kernel = false;
     uint64_t launches = 0, blocks = 0, yields = 0;
@@ -189,6 +200,8 @@ inline void run_block() {
         Thread& t = g.th[i];
         t.state = kReady;
         t.op = nullptr;
+        t.cp_pending.clear();  // copies a thread never waited for die with its block
+        t.cp_groups = 0;
         init_thread_stack(&t);
     }
     g.shared_seen.clear();
@@ -409,6 +422,65 @@ inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
                0xffffffffu);
     for (int i = 0; i < 4; i++) r[i] = g.cur->wout[i];
 }
+
+// cp.async[.ca|.cg].shared.global [dst], [src], size, src_size (size 4, 8 or 16 bytes; the first
+// src_size bytes come from src, the rest are zero). The copy is NOT done here: the destination
+// becomes undefined at once (filled with 0xff: NaN for floats and bf16) and the bytes land when
+// the issuing thread waits for the copy's group (cp_async_wait), so a kernel that reads a stage
+// before waiting for it, reads another thread's copies without a barrier after that thread's
+// wait, or overwrites a stage other warps are still reading, sees poison. The source is read at
+// completion (a legal point of the copy's lifetime; the kernels here never write their sources).
+inline void cp_async(void* dst, const void* src, int size, int src_size) {
+    using namespace detail;
+    if (!g.cur) fail("cp.async outside an emulated kernel");
+    if (size != 4 && size != 8 && size != 16) fail("cp.async: size must be 4, 8 or 16 bytes");
+    if (src_size < 0 || src_size > size) fail("cp.async: src-size must be in [0, size]");
+    if ((uintptr_t)dst % (uintptr_t)size) fail("cp.async: shared address not aligned to the copy size");
+    if (src_size > 0 && (uintptr_t)src % (uintptr_t)size) fail("cp.async: global address not aligned to the copy size");
+    std::memset(dst, 0xff, (size_t)size);
+    g.cur->cp_pending.push_back({dst, src, size, src_size, -1});
+}
+// cp.async.commit_group: the copies issued since the last commit form this thread's next group.
+inline void cp_async_commit() {
+    using namespace detail;
+    if (!g.cur) fail("cp.async.commit_group outside an emulated kernel");
+    Thread* t = g.cur;
+    for (auto& c : t->cp_pending)
+        if (c.group < 0) c.group = t->cp_groups;
+    t->cp_groups++;
+}
+// cp.async.wait_group n: completes (performs) every copy of this thread's committed groups except
+// the n most recent; copies not yet committed stay pending. Not a yield point (it orders nothing
+// between threads: that takes a barrier).
+inline void cp_async_wait(int n) {
+    using namespace detail;
+    if (!g.cur) fail("cp.async.wait_group outside an emulated kernel");
+    if (n < 0) fail("cp.async.wait_group with a negative count");
+    Thread* t = g.cur;
+    const int done_below = t->cp_groups - (n + g.cp_wait_slack);  // groups [0, done_below) complete
+    size_t keep = 0;
+    for (size_t i = 0; i < t->cp_pending.size(); i++) {
+        Thread::PendingCopy c = t->cp_pending[i];
+        if (c.group >= 0 && c.group < done_below) {
+            if (c.src_size) std::memcpy(c.dst, c.src, (size_t)c.src_size);
+            if (c.size > c.src_size) std::memset((char*)c.dst + c.src_size, 0, (size_t)(c.size - c.src_size));
+        } else {
+            t->cp_pending[keep++] = c;
+        }
+    }
+    t->cp_pending.resize(keep);
+}
+// cp.async.wait_all = commit_group; wait_group 0.
+inline void cp_async_wait_all() {
+    cp_async_commit();
+    cp_async_wait(0);
+}
+// Fault injection for tests of the tests: with slack s > 0, every cp.async.wait_group N (and
+// wait_all) leaves N + s groups pending, as a kernel with a pipeline one stage too shallow in its
+// waits would; such a kernel must then fail its checks. 0 (the default) is the PTX semantics.
+inline void set_cp_async_wait_slack(int s) { detail::g.cp_wait_slack = s; }
+// Copies issued by the running thread and not yet completed (for the emulator's self-test).
+inline int cp_async_pending() { return detail::g.cur ? (int)detail::g.cur->cp_pending.size() : 0; }
 
 // Scheduling order of warps and lanes for the following launches (see the header comment).
 inline void set_order(Order o, uint64_t seed = 1) {
@@ -688,4 +760,20 @@ inline cudaError_t device_props_(cudaDeviceProp* p, int) {
 #endif
 #ifndef EMU_HOST_ldsm_trans
 #define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
+#endif
+// dev/cuda/cp_async.cuh
+#ifndef EMU_HOST_cp_async_16
+#define EMU_HOST_cp_async_16 ::emu::cp_async(dst, src, 16, valid ? 16 : 0)
+#endif
+#ifndef EMU_HOST_cp_async_4
+#define EMU_HOST_cp_async_4 ::emu::cp_async(dst, src, 4, valid ? 4 : 0)
+#endif
+#ifndef EMU_HOST_cp_async_commit
+#define EMU_HOST_cp_async_commit ::emu::cp_async_commit()
+#endif
+#ifndef EMU_HOST_cp_async_wait
+#define EMU_HOST_cp_async_wait ::emu::cp_async_wait(N)
+#endif
+#ifndef EMU_HOST_cp_async_wait_all
+#define EMU_HOST_cp_async_wait_all ::emu::cp_async_wait_all()
 #endif
