@@ -476,8 +476,16 @@ struct GpuAttnRes : GpuScheme<T> {
         const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
         const float* g = w + d_;
         const int nw = ar_detail::kThreads / 32;
-        const size_t smem = (size_t)(nw + 1) * S.K() * sizeof(float);
-        ar_detail::aggregate_kernel<T><<<N_, ar_detail::kThreads, smem, s>>>(x, xn, rstd, wn, eps_n, S, w, g, N_, d_);
+        // one pass over the sources (registers hold the running sum) wherever d allows it
+        const bool one_pass = ar_detail::dispatch_vpt(d_, [&](auto c) {
+            constexpr int VPT = decltype(c)::value;
+            ar_detail::aggregate_onepass_kernel<T, VPT><<<N_, ar_detail::kThreads, 2 * nw * sizeof(float), s>>>(
+                x, xn, rstd, wn, eps_n, S, w, g, N_, d_);
+        });
+        if (!one_pass) {  // d > 8192: the two-pass kernel (scores, then the weighted sum)
+            const size_t smem = (size_t)(nw + 1) * S.K() * sizeof(float);
+            ar_detail::aggregate_kernel<T><<<N_, ar_detail::kThreads, smem, s>>>(x, xn, rstd, wn, eps_n, S, w, g, N_, d_);
+        }
         LDM_LAUNCH_CHECK();
     }
 

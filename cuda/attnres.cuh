@@ -118,6 +118,97 @@ __global__ void aggregate_kernel(T* x, T* xn, float* rstd, const T* wn, float ep
     for (int c = threadIdx.x; c < d; c += blockDim.x) xn[t * d + c] = from_f<T>(to_f(wn[c]) * (to_f(xt[c]) * s));
 }
 
+// One pass over the sources (the production forward where d <= kThreads * kOnePassMaxVpt): the
+// same x, xn, rstd as aggregate_kernel, but every source row is read once. Thread i holds the
+// channels c = i + kThreads·v (v < VPT) of the running sum in registers; per source k the block
+// reduces q·u_k (double-buffered partials: one __syncthreads per source), every thread forms the
+// same score s_k = r_k (q·u_k) and folds u_k into the sum with an online softmax (running max m,
+// sum l, rescale by exp(m_old − m_new)); x = acc / l. Traffic per token: K·d·sizeof(T) source
+// reads instead of the two passes' 2·K·d. Dynamic smem: 2·nwarps floats. Grid N, kThreads threads.
+constexpr int kOnePassMaxVpt = 32;  // d <= 8192
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kThreads)
+aggregate_onepass_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, Sources S, const float* w,
+                         const float* g, int N, int d) {
+    extern __shared__ float sm[];
+    const int K = S.K(), nw = kThreads / 32, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t t = blockIdx.x;
+    float q[VPT], acc[VPT];
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        q[v] = c < d ? w[c] * g[c] : 0.f;
+        acc[v] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int k = 0; k < K; k++) {
+        const T* u = src_row<T>(S, k, t, N, d);
+        float uv[VPT], p = 0.f;
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            uv[v] = c < d ? to_f(u[c]) : 0.f;
+            p += q[v] * uv[v];
+        }
+        p = warp_sum(p);
+        float* part = sm + (k & 1) * nw;  // double-buffered: the other half is still being read
+        if (lane == 0) part[wid] = p;
+        __syncthreads();
+        float dot = 0.f;
+        for (int i = 0; i < nw; i++) dot += part[i];
+        const float sk = dot * src_r(S, k, t, N);
+        const float m_new = fmaxf(m, sk);
+        const float scale = ldm_exp(m - m_new), e = ldm_exp(sk - m_new);  // exp(-inf) = 0 at k = 0
+        l = l * scale + e;
+#pragma unroll
+        for (int v = 0; v < VPT; v++) acc[v] = acc[v] * scale + e * uv[v];
+        m = m_new;
+    }
+    const float inv = 1.f / l;
+    float ss = 0.f;
+    T* xt = x + t * d;
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c >= d) continue;
+        const T xv = from_f<T>(acc[v] * inv);
+        xt[c] = xv;
+        acc[v] = to_f(xv);  // the rounded x, for the norm
+        ss += acc[v] * acc[v];
+    }
+    if (xn == nullptr) return;
+    ss = warp_sum(ss);
+    float* part = sm + (K & 1) * nw;  // the half the last source did not use
+    if (lane == 0) part[wid] = ss;
+    __syncthreads();
+    float tot = 0.f;
+    for (int i = 0; i < nw; i++) tot += part[i];
+    const float sc = rms_scale(tot, d, eps_n);
+    if (threadIdx.x == 0) rstd[t] = sc;
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c < d) xn[t * d + c] = from_f<T>(to_f(wn[c]) * (acc[v] * sc));
+    }
+}
+
+// Calls f(std::integral_constant<int, VPT>{}) with the register width of aggregate_onepass_kernel
+// for d channels (VPT = values per thread), or returns false when d > kThreads * kOnePassMaxVpt.
+template <typename F>
+inline bool dispatch_vpt(int d, F&& f) {
+    const int need = (d + kThreads - 1) / kThreads;
+    if (need <= 1) f(std::integral_constant<int, 1>{});
+    else if (need <= 2) f(std::integral_constant<int, 2>{});
+    else if (need <= 4) f(std::integral_constant<int, 4>{});
+    else if (need <= 8) f(std::integral_constant<int, 8>{});
+    else if (need <= 12) f(std::integral_constant<int, 12>{});
+    else if (need <= 16) f(std::integral_constant<int, 16>{});
+    else if (need <= 24) f(std::integral_constant<int, 24>{});
+    else if (need <= kOnePassMaxVpt) f(std::integral_constant<int, kOnePassMaxVpt>{});
+    else return false;
+    return true;
+}
+
 // Backward of aggregate_kernel's x (not of the norm, which the backbone owns): for every token,
 // dL/du_k += (or = when overwrite) α_k dx + attnres_score_grad(ds_k, r_k, s_k, q_c, u_c, d);
 // dq_part[blockIdx.x, c] = this block's Σ_t Σ_k ds_k r_k u_k[c]. Grid kBackwardBlocks (or N if

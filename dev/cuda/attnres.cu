@@ -56,8 +56,8 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     return ok;
 }
 
-// Estimated traffic per token of fwd+bwd: per aggregation over K sources 2·K·d·tb (two passes)
-// forward; direct backward: 2·K·d·tb + 8·K·d (fp32 gradient read-modify-write); deferred
+// Estimated traffic per token of fwd+bwd: per aggregation over K sources K·d·tb (the one-pass
+// forward); direct backward: 2·K·d·tb + 8·K·d (fp32 gradient read-modify-write); deferred
 // backward (Block): K·d·tb per sublayer plus the p source's update, the dx stash, and once per block
 // (tb + 8)·d per block source; plus x/xn/dx/new-source rows.
 template <typename T>
@@ -74,7 +74,7 @@ static double traffic(bool block, int D, int nb, double d, bool deferred = false
             i = j - (n - 1) * S;
             K = n + (i >= 2 ? 1 : 0);
         }
-        b += 2 * K * d * tb + 6 * d * tb + 8 * d;  // forward + rows
+        b += K * d * tb + 6 * d * tb + 8 * d;  // forward (one pass over the sources) + rows
         if (!deferred || j == D + 1) {
             b += K * d * (2 * tb + 8);
         } else {
