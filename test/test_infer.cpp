@@ -117,9 +117,9 @@ double kv_cache_error(const ModelConfig& c, int B, int T, int P, uint64_t seed, 
 // (GEMMs of B*T rows) round differently, so they differ by about the sum of their errors vs
 // exact; the full forward's own error vs a float64 model with the same weights, e_full, measures
 // that scale for each scheme (1e-6 for most, 1.3e-5..1.9e-5 for LDM without the residual, whose
-// stream is the memory read alone). Bound: 4 e_full (measured worst e32 / e_full 1.3 over 8
-// OpenBLAS core types), e_full itself within 1e-4 (spec §3); doc/testing.md.
-TEST_CASE("prefill + decode with the KV cache equals the full forward, every scheme (fp64 1e-12, fp32 4x its rounding)",
+// stream is the memory read alone). Bound: 5 e_full (measured worst e32 / e_full 1.5 over 8
+// OpenBLAS core types and two -march builds), e_full itself within 1e-4 (spec §3); doc/testing.md.
+TEST_CASE("prefill + decode with the KV cache equals the full forward, every scheme (fp64 1e-12, fp32 5x its rounding)",
           "[infer][blas]") {
     for (const Variant& v : variants()) {
         INFO(v.label);
@@ -128,7 +128,7 @@ TEST_CASE("prefill + decode with the KV cache equals the full forward, every sch
         double e_full = 0;
         const double e32 = kv_cache_error<float>(v.cfg, 2, 20, 5, 12, &e_full);
         CHECK_TOL("kv cache fp32 full vs fp64/" + v.label, e_full, 1e-4);
-        CHECK_TOL("kv cache fp32/" + v.label, e32, 4 * e_full);
+        CHECK_TOL("kv cache fp32/" + v.label, e32, 5 * e_full);
         // prefill of a single token (everything else decoded)
         CHECK_TOL("kv cache fp64 1-token prefill/" + v.label, kv_cache_error<double>(v.cfg, 1, 9, 1, 13), 1e-12);
     }
