@@ -43,5 +43,5 @@ blas_core_usable() {
 }
 
 blas_native_core() {
-  OPENBLAS_VERBOSE=2 "$1" --list-test-names-only 2>&1 >/dev/null | sed -n 's/^Core: //p' | tail -1
+  env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2 "$1" --list-test-names-only 2>&1 >/dev/null | sed -n 's/^Core: //p' | tail -1
 }

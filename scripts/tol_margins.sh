@@ -65,7 +65,7 @@ for core in $cores; do
   done
 done
 
-echo "| check (binary/label) | worst error | its bound | error / bound | run (core, threads) | runs |"
+echo "| check (binary/label) | worst error | its bound | error / bound | run (core, threads) | records |"
 echo "|---|---|---|---|---|---|"
 [ -f "$logs/all.tsv" ] && awk -F'\t' '
   { r = ($3 > 0) ? $2 / $3 : ($2 > 0 ? 1e300 : 0)
