@@ -4,6 +4,12 @@
 #   tests: N passed, N failed
 # and exits non-zero when any test failed or any binary crashed.
 # Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s').
+# The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
+# thread count; doc/testing.md) then run again for each CORE:THREADS of $LDM_BLAS_VARIANTS
+# (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
+# "native:1 Haswell:1 Haswell:2 SkylakeX:1 Sandybridge:2", "" for none) and count in the
+# closing line. A core type this CPU or this OpenBLAS cannot run is skipped and listed as
+# skipped (scripts/blas_cores.sh), not failed.
 set -u
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
@@ -26,7 +32,49 @@ for t in "$@"; do
   if echo "$out" | grep -q 'skipped: no GPU'; then gpu_skipped+=("$(basename "$t")"); fi
   echo "=== $t: $(( $(date +%s) - t0 )) s"
 done
+# BLAS variants of the [blas] test cases.
+. scripts/blas_cores.sh
+variants=${LDM_BLAS_VARIANTS-"native:1 Haswell:1 Haswell:2 SkylakeX:1 Sandybridge:2"}
+blas_bins=(); blas_skipped=(); blas_failed=()
+if [ -n "$variants" ]; then
+  for t in "$@"; do
+    [ -n "$("$t" --list-test-names-only "[blas]" 2>/dev/null | grep -v '^$')" ] && blas_bins+=("$t")
+  done
+fi
+if [ ${#blas_bins[@]} -gt 0 ]; then
+  v0=$(date +%s)
+  native=$(blas_native_core "${blas_bins[0]}")
+  echo "=== [blas] test cases of ${#blas_bins[@]} binaries under OpenBLAS core type:threads $variants (native: ${native:-unknown})"
+  for v in $variants; do
+    core=${v%%:*}; nt=${v#*:}
+    if [ "$core" != native ] && ! why=$(blas_core_usable "$core" "${blas_bins[0]}"); then
+      echo "=== [blas] $v: skipped: $why"; blas_skipped+=("$v ($why)"); continue
+    fi
+    for t in "${blas_bins[@]}"; do
+      t0=$(date +%s)
+      if [ "$core" = native ]; then
+        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" "$t" "[blas]" 2>&1); rc=$?
+      else
+        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" "$t" "[blas]" 2>&1); rc=$?
+      fi
+      line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
+      p=0; f=0
+      [ -n "$line" ] && read -r _ p f <<< "$line"
+      if [ -z "$line" ] || [ "$f" != 0 ] || [ "$rc" != 0 ]; then
+        echo "$out" | grep -v '^LDM_TEST_TOTALS'
+        if [ "$core" = native ]; then env=""; else env="OPENBLAS_CORETYPE=$core "; fi
+        blas_failed+=("${env}OMP_NUM_THREADS=$nt $t '[blas]'")
+      fi
+      passed=$((passed + p)); failed=$((failed + f))
+      if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then crashed+=("$t [blas] $v (exit $rc)"); failed=$((failed + 1)); fi
+      echo "=== [blas] $v $t: $p passed, $f failed, $(( $(date +%s) - t0 )) s"
+    done
+  done
+  echo "=== [blas] variants: $(( $(date +%s) - v0 )) s"
+fi
 for c in "${crashed[@]+"${crashed[@]}"}"; do echo "CRASHED or failed without a report: $c"; done
+for s in "${blas_skipped[@]+"${blas_skipped[@]}"}"; do echo "skipped (BLAS variant): $s"; done
+for s in "${blas_failed[@]+"${blas_failed[@]}"}"; do echo "FAILED under a BLAS variant (rerun: $s)"; done
 if [ ${#gpu_skipped[@]} -gt 0 ]; then
   echo "skipped (no GPU): the GPU cases of ${gpu_skipped[*]} passed without running"
 fi

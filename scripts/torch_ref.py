@@ -20,6 +20,7 @@ Uses Debian's python3-torch (torch 1.13, CPU) and numpy only; run it with /usr/b
 import argparse
 import json
 import math
+import os
 import struct
 import sys
 
@@ -321,16 +322,18 @@ def check_dump(path, args):
     B, T = header["B"], header["T"]
     rows = []
     rl = abs(float(loss) - header["loss"]) / abs(float(loss))
-    rows.append(("loss", "[]", "%.10g vs %.10g" % (header["loss"], float(loss)), rl, rl <= tol))
+    # rows: (tensor, shape, detail, rel err, ok, error, bound) -- error <= bound is what decides ok
+    rows.append(("loss", "[]", "%.10g vs %.10g" % (header["loss"], float(loss)), rl, rl <= tol, rl, tol))
     cl = ts["logits"].reshape(B, T, Vp)
     r, m = rel_err(cl[..., :V], logits.detach().numpy())
     pad_ok = bool(np.all(cl[..., V:] == 0)) if Vp > V else True
-    rows.append(("logits[:, :V]", str([B, T, V]), "max|d| %.3e" % m, r, r <= tol and pad_ok))
+    rows.append(("logits[:, :V]", str([B, T, V]), "max|d| %.3e" % m, r, r <= tol and pad_ok, r, tol))
     gflat = ts["grads"]
     # Noise floor for tensors whose gradient is tiny next to the model's (e.g. mHC's H_res of
     # sublayer 1, exactly 0 since all streams are equal, or of the last sublayer, whose readout
     # only sees column sums ~1): such a tensor also passes when max|d| <= tol * 1e-3 * max|g|
-    # over all gradients (marked "floor"); its relative error is rounding noise.
+    # over all gradients (marked "floor"); its relative error is rounding noise. (Margins over
+    # OpenBLAS kernels: doc/testing.md.)
     gfloor = tol * 1e-3 * float(np.max(np.abs(np.asarray(gflat, dtype=np.float64))))
     for s in header["param_specs"]:
         g = gflat[s["offset"]:s["offset"] + s["numel"]].reshape(s["shape"])
@@ -338,8 +341,10 @@ def check_dump(path, args):
         gt = np.zeros(s["shape"]) if gt is None else gt.numpy()
         r, m = rel_err(g, gt)
         floor = r > tol and m <= gfloor
+        # the criterion with the larger margin is the one that decides (error, bound)
+        by_floor = gfloor > 0 and m * tol < r * gfloor
         rows.append((s["name"], str(s["shape"]), "max|d| %.3e%s" % (m, " floor" if floor else ""), r,
-                     r <= tol or floor))
+                     r <= tol or floor, m if by_floor else r, gfloor if by_floor else tol))
     ok = all(row[4] for row in rows)
     flags = ",".join(k for k in ("tied", "qkv_bias", "qk_norm") if cfg[k]) or "untied"
     print("torch_ref: %s | %s d=%d L=%d nh=%d nkv=%d hd=%d %s theta=%g | dump %s | torch %s %s | B=%d T=%d | "
@@ -347,7 +352,12 @@ def check_dump(path, args):
           % (path, cfg["preset"], cfg["d_model"], cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"],
              flags, cfg["rope_theta"], header["dtype"], torch.__version__, args.dtype, B, T, tol))
     print("%-26s %-14s %-34s %-11s %s" % ("tensor", "shape", "detail", "rel err", "status"))
-    for name, shape, detail, r, good in rows:
+    report = os.environ.get("LDM_TOL_REPORT")  # margins collection (test/helpers.h tol_record)
+    if report:
+        with open(report, "a") as f:
+            for row in rows:
+                f.write("torch_ref.py/%s %s %s\t%.6e\t%.6e\n" % (cfg["preset"], header["dtype"], row[0], row[5], row[6]))
+    for name, shape, detail, r, good, _, _ in rows:
         print("%-26s %-14s %-34s %-11.3e %s" % (name, shape, detail, r, "ok" if good else "FAIL"))
     print("torch_ref: %s (%d of %d tensors within tolerance)\n" % ("PASS" if ok else "FAIL",
                                                                    sum(1 for r_ in rows if r_[4]), len(rows)))

@@ -8,6 +8,7 @@
 
 void end_scratch_dirs(bool passed);         // test/helpers.cpp
 void end_binary_scratch_dirs(bool passed);  // test/helpers.cpp
+void set_test_binary_name(const char* argv0);  // test/helpers.cpp
 
 namespace {
 struct TotalsListener : Catch::TestEventListenerBase {
@@ -28,4 +29,7 @@ struct TotalsListener : Catch::TestEventListenerBase {
 }  // namespace
 CATCH_REGISTER_LISTENER(TotalsListener)
 
-int main(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }
+int main(int argc, char* argv[]) {
+    set_test_binary_name(argc > 0 ? argv[0] : "test");
+    return Catch::Session().run(argc, argv);
+}

@@ -1,5 +1,6 @@
 #include "test/helpers.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -73,4 +74,27 @@ std::string binary_scratch_dir(const std::string& name) {
     std::lock_guard<std::mutex> lk(g_scratch_mu);
     g_binary_scratch_dirs.push_back(d);
     return d;
+}
+
+namespace {
+std::string g_binary_name = "test";
+}  // namespace
+
+// Called by catch_main.cpp's main(): the basename of argv[0] prefixes tol_record's labels.
+void set_test_binary_name(const char* argv0) {
+    std::string s(argv0);
+    g_binary_name = s.substr(s.find_last_of('/') + 1);
+}
+
+bool tol_record(const std::string& label, double err, double bound) {
+    static std::mutex mu;
+    const char* path = std::getenv("LDM_TOL_REPORT");
+    if (path && *path) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (FILE* f = std::fopen(path, "a")) {
+            std::fprintf(f, "%s/%s\t%.6e\t%.6e\n", g_binary_name.c_str(), label.c_str(), err, bound);
+            std::fclose(f);
+        }
+    }
+    return err <= bound;
 }

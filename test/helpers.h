@@ -29,3 +29,18 @@ void register_scratch_dir(const std::string& dir);
 // A scratch directory like scratch_dir, for files that several test cases of one binary share
 // (made once, e.g. in a function-local static): removed when the whole binary's run passed.
 std::string binary_scratch_dir(const std::string& name);
+
+// A numeric tolerance check (doc/testing.md): CHECK(err <= bound) with label, err and bound in
+// the failure message (a NaN err fails). With $LDM_TOL_REPORT naming a file, every call also
+// appends "<binary>/label<TAB>err<TAB>bound" to it, so scripts/tol_margins.sh can collect the
+// worst err / bound of each check over OpenBLAS core types and thread counts. Labels are stable
+// across runs ("check/variant"), without tabs or newlines.
+bool tol_record(const std::string& label, double err, double bound);
+#define CHECK_TOL(label, err, bound)                                                          \
+    do {                                                                                       \
+        const std::string tol_label_ = (label);                                               \
+        const double tol_err_ = (err), tol_bound_ = (bound);                                  \
+        INFO(tol_label_);                                                                     \
+        tol_record(tol_label_, tol_err_, tol_bound_);                                         \
+        CHECK(tol_err_ <= tol_bound_);                                                        \
+    } while (0)

@@ -26,7 +26,7 @@ json read_json(const std::string& path) {
 void check_rel(const json& a, const json& b, const char* key) {
   const double x = a.at(key).get<double>(), y = b.at(key).get<double>();
   INFO(key << ": eval_cpu " << x << " torch " << y);
-  CHECK(std::abs(x - y) <= 1e-4 * std::abs(y));
+  CHECK_TOL(std::string("eval_cpu vs torch/") + key, std::abs(x - y), 1e-4 * std::abs(y));
 }
 
 }  // namespace

@@ -58,9 +58,10 @@ std::vector<Variant> variants() {
 }
 
 // Full forward logits vs prefill of P tokens + a 3-token chunk + single-token decode steps.
-// Returns max |diff| / max(1, max |logit|).
+// Returns max |diff| / max(1, max |logit|). With full_vs_fp64 given, also the full forward's own
+// rounding error on that scale: max |logits - logits of a float64 model with the same weights|.
 template <typename R>
-double kv_cache_error(const ModelConfig& c, int B, int T, int P, uint64_t seed) {
+double kv_cache_error(const ModelConfig& c, int B, int T, int P, uint64_t seed, double* full_vs_fp64 = nullptr) {
     Model<R> m(c);
     sch::randomize(m, seed);
     const int V = c.vocab_size, Vp = c.padded_vocab;
@@ -69,6 +70,14 @@ double kv_cache_error(const ModelConfig& c, int B, int T, int P, uint64_t seed) 
     std::vector<R> full(m.logits(), m.logits() + (size_t)B * T * Vp);
     double amax = 1, err = 0;
     for (R x : full) amax = std::max(amax, (double)std::fabs(x));
+    if (full_vs_fp64) {
+        Model<double> md(c);
+        sch::copy_shared(m, md);
+        md.forward(tok.data(), nullptr, B, T);
+        double e = 0;
+        for (size_t i = 0; i < full.size(); i++) e = std::max(e, std::fabs((double)full[i] - md.logits()[i]));
+        *full_vs_fp64 = e / amax;
+    }
     auto cmp = [&](const R* lg, int b, int t) {  // one row of Vp vs full[b, t]
         const R* ref = full.data() + ((size_t)b * T + t) * Vp;
         for (int v = 0; v < Vp; v++) err = std::max(err, (double)std::fabs(lg[v] - ref[v]));
@@ -104,20 +113,28 @@ double kv_cache_error(const ModelConfig& c, int B, int T, int P, uint64_t seed) 
 
 }  // namespace
 
-TEST_CASE("prefill + decode with the KV cache equals the full forward, every scheme (fp64 1e-12, fp32 1e-5)",
-          "[infer]") {
+// fp32: the cached path (GEMMs of 1..5 rows, attention over the cache) and the full forward
+// (GEMMs of B*T rows) round differently, so they differ by about the sum of their errors vs
+// exact; the full forward's own error vs a float64 model with the same weights, e_full, measures
+// that scale for each scheme (1e-6 for most, 1.3e-5..1.9e-5 for LDM without the residual, whose
+// stream is the memory read alone). Bound: 5 e_full (measured worst e32 / e_full 1.5 over 8
+// OpenBLAS core types and two -march builds), e_full itself within 1e-4 (spec §3); doc/testing.md.
+TEST_CASE("prefill + decode with the KV cache equals the full forward, every scheme (fp64 1e-12, fp32 5x its rounding)",
+          "[infer][blas]") {
     for (const Variant& v : variants()) {
         INFO(v.label);
         const double e64 = kv_cache_error<double>(v.cfg, 2, 20, 7, 11);
-        CHECK(e64 < 1e-12);
-        const double e32 = kv_cache_error<float>(v.cfg, 2, 20, 5, 12);
-        CHECK(e32 < 1e-5);
+        CHECK_TOL("kv cache fp64/" + v.label, e64, 1e-12);
+        double e_full = 0;
+        const double e32 = kv_cache_error<float>(v.cfg, 2, 20, 5, 12, &e_full);
+        CHECK_TOL("kv cache fp32 full vs fp64/" + v.label, e_full, 1e-4);
+        CHECK_TOL("kv cache fp32/" + v.label, e32, 5 * e_full);
         // prefill of a single token (everything else decoded)
-        CHECK(kv_cache_error<double>(v.cfg, 1, 9, 1, 13) < 1e-12);
+        CHECK_TOL("kv cache fp64 1-token prefill/" + v.label, kv_cache_error<double>(v.cfg, 1, 9, 1, 13), 1e-12);
     }
 }
 
-TEST_CASE("greedy generation is deterministic and equals argmax over full forwards", "[infer][generate]") {
+TEST_CASE("greedy generation is deterministic and equals argmax over full forwards", "[infer][generate][blas]") {
     for (const char* scheme : {"preln", "ldm", "mhc"}) {
         INFO(scheme);
         ModelConfig c = sch::tiny(scheme);

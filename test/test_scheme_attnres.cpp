@@ -32,7 +32,7 @@ TEST_CASE("AttnRes scheme alone: gradients vs finite differences (Full, Block, r
     }
 }
 
-TEST_CASE("tiny model with AttnRes: all parameter gradients vs finite differences (float64)", "[scheme][attnres][grad]") {
+TEST_CASE("tiny model with AttnRes: all parameter gradients vs finite differences (float64)", "[scheme][attnres][grad][blas]") {
     double w1 = check_model_grads(tiny("attnres-full"), 2, 5, 30, 9);
     ModelConfig b = tiny("attnres-block");
     b.attnres_blocks = 2;
@@ -102,7 +102,7 @@ TEST_CASE("AttnRes at init averages its sources uniformly; block sources per spe
     }
 }
 
-TEST_CASE("Block AttnRes with N >= D equals Full (loss and gradients, float64)", "[scheme][attnres]") {
+TEST_CASE("Block AttnRes with N >= D equals Full (loss and gradients, float64)", "[scheme][attnres][blas]") {
     ModelConfig cf = tiny("attnres-full");
     Model<double> mf(cf);
     randomize(mf, 13);
@@ -120,17 +120,17 @@ TEST_CASE("Block AttnRes with N >= D equals Full (loss and gradients, float64)",
         double lb = mb.forward(tok.data(), tgt.data(), 2, 6);
         mb.backward();
         INFO("N = " << N << ": full " << lf << " block " << lb);
-        CHECK(std::fabs(lf - lb) <= 1e-12);
+        CHECK_TOL("block N>=D == full loss", std::fabs(lf - lb), 1e-12);
         double err = 0, mx = 0;
         for (size_t k = 0; k < mf.grads.size(); k++) {
             err = std::max(err, std::fabs(mf.grads[k] - mb.grads[k]));
             mx = std::max(mx, std::fabs(mf.grads[k]));
         }
-        CHECK(err <= 1e-12 * mx);
+        CHECK_TOL("block N>=D == full grads", err, 1e-12 * mx);
     }
 }
 
-TEST_CASE("AttnRes: fp32 path matches float64 within 1e-4 relative", "[scheme][attnres]") {
+TEST_CASE("AttnRes: fp32 path matches float64 within 1e-4 relative", "[scheme][attnres][blas]") {
     check_fp32_vs_fp64(tiny("attnres-full"), 23);
     ModelConfig b = tiny("attnres-block");
     b.attnres_blocks = 3;

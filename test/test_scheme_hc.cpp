@@ -15,7 +15,7 @@ TEST_CASE("hc_coef helpers: value and derivative vs closed form", "[scheme][hc]"
     CHECK(du == Approx(1.5 * s / (std::cosh(u) * std::cosh(u))).epsilon(1e-13));
 }
 
-TEST_CASE("HC scheme alone: gradients of every scheme tensor and of e vs finite differences", "[scheme][hc][grad]") {
+TEST_CASE("HC scheme alone: gradients of every scheme tensor and of e vs finite differences", "[scheme][hc][grad][blas]") {
     for (int n : {4, 3}) {
         ModelConfig c = tiny("hc");
         c.d_model = 16;
@@ -27,12 +27,12 @@ TEST_CASE("HC scheme alone: gradients of every scheme tensor and of e vs finite 
     }
 }
 
-TEST_CASE("tiny model with HC: all parameter gradients vs finite differences (float64)", "[scheme][hc][grad]") {
+TEST_CASE("tiny model with HC: all parameter gradients vs finite differences (float64)", "[scheme][hc][grad][blas]") {
     double w = check_model_grads(tiny("hc"), 2, 5, 30, 7);
     WARN("hc tiny model: worst entry error " << w);
 }
 
-TEST_CASE("HC at init equals PreLN exactly (loss and backbone gradients, float64)", "[scheme][hc][init]") {
+TEST_CASE("HC at init equals PreLN exactly (loss and backbone gradients, float64)", "[scheme][hc][init][blas]") {
     ModelConfig cp = tiny("preln"), ch = tiny("hc");
     Model<double> mp(cp), mh(ch);
     randomize(mp, 3);
@@ -44,7 +44,7 @@ TEST_CASE("HC at init equals PreLN exactly (loss and backbone gradients, float64
     mh.zero_grad();
     double lp = mp.forward(tok.data(), tgt.data(), 2, 8);
     double lh = mh.forward(tok.data(), tgt.data(), 2, 8);
-    CHECK(std::fabs(lp - lh) <= 1e-12);
+    CHECK_TOL("hc init == preln loss", std::fabs(lp - lh), 1e-12);
     mp.backward();
     mh.backward();
     double err = 0, mx = 0;
@@ -56,7 +56,7 @@ TEST_CASE("HC at init equals PreLN exactly (loss and backbone gradients, float64
         }
     }
     INFO("max backbone gradient difference " << err << " (max |g| " << mx << ")");
-    CHECK(err <= 1e-10 * mx);
+    CHECK_TOL("hc init == preln grads", err, 1e-10 * mx);
     // The spec init itself.
     const double* am0 = mh.param("scheme.hc.2.a_m0");
     CHECK(am0[0] == 0.0);
@@ -65,7 +65,7 @@ TEST_CASE("HC at init equals PreLN exactly (loss and backbone gradients, float64
     CHECK(*mh.param("scheme.hc.1.s_b") == 0.01);
 }
 
-TEST_CASE("HC: fp32 path matches float64 within 1e-4 relative", "[scheme][hc]") {
+TEST_CASE("HC: fp32 path matches float64 within 1e-4 relative", "[scheme][hc][blas]") {
     check_fp32_vs_fp64(tiny("hc"), 21);
 }
 

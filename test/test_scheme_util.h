@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "cpu/gradcheck.h"
 #include "cpu/model.h"
 #include "cpu/rng.h"
+#include "test/helpers.h"
 
 namespace sch {
 
@@ -83,17 +85,20 @@ inline double check_model_grads(const ModelConfig& c, int B, int T, int per_tens
             for (int64_t k = 0; k < std::min<int64_t>(n, 8); k++) {
                 double num = gradcheck::fd_entry(f, m.params.data() + s.offset + k, hs);
                 INFO(c.scheme << " " << s.name << "[" << k << "]: analytic ~0, numeric " << num);
-                CHECK(std::fabs(num) < 1e-8);
+                CHECK_TOL("model fd zero/" + c.scheme + " " + s.name, std::fabs(num), 1e-8);
             }
             continue;
         }
+        gradcheck::Options o;
+        o.h = hs;
+        o.tol = is_scheme ? entry_tol : 1e-6;
         auto r = gradcheck::check(f, m.params.data() + s.offset, g.data() + s.offset, n, per_tensor,
-                                  seed + s.offset, hs);
+                                  seed + s.offset, o);
         INFO(c.scheme << " " << s.name << ": checked " << r.checked << ", max_err " << r.max_err
                       << " at " << r.worst << " (analytic " << r.worst_a << ", numeric "
-                      << r.worst_n << "), dir_err " << r.dir_err);
-        CHECK(r.max_err <= (is_scheme ? entry_tol : 1e-6));
-        CHECK(r.dir_err <= 1e-6);
+                      << r.worst_n << "), dir_err " << r.dir_err << ", stencil noise " << r.noise);
+        CHECK_TOL("model fd entry/" + c.scheme + " " + s.name, r.entry_ratio, 1.0);
+        CHECK_TOL("model fd dir/" + c.scheme + " " + s.name, r.dir_ratio, 1.0);
         worst = std::max(worst, r.max_err);
     }
     return worst;
@@ -170,6 +175,9 @@ struct Synthetic {
         backward();
         std::vector<double> g = grads, ge = de;
         auto f = [&]() { return forward(); };
+        gradcheck::Options o;
+        o.h = h;
+        o.tol = entry_tol;
         for (const auto& s : specs) {
             double amax = 0;
             for (int64_t k = 0; k < s.numel; k++) amax = std::max(amax, std::fabs(g[s.offset + k]));
@@ -178,22 +186,23 @@ struct Synthetic {
                     double num = gradcheck::fd_entry(f, params.data() + s.offset + k, h);
                     INFO(cfg.scheme << " " << s.name << "[" << k << "]: analytic ~0 (" << g[s.offset + k]
                                     << "), numeric " << num);
-                    CHECK(std::fabs(num) < 1e-8);
+                    CHECK_TOL("synthetic fd zero/" + cfg.scheme + " " + s.name, std::fabs(num), 1e-8);
                 }
                 continue;
             }
             auto res = gradcheck::check(f, params.data() + s.offset, g.data() + s.offset, s.numel,
-                                        per_tensor, seed + s.offset, h);
+                                        per_tensor, seed + s.offset, o);
             INFO(cfg.scheme << " (synthetic backbone) " << s.name << ": max_err " << res.max_err
                             << " (analytic " << res.worst_a << ", numeric " << res.worst_n
-                            << "), dir_err " << res.dir_err);
-            CHECK(res.max_err <= entry_tol);
-            CHECK(res.dir_err <= 1e-6);
+                            << "), dir_err " << res.dir_err << ", stencil noise " << res.noise);
+            CHECK_TOL("synthetic fd entry/" + cfg.scheme + " " + s.name, res.entry_ratio, 1.0);
+            CHECK_TOL("synthetic fd dir/" + cfg.scheme + " " + s.name, res.dir_ratio, 1.0);
         }
-        auto res = gradcheck::check(f, e.data(), ge.data(), (int64_t)e.size(), per_tensor, seed + 5, h);
-        INFO(cfg.scheme << " (synthetic backbone) e: max_err " << res.max_err << " dir_err " << res.dir_err);
-        CHECK(res.max_err <= entry_tol);
-        CHECK(res.dir_err <= 1e-6);
+        auto res = gradcheck::check(f, e.data(), ge.data(), (int64_t)e.size(), per_tensor, seed + 5, o);
+        INFO(cfg.scheme << " (synthetic backbone) e: max_err " << res.max_err << " dir_err " << res.dir_err
+                        << ", stencil noise " << res.noise);
+        CHECK_TOL("synthetic fd entry/" + cfg.scheme + " e", res.entry_ratio, 1.0);
+        CHECK_TOL("synthetic fd dir/" + cfg.scheme + " e", res.dir_ratio, 1.0);
     }
 };
 
@@ -206,8 +215,13 @@ void copy_shared(const Model<R1>& from, Model<R2>& to) {
                 for (int64_t k = 0; k < s.numel; k++) to.params[s.offset + k] = (R2)from.params[f.offset + k];
 }
 
-// fp32 model vs float64 model on the same (fp32-representable) weights: loss and every gradient
-// tensor within `tol` relative (tensor max-norm), spec §3.
+// fp32 model vs float64 model on the same (fp32-representable) weights: loss within `tol`
+// relative; every gradient tensor within `tol` relative to its max-norm (spec §3) plus the fp32
+// rounding floor kFp32Floor * u32 * max |g| over the whole model (u32 = 2^-24): every fp32
+// gradient entry carries an absolute rounding error of a few u32 times the gradients it is
+// accumulated with, whatever its own size, which decides for the tensors whose gradients are
+// far below the model's largest (measured worst on those: 2.0 u32 max|g|; doc/testing.md).
+constexpr double kFp32Floor = 16;
 inline void check_fp32_vs_fp64(const ModelConfig& c, uint64_t seed, double tol = 1e-4,
                                double scale_scheme = 0.3) {
     const int B = 2, T = 16;
@@ -225,10 +239,8 @@ inline void check_fp32_vs_fp64(const ModelConfig& c, uint64_t seed, double tol =
     md.backward();
     mf.backward();
     INFO(c.scheme << ": loss fp64 " << ld << " fp32 " << lf);
-    CHECK(std::fabs(ld - lf) <= tol * std::fabs(ld));
-    // Error scale per tensor: its max |gradient|, floored at 1e-3 of the model's largest gradient
-    // (tensors whose gradient is ~1e-5 of the rest lose digits to fp32 cancellation; the same
-    // floor convention as gradcheck.h).
+    CHECK_TOL("fp32 vs fp64 loss/" + c.scheme, std::fabs(ld - lf), tol * std::fabs(ld));
+    const double u32 = std::numeric_limits<float>::epsilon() / 2;
     double gmax = 0;
     for (double v : md.grads) gmax = std::max(gmax, std::fabs(v));
     for (const auto& s : md.specs) {
@@ -238,7 +250,8 @@ inline void check_fp32_vs_fp64(const ModelConfig& c, uint64_t seed, double tol =
             err = std::max(err, std::fabs(md.grads[s.offset + k] - (double)mf.grads[s.offset + k]));
         }
         INFO(c.scheme << " " << s.name << ": max |g64 - g32| " << err << ", max |g64| " << mx);
-        CHECK(err <= tol * std::max(mx, 1e-3 * gmax));
+        CHECK_TOL("fp32 vs fp64 grad/" + c.scheme + " " + s.name, err,
+                  tol * mx + kFp32Floor * u32 * gmax);
     }
 }
 
