@@ -77,6 +77,36 @@ struct Row {
     Timing sf, sb, mf, mb;
 };
 
+// The timed passes (not inlined, so a profiler can select them: valgrind --tool=callgrind
+// --toggle-collect='*scheme_forward*' ...).
+template <typename R>
+__attribute__((noinline)) void scheme_forward(cpu::Scheme<R>& S, int B, int T, int D, size_t nd, const R* e,
+                                              const R* os, R* x) {
+    S.resize(B, T);
+    S.begin(e);
+    for (int j = 1; j <= D; j++) {
+        S.input(j, x);
+        S.output(j, os + (size_t)(j - 1) * nd);
+    }
+    S.readout(x);
+}
+template <typename R>
+__attribute__((noinline)) void scheme_backward(cpu::Scheme<R>& S, int D, size_t nd, const R* dy, const R* dxs,
+                                               R* d_o, R* de) {
+    S.readout_backward(dy);
+    for (int j = D; j >= 1; j--) {
+        S.output_backward(j, d_o);
+        S.input_backward(j, dxs + (size_t)(j - 1) * nd);
+    }
+    S.begin_backward(de);
+}
+template <typename R>
+__attribute__((noinline)) void model_step(cpu::Model<R>& m, const int32_t* tok, const int32_t* tgt, int B, int T,
+                                          Timing& tf, Timing& tb) {
+    timed(tf, [&] { m.forward(tok, tgt, B, T); });
+    timed(tb, [&] { m.backward(1.0); });
+}
+
 template <typename R>
 void bench_scheme(const ModelConfig& cfg, int B, int T, int reps, Row<R>& row) {
     const int N = B * T, d = cfg.d_model, D = cfg.n_sublayers();
@@ -99,23 +129,8 @@ void bench_scheme(const ModelConfig& cfg, int B, int T, int reps, Row<R>& row) {
                    dy = randv(nd_, 1e-3), x(nd_), d_o(nd_), de(nd_);
     for (int r = 0; r <= reps; r++) {
         Timing tf, tb;
-        timed(tf, [&] {
-            S->resize(B, T);
-            S->begin(e.data());
-            for (int j = 1; j <= D; j++) {
-                S->input(j, x.data());
-                S->output(j, os.data() + (size_t)(j - 1) * nd_);
-            }
-            S->readout(x.data());
-        });
-        timed(tb, [&] {
-            S->readout_backward(dy.data());
-            for (int j = D; j >= 1; j--) {
-                S->output_backward(j, d_o.data());
-                S->input_backward(j, dxs.data() + (size_t)(j - 1) * nd_);
-            }
-            S->begin_backward(de.data());
-        });
+        timed(tf, [&] { scheme_forward(*S, B, T, D, nd_, e.data(), os.data(), x.data()); });
+        timed(tb, [&] { scheme_backward(*S, D, nd_, dy.data(), dxs.data(), d_o.data(), de.data()); });
         if (r == 0) continue;  // warm-up
         row.sf.add(tf.wall[0] / 1e3, tf.cpu[0] / 1e3);
         row.sb.add(tb.wall[0] / 1e3, tb.cpu[0] / 1e3);
@@ -133,8 +148,7 @@ void bench_model(const ModelConfig& cfg, int B, int T, int reps, Row<R>& row) {
     for (int r = 0; r <= reps; r++) {
         Timing tf, tb;
         m.zero_grad();
-        timed(tf, [&] { m.forward(tok.data(), tgt.data(), B, T); });
-        timed(tb, [&] { m.backward(1.0); });
+        model_step(m, tok.data(), tgt.data(), B, T, tf, tb);
         if (r == 0) continue;
         row.mf.add(tf.wall[0] / 1e3, tf.cpu[0] / 1e3);
         row.mb.add(tb.wall[0] / 1e3, tb.cpu[0] / 1e3);
