@@ -200,26 +200,28 @@ typename LDMScheme<R>::LV* LDMScheme<R>::lane_scratch() const {
 
 template <typename R>
 void LDMScheme<R>::gather(LV* out, const R* src, int t, size_t ld, int off, int cnt) const {
+    const R* p = src + (size_t)t * L * ld + off;
+    if (t * L + L <= N_) {  // full tile: one strided load of L values per element
+        for (int i = 0; i < cnt; i++)
+            for (int l = 0; l < L; l++) out[i].v[l] = p[(size_t)l * ld + i];
+        return;
+    }
     for (int l = 0; l < L; l++) {
-        const int n = t * L + l;
-        if (n < N_) {
-            const R* p = src + (size_t)n * ld + off;
-            for (int i = 0; i < cnt; i++) out[i].v[l] = p[i];
-        } else {
-            for (int i = 0; i < cnt; i++) out[i].v[l] = R(0);
-        }
+        const bool real = t * L + l < N_;
+        for (int i = 0; i < cnt; i++) out[i].v[l] = real ? p[(size_t)l * ld + i] : R(0);
     }
 }
 
 template <typename R>
 void LDMScheme<R>::scatter(const LV* in, R* dst, int t, size_t ld, int off, int cnt, bool add) const {
     const int n1 = std::min(L, N_ - t * L);
+    R* p = dst + (size_t)t * L * ld + off;
     for (int l = 0; l < n1; l++) {
-        R* p = dst + (size_t)(t * L + l) * ld + off;
+        R* q = p + (size_t)l * ld;
         if (add)
-            for (int i = 0; i < cnt; i++) p[i] += in[i].v[l];
+            for (int i = 0; i < cnt; i++) q[i] += in[i].v[l];
         else
-            for (int i = 0; i < cnt; i++) p[i] = in[i].v[l];
+            for (int i = 0; i < cnt; i++) q[i] = in[i].v[l];
     }
 }
 
@@ -388,6 +390,7 @@ void LDMScheme<R>::read_forward(int j, const R* src, R* x) {
             const R* sr = src + (size_t)n * d;
             const R* rr = r + (size_t)n * d;
             if (a)
+#pragma omp simd
                 for (int c = 0; c < d; c++) xr[c] = sr[c] + a[c] * rr[c];
             else
                 std::copy(rr, rr + d, xr);
@@ -423,6 +426,7 @@ void LDMScheme<R>::output(int j, const R* o) {
     if (residual_) {
 #pragma omp parallel for schedule(static) if (N >= kParN)
         for (int n = 0; n < N; n++)
+#pragma omp simd
             for (int c = 0; c < d; c++) src[(size_t)n * d + c] += o[(size_t)n * d + c];
     } else {
         par_copy(o, src, (size_t)N * d);
@@ -456,6 +460,7 @@ void LDMScheme<R>::read_backward(int j, const R* src, const R* dx, R* dsrc) {
             for (int n = n0; n < n1; n++) {
                 R* ds = dsrc + (size_t)n * d;
                 const R* dxr = dx + (size_t)n * d;
+#pragma omp simd
                 for (int c = 0; c < d; c++) ds[c] += dxr[c];
             }
         for (int h = 0; h < Hm; h++) {
@@ -477,14 +482,26 @@ void LDMScheme<R>::read_backward(int j, const R* src, const R* dx, R* dsrc) {
                 l2n_backward(Qn + qh, Qnrm[(size_t)n * Hm + h], draw + qh, draw + qh, dk);
             }
     }
-    if (a) {  // da_j += sum_n dx (.) r, summed in token order per channel
+    if (a) {  // da_j += sum_n dx (.) r, summed in token order per channel (threads: channel blocks)
         R* ga = gA_[j];
         const R* r = tmp_.data();
-#pragma omp parallel for schedule(static) if (N >= kParN)
-        for (int c = 0; c < d; c++) {
-            R acc = ga[c];
-            for (int n = 0; n < N; n++) acc += dx[(size_t)n * d + c] * r[(size_t)n * d + c];
-            ga[c] = acc;
+#pragma omp parallel if (N >= kParN)
+        {
+            const int nt = omp_get_num_threads(), th = omp_get_thread_num();
+            const int c0 = (int)((int64_t)d * th / nt), c1 = (int)((int64_t)d * (th + 1) / nt);
+            constexpr int kB = 64;  // channels per local accumulator block
+            for (int b0 = c0; b0 < c1; b0 += kB) {
+                const int nb = std::min(kB, c1 - b0);
+                R acc[kB];
+                for (int c = 0; c < nb; c++) acc[c] = ga[b0 + c];
+                for (int n = 0; n < N; n++) {
+                    const R* xr = dx + (size_t)n * d + b0;
+                    const R* rr = r + (size_t)n * d + b0;
+#pragma omp simd
+                    for (int c = 0; c < nb; c++) acc[c] += xr[c] * rr[c];
+                }
+                for (int c = 0; c < nb; c++) ga[b0 + c] = acc[c];
+            }
         }
     }
     matmul_backward(dsrc, gWq_[j], (R*)nullptr, draw_.data(), src, Wq_[j], N, d, HK);
@@ -644,6 +661,7 @@ void LDMScheme<R>::write_backward(int i, R* d_o, bool back) {
                 R* sr = src + (size_t)n * d;
                 const R* orow = Oi + (size_t)n * d;
                 if (residual_) {
+#pragma omp simd
                     for (int c = 0; c < d; c++) sr[c] -= orow[c];
                 } else {
                     std::fill(dsr, dsr + d, R(0));
