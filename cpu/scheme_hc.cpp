@@ -320,8 +320,8 @@ MHC<R>::MHC(const ModelConfig& cfg)
 template <typename R>
 int64_t MHC<R>::state_values_per_token() const {
     const int64_t n = n_, d = d_, D = D_;
-    // H_0..H_D, o_1..o_D, rstd, projections p; scratch zh, dzh, dp, dH, dH_prev.
-    return (D + 1) * n * d + D * d + D + D * m_ + 4 * n * d + m_;
+    // H_0..H_D, o_1..o_D, rstd, projections p; scratch dzh, dp and rstd dp, dH, dH_prev.
+    return (D + 1) * n * d + D * d + D + D * m_ + 3 * n * d + 2 * m_;
 }
 
 template <typename R>
@@ -352,8 +352,8 @@ void MHC<R>::resize(int B, int T) {
     Os_.resize(D * N * d);
     rstd_.resize(D * N);
     proj_.resize(D * N * m);
-    Z_.resize(N * n * d);
     dZ_.resize(N * n * d);
+    dTs_.resize(N * m);
     dT_.resize(N * m);
     dH_.resize(N * n * d);
     dHp_.resize(N * n * d);
@@ -369,18 +369,14 @@ void MHC<R>::begin(const R* e) {
 }
 
 template <typename R>
-void MHC<R>::compute_z(int j) {
+void MHC<R>::compute_rstd(int j) {
     const int nd = n_ * d_;
     const R* Hj = H(j - 1);
     R* rs = rstd_.data() + (size_t)(j - 1) * N_;
-    R* z = Z_.data();
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N_; t++) {
         const R* h = Hj + (size_t)t * nd;
-        R s = rms_scale(dot(h, h, nd), nd, eps_);
-        rs[t] = s;
-#pragma omp simd
-        for (int c = 0; c < nd; c++) z[(size_t)t * nd + c] = h[c] * s;
+        rs[t] = rms_scale(dot(h, h, nd), nd, eps_);
     }
 }
 
@@ -391,12 +387,15 @@ void MHC<R>::input(int j, R* x) {
     const R* q = Phi + (size_t)m * n * d;
     const R a_pre = q[0];
     const R* b_pre = q + 3;
-    compute_z(j);
+    // p = zh Φᵀ = rstd (.) (z Φᵀ) per token (zh never materialised).
+    compute_rstd(j);
     R* pj = proj_.data() + (size_t)(j - 1) * N_ * m;
-    matmul_forward(pj, Z_.data(), Phi, (const R*)nullptr, N_, n * d, m);
+    matmul_forward(pj, H(j - 1), Phi, (const R*)nullptr, N_, n * d, m);
     const R* Hj = H(j - 1);
+    const R* rs = rstd_.data() + (size_t)(j - 1) * N_;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N_; t++) {
+        for (int e = 0; e < m; e++) pj[(size_t)t * m + e] *= rs[t];
         R* xt = x + (size_t)t * d;
         std::fill(xt, xt + d, R(0));
         for (int i = 0; i < n; i++) {
@@ -556,21 +555,25 @@ void MHC<R>::input_backward(int j, const R* dx) {
         }
     for (int g = 0; g < 3; g++) gq[g] += (R)da[g];
     for (int e = 0; e < m; e++) gq[3 + e] += (R)db[e];
-    compute_z(j);
-    std::fill(dZ_.begin(), dZ_.end(), R(0));
-    matmul_backward(dZ_.data(), gPhi, (R*)nullptr, dT, Z_.data(), Phi, N_, nd, m);
+    // p = zh Φᵀ backward (zh = rstd z, never materialised): dzh = dp Φ, dΦ += (rstd dp)ᵀ z;
+    // then the RMS normalisation.
     const R* rs = rstd_.data() + (size_t)(j - 1) * N_;
-    const R* z = Z_.data();
+    R* dTs = dTs_.data();
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N_; t++)
+        for (int e = 0; e < m; e++) dTs[(size_t)t * m + e] = dT[(size_t)t * m + e] * rs[t];
+    gemm<R>(false, false, N_, nd, m, R(1), dT, m, Phi, nd, R(0), dZ_.data(), nd);
+    gemm<R>(true, false, m, nd, N_, R(1), dTs, m, Hp, nd, R(1), gPhi, nd);
     const R* dz = dZ_.data();
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N_; t++) {
-        const R* a = z + (size_t)t * nd;
+        const R* h = Hp + (size_t)t * nd;
         const R* g = dz + (size_t)t * nd;
-        R proj = dot(a, g, nd) / (R)nd;
-        R s = rs[t];
+        const R s = rs[t];
+        const R proj = s * dot(h, g, nd) / (R)nd;  // (zh . g) / (n d)
         R* out = dHp + (size_t)t * nd;
 #pragma omp simd
-        for (int c = 0; c < nd; c++) out[c] += s * (g[c] - a[c] * proj);
+        for (int c = 0; c < nd; c++) out[c] += s * (g[c] - (h[c] * s) * proj);
     }
     std::swap(dH_, dHp_);
 }

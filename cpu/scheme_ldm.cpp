@@ -202,8 +202,11 @@ template <typename R>
 void LDMScheme<R>::gather(LV* out, const R* src, int t, size_t ld, int off, int cnt) const {
     const R* p = src + (size_t)t * L * ld + off;
     if (t * L + L <= N_) {  // full tile: one strided load of L values per element
-        for (int i = 0; i < cnt; i++)
-            for (int l = 0; l < L; l++) out[i].v[l] = p[(size_t)l * ld + i];
+        for (int i = 0; i < cnt; i++) {
+            R* o = (R*)&out[i].v;
+#pragma omp simd
+            for (int l = 0; l < L; l++) o[l] = p[(size_t)l * ld + i];
+        }
         return;
     }
     for (int l = 0; l < L; l++) {
