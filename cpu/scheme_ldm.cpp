@@ -263,6 +263,7 @@ void LDMScheme<R>::write_forward(int i, const R* o, const LV* from, LV* dst) {
     R* Kn = Kn_.data() + (size_t)i * N * HK;
     R* Knrm = Knrm_.data() + (size_t)i * N * Hm;
     R* beta = delta_ ? beta_.data() + (size_t)i * N * Hm : nullptr;
+    if (delta_) matmul_forward(beta, o, Wb_[i], Bb_[i], N, d, Hm);  // pre-activations z, then beta below
     const R* lam = lam_.data() + (size_t)i * Hm;
 #pragma omp parallel for schedule(static) if (N >= kParN)
     for (int t = 0; t < NT; t++) {
@@ -274,13 +275,7 @@ void LDMScheme<R>::write_forward(int i, const R* o, const LV* from, LV* dst) {
             for (int h = 0; h < Hm; h++) {
                 const size_t kh = (size_t)n * HK + h * dk;
                 Knrm[(size_t)n * Hm + h] = l2n_forward(raw_.data() + kh, Kn + kh, dk);
-                if (delta_) {
-                    const R* w = Wb_[i] + (size_t)h * d;
-                    const R* x = Oi + (size_t)n * d;
-                    R z = Bb_[i][h];
-                    for (int c = 0; c < d; c++) z += w[c] * x[c];
-                    beta[(size_t)n * Hm + h] = R(kBetaMax) * sigmoid(z);
-                }
+                if (delta_) beta[(size_t)n * Hm + h] = R(kBetaMax) * sigmoid(beta[(size_t)n * Hm + h]);
             }
         }
         for (int h = 0; h < Hm; h++) {
