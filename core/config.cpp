@@ -273,7 +273,7 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
     if (c.scheme == "hc")
         scheme = (D + 1) * n * d + D * d + D * n + D * n * (n + 2) + 4 * n * d + 2 * n * (n + 2);
     else if (c.scheme == "mhc")
-        scheme = (D + 1) * n * d + D * d + D + D * m + 4 * n * d + m;
+        scheme = (D + 1) * n * d + D * d + D + D * m + 3 * n * d + 2 * m;
     else if (c.scheme == "attnres-full" || c.scheme == "attnres-block") {
         const bool blk = c.scheme == "attnres-block";
         const int64_t K = (blk ? std::min<int64_t>(c.attnres_blocks, D) : D) + 1;

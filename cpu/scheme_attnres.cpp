@@ -167,6 +167,7 @@ void AttnRes<R>::aggregate_backward(int j, const R* dx) {
                 const R* u = src[k].u + (size_t)t * d;
                 R* du = src[k].du + (size_t)t * d;
                 const R ak = a[k], ds = da[k], r = src[k].r[t], sk = s[k];
+#pragma omp simd
                 for (int c = 0; c < d; c++) {
                     du[c] += ak * dxt[c] + attnres_score_grad(ds, r, sk, q[c], u[c], d);
                     dq[c] += (double)(ds * r * u[c]);

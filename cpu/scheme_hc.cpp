@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/common.h"
+#include "cpu/lanes.h"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
 
@@ -47,6 +48,7 @@ static void stream_mean(const R* H, int N, int n, int d, R* y) {
         R* yt = y + (size_t)t * d;
         std::fill(yt, yt + d, R(0));
         for (int i = 0; i < n; i++) axpy(yt, R(1), H + ((size_t)t * n + i) * d, d);
+#pragma omp simd
         for (int c = 0; c < d; c++) yt[c] *= inv;
     }
 }
@@ -58,6 +60,7 @@ static void stream_mean_backward(const R* dy, int N, int n, int d, R* dH) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
         for (int i = 0; i < n; i++)
+#pragma omp simd
             for (int c = 0; c < d; c++) dH[((size_t)t * n + i) * d + c] = dy[(size_t)t * d + c] * inv;
 }
 
@@ -115,6 +118,7 @@ void HC<R>::compute_hb(int j) {
         const R* h = Hj + (size_t)r * d;
         R s = rms_scale(dot(h, h, d), d, eps_);
         rs[r] = s;
+#pragma omp simd
         for (int c = 0; c < d; c++) hb[(size_t)r * d + c] = h[c] * s;
     }
 }
@@ -161,6 +165,7 @@ void HC<R>::output(int j, const R* o) {
             R* out = Hn + ((size_t)t * n + k) * d;
             R b = hc_coef(s_b, tt[k * m + n + 1], b0[k]);
             const R* ot = o + (size_t)t * d;
+#pragma omp simd
             for (int c = 0; c < d; c++) out[c] = b * ot[c];
             for (int i = 0; i < n; i++)
                 axpy(out, hc_coef(s_a, tt[i * m + 1 + k], ar0[i * n + k]), Hp + ((size_t)t * n + i) * d, d);
@@ -284,6 +289,7 @@ void HC<R>::input_backward(int j, const R* dx) {
         R proj = dot(a, g, d) / (R)d;
         R s = rs[r];
         R* out = dHp + (size_t)r * d;
+#pragma omp simd
         for (int c = 0; c < d; c++) out[c] += s * (g[c] - a[c] * proj);
     }
     std::swap(dH_, dHp_);
@@ -314,8 +320,8 @@ MHC<R>::MHC(const ModelConfig& cfg)
 template <typename R>
 int64_t MHC<R>::state_values_per_token() const {
     const int64_t n = n_, d = d_, D = D_;
-    // H_0..H_D, o_1..o_D, rstd, projections p; scratch zh, dzh, dp, dH, dH_prev.
-    return (D + 1) * n * d + D * d + D + D * m_ + 4 * n * d + m_;
+    // H_0..H_D, o_1..o_D, rstd, projections p; scratch dzh, dp and rstd dp, dH, dH_prev.
+    return (D + 1) * n * d + D * d + D + D * m_ + 3 * n * d + 2 * m_;
 }
 
 template <typename R>
@@ -346,8 +352,8 @@ void MHC<R>::resize(int B, int T) {
     Os_.resize(D * N * d);
     rstd_.resize(D * N);
     proj_.resize(D * N * m);
-    Z_.resize(N * n * d);
     dZ_.resize(N * n * d);
+    dTs_.resize(N * m);
     dT_.resize(N * m);
     dH_.resize(N * n * d);
     dHp_.resize(N * n * d);
@@ -363,17 +369,14 @@ void MHC<R>::begin(const R* e) {
 }
 
 template <typename R>
-void MHC<R>::compute_z(int j) {
+void MHC<R>::compute_rstd(int j) {
     const int nd = n_ * d_;
     const R* Hj = H(j - 1);
     R* rs = rstd_.data() + (size_t)(j - 1) * N_;
-    R* z = Z_.data();
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N_; t++) {
         const R* h = Hj + (size_t)t * nd;
-        R s = rms_scale(dot(h, h, nd), nd, eps_);
-        rs[t] = s;
-        for (int c = 0; c < nd; c++) z[(size_t)t * nd + c] = h[c] * s;
+        rs[t] = rms_scale(dot(h, h, nd), nd, eps_);
     }
 }
 
@@ -384,12 +387,15 @@ void MHC<R>::input(int j, R* x) {
     const R* q = Phi + (size_t)m * n * d;
     const R a_pre = q[0];
     const R* b_pre = q + 3;
-    compute_z(j);
+    // p = zh Φᵀ = rstd (.) (z Φᵀ) per token (zh never materialised).
+    compute_rstd(j);
     R* pj = proj_.data() + (size_t)(j - 1) * N_ * m;
-    matmul_forward(pj, Z_.data(), Phi, (const R*)nullptr, N_, n * d, m);
+    matmul_forward(pj, H(j - 1), Phi, (const R*)nullptr, N_, n * d, m);
     const R* Hj = H(j - 1);
+    const R* rs = rstd_.data() + (size_t)(j - 1) * N_;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N_; t++) {
+        for (int e = 0; e < m; e++) pj[(size_t)t * m + e] *= rs[t];
         R* xt = x + (size_t)t * d;
         std::fill(xt, xt + d, R(0));
         for (int i = 0; i < n; i++) {
@@ -410,20 +416,33 @@ void MHC<R>::output(int j, const R* o) {
     const R* pj = proj_.data() + (size_t)(j - 1) * N_ * m;
     const R* Hp = H(j - 1);
     R* Hn = H(j);
+    // Sinkhorn on SIMD lanes: L tokens per call (cpu/lanes.h), the last tile padded with copies
+    // of its first token; everything else per token as before.
+    using LV = Lane<R>;
+    constexpr int L = LV::W;
+    const int NT = (N_ + L - 1) / L;
 #pragma omp parallel
     {
-        std::vector<R> work(sinkhorn_work_size(n, it)), Rt(nn), Hres(nn);
+        std::vector<LV> work(sinkhorn_work_size(n, it)), Rt(nn), Hres(nn);
 #pragma omp for schedule(static)
-        for (int t = 0; t < N_; t++) {
-            const R* pt = pj + (size_t)t * m;
-            for (int e = 0; e < nn; e++) Rt[e] = a_res * pt[2 * n + e] + b_res[e];
+        for (int tile = 0; tile < NT; tile++) {
+            const int t0 = tile * L, nl = std::min(L, N_ - t0);
+            for (int l = 0; l < L; l++) {
+                const R* pt = pj + (size_t)(t0 + (l < nl ? l : 0)) * m;
+                for (int e = 0; e < nn; e++) Rt[e].v[l] = a_res * pt[2 * n + e] + b_res[e];
+            }
             sinkhorn_forward(Rt.data(), n, it, Hres.data(), work.data());
-            for (int k = 0; k < n; k++) {
-                R* out = Hn + ((size_t)t * n + k) * d;
-                R g = mhc_gate(R(2), a_post * pt[n + k] + b_post[k]);
-                const R* ot = o + (size_t)t * d;
-                for (int c = 0; c < d; c++) out[c] = g * ot[c];
-                for (int i = 0; i < n; i++) axpy(out, Hres[k * n + i], Hp + ((size_t)t * n + i) * d, d);
+            for (int l = 0; l < nl; l++) {
+                const int t = t0 + l;
+                const R* pt = pj + (size_t)t * m;
+                for (int k = 0; k < n; k++) {
+                    R* out = Hn + ((size_t)t * n + k) * d;
+                    R g = mhc_gate(R(2), a_post * pt[n + k] + b_post[k]);
+                    const R* ot = o + (size_t)t * d;
+#pragma omp simd
+                    for (int c = 0; c < d; c++) out[c] = g * ot[c];
+                    for (int i = 0; i < n; i++) axpy(out, Hres[k * n + i].v[l], Hp + ((size_t)t * n + i) * d, d);
+                }
             }
         }
     }
@@ -452,35 +471,50 @@ void MHC<R>::output_backward(int j, R* d_o) {
     const R* G = dH_.data();
     R* dHp = dHp_.data();
     R* dT = dT_.data();
+    using LV = Lane<R>;  // Sinkhorn on SIMD lanes, as in output()
+    constexpr int L = LV::W;
+    const int NT = (N_ + L - 1) / L;
 #pragma omp parallel
     {
-        std::vector<R> work(sinkhorn_work_size(n, it)), Rt(nn), Hres(nn), dHres(nn);
+        std::vector<LV> work(sinkhorn_work_size(n, it)), Rt(nn), Hres(nn), dHres(nn), dRt(nn);
 #pragma omp for schedule(static)
-        for (int t = 0; t < N_; t++) {
-            const R* pt = pj + (size_t)t * m;
-            R* dtt = dT + (size_t)t * m;
-            for (int e = 0; e < nn; e++) Rt[e] = a_res * pt[2 * n + e] + b_res[e];
-            sinkhorn_forward(Rt.data(), n, it, Hres.data(), work.data());
-            const R* Gt = G + (size_t)t * n * d;
-            R* dot_ = d_o + (size_t)t * d;
-            std::fill(dot_, dot_ + d, R(0));
-            for (int k = 0; k < n; k++) {
-                R g = mhc_gate(R(2), a_post * pt[n + k] + b_post[k]);
-                axpy(dot_, g, Gt + (size_t)k * d, d);
-                R dg = dot(Gt + (size_t)k * d, o + (size_t)t * d, d);
-                dtt[n + k] = mhc_gate_backward(dg, R(2), g);
+        for (int tile = 0; tile < NT; tile++) {
+            const int t0 = tile * L, nl = std::min(L, N_ - t0);
+            for (int l = 0; l < L; l++) {
+                const R* pt = pj + (size_t)(t0 + (l < nl ? l : 0)) * m;
+                for (int e = 0; e < nn; e++) Rt[e].v[l] = a_res * pt[2 * n + e] + b_res[e];
             }
-            for (int i = 0; i < n; i++) {
-                const R* Hi = Hp + ((size_t)t * n + i) * d;
-                R* dHi = dHp + ((size_t)t * n + i) * d;
-                std::fill(dHi, dHi + d, R(0));
+            sinkhorn_forward(Rt.data(), n, it, Hres.data(), work.data());
+            for (int e = 0; e < nn; e++) dHres[e] = LV(R(0));  // padding lanes stay 0
+            for (int l = 0; l < nl; l++) {
+                const int t = t0 + l;
+                const R* pt = pj + (size_t)t * m;
+                R* dtt = dT + (size_t)t * m;
+                const R* Gt = G + (size_t)t * n * d;
+                R* dot_ = d_o + (size_t)t * d;
+                std::fill(dot_, dot_ + d, R(0));
                 for (int k = 0; k < n; k++) {
-                    const R* Gk = Gt + (size_t)k * d;
-                    axpy(dHi, Hres[k * n + i], Gk, d);
-                    dHres[k * n + i] = dot(Gk, Hi, d);
+                    R g = mhc_gate(R(2), a_post * pt[n + k] + b_post[k]);
+                    axpy(dot_, g, Gt + (size_t)k * d, d);
+                    R dg = dot(Gt + (size_t)k * d, o + (size_t)t * d, d);
+                    dtt[n + k] = mhc_gate_backward(dg, R(2), g);
+                }
+                for (int i = 0; i < n; i++) {
+                    const R* Hi = Hp + ((size_t)t * n + i) * d;
+                    R* dHi = dHp + ((size_t)t * n + i) * d;
+                    std::fill(dHi, dHi + d, R(0));
+                    for (int k = 0; k < n; k++) {
+                        const R* Gk = Gt + (size_t)k * d;
+                        axpy(dHi, Hres[k * n + i].v[l], Gk, d);
+                        dHres[k * n + i].v[l] = dot(Gk, Hi, d);
+                    }
                 }
             }
-            sinkhorn_backward(dHres.data(), n, it, work.data(), dtt + 2 * n);
+            sinkhorn_backward(dHres.data(), n, it, work.data(), dRt.data());
+            for (int l = 0; l < nl; l++) {
+                R* dtt = dT + (size_t)(t0 + l) * m;
+                for (int e = 0; e < nn; e++) dtt[2 * n + e] = dRt[e].v[l];
+            }
         }
     }
 }
@@ -521,20 +555,25 @@ void MHC<R>::input_backward(int j, const R* dx) {
         }
     for (int g = 0; g < 3; g++) gq[g] += (R)da[g];
     for (int e = 0; e < m; e++) gq[3 + e] += (R)db[e];
-    compute_z(j);
-    std::fill(dZ_.begin(), dZ_.end(), R(0));
-    matmul_backward(dZ_.data(), gPhi, (R*)nullptr, dT, Z_.data(), Phi, N_, nd, m);
+    // p = zh Φᵀ backward (zh = rstd z, never materialised): dzh = dp Φ, dΦ += (rstd dp)ᵀ z;
+    // then the RMS normalisation.
     const R* rs = rstd_.data() + (size_t)(j - 1) * N_;
-    const R* z = Z_.data();
+    R* dTs = dTs_.data();
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N_; t++)
+        for (int e = 0; e < m; e++) dTs[(size_t)t * m + e] = dT[(size_t)t * m + e] * rs[t];
+    gemm<R>(false, false, N_, nd, m, R(1), dT, m, Phi, nd, R(0), dZ_.data(), nd);
+    gemm<R>(true, false, m, nd, N_, R(1), dTs, m, Hp, nd, R(1), gPhi, nd);
     const R* dz = dZ_.data();
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N_; t++) {
-        const R* a = z + (size_t)t * nd;
+        const R* h = Hp + (size_t)t * nd;
         const R* g = dz + (size_t)t * nd;
-        R proj = dot(a, g, nd) / (R)nd;
-        R s = rs[t];
+        const R s = rs[t];
+        const R proj = s * dot(h, g, nd) / (R)nd;  // (zh . g) / (n d)
         R* out = dHp + (size_t)t * nd;
-        for (int c = 0; c < nd; c++) out[c] += s * (g[c] - a[c] * proj);
+#pragma omp simd
+        for (int c = 0; c < nd; c++) out[c] += s * (g[c] - (h[c] * s) * proj);
     }
     std::swap(dH_, dHp_);
 }

@@ -80,6 +80,8 @@ struct HC final : Scheme<R> {
 // x_j = Σ_i H_pre[i] H_i. output(j, o): H_post = 2 sigmoid(Qt), H_res = SK(Rt) (sinkhorn.h,
 // cfg.sinkhorn_iters), H_j[k] = Σ_i H_res[k,i] H_i + H_post[k] o. readout: mean of rows.
 // Stores p per token (which holds Rt) and recomputes the Sinkhorn iterates in backward.
+// zh is never materialised: p = rstd (z Φ_jᵀ), and backward uses dΦ += (rstd dp)ᵀ z. The
+// Sinkhorn runs on SIMD lanes, 16 (fp32) / 8 (fp64) tokens per call (cpu/lanes.h).
 // Init: Φ ~ N(0, 0.02) (stream of its param_specs index), a = 0.01, b = 0.
 template <typename R>
 struct MHC final : Scheme<R> {
@@ -104,9 +106,9 @@ struct MHC final : Scheme<R> {
     int N_ = 0;
     const R* P_ = nullptr;
     R* G_ = nullptr;
-    std::vector<R> Hs_, Os_, rstd_, proj_, Z_, dT_, dZ_, dH_, dHp_;
+    std::vector<R> Hs_, Os_, rstd_, proj_, dT_, dTs_, dZ_, dH_, dHp_;
     R* H(int j) { return Hs_.data() + (size_t)j * N_ * n_ * d_; }
-    void compute_z(int j);  // Z_ = zh of H_{j-1}, rstd_ of sublayer j
+    void compute_rstd(int j);  // rstd_ of sublayer j: 1/rms of vec(H_{j-1}) per token
 };
 
 }  // namespace cpu

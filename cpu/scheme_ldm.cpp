@@ -148,138 +148,252 @@ void LDMScheme<R>::init_params(R* params, uint64_t seed, uint64_t first_index) {
     }
 }
 
+namespace {
+// b[0, n) = a[0, n), OpenMP over 4096-element chunks when large.
+template <typename T>
+void par_copy(const T* a, T* b, size_t n) {
+    const int64_t chunks = (int64_t)((n + 4095) / 4096);
+#pragma omp parallel for schedule(static) if (n >= (size_t)kParN * 1024)
+    for (int64_t c = 0; c < chunks; c++) {
+        const size_t lo = (size_t)c * 4096, hi = std::min(n, lo + 4096);
+        std::copy(a + lo, a + hi, b + lo);
+    }
+}
+}  // namespace
+
 template <typename R>
 void LDMScheme<R>::resize(int B, int T) {
+    // Sizes only: every buffer is written before it is read in each step (no per-step fill).
     N_ = B * T;
-    const size_t N = N_, W = D_ + 1;
-    src_.assign(N * d_, R(0));
-    O_.assign(W * N * d_, R(0));
-    Qn_.assign(W * N * HK_, R(0));
-    Kn_.assign(W * N * HK_, R(0));
-    Qnrm_.assign(W * N * Hm_, R(0));
-    Knrm_.assign(W * N * Hm_, R(0));
-    beta_.assign(delta_ ? W * N * Hm_ : 0, R(0));
-    cur_.assign(N * ST_, R(0));
-    stored_.assign((size_t)kept_states(cfg_, ckpt_, unwind_) * N * ST_, R(0));
-    dS_.assign(N * ST_, R(0));
-    dsrc_.assign(N * d_, R(0));
-    tmp_.assign(N * d_, R(0));
-    raw_.assign(N * HK_, R(0));
-    draw_.assign(N * HK_, R(0));
-    dtok_.assign(N * Hm_, R(0));
-    scratch_.assign((size_t)omp_get_max_threads() * scr_size(), R(0));
+    NT_ = (N_ + L - 1) / L;
+    const size_t N = N_, W = D_ + 1, ls = lanes_per_state();
+    src_.resize(N * d_);
+    O_.resize(W * N * d_);
+    Qn_.resize(W * N * HK_);
+    Kn_.resize(W * N * HK_);
+    Qnrm_.resize(W * N * Hm_);
+    Knrm_.resize(W * N * Hm_);
+    beta_.resize(delta_ ? W * N * Hm_ : 0);
+    cur_.resize(ls);
+    stored_.resize((size_t)kept_states(cfg_, ckpt_, unwind_) * ls);
+    dS_.resize(ls);
+    dsrc_.resize(N * d_);
+    tmp_.resize(N * d_);
+    raw_.resize(N * HK_);
+    draw_.resize(N * HK_);
+    dtok_.resize(N * Hm_);
+    // per thread: k or q [dk], v [dv], their gradients [dk + dv], dlam [1], dr or r [dv], scratch
+    lscr_per_thread_ = (size_t)(2 * dk_ + 3 * dv_ + 1) + scr_size();
+    lscr_.resize((size_t)omp_get_max_threads() * lscr_per_thread_);
     if (window_) {
-        Kt_.assign(N * Hm_ * w_ * dk_, R(0));
-        Et_.assign(N * Hm_ * w_ * dv_, R(0));
-        Lc_.assign(N * Hm_ * w_ * w_, R(0));
+        Kt_.resize((size_t)NT_ * Hm_ * w_ * dk_);
+        Et_.resize((size_t)NT_ * Hm_ * w_ * dv_);
+        Lc_.resize((size_t)NT_ * Hm_ * w_ * w_);
     }
+    live_ = cur_.data();
+}
+
+template <typename R>
+typename LDMScheme<R>::LV* LDMScheme<R>::lane_scratch() const {
+    return lscr_.data() + (size_t)omp_get_thread_num() * lscr_per_thread_;
+}
+
+template <typename R>
+void LDMScheme<R>::gather(LV* out, const R* src, int t, size_t ld, int off, int cnt) const {
+    const R* p = src + (size_t)t * L * ld + off;
+    if (t * L + L <= N_) {  // full tile: one strided load of L values per element
+        for (int i = 0; i < cnt; i++) {
+            R* o = (R*)&out[i].v;
+#pragma omp simd
+            for (int l = 0; l < L; l++) o[l] = p[(size_t)l * ld + i];
+        }
+        return;
+    }
+    for (int l = 0; l < L; l++) {
+        const bool real = t * L + l < N_;
+        for (int i = 0; i < cnt; i++) out[i].v[l] = real ? p[(size_t)l * ld + i] : R(0);
+    }
+}
+
+template <typename R>
+void LDMScheme<R>::scatter(const LV* in, R* dst, int t, size_t ld, int off, int cnt, bool add) const {
+    const int n1 = std::min(L, N_ - t * L);
+    R* p = dst + (size_t)t * L * ld + off;
+    for (int l = 0; l < n1; l++) {
+        R* q = p + (size_t)l * ld;
+        if (add)
+            for (int i = 0; i < cnt; i++) q[i] += in[i].v[l];
+        else
+            for (int i = 0; i < cnt; i++) q[i] = in[i].v[l];
+    }
+}
+
+template <typename R>
+std::vector<R> LDMScheme<R>::state() const {
+    const int SP = SS_ + PP_;
+    std::vector<R> s((size_t)N_ * ST_);
+    for (int n = 0; n < N_; n++)
+        for (int h = 0; h < Hm_; h++)
+            for (int e = 0; e < SP; e++)
+                s[(size_t)n * ST_ + h * SP + e] = live_[blk(n / L, h) + e].v[n % L];
+    return s;
+}
+
+template <typename R>
+void LDMScheme<R>::init_state(LV* st) {
+    const int NT = NT_;
+#pragma omp parallel for schedule(static) if (N_ >= kParN)
+    for (int t = 0; t < NT; t++)
+        for (int h = 0; h < Hm_; h++) {
+            LV* S = st + blk(t, h);
+            ldm_init_state(S, rls_ ? S + SS_ : (LV*)nullptr, dv_, dk_, LV((R)cfg_.ldm_delta));
+        }
 }
 
 // ---- forward ----------------------------------------------------------------------------------
 
+// Write i of o [N, d] (v = o; k = L2n(W_k^i o); beta for delta) from the state `from` (nullptr:
+// the initial state) into dst: dst == from updates in place; else each (tile, head) block is
+// copied into dst first (store mode: the state after write i gets its own slot, no copy pass).
 template <typename R>
-void LDMScheme<R>::write_forward(int i, const R* o) {
-    const int N = N_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_;
+void LDMScheme<R>::write_forward(int i, const R* o, const LV* from, LV* dst) {
+    const int N = N_, NT = NT_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_, SP = SS_ + PP_;
     R* Oi = O_.data() + (size_t)i * N * d;
-    std::copy(o, o + (size_t)N * d, Oi);
-    matmul_forward(raw_.data(), Oi, Wk_[i], (const R*)nullptr, N, d, HK);
+    matmul_forward(raw_.data(), o, Wk_[i], (const R*)nullptr, N, d, HK);
     R* Kn = Kn_.data() + (size_t)i * N * HK;
     R* Knrm = Knrm_.data() + (size_t)i * N * Hm;
     R* beta = delta_ ? beta_.data() + (size_t)i * N * Hm : nullptr;
+    if (delta_) matmul_forward(beta, o, Wb_[i], Bb_[i], N, d, Hm);  // pre-activations z, then beta below
     const R* lam = lam_.data() + (size_t)i * Hm;
 #pragma omp parallel for schedule(static) if (N >= kParN)
-    for (int n = 0; n < N; n++) {
-        R* u = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
+    for (int t = 0; t < NT; t++) {
+        LV* kl = lane_scratch();
+        LV* vl = kl + dk;
+        LV* u = vl + 3 * dv + 2 * dk + 1;
+        for (int n = t * L; n < std::min(N, t * L + L); n++) {
+            std::copy(o + (size_t)n * d, o + (size_t)(n + 1) * d, Oi + (size_t)n * d);
+            for (int h = 0; h < Hm; h++) {
+                const size_t kh = (size_t)n * HK + h * dk;
+                Knrm[(size_t)n * Hm + h] = l2n_forward(raw_.data() + kh, Kn + kh, dk);
+                if (delta_) beta[(size_t)n * Hm + h] = R(kBetaMax) * sigmoid(beta[(size_t)n * Hm + h]);
+            }
+        }
         for (int h = 0; h < Hm; h++) {
-            const size_t kh = (size_t)n * HK + h * dk;
-            Knrm[(size_t)n * Hm + h] = l2n_forward(raw_.data() + kh, Kn + kh, dk);
-            const R* v = Oi + (size_t)n * d + h * dv;
-            R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
+            LV* S = dst + blk(t, h);
+            if (!from)
+                ldm_init_state(S, rls_ ? S + SS_ : (LV*)nullptr, dv, dk, LV((R)cfg_.ldm_delta));
+            else if (from != dst)
+                std::copy(from + blk(t, h), from + blk(t, h) + SP, S);
+            gather(kl, Kn, t, HK, h * dk, dk);
+            gather(vl, Oi, t, d, h * dv, dv);
             if (window_) {
-                window_append(n, h, i, Kn + kh, v, u);
+                window_append(t, h, i, kl, vl, u);
             } else if (rls_) {
-                rls_write(S, S + SS_, Kn + kh, v, lam[h], dv, dk, u);
+                rls_write(S, S + SS_, (const LV*)kl, (const LV*)vl, LV(lam[h]), dv, dk, u);
             } else if (outer_) {
-                outer_write(S, Kn + kh, v, lam[h], dv, dk);
+                outer_write(S, (const LV*)kl, (const LV*)vl, LV(lam[h]), dv, dk);
             } else {
-                const R* w = Wb_[i] + (size_t)h * d;
-                const R* x = Oi + (size_t)n * d;
-                R z = Bb_[i][h];
-                for (int c = 0; c < d; c++) z += w[c] * x[c];
-                const R b = R(kBetaMax) * sigmoid(z);
-                beta[(size_t)n * Hm + h] = b;
-                delta_write(S, Kn + kh, v, b, dv, dk);
+                LV b;
+                gather(&b, beta, t, Hm, h, 1);
+                delta_write(S, (const LV*)kl, (const LV*)vl, b, dv, dk);
             }
         }
     }
-    const size_t st = (size_t)N * ST_;
+    live_ = dst;
+    const size_t ls = lanes_per_state();
     if (window_) {
         if ((i + 1) % w_ == 0 || i == D_) {
 #pragma omp parallel for schedule(static) if (N >= kParN)
-            for (int n = 0; n < N; n++)
-                for (int h = 0; h < Hm; h++)
-                    window_flush(n, h, i, scratch_.data() + (size_t)omp_get_thread_num() * scr_size());
-            if (i < D_ && ckpt_ > 0)
-                std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)((i + 1) / w_) * st);
+            for (int t = 0; t < NT; t++)
+                for (int h = 0; h < Hm; h++) window_flush(t, h, i, lane_scratch());
+            if (i < D_ && ckpt_ > 0) par_copy(cur_.data(), stored_.data() + (size_t)((i + 1) / w_) * ls, ls);
         }
     } else if (ckpt_ > 0) {
-        if (i % ckpt_ == 0) std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)(i / ckpt_) * st);
-    } else if (!unwind_) {
-        std::copy(cur_.begin(), cur_.end(), stored_.begin() + (size_t)i * st);
+        if (i % ckpt_ == 0) par_copy(cur_.data(), stored_.data() + (size_t)(i / ckpt_) * ls, ls);
     }
 }
 
-// ---- window mode (spec §2.5 "window w"): per token-head pending writes of the current window in
-// Kt_, Et_, Lc_ (layouts and math: ldm_math.h window_*); S, P in cur_ stay at the window start.
+// Where write i puts its result: its own slot in store mode, else the live buffer cur_.
 template <typename R>
-void LDMScheme<R>::window_append(int n, int h, int i, const R* k, const R* v, R* u) {
+typename LDMScheme<R>::LV* LDMScheme<R>::write_dst(int i) {
+    if (!window_ && ckpt_ == 0 && !unwind_) return stored_.data() + (size_t)i * lanes_per_state();
+    return cur_.data();
+}
+
+// ---- window mode (spec §2.5 "window w"): per token-head pending writes of the current window in
+// Kt_, Et_, Lc_ (layouts and math: ldm_math.h window_*, tiled like the state); S, P in cur_ stay
+// at the window start.
+template <typename R>
+void LDMScheme<R>::window_append(int t, int h, int i, const LV* k, const LV* v, LV* u) {
     const int m = i % w_, s = i - m;
     const R c = window_decay(lam_.data() + (size_t)s * Hm_ + h, m + 1, Hm_);
-    const R isc = R(1) / ldm_sqrt(c);
-    const size_t th = (size_t)n * Hm_ + h;
-    const R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-    ldm::window_append(S, S + SS_, k, v, isc, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_,
+    const R isc = R(1) / ldm::ldm_sqrt(c);
+    const size_t th = (size_t)t * Hm_ + h;
+    const LV* S = cur_.data() + blk(t, h);
+    ldm::window_append(S, S + SS_, k, v, LV(isc), Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_,
                        Lc_.data() + th * w_ * w_, m, w_, dv_, dk_, u);
 }
 
 // r += E~_m^T C_m^-1 K~_m^T P q for the m pending writes (r already holds S q).
 template <typename R>
-void LDMScheme<R>::window_read(int n, int h, int m, const R* q, R* r, R* scr) {
-    const size_t th = (size_t)n * Hm_ + h;
-    const R* P = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_) + SS_;
-    ldm::window_read(P, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_, Lc_.data() + th * w_ * w_,
-                     m, w_, q, r, dv_, dk_, scr);
+void LDMScheme<R>::window_read(int t, int h, int m, const LV* q, LV* r, LV* scr) {
+    const size_t th = (size_t)t * Hm_ + h;
+    const LV* P = cur_.data() + blk(t, h) + SS_;
+    ldm::window_read(P, (const LV*)Kt_.data() + th * w_ * dk_, (const LV*)Et_.data() + th * w_ * dv_,
+                     (const LV*)Lc_.data() + th * w_ * w_, m, w_, q, r, dv_, dk_, scr);
 }
 
 // Applies the window's m = i - s + 1 writes at once (ldm_math.h window_flush).
 template <typename R>
-void LDMScheme<R>::window_flush(int n, int h, int i, R* scr) {
+void LDMScheme<R>::window_flush(int t, int h, int i, LV* scr) {
     const int m = i % w_ + 1, s = i + 1 - m;
     const R c = window_decay(lam_.data() + (size_t)s * Hm_ + h, m, Hm_);
-    const size_t th = (size_t)n * Hm_ + h;
-    R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-    ldm::window_flush(S, S + SS_, Kt_.data() + th * w_ * dk_, Et_.data() + th * w_ * dv_,
-                      Lc_.data() + th * w_ * w_, m, w_, c, dv_, dk_, scr);
+    const size_t th = (size_t)t * Hm_ + h;
+    LV* S = cur_.data() + blk(t, h);
+    ldm::window_flush(S, S + SS_, (const LV*)Kt_.data() + th * w_ * dk_, (const LV*)Et_.data() + th * w_ * dv_,
+                      (const LV*)Lc_.data() + th * w_ * w_, m, w_, LV(c), dv_, dk_, scr);
 }
 
+// Read j of the live state: q_j = L2n(W_q^j src), r = S q (+ pending window writes), then
+// x = src + a_j (.) r (residual) or x = r; r is left in tmp_.
 template <typename R>
-void LDMScheme<R>::read_forward(int j, const R* src, R* r) {
-    const int N = N_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_;
+void LDMScheme<R>::read_forward(int j, const R* src, R* x) {
+    const int N = N_, NT = NT_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_;
     matmul_forward(raw_.data(), src, Wq_[j], (const R*)nullptr, N, d, HK);
     R* Qn = Qn_.data() + (size_t)(j - 1) * N * HK;
     R* Qnrm = Qnrm_.data() + (size_t)(j - 1) * N * Hm;
+    const R* a = residual_ ? A_[j] : nullptr;
+    const LV* st = live_;
+    const int pending = window_ && j <= D_ ? j % w_ : 0;  // writes 0..j-1 done
+    R* r = tmp_.data();
 #pragma omp parallel for schedule(static) if (N >= kParN)
-    for (int n = 0; n < N; n++)
+    for (int t = 0; t < NT; t++) {
+        LV* ql = lane_scratch();
+        LV* rl = ql + dk;
+        LV* scr = rl + 3 * dv + 2 * dk + 1;
+        const int n0 = t * L, n1 = std::min(N, t * L + L);
+        for (int n = n0; n < n1; n++)
+            for (int h = 0; h < Hm; h++) {
+                const size_t qh = (size_t)n * HK + h * dk;
+                Qnrm[(size_t)n * Hm + h] = l2n_forward(raw_.data() + qh, Qn + qh, dk);
+            }
         for (int h = 0; h < Hm; h++) {
-            const size_t qh = (size_t)n * HK + h * dk;
-            Qnrm[(size_t)n * Hm + h] = l2n_forward(raw_.data() + qh, Qn + qh, dk);
-            const R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-            ldm_read(S, Qn + qh, r + (size_t)n * d + h * dv, dv, dk);
-            const int pending = window_ && j <= D_ ? j % w_ : 0;  // writes 0..j-1 done
-            if (pending > 0)
-                window_read(n, h, pending, Qn + qh, r + (size_t)n * d + h * dv,
-                            scratch_.data() + (size_t)omp_get_thread_num() * scr_size());
+            gather(ql, Qn, t, HK, h * dk, dk);
+            ldm_read(st + blk(t, h), (const LV*)ql, rl, dv, dk);
+            if (pending > 0) window_read(t, h, pending, ql, rl, scr);
+            scatter(rl, r, t, d, h * dv, dv, false);
         }
+        for (int n = n0; n < n1; n++) {
+            R* xr = x + (size_t)n * d;
+            const R* sr = src + (size_t)n * d;
+            const R* rr = r + (size_t)n * d;
+            if (a)
+#pragma omp simd
+                for (int c = 0; c < d; c++) xr[c] = sr[c] + a[c] * rr[c];
+            else
+                std::copy(rr, rr + d, xr);
+        }
+    }
 }
 
 template <typename R>
@@ -289,36 +403,33 @@ void LDMScheme<R>::begin(const R* e) {
         for (int h = 0; h < Hm_; h++)
             lam_[(size_t)i * Hm_ + h] =
                 forget_ ? ldm_lambda(theta_[(size_t)i * Hm_ + h], (R)cfg_.ldm_lambda_min) : R(1);
-    std::copy(e, e + nd, src_.begin());
-    for (int n = 0; n < N_; n++)
-        for (int h = 0; h < Hm_; h++) {
-            R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-            ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv_, dk_, (R)cfg_.ldm_delta);
-        }
-    if (window_ && ckpt_ > 0) std::copy(cur_.begin(), cur_.end(), stored_.begin());  // before write 0
-    write_forward(0, e);
-}
-
-template <typename R>
-void LDMScheme<R>::input(int j, R* x) {
-    const size_t nd = (size_t)N_ * d_;
-    read_forward(j, src_.data(), tmp_.data());
-    if (residual_) {
-        const R* a = A_[j];
-        for (size_t i = 0; i < nd; i++) x[i] = src_[i] + a[i % d_] * tmp_[i];
+    par_copy(e, src_.data(), nd);
+    LV* dst = write_dst(0);
+    if (dst == cur_.data()) {
+        init_state(cur_.data());
+        if (window_ && ckpt_ > 0) par_copy(cur_.data(), stored_.data(), lanes_per_state());  // before write 0
+        write_forward(0, e, cur_.data(), dst);
     } else {
-        std::copy(tmp_.begin(), tmp_.begin() + nd, x);
+        write_forward(0, e, nullptr, dst);  // the initial state is written per block into write 0's slot
     }
 }
 
 template <typename R>
+void LDMScheme<R>::input(int j, R* x) { read_forward(j, src_.data(), x); }
+
+template <typename R>
 void LDMScheme<R>::output(int j, const R* o) {
-    const size_t nd = (size_t)N_ * d_;
-    if (residual_)
-        for (size_t i = 0; i < nd; i++) src_[i] += o[i];
-    else
-        std::copy(o, o + nd, src_.begin());
-    write_forward(j, o);
+    const int N = N_, d = d_;
+    R* src = src_.data();
+    if (residual_) {
+#pragma omp parallel for schedule(static) if (N >= kParN)
+        for (int n = 0; n < N; n++)
+#pragma omp simd
+            for (int c = 0; c < d; c++) src[(size_t)n * d + c] += o[(size_t)n * d + c];
+    } else {
+        par_copy(o, src, (size_t)N * d);
+    }
+    write_forward(j, o, live_, write_dst(j));
 }
 
 template <typename R>
@@ -326,110 +437,164 @@ void LDMScheme<R>::readout(R* y) { input(D_ + 1, y); }
 
 // ---- backward ---------------------------------------------------------------------------------
 
+// VJP of read j at the state it saw (live_): dx [N, d] is dL/dx_j; adds dL/dS into dS_,
+// da_j, dW_q^j, and dL/dsrc into dsrc (which first receives + dx when residual: x = src + a r).
 template <typename R>
 void LDMScheme<R>::read_backward(int j, const R* src, const R* dx, R* dsrc) {
-    const int N = N_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_;
+    const int N = N_, NT = NT_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_;
     const R* Qn = Qn_.data() + (size_t)(j - 1) * N * HK;
     const R* Qnrm = Qnrm_.data() + (size_t)(j - 1) * N * Hm;
     const R* a = residual_ ? A_[j] : nullptr;
-    if (residual_) {
-        // da_j += sum_n dx (.) r: recompute r = S q with the state the read saw (cur_).
+    const LV* st = live_;
+    R* draw = draw_.data();
 #pragma omp parallel for schedule(static) if (N >= kParN)
-        for (int n = 0; n < N; n++)
-            for (int h = 0; h < Hm; h++)
-                ldm_read(cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_), Qn + (size_t)n * HK + h * dk,
-                         tmp_.data() + (size_t)n * d + h * dv, dv, dk);
-        R* ga = gA_[j];
-        for (int n = 0; n < N; n++)
-            for (int c = 0; c < d; c++) ga[c] += dx[(size_t)n * d + c] * tmp_[(size_t)n * d + c];
-    }
-    std::fill(draw_.begin(), draw_.end(), R(0));
-#pragma omp parallel for schedule(static) if (N >= kParN)
-    for (int n = 0; n < N; n++) {
-        R* dr = tmp_.data() + (size_t)n * d;  // dL/dr (reuses tmp_)
-        for (int c = 0; c < d; c++) dr[c] = a ? a[c] * dx[(size_t)n * d + c] : dx[(size_t)n * d + c];
+    for (int t = 0; t < NT; t++) {
+        LV* ql = lane_scratch();
+        LV* rl = ql + dk;         // r (for da)
+        LV* drl = rl + dv;        // dL/dr
+        LV* dql = drl + dv;       // dL/dq
+        const int n0 = t * L, n1 = std::min(N, t * L + L);
+        if (a)
+            for (int n = n0; n < n1; n++) {
+                R* ds = dsrc + (size_t)n * d;
+                const R* dxr = dx + (size_t)n * d;
+#pragma omp simd
+                for (int c = 0; c < d; c++) ds[c] += dxr[c];
+            }
         for (int h = 0; h < Hm; h++) {
-            const size_t qh = (size_t)n * HK + h * dk;
-            const size_t so = (size_t)n * ST_ + h * (SS_ + PP_);
-            ldm_read_vjp(cur_.data() + so, Qn + qh, dr + h * dv, dS_.data() + so, draw_.data() + qh, dv, dk);
-            l2n_backward(Qn + qh, Qnrm[(size_t)n * Hm + h], draw_.data() + qh, draw_.data() + qh, dk);
+            gather(ql, Qn, t, HK, h * dk, dk);
+            gather(drl, dx, t, d, h * dv, dv);
+            const LV* S = st + blk(t, h);
+            if (a) {  // da_j needs r = S q: recomputed here from the state the read saw
+                ldm_read(S, (const LV*)ql, rl, dv, dk);
+                scatter(rl, tmp_.data(), t, d, h * dv, dv, false);
+                for (int c = 0; c < dv; c++) drl[c] = LV(a[h * dv + c]) * drl[c];
+            }
+            for (int b = 0; b < dk; b++) dql[b] = LV(R(0));
+            ldm_read_vjp(S, (const LV*)ql, (const LV*)drl, dS_.data() + blk(t, h), dql, dv, dk);
+            scatter(dql, draw, t, HK, h * dk, dk, false);
+        }
+        for (int n = n0; n < n1; n++)
+            for (int h = 0; h < Hm; h++) {
+                const size_t qh = (size_t)n * HK + h * dk;
+                l2n_backward(Qn + qh, Qnrm[(size_t)n * Hm + h], draw + qh, draw + qh, dk);
+            }
+    }
+    if (a) {  // da_j += sum_n dx (.) r, summed in token order per channel (threads: channel blocks)
+        R* ga = gA_[j];
+        const R* r = tmp_.data();
+#pragma omp parallel if (N >= kParN)
+        {
+            const int nt = omp_get_num_threads(), th = omp_get_thread_num();
+            const int c0 = (int)((int64_t)d * th / nt), c1 = (int)((int64_t)d * (th + 1) / nt);
+            constexpr int kB = 64;  // channels per local accumulator block
+            for (int b0 = c0; b0 < c1; b0 += kB) {
+                const int nb = std::min(kB, c1 - b0);
+                R acc[kB];
+                for (int c = 0; c < nb; c++) acc[c] = ga[b0 + c];
+                for (int n = 0; n < N; n++) {
+                    const R* xr = dx + (size_t)n * d + b0;
+                    const R* rr = r + (size_t)n * d + b0;
+#pragma omp simd
+                    for (int c = 0; c < nb; c++) acc[c] += xr[c] * rr[c];
+                }
+                for (int c = 0; c < nb; c++) ga[b0 + c] = acc[c];
+            }
         }
     }
     matmul_backward(dsrc, gWq_[j], (R*)nullptr, draw_.data(), src, Wq_[j], N, d, HK);
 }
 
 template <typename R>
-void LDMScheme<R>::record_drift(const R* ref, bool init) {
+void LDMScheme<R>::record_drift(const LV* ref, bool init) {
     double ms = 0, mp = 0;
     const R delta = (R)cfg_.ldm_delta;
-    for (int n = 0; n < N_; n++)
+    const int NT = NT_;
+#pragma omp parallel for schedule(static) reduction(max : ms, mp) if (N_ >= kParN)
+    for (int t = 0; t < NT; t++) {
+        const int nl = std::min(L, N_ - t * L);  // real tokens of the tile
         for (int h = 0; h < Hm_; h++) {
-            const size_t so = (size_t)n * ST_ + h * (SS_ + PP_);
-            for (int t = 0; t < SS_; t++) {
-                double r = init ? 0.0 : (double)ref[so + t];
-                ms = std::max(ms, std::fabs((double)cur_[so + t] - r));
-            }
+            const size_t so = blk(t, h);
+            for (int e = 0; e < SS_; e++)
+                for (int l = 0; l < nl; l++) {
+                    double r = init ? 0.0 : (double)ref[so + e].v[l];
+                    ms = std::max(ms, std::fabs((double)cur_[so + e].v[l] - r));
+                }
             for (int a = 0; a < (rls_ ? dk_ : 0); a++)
                 for (int b = 0; b < dk_; b++) {
-                    const size_t t = so + SS_ + (size_t)a * dk_ + b;
-                    double r = init ? (a == b ? 1.0 : 0.0) : (double)delta * (double)ref[t];
-                    mp = std::max(mp, std::fabs((double)delta * (double)cur_[t] - r));
+                    const size_t e = so + SS_ + (size_t)a * dk_ + b;
+                    for (int l = 0; l < nl; l++) {
+                        double r = init ? (a == b ? 1.0 : 0.0) : (double)delta * (double)ref[e].v[l];
+                        mp = std::max(mp, std::fabs((double)delta * (double)cur_[e].v[l] - r));
+                    }
                 }
         }
+    }
     drift_S_ = std::max(drift_S_, ms);
     drift_P_ = std::max(drift_P_, mp);
 }
 
+// Makes live_ the state before write i (= the state read i saw): in store mode a pointer to the
+// kept state (no copy); else cur_, unwound in place (rls, outer), copied from a checkpoint, or
+// recomputed forward from one (delta, window).
 template <typename R>
 void LDMScheme<R>::prev_state(int i) {
-    const int N = N_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_, d = d_;
-    const size_t st = (size_t)N * ST_;
+    const int N = N_, NT = NT_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_, d = d_;
+    const size_t ls = lanes_per_state();
+    // cur_: state before write w -> after write w, recomputed (rls: window mode; delta).
+    auto rewrite = [&](int w) {
+        const R* Kn = Kn_.data() + (size_t)w * N * HK;
+        const R* Ow = O_.data() + (size_t)w * N * d;
+        const R* beta = delta_ ? beta_.data() + (size_t)w * N * Hm : nullptr;
+        const R* lam = lam_.data() + (size_t)w * Hm;
+#pragma omp parallel for schedule(static) if (N >= kParN)
+        for (int t = 0; t < NT; t++) {
+            LV* kl = lane_scratch();
+            LV* vl = kl + dk;
+            LV* u = vl + 3 * dv + 2 * dk + 1;
+            for (int h = 0; h < Hm; h++) {
+                LV* S = cur_.data() + blk(t, h);
+                gather(kl, Kn, t, HK, h * dk, dk);
+                gather(vl, Ow, t, d, h * dv, dv);
+                if (rls_) {
+                    rls_write(S, S + SS_, (const LV*)kl, (const LV*)vl, LV(lam[h]), dv, dk, u);
+                } else {
+                    LV b;
+                    gather(&b, beta, t, Hm, h, 1);
+                    delta_write(S, (const LV*)kl, (const LV*)vl, b, dv, dk);
+                }
+            }
+        }
+    };
     auto unwind = [&](int w) {  // cur_: after write w -> before write w (rls, outer)
         const R* Kn = Kn_.data() + (size_t)w * N * HK;
         const R* Ow = O_.data() + (size_t)w * N * d;
         const R* lam = lam_.data() + (size_t)w * Hm;
 #pragma omp parallel for schedule(static) if (N >= kParN)
-        for (int n = 0; n < N; n++) {
-            R* g = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
+        for (int t = 0; t < NT; t++) {
+            LV* kl = lane_scratch();
+            LV* vl = kl + dk;
+            LV* g = vl + 3 * dv + 2 * dk + 1;
             for (int h = 0; h < Hm; h++) {
-                R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-                const R* k = Kn + (size_t)n * HK + h * dk;
-                const R* v = Ow + (size_t)n * d + h * dv;
-                if (rls_) rls_unwind(S, S + SS_, k, v, lam[h], dv, dk, g);
-                else outer_unwind(S, k, v, lam[h], dv, dk);
+                LV* S = cur_.data() + blk(t, h);
+                gather(kl, Kn, t, HK, h * dk, dk);
+                gather(vl, Ow, t, d, h * dv, dv);
+                if (rls_) rls_unwind(S, S + SS_, (const LV*)kl, (const LV*)vl, LV(lam[h]), dv, dk, g);
+                else outer_unwind(S, (const LV*)kl, (const LV*)vl, LV(lam[h]), dv, dk);
             }
         }
     };
-    auto set_init = [&]() {
-        for (int n = 0; n < N; n++)
-            for (int h = 0; h < Hm; h++) {
-                R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-                ldm_init_state(S, rls_ ? S + SS_ : (R*)nullptr, dv, dk, (R)cfg_.ldm_delta);
-            }
-    };
+    live_ = cur_.data();
     if (window_ && ckpt_ > 0) {  // recompute from the state kept at the start of write i's window
         const int s = i / w_ * w_;
-        std::copy(stored_.begin() + (size_t)(i / w_) * st, stored_.begin() + (size_t)(i / w_ + 1) * st,
-                  cur_.begin());
-        for (int w = s; w < i; w++) {
-            const R* Kn = Kn_.data() + (size_t)w * N * HK;
-            const R* Ow = O_.data() + (size_t)w * N * d;
-            const R* lam = lam_.data() + (size_t)w * Hm;
-#pragma omp parallel for schedule(static) if (N >= kParN)
-            for (int n = 0; n < N; n++) {
-                R* u = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
-                for (int h = 0; h < Hm; h++) {
-                    R* S = cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_);
-                    rls_write(S, S + SS_, Kn + (size_t)n * HK + h * dk, Ow + (size_t)n * d + h * dv, lam[h], dv, dk, u);
-                }
-            }
-        }
+        par_copy(stored_.data() + (size_t)(i / w_) * ls, cur_.data(), ls);
+        for (int w = s; w < i; w++) rewrite(w);
         return;
     }
     const bool keep_all = ckpt_ == 0 && !unwind_;
     if (keep_all) {
-        if (i == 0) set_init();
-        else std::copy(stored_.begin() + (size_t)(i - 1) * st, stored_.begin() + (size_t)i * st, cur_.begin());
+        if (i == 0) init_state(cur_.data());
+        else live_ = stored_.data() + (size_t)(i - 1) * ls;
         return;
     }
     if (i == 0) {
@@ -437,17 +602,17 @@ void LDMScheme<R>::prev_state(int i) {
             unwind(0);
             record_drift(nullptr, true);
         }
-        set_init();  // the VJP of write 0 uses the exact initial state
+        init_state(cur_.data());  // the VJP of write 0 uses the exact initial state
         return;
     }
     const int p = i - 1;  // the state wanted: after write p
     if (ckpt_ > 0 && p % ckpt_ == 0) {
-        const R* ref = stored_.data() + (size_t)(p / ckpt_) * st;
+        const LV* ref = stored_.data() + (size_t)(p / ckpt_) * ls;
         if (!delta_) {
             unwind(i);
             record_drift(ref, false);
         }
-        std::copy(ref, ref + st, cur_.begin());
+        par_copy(ref, cur_.data(), ls);
         return;
     }
     if (!delta_) {
@@ -456,53 +621,80 @@ void LDMScheme<R>::prev_state(int i) {
     }
     // delta with checkpoints: recompute from the segment's checkpoint s*c up to write p.
     const int s = p / ckpt_ * ckpt_;
-    const R* ref = stored_.data() + (size_t)(s / ckpt_) * st;
-    std::copy(ref, ref + st, cur_.begin());
-    for (int w = s + 1; w <= p; w++) {
-        const R* Kn = Kn_.data() + (size_t)w * N * HK;
-        const R* Ow = O_.data() + (size_t)w * N * d;
-        const R* beta = beta_.data() + (size_t)w * N * Hm;
-#pragma omp parallel for schedule(static) if (N >= kParN)
-        for (int n = 0; n < N; n++)
-            for (int h = 0; h < Hm; h++)
-                delta_write(cur_.data() + (size_t)n * ST_ + h * (SS_ + PP_), Kn + (size_t)n * HK + h * dk,
-                            Ow + (size_t)n * d + h * dv, beta[(size_t)n * Hm + h], dv, dk);
-    }
+    par_copy(stored_.data() + (size_t)(s / ckpt_) * ls, cur_.data(), ls);
+    for (int w = s + 1; w <= p; w++) rewrite(w);
 }
 
+// VJP of write i: d_o = dsrc (the gradient reaching o through the residual or the next read)
+// plus the write's own (through v directly and through k = L2n(W_k o)). back: the source
+// update of output_backward (i >= 1; residual: h_{i-1} = h_i - o_i; no residual: dsrc = 0,
+// src = o_{i-1}), fused into the per-tile pass; false for write 0.
 template <typename R>
-void LDMScheme<R>::write_backward(int i, R* d_o) {
-    const int N = N_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_;
+void LDMScheme<R>::write_backward(int i, R* d_o, bool back) {
+    const int N = N_, NT = NT_, d = d_, Hm = Hm_, dk = dk_, dv = dv_, HK = HK_;
     prev_state(i);
     const R* Oi = O_.data() + (size_t)i * N * d;
     const R* Kn = Kn_.data() + (size_t)i * N * HK;
     const R* Knrm = Knrm_.data() + (size_t)i * N * Hm;
     const R* beta = delta_ ? beta_.data() + (size_t)i * N * Hm : nullptr;
     const R* lam = lam_.data() + (size_t)i * Hm;
-    std::fill(draw_.begin(), draw_.end(), R(0));
-    std::fill(dtok_.begin(), dtok_.end(), R(0));
+    const LV* st = live_;
+    R* src = src_.data();
+    R* dsrc = dsrc_.data();
+    R* draw = draw_.data();
 #pragma omp parallel for schedule(static) if (N >= kParN)
-    for (int n = 0; n < N; n++) {
-        R* scr = scratch_.data() + (size_t)omp_get_thread_num() * scr_size();
-        for (int h = 0; h < Hm; h++) {
-            const size_t kh = (size_t)n * HK + h * dk, so = (size_t)n * ST_ + h * (SS_ + PP_);
-            const R* S = cur_.data() + so;
-            R* dS = dS_.data() + so;
-            const R* v = Oi + (size_t)n * d + h * dv;
-            R* dvp = d_o + (size_t)n * d + h * dv;
-            R* dt = dtok_.data() + (size_t)n * Hm + h;
-            if (rls_) {
-                rls_write_vjp(S, S + SS_, Kn + kh, v, lam[h], dS, dS + SS_, draw_.data() + kh, dvp, dt, dv, dk, scr);
-            } else if (outer_) {
-                outer_write_vjp(S, Kn + kh, v, lam[h], dS, draw_.data() + kh, dvp, dt, dv, dk);
-            } else {
-                const R b = beta[(size_t)n * Hm + h];
-                R db = 0;
-                delta_write_vjp(S, Kn + kh, v, b, dS, draw_.data() + kh, dvp, &db, dv, dk);
-                *dt = db * b * (R(1) - b / R(kBetaMax));  // d beta / dz = beta (1 - sigmoid)
+    for (int t = 0; t < NT; t++) {
+        LV* kl = lane_scratch();
+        LV* vl = kl + dk;
+        LV* gk = vl + dv;
+        LV* gv = gk + dk;
+        LV* dl = gv + dv;
+        LV* scr = dl + dv + 1;
+        const int n0 = t * L, n1 = std::min(N, t * L + L);
+        for (int n = n0; n < n1; n++) {
+            R* dor = d_o + (size_t)n * d;
+            R* dsr = dsrc + (size_t)n * d;
+            std::copy(dsr, dsr + d, dor);
+            if (back) {
+                R* sr = src + (size_t)n * d;
+                const R* orow = Oi + (size_t)n * d;
+                if (residual_) {
+#pragma omp simd
+                    for (int c = 0; c < d; c++) sr[c] -= orow[c];
+                } else {
+                    std::fill(dsr, dsr + d, R(0));
+                    std::copy(orow - (size_t)N * d, orow - (size_t)N * d + d, sr);  // c_{i-1} = o_{i-1}
+                }
             }
-            l2n_backward(Kn + kh, Knrm[(size_t)n * Hm + h], draw_.data() + kh, draw_.data() + kh, dk);
         }
+        for (int h = 0; h < Hm; h++) {
+            const LV* S = st + blk(t, h);
+            LV* dS = dS_.data() + blk(t, h);
+            gather(kl, Kn, t, HK, h * dk, dk);
+            gather(vl, Oi, t, d, h * dv, dv);
+            for (int b = 0; b < dk; b++) gk[b] = LV(R(0));
+            for (int c = 0; c < dv; c++) gv[c] = LV(R(0));
+            *dl = LV(R(0));
+            if (rls_) {
+                rls_write_vjp(S, S + SS_, (const LV*)kl, (const LV*)vl, LV(lam[h]), dS, dS + SS_, gk, gv, dl, dv, dk,
+                              scr);
+            } else if (outer_) {
+                outer_write_vjp(S, (const LV*)kl, (const LV*)vl, LV(lam[h]), dS, gk, gv, dl, dv, dk);
+            } else {
+                LV b, db = LV(R(0));
+                gather(&b, beta, t, Hm, h, 1);
+                delta_write_vjp(S, (const LV*)kl, (const LV*)vl, b, dS, gk, gv, &db, dv, dk);
+                *dl = db * b * (LV(R(1)) - b / LV(R(kBetaMax)));  // d beta / dz = beta (1 - sigmoid)
+            }
+            scatter(gv, d_o, t, d, h * dv, dv, true);
+            scatter(gk, draw, t, HK, h * dk, dk, false);
+            scatter(dl, dtok_.data(), t, Hm, h, 1, false);
+        }
+        for (int n = n0; n < n1; n++)
+            for (int h = 0; h < Hm; h++) {
+                const size_t kh = (size_t)n * HK + h * dk;
+                l2n_backward(Kn + kh, Knrm[(size_t)n * Hm + h], draw + kh, draw + kh, dk);
+            }
     }
     matmul_backward(d_o, gWk_[i], (R*)nullptr, draw_.data(), Oi, Wk_[i], N, d, HK);
     if (delta_) matmul_backward(d_o, gWb_[i], gBb_[i], dtok_.data(), Oi, Wb_[i], N, d, Hm);
@@ -518,39 +710,24 @@ void LDMScheme<R>::write_backward(int i, R* d_o) {
 template <typename R>
 void LDMScheme<R>::readout_backward(const R* dy) {
     drift_S_ = drift_P_ = 0;
-    std::fill(dS_.begin(), dS_.end(), R(0));
-    const size_t nd = (size_t)N_ * d_;
-    if (residual_) std::copy(dy, dy + nd, dsrc_.begin());
-    else std::fill(dsrc_.begin(), dsrc_.end(), R(0));
-    read_backward(D_ + 1, src_.data(), dy, dsrc_.data());
+    const int N = N_, d = d_;
+    R* dsrc = dsrc_.data();
+    std::fill(dS_.begin(), dS_.end(), LV(R(0)));
+#pragma omp parallel for schedule(static) if (N >= kParN)
+    for (int n = 0; n < N; n++)
+        std::fill(dsrc + (size_t)n * d, dsrc + (size_t)(n + 1) * d, R(0));  // read_backward adds dy (residual)
+    read_backward(D_ + 1, src_.data(), dy, dsrc);
 }
 
 template <typename R>
-void LDMScheme<R>::output_backward(int j, R* d_o) {
-    const size_t nd = (size_t)N_ * d_;
-    std::copy(dsrc_.begin(), dsrc_.end(), d_o);
-    const R* Oj = O_.data() + (size_t)j * nd;
-    if (residual_) {
-        for (size_t i = 0; i < nd; i++) src_[i] -= Oj[i];  // h_{j-1} = h_j - o_j
-    } else {
-        std::fill(dsrc_.begin(), dsrc_.end(), R(0));
-        std::copy(Oj - nd, Oj, src_.begin());  // c_{j-1} = o_{j-1}
-    }
-    write_backward(j, d_o);
-}
+void LDMScheme<R>::output_backward(int j, R* d_o) { write_backward(j, d_o, true); }
 
 template <typename R>
-void LDMScheme<R>::input_backward(int j, const R* dx) {
-    const size_t nd = (size_t)N_ * d_;
-    if (residual_)
-        for (size_t i = 0; i < nd; i++) dsrc_[i] += dx[i];
-    read_backward(j, src_.data(), dx, dsrc_.data());
-}
+void LDMScheme<R>::input_backward(int j, const R* dx) { read_backward(j, src_.data(), dx, dsrc_.data()); }
 
 template <typename R>
 void LDMScheme<R>::begin_backward(R* de) {
-    std::copy(dsrc_.begin(), dsrc_.end(), de);
-    write_backward(0, de);
+    write_backward(0, de, false);
     const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
     if (unwinding && ckpt_ == 0 && std::max(drift_S_, drift_P_) > cfg_.ldm_drift_tol) {
         ckpt_ = window_ ? w_  // window mode: keep the window-start states

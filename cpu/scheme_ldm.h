@@ -6,6 +6,13 @@
 // output o_j of sublayer j; sublayer j reads the memory before its own write; the readout makes
 // one final read. Per token-head math lives in math/ldm_math.h (LDM_HD, shared with CUDA).
 //
+// Layout: the memory states (S, P per head), their gradients and the window buffers are TILED:
+// tokens in groups of W = Lane<R>::W (16 floats / 8 doubles; cpu/lanes.h), the last group
+// padded with inert tokens (k = v = q = 0). Per (tile t, head h) a block of ST/H_m Lanes holds
+// element e of the head's S then P for the W tokens of the tile; the ldm_math.h functions run
+// on Lane<R> and so update W tokens per call with exactly the scalar per-token operations.
+// Projections, keys, queries and all [N, ...] activations stay token-major (GEMMs, L2n).
+//
 // Training modes (ModelConfig::ldm_mode, ldm_checkpoint_every; not part of the model identity):
 //   store      keeps (S, P) after every write (reference);
 //   unwind     keeps only the final state and inverts each write in backward (rls, outer); the
@@ -30,6 +37,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cpu/lanes.h"
 #include "cpu/scheme.h"
 
 namespace ldm {
@@ -66,22 +74,35 @@ struct LDMScheme final : Scheme<R> {
     }
     std::vector<std::pair<std::string, double>> metrics() const override;
 
-    // Test hooks: the live state [N, ST] (ST = ldm_state_size; per token heads in order, each
-    // S then P) and the current checkpoint interval (0 = pure store/unwind).
-    const std::vector<R>& state() const { return cur_; }
+    // Test hooks: a copy of the live state [N, ST] (ST = ldm_state_size; per token heads in
+    // order, each S then P) and the current checkpoint interval (0 = pure store/unwind).
+    std::vector<R> state() const;
     int checkpoint_every() const { return ckpt_; }
 
    private:
-    void write_forward(int i, const R* o);       // k/beta for write i from o, apply the write
-    void write_backward(int i, R* d_o);          // VJP of write i (state: after -> before)
-    void read_forward(int j, const R* src, R* r);  // q_j from src, r = S q
-    void read_backward(int j, const R* src, const R* dr, R* dsrc);
-    void prev_state(int i);                      // cur_: state after write i -> before write i
-    void record_drift(const R* ref, bool init);  // compares cur_ with ref (or the init state)
-    void window_append(int n, int h, int i, const R* k, const R* v, R* u);
-    void window_read(int n, int h, int m, const R* q, R* r, R* scr);
-    void window_flush(int n, int h, int i, R* scr);
+    using LV = Lane<R>;
+    static constexpr int L = LV::W;  // tokens per tile
+    // k/beta for write i from o, apply the write to the state `from` (nullptr: the initial
+    // state), result in dst (== from: in place); live_ = dst after.
+    void write_forward(int i, const R* o, const LV* from, LV* dst);
+    LV* write_dst(int i);                          // where write i's result goes (mode)
+    void write_backward(int i, R* d_o, bool back);  // VJP of write i (state: after -> before)
+    void read_forward(int j, const R* src, R* x);   // q_j from src, r = S q, x = src + a r (or r)
+    void read_backward(int j, const R* src, const R* dx, R* dsrc);
+    void prev_state(int i);                      // live_: state after write i -> before write i
+    void init_state(LV* st);                     // st = (0, I/delta) per token-head
+    void record_drift(const LV* ref, bool init);  // compares cur_ with ref (or the init state)
+    void window_append(int t, int h, int i, const LV* k, const LV* v, LV* u);
+    void window_read(int t, int h, int m, const LV* q, LV* r, LV* scr);
+    void window_flush(int t, int h, int i, LV* scr);
     size_t scr_size() const { return (size_t)std::max(4 * dk_ + 2 * dv_, w_ * dk_ + dk_ + w_); }
+    size_t blk(int t, int h) const { return ((size_t)t * Hm_ + h) * (SS_ + PP_); }  // (tile, head)
+    size_t lanes_per_state() const { return (size_t)NT_ * ST_; }
+    LV* lane_scratch() const;  // this thread's block of lscr_
+    // Tile t's W tokens of a token-major array: out[i] lane l = src[(tW + l) ld + off + i],
+    // i < cnt (0 for padding tokens); scatter writes (add: adds) them back for real tokens.
+    void gather(LV* out, const R* src, int t, size_t ld, int off, int cnt) const;
+    void scatter(const LV* in, R* dst, int t, size_t ld, int off, int cnt, bool add) const;
 
     ModelConfig cfg_;
     int d_, D_, Hm_, dk_, dv_, HK_, SS_, PP_, ST_;
@@ -101,8 +122,15 @@ struct LDMScheme final : Scheme<R> {
     // activations
     int N_ = 0;
     std::vector<R> src_, O_, Qn_, Qnrm_, Kn_, Knrm_, beta_;
-    std::vector<R> Kt_, Et_, Lc_;  // window mode: pending writes per token-head
-    std::vector<R> cur_, stored_, dS_, dsrc_, tmp_, raw_, draw_, dtok_, scratch_;
+    int NT_ = 0;  // tiles of L tokens
+    std::vector<LV> Kt_, Et_, Lc_;  // window mode: pending writes per token-head (tiled)
+    std::vector<LV> cur_, stored_, dS_;  // live state, kept states, dL/dstate (tiled)
+    std::vector<R> dsrc_, tmp_, raw_, draw_, dtok_;
+    mutable std::vector<LV> lscr_;  // per-thread lane scratch
+    size_t lscr_per_thread_ = 0;
+    // The state in use: forward, after the last write (store mode: its slot of stored_; else
+    // cur_); backward, the state before the write being differentiated (= the one its read saw).
+    LV* live_ = nullptr;
 };
 
 }  // namespace cpu

@@ -20,6 +20,14 @@ namespace ldm {
 LDM_HD inline float sinkhorn_lowest(float) { return -FLT_MAX; }
 LDM_HD inline double sinkhorn_lowest(double) { return -DBL_MAX; }
 
+// The two selections of sinkhorn_forward: the running line max (a > b ? a : b) and the floor
+// (d < lo ? lo : d, a NaN stays NaN). Functions, so that the CPU reference can run this file's
+// templates on SIMD lanes (cpu/lanes.h overloads them lane by lane).
+template <typename R>
+LDM_HD inline R sinkhorn_max(R a, R b) { return a > b ? a : b; }
+template <typename R>
+LDM_HD inline R sinkhorn_floor(R d, R lo) { return d < lo ? lo : d; }
+
 // Scratch values needed by sinkhorn_forward / sinkhorn_backward for an n x n matrix: the running
 // log-domain iterate (n*n) and the output of every one of the 2*iters normalisations (n*n each).
 LDM_HD inline int sinkhorn_work_size(int n, int iters) { return n * n * (1 + 2 * iters); }
@@ -48,11 +56,11 @@ LDM_HD inline void sinkhorn_forward(const R* Rt, int n, int iters, R* out, R* wo
             // line a: entries a*n + b (row) or b*n + a (column), b = 0..n-1
             const int e0 = cols ? a : a * n, de = cols ? n : 1;
             R m = L[e0];
-            for (int b = 1, e = e0 + de; b < n; b++, e += de) m = L[e] > m ? L[e] : m;
+            for (int b = 1, e = e0 + de; b < n; b++, e += de) m = sinkhorn_max(L[e], m);
             R t = 0;
             for (int b = 0, e = e0; b < n; b++, e += de) {
                 const R d = L[e] - m;
-                L[e] = d < lo ? lo : d;  // only step 0 can reach the floor; a NaN stays NaN
+                L[e] = sinkhorn_floor(d, lo);  // only step 0 can reach the floor; a NaN stays NaN
                 Y[e] = ldm_exp(L[e]);
                 t += Y[e];
             }
