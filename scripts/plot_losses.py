@@ -49,7 +49,8 @@ def palette(n):
     return [cmap(i / (n - 1)) for i in range(n)]
 
 
-def main():
+def main(argv=None):
+    """The command line (argv without the program name; None = sys.argv[1:]); returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("logs", nargs="+", help="JSONL logs of the runs")
     ap.add_argument("--out", required=True, help="PNG file to write")
@@ -59,7 +60,7 @@ def main():
     ap.add_argument("--logy", action="store_true", help="logarithmic loss axis")
     ap.add_argument("--curves", default="both", choices=["both", "train", "val"], help="which curves to draw")
     ap.add_argument("--zoom", action="store_true", help="loss axis from the values after the first 10%% of the steps")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     labels = [s for s in a.labels.split(",")] if a.labels else []
     if labels and len(labels) != len(a.logs):
         print("error: --labels has %d entries for %d logs" % (len(labels), len(a.logs)), file=sys.stderr)
@@ -139,6 +140,7 @@ def main():
     except OSError as e:
         print("error: cannot write %s: %s" % (a.out, e), file=sys.stderr)
         return 1
+    plt.close(fig)
     print("wrote %s" % a.out)
     return 0
 
