@@ -162,7 +162,7 @@ test: deps
 # output (build time included) goes to demo_out/ (git-ignored); DEMO_* variables: scripts/demo.sh.
 demo:
 	@bash scripts/install_deps.sh --no-npm
-	@bash scripts/demo.sh
+	@bash scripts/demo.sh --build
 
 clean:
 	rm -rf $(BUILD)

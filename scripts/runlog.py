@@ -88,17 +88,8 @@ class RunLog:
     def final_val(self):
         return self.val[max(self.val)] if self.val else None
 
-    def median_tokens_per_s(self, skip=2):
-        """Median tokens/s over the step records, without the first `skip` steps (warm-up)."""
-        xs = sorted(self.steps)
-        xs = xs[skip:] if len(xs) > skip else xs
-        v = sorted(float(self.steps[x]["tokens_per_s"]) for x in xs if "tokens_per_s" in self.steps[x])
-        if not v:
-            return None
-        m = len(v) // 2
-        return v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m])
-
     def median_ms(self, skip=2):
+        """Median step time (ms) over the step records, without the first `skip` steps (warm-up)."""
         xs = sorted(self.steps)
         xs = xs[skip:] if len(xs) > skip else xs
         v = sorted(float(self.steps[x]["ms"]) for x in xs if "ms" in self.steps[x])
@@ -106,3 +97,11 @@ class RunLog:
             return None
         m = len(v) // 2
         return v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m])
+
+    def median_tokens_per_s(self, skip=2):
+        """Tokens per step / median_ms: the throughput of the median step."""
+        ms = self.median_ms(skip)
+        per_step = self.args.get("total_batch_tokens") or (self.args.get("B", 0) * self.args.get("T", 0))
+        if not ms or not per_step:
+            return None
+        return per_step / (ms / 1e3)

@@ -24,7 +24,8 @@
 # Options:
 #   --out DIR              results folder (required)
 #   --trainer cpu|gpu      cpu: BIN/train_cpu; gpu: BIN/train_gpt_baselines and BIN/train_ldm
-#   --bin DIR              trainer directory (default build, or build/cuda for gpu)
+#   --bin DIR              trainer directory (default $BUILD, else build/; build/cuda for gpu);
+#                          the CPU tools (ldm_data, eval_cpu, generate_cpu) come from $BUILD or build/
 #   --schemes "A B ..."    preln hc mhc attnres-full attnres-block attnres-block<N> ldm (= ldm-rls)
 #                          ldm-delta ldm-outer ldm-rls-nores; the first is the verdict's baseline
 #   --seeds "1 2 3"        --lrs "1e-3 3e-3" (LR sweep points; default: the recipe's)
@@ -154,8 +155,8 @@ done
 bad() { echo "error: $*" >&2; exit 2; }
 [ -n "$OUT" ] || bad "--out DIR is required"
 case "$TRAINER" in cpu|gpu) ;; *) bad "--trainer must be cpu or gpu, got '$TRAINER'" ;; esac
-[ -n "$BIN" ] || { if [ "$TRAINER" = gpu ]; then BIN="$ROOT/build/cuda"; else BIN="$ROOT/build"; fi; }
-TOOLS="$ROOT/build"   # ldm_data, eval_cpu, generate_cpu (CPU tools; `make cpu`)
+TOOLS="${BUILD:-$ROOT/build}"   # ldm_data, eval_cpu, generate_cpu (CPU tools; `make cpu`)
+[ -n "$BIN" ] || { if [ "$TRAINER" = gpu ]; then BIN="$TOOLS/cuda"; else BIN="$TOOLS"; fi; }
 [ -n "$EVAL_WITH" ] || { if [ "$TRAINER" = gpu ]; then EVAL_WITH=trainer; else EVAL_WITH=eval_cpu; fi; }
 case "$EVAL_WITH" in eval_cpu|trainer) ;; *) bad "--eval-with must be eval_cpu or trainer" ;; esac
 for v in B T STEPS TOKENS TOTAL_BATCH VAL_EVERY VAL_BATCHES EVAL_MAX EVAL_DOCS SAMPLE_TOKENS CKPT_EVERY KEEP STOP_AFTER NP NODES GPUS_PER_NODE; do
@@ -191,13 +192,45 @@ fi
 [ "$STEPS" -ge 1 ] || bad "--steps must be >= 1"
 [ -n "$WARMUP" ] || WARMUP=$((STEPS / 20))
 
+scheme_flags() {  # name -> trainer flags
+  case "$1" in
+    preln|hc|mhc|attnres-full|attnres-block) echo "--scheme $1" ;;
+    attnres-block[0-9]*) echo "--scheme attnres-block --attnres-blocks ${1#attnres-block}" ;;
+    ldm|ldm-rls) echo "--scheme ldm" ;;
+    ldm-delta) echo "--scheme ldm --ldm-rule delta" ;;
+    ldm-outer) echo "--scheme ldm --ldm-rule outer" ;;
+    ldm-rls-nores) echo "--scheme ldm --no-residual" ;;
+    *) return 1 ;;
+  esac
+}
+trainer_of() {  # name -> trainer binary
+  if [ "$TRAINER" = cpu ]; then echo "$BIN/train_cpu"
+  elif [[ "$1" == ldm* ]]; then echo "$BIN/train_ldm"
+  else echo "$BIN/train_gpt_baselines"; fi
+}
+lrs_of() {  # name -> LR sweep points
+  if [ -n "$LRS" ]; then echo "$LRS"
+  elif [ -n "$PAPER_SIZE" ]; then if [[ "$1" == attnres-block* ]]; then echo "1e-3 2e-3 4e-3"; else echo "5e-4 1e-3 2e-3"; fi
+  else echo "$DEFAULT_LR"; fi
+}
+for s in $SCHEMES; do
+  scheme_flags "$s" > /dev/null || bad "unknown scheme '$s' (preln hc mhc attnres-full attnres-block[N] ldm ldm-delta ldm-outer ldm-rls-nores)"
+  [ "$DRY_RUN" = 1 ] || [ -x "$(trainer_of "$s")" ] || die "$(trainer_of "$s") not found (make cpu / make cuda, or --bin DIR)"
+done
+
+if [ "$DRY_RUN" = 0 ]; then
+  for t in ldm_data eval_cpu generate_cpu; do
+    [ -x "$TOOLS/$t" ] || die "$TOOLS/$t not found: build the CPU tools first (make cpu)"
+  done
+fi
+
 # Data: a named source, a shard directory, or explicit globs.
 SRC=""
 for d in "${LDM_DATA_DIR:-}" "$ROOT/../shared/data"; do
   if [ -n "$d" ] && [ -d "$d" ]; then SRC=$(cd "$d" && pwd); break; fi
 done
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+OUT=$(realpath -m "$OUT")
+[ "$DRY_RUN" = 1 ] || mkdir -p "$OUT"
 prepare_data() {
   case "$DATA" in
     "") ;;
@@ -233,7 +266,7 @@ prepare_data
 # Eval binaries for this tokenizer, built once into OUT/eval from the data sources.
 LAMBADA="" WIKITEXT="" HS=""
 if [ "$EVAL" = 1 ] && [ -n "$SRC" ]; then
-  mkdir -p "$OUT/eval"
+  [ "$DRY_RUN" = 1 ] || mkdir -p "$OUT/eval"
   build_eval() {  # kind input output
     [ -f "$2" ] || { echo "study: $2 not found: no $1 evaluation" >&2; return 1; }
     [ -f "$3" ] || [ "$DRY_RUN" = 1 ] || "$TOOLS/ldm_data" "$1" --tokenizer "$TOK" --input "$2" --out "$3" > /dev/null
@@ -245,29 +278,6 @@ if [ "$EVAL" = 1 ] && [ -n "$SRC" ]; then
   fi
 fi
 [ "$EVAL" = 1 ] && [ -z "$LAMBADA$WIKITEXT$HS" ] && echo "study: no eval data found: val loss only" >&2
-
-scheme_flags() {  # name -> trainer flags
-  case "$1" in
-    preln|hc|mhc|attnres-full|attnres-block) echo "--scheme $1" ;;
-    attnres-block[0-9]*) echo "--scheme attnres-block --attnres-blocks ${1#attnres-block}" ;;
-    ldm|ldm-rls) echo "--scheme ldm" ;;
-    ldm-delta) echo "--scheme ldm --ldm-rule delta" ;;
-    ldm-outer) echo "--scheme ldm --ldm-rule outer" ;;
-    ldm-rls-nores) echo "--scheme ldm --no-residual" ;;
-    *) return 1 ;;
-  esac
-}
-trainer_of() {  # name -> trainer binary
-  if [ "$TRAINER" = cpu ]; then echo "$BIN/train_cpu"
-  elif [[ "$1" == ldm* ]]; then echo "$BIN/train_ldm"
-  else echo "$BIN/train_gpt_baselines"; fi
-}
-lrs_of() {  # name -> LR sweep points
-  if [ -n "$LRS" ]; then echo "$LRS"
-  elif [ -n "$PAPER_SIZE" ]; then if [[ "$1" == attnres-block* ]]; then echo "1e-3 2e-3 4e-3"; else echo "5e-4 1e-3 2e-3"; fi
-  else echo "$DEFAULT_LR"; fi
-}
-for s in $SCHEMES; do scheme_flags "$s" > /dev/null || bad "unknown scheme '$s' (preln hc mhc attnres-full attnres-block[N] ldm ldm-delta ldm-outer ldm-rls-nores)"; done
 
 # The plan: seed-major, so an interrupted study has every scheme at the first seeds.
 runs=()   # "name|scheme|lr|seed"
@@ -320,7 +330,8 @@ prune_checkpoints() {  # dir K
 }
 final_exists() { [ -f "$1.model" ] && { [ -f "$1.done" ] || [ -f "$1.state" ] || [ "$DROP_STATE" = 1 ]; }; }
 
-echo "study: ${#runs[@]} runs ($(echo $SCHEMES | wc -w) schemes x $(echo $SEEDS | wc -w) seeds x LR points), $STEPS steps of $per_step tokens, trainer $TRAINER${LAUNCH:+ via '$LAUNCH'} -> $OUT"
+lr_desc=""; for s in $SCHEMES; do lr_desc+="${lr_desc:+, }$s $(lrs_of "$s")"; done
+echo "study: ${#runs[@]} runs (seeds: $SEEDS; LRs: $lr_desc), $STEPS steps of $per_step tokens, trainer $TRAINER${LAUNCH:+ via '$LAUNCH'} -> $OUT"
 if [ "$DRY_RUN" = 1 ]; then
   for r in "${runs[@]}"; do
     IFS='|' read -r name s lr seed <<< "$r"
@@ -356,9 +367,11 @@ for r in "${runs[@]}"; do
     echo "study: [$i/${#runs[@]}] $name: training (console: $dir/console.txt)"
     t0=$(date +%s)
     set +e
+    # the console goes to console.txt; every 100th step line (with its ETA) is shown here too
     /usr/bin/python3 "$ROOT/scripts/measure_run.py" --record "$dir/invocations.jsonl" "${gpu[@]}" -- \
-      "${c[@]}" "${extra[@]}" >> "$dir/console.txt" 2>&1
-    rc=$?
+      "${c[@]}" "${extra[@]}" 2>&1 | tee -a "$dir/console.txt" | \
+      awk -v n="$name" '/^step +[0-9]*00\/[0-9]+ \|/ { sub(/ \| lr .* ms \|/, " |"); print "study:   " n ": " $0; fflush() }'
+    rc=${PIPESTATUS[0]}
     set -e
     if [ "$rc" != 0 ]; then
       msg=$(grep -a "error" "$dir/console.txt" | tail -n 1)

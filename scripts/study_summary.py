@@ -227,7 +227,7 @@ def main():
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
     for r in rows:
-        w.writerow(["" if r[c] is None else ("%.6g" % r[c] if isinstance(r[c], float) else r[c]) for c in cols])
+        w.writerow(["" if r[c] is None else ("%.10g" % r[c] if isinstance(r[c], float) else r[c]) for c in cols])
     write_atomic(os.path.join(a.out, "summary.csv"), buf.getvalue())
 
     # summary.md
