@@ -12,8 +12,8 @@
 #   scripts/study.sh --out DIR [--recipe NAME] [options] [-- more trainer flags]
 #
 # Recipes (defaults that the options after them change; doc/training.md "Studies"):
-#   demo        byte-level tiny Shakespeare, `small` at d=128 (4 layers), B=16 T=128, 400 steps,
-#               lr 3e-3: preln and ldm, seeds 1 2 3, CPU (what `make demo` runs)
+#   demo        byte-level tiny Shakespeare, `small` at d=128 (4 layers), B=16 T=128, 600 steps,
+#               lr 3e-3: preln and ldm, seeds 1 2, CPU (what `make demo` runs)
 #   ci          the same on `tiny`, T=32, 8 steps, seeds 1 2 (the test of this script)
 #   cpu-fineweb `small` on the FineWeb-Edu sample, GPT-2 vocabulary, B=8 T=128, 200 steps, CPU
 #   h200-1h     one GPU (H200): a 124M model (12 x d=640, GPT-2 vocabulary), T=1024, 2^19 tokens
@@ -66,8 +66,8 @@ PAPER_SIZE="" DEFAULT_LR=3e-3
 apply_recipe() {
   case "$1" in
     demo)
-      MODEL="--preset small --d-model 128"; DATA=shakespeare; B=16; T=128; STEPS=400; WARMUP=20
-      DEFAULT_LR=3e-3; SCHEMES="preln ldm"; SEEDS="1 2 3"; VAL_EVERY=50; VAL_BATCHES=16
+      MODEL="--preset small --d-model 128"; DATA=shakespeare; B=16; T=128; STEPS=600; WARMUP=20
+      DEFAULT_LR=3e-3; SCHEMES="preln ldm"; SEEDS="1 2"; VAL_EVERY=100; VAL_BATCHES=16
       EVAL_MAX=200; EVAL_DOCS=2; PROMPT="ROMEO:"; SAMPLE_TOKENS=200; DROP_STATE=1 ;;
     ci)
       MODEL="--preset tiny"; DATA=shakespeare; B=4; T=32; STEPS=8; WARMUP=2; DEFAULT_LR=3e-3
