@@ -12,6 +12,8 @@
 #
 #   --list     print one line per run (name size scheme lr extra flags) and exit
 #   --dry-run  print every run's command (train.sh --dry-run), run nothing
+# The LR part with evaluation, summary and verdict on top: scripts/study.sh --recipe paper-400m
+# (or paper-1.5b), the same runs through the general study tool (doc/distributed.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/common.sh"
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
     --schemes) SCHEMES="${2:?}"; shift 2 ;;
     --part) PART="${2:?}"; shift 2 ;;
     --list) LIST=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) PASS+=("$1"); shift ;;
   esac
 done
