@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     --schemes) SCHEMES="${2:?}"; shift 2 ;;
     --part) PART="${2:?}"; shift 2 ;;
     --list) LIST=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) PASS+=("$1"); shift ;;
   esac
 done
