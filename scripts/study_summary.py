@@ -51,7 +51,10 @@ def write_atomic(path, text):
 
 
 def fmt(v, spec):
-    return "-" if v is None else spec % v
+    """spec % v; "-" for None; perplexities of untrained models (>= 1e5) as 3.7e+09."""
+    if v is None:
+        return "-"
+    return "%.2g" % v if spec == "%.1f" and abs(v) >= 1e5 else spec % v
 
 
 def collect(out, name, steps):
@@ -243,18 +246,22 @@ def main():
                   a.steps, "{:,}".format(a.tokens_per_step), "{:,}".format(a.steps * a.tokens_per_step),
                   ar.get("schedule"), ar.get("warmup_steps"), ar.get("train_data"), ar.get("tokenizer") or "gpt2"))
     md += "## Per scheme (over seeds)\n\n"
-    md += ("| scheme | LR | seeds | final val loss (mean) | seed range (min - max) | WikiText-2 word ppl | bits/byte | "
-           "LAMBADA ppl | LAMBADA acc | HellaSwag acc_norm | tokens/s | peak memory GiB |\n")
-    md += "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    # columns of benchmarks that no run has are left out
+    cols_md = [("WikiText-2 word ppl", "wikitext_word_ppl", "%.1f"), ("bits/byte", "wikitext_bits_per_byte", "%.4f"),
+               ("LAMBADA ppl", "lambada_ppl", "%.1f"), ("LAMBADA acc", "lambada_acc", "%.4f"),
+               ("HellaSwag acc_norm", "hellaswag_acc_norm", "%.4f")]
+    cols_md = [c for c in cols_md if any(g[c[1]] is not None for g in stats.values())]
+    md += ("| scheme | LR | seeds | final val loss (mean) | seed range (min - max) | "
+           + "".join("%s | " % c[0] for c in cols_md) + "tokens/s | peak memory GiB |\n")
+    md += "|---|---|---:|---:|---|" + "---:|" * len(cols_md) + "---:|---:|\n"
     for (s, lr), g in stats.items():
         lab = next((r["label"] for r in rows if r["scheme"] == s), s)
         mem = g["gpu_peak_gib"] if g["gpu_peak_gib"] is not None else g["peak_rss_gib"]
         rng = "-" if g["n"] == 0 else ("%.4f (%.4f - %.4f)" % (g["range"], g["min"], g["max"]) if g["range"] is not None
                                        else "one seed")
-        md += "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n" % (
-            lab, lr, g["n"], fmt(g["mean"], "%.4f"), rng, fmt(g["wikitext_word_ppl"], "%.1f"),
-            fmt(g["wikitext_bits_per_byte"], "%.4f"), fmt(g["lambada_ppl"], "%.1f"), fmt(g["lambada_acc"], "%.4f"),
-            fmt(g["hellaswag_acc_norm"], "%.4f"), fmt(g["tokens_per_s"], "%.0f"), fmt(mem, "%.2f"))
+        md += "| %s | %s | %d | %s | %s | " % (lab, lr, g["n"], fmt(g["mean"], "%.4f"), rng)
+        md += "".join("%s | " % fmt(g[c[1]], c[2]) for c in cols_md)
+        md += "%s | %s |\n" % (fmt(g["tokens_per_s"], "%.0f"), fmt(mem, "%.2f"))
     sizes = next((r["eval_sizes"] for r in rows if r["eval_sizes"]), {})
     names = {"wikitext": "WikiText-2 documents", "lambada": "LAMBADA examples", "hellaswag": "HellaSwag items"}
     if sizes:
