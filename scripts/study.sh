@@ -370,7 +370,7 @@ for r in "${runs[@]}"; do
     # the console goes to console.txt; every 100th step line (with its ETA) is shown here too
     /usr/bin/python3 "$ROOT/scripts/measure_run.py" --record "$dir/invocations.jsonl" "${gpu[@]}" -- \
       "${c[@]}" "${extra[@]}" 2>&1 | tee -a "$dir/console.txt" | \
-      awk -v n="$name" '/^step +[0-9]*00\/[0-9]+ \|/ { sub(/ \| lr .* ms \|/, " |"); print "study:   " n ": " $0; fflush() }'
+      grep --line-buffered -E '^step +[0-9]*00/[0-9]+ \|' | sed -u -E "s/ \| lr .* ms \|/ |/; s|^|study:   $name: |"
     rc=${PIPESTATUS[0]}
     set -e
     if [ "$rc" != 0 ]; then
