@@ -84,7 +84,7 @@ tail -n +1 -f "$OUT/study_console.txt" --pid=$pid 2>/dev/null | grep --line-buff
 tailpid=$!
 wait $pid
 rc=$?
-sleep 0.5; kill $tailpid 2>/dev/null; wait $tailpid 2>/dev/null
+wait $tailpid 2>/dev/null   # tail --pid ends after the study's last lines
 set -e
 study_s=$(( $(date +%s) - t0 ))
 [ -f "$study/summary.md" ] || { echo "demo: the study did not finish (exit $rc); see $OUT/study_console.txt" >&2; exit 1; }
