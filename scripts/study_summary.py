@@ -189,7 +189,10 @@ def verdicts(stats, schemes, baseline):
         if common:
             wins = sum(1 for k in common if og["by_seed"][k] < bg["by_seed"][k])
             paired = "; lower in %d of %d seeds" % (wins, len(common))
-        means = "%.4f vs %.4f, mean of %d and %d seed%s" % (om, bm, og["n"], bg["n"], "" if bg["n"] == 1 else "s")
+        if og["n"] == bg["n"]:
+            means = "%.4f vs %.4f, %s" % (om, bm, "one seed each" if og["n"] == 1 else "means of %d seeds each" % og["n"])
+        else:
+            means = "%.4f vs %.4f, means of %d and %d seeds" % (om, bm, og["n"], bg["n"])
         if og["range"] is None or bg["range"] is None:
             out.append("%s: val loss %.4f %s %s (%s)%s; one seed, so no seed spread to compare the difference "
                        "with%s%s" % (s, abs(diff), where, baseline, means, lrs, paired, speed))
