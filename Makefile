@@ -4,12 +4,14 @@
 #
 #   make [all]          CPU library, tools and trainers (+ CUDA targets when nvcc exists)
 #   make test           build and run all CPU tests (Catch2), print the suite summary
-#   make demo           install deps, prepare the FineWeb-Edu sample, train `small` on CPU, evaluate
-#   make deps           install Debian/npm dependencies (idempotent; root when missing)
+#   make demo           Debian deps (no npm), the CPU tools, then scripts/demo.sh: PreLN vs LDM
+#                       (byte-level, tiny Shakespeare) side by side, ~10 minutes on 2 cores
+#   make deps           install the Debian and npm dependencies (idempotent; root when missing)
 #   make cuda           only the CUDA targets (needs nvcc)
 #   make clean
 # Variables: CUDA_ARCH (default "90": sm_90 code + PTX), CUDA_PORTABLE_ARCH (default "80": PTX
-# for any GPU from sm_80 on, so the binaries also run on Ampere/Ada), CXX, NVCC, OPT, DEBUG=1.
+# for any GPU from sm_80 on, so the binaries also run on Ampere/Ada), CXX, NVCC, OPT, DEBUG=1,
+# V=1 (print every compiler command; default: one short "CXX file" line per file).
 
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
@@ -31,6 +33,15 @@ CXXFLAGS += $(MPI_CFLAGS)
 LDLIBS   += $(MPI_LIBS)
 
 BUILD    ?= build
+
+# Quiet build by default: "CXX core/eval.cpp" instead of the full command line; V=1 shows it.
+ifeq ($(V),1)
+Q :=
+say = @true
+else
+Q := @
+say = @printf '  %-6s %s\n' $(1) $(2)
+endif
 
 # Library: everything in core/, cpu/ and data/prep_*.cpp (no main() there).
 LIB_SRCS := $(wildcard core/*.cpp) $(wildcard cpu/*.cpp) $(wildcard data/prep_*.cpp)
@@ -81,15 +92,18 @@ tests: $(TESTS) $(EMU_PROGS)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(call say,CXX,$<)
+	$(Q)$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 define TOOL_RULE
 $(BUILD)/$(basename $(notdir $(1))): $(BUILD)/$(basename $(1)).o $(LIB)
-	$(CXX) $(LDFLAGS) $$^ $(LDLIBS) -o $$@
+	$$(call say,LD,$$@)
+	$(Q)$(CXX) $(LDFLAGS) $$^ $(LDLIBS) -o $$@
 endef
 $(foreach s,$(TOOL_SRCS),$(eval $(call TOOL_RULE,$(s))))
 
@@ -98,7 +112,8 @@ $(foreach s,$(TOOL_SRCS),$(eval $(call TOOL_RULE,$(s))))
 $(BUILD)/test/catch_main.o: CXXFLAGS += -g0
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
-	$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(call say,LD,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # CPU emulation of CUDA kernels (dev/emu, doc/cuda.md "Emulating kernels on the CPU"): the
 # test/test_emu_*.cpp tests include host copies of cuda/*.cuh and of the dev/cuda workbenches
@@ -108,37 +123,46 @@ EMU_DIR  := $(BUILD)/emu
 EMU_SRCS := $(wildcard cuda/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.cuh) $(wildcard train_*.cu)
 $(EMU_DIR)/.stamp: dev/emu/gen.py $(EMU_SRCS)
 	@mkdir -p $(EMU_DIR)
-	python3 dev/emu/gen.py -q --out $(EMU_DIR) $(EMU_SRCS)
+	$(call say,GEN,$(EMU_DIR))
+	$(Q)python3 dev/emu/gen.py -q --out $(EMU_DIR) $(EMU_SRCS)
 	@touch $@
 EMU_CXXFLAGS = $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragmas -fno-strict-aliasing
 $(EMU_PROGS:%=%.o): $(BUILD)/emu/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
-	$(CXX) $(EMU_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
+	$(call say,CXX,$*.cu (emulated))
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
 $(EMU_PROGS): $(BUILD)/emu/%: $(BUILD)/emu/%.o $(LIB)
-	$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(call say,LD,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
 $(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+	$(call say,CXX,$<)
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
+	$(call say,NVCC,$<)
+	$(Q)$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
 $(BUILD)/cuda/%: dev/cuda/%.cu $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
+	$(call say,NVCC,$<)
+	$(Q)$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
 
 deps:
 	@bash scripts/install_deps.sh
 
 # The test command of the README. Builds everything the tests exercise, then runs every test
-# binary and prints "tests: N passed, N failed".
+# binary and prints "tests: N passed, N failed". The tests need the npm packages too (the
+# tokenizer cross-check against independent JavaScript encoders, test/js).
 test: deps
 	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests $(if $(NVCC),cuda)
 	@bash scripts/run_tests.sh $(TESTS)
 
-demo: deps
-	@$(MAKE) --no-print-directory -j$(shell nproc) cpu
-	@bash scripts/demo.sh
+# The demo needs no network: Debian packages only (no npm), the CPU tools, the local data. Its
+# output (build time included) goes to demo_out/ (git-ignored); DEMO_* variables: scripts/demo.sh.
+demo:
+	@bash scripts/install_deps.sh --no-npm
+	@bash scripts/demo.sh --build
 
 clean:
 	rm -rf $(BUILD)

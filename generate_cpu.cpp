@@ -64,7 +64,7 @@ int run(const Options& o, const ModelConfig& cfg, const std::vector<float>* ck_p
     std::vector<int32_t> out = cpu::generate(inf, prompt, o.max_new, sp, (uint64_t)o.seed, stop, &st);
 
     if (!o.quiet) cpu::print_generation(tok, prompt, out, o.prompt_len > 0);
-    cpu::note_context_full(out, o.max_new, stop, ctx);
+    cpu::note_context_window(st, ctx);
     const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
     std::printf("prefill: %d tokens in %.2f ms (%.1f tokens/s) | decode: %zu steps, %.3f ms/token mean, "
                 "%.3f ms median (%.1f tokens/s) | KV cache %.2f MiB (%s, %d threads)\n",

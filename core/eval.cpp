@@ -13,6 +13,7 @@
 
 #include "core/common.h"
 #include "core/dataloader.h"
+#include "core/train_loop.h"  // train::format_duration
 #include "cpu/model.h"
 
 namespace ldm {
@@ -389,8 +390,12 @@ BatchOptions with_progress(const BatchOptions& base, bool on, const std::string&
       *last_tenth = tenth;
     }
     const double s = std::max(sec, 1e-9);
-    std::fprintf(stderr, "%s%-10s %zu/%zu %s | %.1f %s/s | %.0f tokens/s | %.1f s%s", tty ? "\r" : "", what.c_str(),
-                 done, total, unit.c_str(), double(done) / s, unit.c_str(), double(tokens) / s, sec, tty ? "   " : "\n");
+    // ETA from the mean rate so far (requests run longest first, so it errs on the long side)
+    const std::string eta =
+        done > 0 && done < total ? " | ETA " + train::format_duration(sec / double(done) * double(total - done)) : "";
+    std::fprintf(stderr, "%s%-10s %zu/%zu %s | %.1f %s/s | %.0f tokens/s | %.1f s%s%s", tty ? "\r" : "", what.c_str(),
+                 done, total, unit.c_str(), double(done) / s, unit.c_str(), double(tokens) / s, sec, eta.c_str(),
+                 tty ? "   " : "\n");
     if (tty && done == total) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   };
@@ -406,6 +411,7 @@ json run_eval_suite(ScoringModel& m, const EvalSuite& s, const LoadedEvalSets& s
                                   with_progress(s.batch, s.print_progress, "val", "batches")));
     out["val"]["B"] = s.val_B;
     out["val"]["T"] = T;
+    out["val"]["uniform_loss"] = std::log(double(m.vocab_size()));  // a model that knows nothing: ln V
   }
   if (sets.wikitext)
     out["wikitext"] = to_json(eval_wikitext(m, *sets.wikitext, s.max_length, s.max_docs,
@@ -420,36 +426,44 @@ json run_eval_suite(ScoringModel& m, const EvalSuite& s, const LoadedEvalSets& s
 }
 
 std::string format_results_table(const json& r) {
-  std::string t = strprintf("%-28s %14s\n", "metric", "value");
-  auto row = [&](const char* name, double v, const char* fmt) {
-    t += strprintf("%-28s ", name) + strprintf(fmt, v) + "\n";
+  // Third column: what the number means for a small model (chance, a model that knows nothing,
+  // and the order of magnitude of GPT-2 124M, lm-evaluation-harness zero-shot).
+  std::string t = strprintf("%-28s %14s   %s\n", "metric", "value", "reference");
+  auto row = [&](const char* name, double v, const char* fmt, const std::string& ref = "") {
+    t += strprintf("%-28s ", name) + strprintf(fmt, v) + (ref.empty() ? "" : "   " + ref) + "\n";
   };
+  auto count = [&](const char* name, int64_t v) { t += strprintf("%-28s %14lld\n", name, (long long)v); };
   if (r.contains("val")) {
     const json& v = r["val"];
-    row("val loss (nats/token)", v["loss"].get<double>(), "%14.4f");
-    row("val ppl", v["ppl"].get<double>(), "%14.3f");
-    t += strprintf("%-28s %14lld\n", "val tokens", (long long)v["tokens"].get<int64_t>());
+    const double u = v.value("uniform_loss", 0.0);
+    row("val loss (nats/token)", v["loss"].get<double>(), "%14.4f",
+        u > 0 ? strprintf("uniform over the vocabulary: ln V = %.4f", u) : "");
+    row("val ppl", v["ppl"].get<double>(), "%14.3f", u > 0 ? strprintf("uniform: V = %.0f", std::exp(u)) : "");
+    count("val tokens", v["tokens"].get<int64_t>());
   }
   if (r.contains("wikitext")) {
     const json& v = r["wikitext"];
-    row("wikitext2 word ppl", v["word_perplexity"].get<double>(), "%14.3f");
-    row("wikitext2 byte ppl", v["byte_perplexity"].get<double>(), "%14.4f");
-    row("wikitext2 bits/byte", v["bits_per_byte"].get<double>(), "%14.4f");
-    t += strprintf("%-28s %14lld\n", "wikitext2 docs", (long long)v["docs"].get<int64_t>());
-    t += strprintf("%-28s %14d\n", "wikitext2 max_length", v["max_length"].get<int>());
+    row("wikitext2 word ppl", v["word_perplexity"].get<double>(), "%14.3f", "GPT-2 124M: ~30-40");
+    row("wikitext2 byte ppl", v["byte_perplexity"].get<double>(), "%14.4f", "uniform bytes: 256");
+    row("wikitext2 bits/byte", v["bits_per_byte"].get<double>(), "%14.4f", "uniform bytes: 8");
+    count("wikitext2 docs", v["docs"].get<int64_t>());
+    count("wikitext2 max_length", v["max_length"].get<int>());
   }
   if (r.contains("lambada")) {
     const json& v = r["lambada"];
-    row("lambada ppl", v["ppl"].get<double>(), "%14.3f");
-    row("lambada acc", v["acc"].get<double>(), "%14.4f");
-    t += strprintf("%-28s %14lld\n", "lambada examples", (long long)v["examples"].get<int64_t>());
+    row("lambada ppl", v["ppl"].get<double>(), "%14.3f", "GPT-2 124M: ~35-40");
+    row("lambada acc", v["acc"].get<double>(), "%14.4f", "chance: ~0; GPT-2 124M: ~0.33");
+    count("lambada examples", v["examples"].get<int64_t>());
   }
   if (r.contains("hellaswag")) {
     const json& v = r["hellaswag"];
-    row("hellaswag acc", v["acc"].get<double>(), "%14.4f");
-    row("hellaswag acc_norm", v["acc_norm"].get<double>(), "%14.4f");
-    t += strprintf("%-28s %14lld\n", "hellaswag items", (long long)v["items"].get<int64_t>());
+    row("hellaswag acc", v["acc"].get<double>(), "%14.4f", "chance (4 endings): 0.25; GPT-2 124M: ~0.29");
+    row("hellaswag acc_norm", v["acc_norm"].get<double>(), "%14.4f", "chance: 0.25; GPT-2 124M: ~0.31");
+    count("hellaswag items", v["items"].get<int64_t>());
   }
+  if (r.contains("wikitext") || r.contains("lambada") || r.contains("hellaswag"))
+    t += "(a model trained for minutes on a CPU sits near chance on LAMBADA and HellaSwag; compare models\n"
+         " trained alike with each other, not with the reference column)\n";
   return t;
 }
 

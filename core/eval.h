@@ -192,7 +192,8 @@ LoadedEvalSets load_eval_sets(const EvalSuite& s, uint32_t model_vocab);
 // "lambada": {...}, "hellaswag": {...}} (only the ones configured).
 nlohmann::json run_eval_suite(ScoringModel& m, const EvalSuite& s, const LoadedEvalSets& sets);
 
-// The printed table of a run_eval_suite result (one metric per line).
+// The printed table of a run_eval_suite result: one metric per line, with a reference column
+// (chance level, a uniform model's value, the order of magnitude of GPT-2 124M; doc/evaluation.md).
 std::string format_results_table(const nlohmann::json& results);
 
 }  // namespace ldm

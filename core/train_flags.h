@@ -5,10 +5,13 @@
 // --dtype) and adds its own flags after these; the fields are bound by name, so a struct that
 // lacks one does not compile. Spec: ../shared/spec/model.md §1-§2 (presets, schemes, LDM flags).
 #pragma once
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "core/cli.h"
 #include "core/config.h"
+#include "core/dist.h"
 
 namespace ldm {
 
@@ -94,6 +97,18 @@ void add_common_train_flags(ArgParser& ap, O& o) {
     ap.add("--seed", &o.seed, "seed of the init, data shuffling and sampling");
 }
 
+// Block AttnRes with N >= D = 2 n_layer blocks is AttnRes-Full (the schemes clamp N to D: every
+// sublayer is its own block), e.g. the default N = 8 on the 4-layer `small`: says so on stderr
+// (once per job: only the launcher's rank 0, read from the environment without starting MPI).
+inline void note_attnres_block_is_full(const ModelConfig& cfg) {
+    const int D = 2 * cfg.n_layer;
+    if (cfg.scheme != "attnres-block" || cfg.attnres_blocks < D || dist::context_from_env().rank != 0) return;
+    std::fprintf(stderr,
+                 "note: attnres-block with --attnres-blocks %d >= D = %d sublayers (%d layers) is AttnRes-Full: every "
+                 "sublayer is its own block; pass --attnres-blocks N < %d (e.g. %d) for a block variant\n",
+                 cfg.attnres_blocks, D, cfg.n_layer, D, std::max(1, D / 4));
+}
+
 // The model of the flags: the preset (with vocab_size), then the overrides (0 = keep the preset's
 // value), the scheme and LDM options, seq_len = T. ldm::Error (from validate) on an impossible
 // shape or option.
@@ -123,6 +138,7 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
     cfg.ldm_checkpoint_every = o.ldm_checkpoint_every;
     cfg.ldm_drift_tol = o.ldm_drift_tol;
     cfg.validate();
+    note_attnres_block_is_full(cfg);
     return cfg;
 }
 

@@ -116,8 +116,20 @@ inline void print_generation(const Tokenizer* tok, const std::vector<int32_t>& p
     std::printf("---\n");
 }
 
-// When fewer than max_new tokens came out and the last is not stop_token, the KV cache (ctx
-// tokens) filled up: says so on stderr, so that a short output is not mistaken for a finished one.
+// Says once on stderr when the context (ctx tokens) filled up and the rest was generated on a
+// sliding window of the last ctx tokens (cpu::generate_loop), so that the change of conditioning
+// (and of speed: one prefill per token) is not a surprise.
+inline void note_context_window(const GenerateStats& st, int ctx) {
+    if (st.window_steps == 0) return;
+    std::fprintf(stderr, "note: the context of %d tokens (--max-len, the model's seq_len) filled after %d new tokens; "
+                         "the last %d were each predicted from the previous %d tokens (sliding window, re-prefilled "
+                         "per token)\n",
+                 ctx, st.new_tokens - st.window_steps, st.window_steps, ctx);
+}
+
+// Superseded by note_context_window (generation no longer stops at a full context): prints only
+// when fewer than max_new tokens came out without stop_token, which generate_loop now never
+// returns. Kept for callers not yet moved over (cuda/infer_cli.cuh).
 inline void note_context_full(const std::vector<int32_t>& out, int max_new, int32_t stop_token, int ctx) {
     if ((int)out.size() >= max_new || (stop_token >= 0 && !out.empty() && out.back() == stop_token)) return;
     std::fprintf(stderr, "note: stopped after %zu of %d new tokens: the context of %d tokens is full (--max-len, "
@@ -138,6 +150,8 @@ inline nlohmann::json generate_report(const std::string& scheme, const GenerateS
                           {"decode_ms_mean", dmean},
                           {"decode_ms_median", st.median_decode_ms()},
                           {"decode_tokens_per_s", dmean > 0 ? 1e3 / dmean : 0.0},
+                          {"window_steps", st.window_steps},
+                          {"window_ms", st.window_s * 1e3},
                           {"kv_cache_bytes", kv_cache_bytes},
                           {"dtype", dtype}};
 }

@@ -118,6 +118,10 @@ struct GenerateStats {
     int prompt_tokens = 0, new_tokens = 0;
     double prefill_s = 0;              // prefill of the prompt (including its last-row logits)
     std::vector<double> decode_ms;     // one entry per decode_step (new tokens after the first)
+    // Tokens generated after the context was full: each re-prefilled the last max_len tokens
+    // (sliding window, below) instead of a decode_step; their total time.
+    int window_steps = 0;
+    double window_s = 0;
     double prefill_tokens_per_s() const { return prefill_s > 0 ? prompt_tokens / prefill_s : 0; }
     double mean_decode_ms() const;     // 0 when no decode step ran
     double median_decode_ms() const;
@@ -125,9 +129,12 @@ struct GenerateStats {
 
 // Autoregressive generation for one sequence (the Inference must have B == 1): prefill of the
 // prompt (>= 1 token), then up to max_new tokens, each sampled from the last logits; decoding
-// stops early after a token equal to stop_token (>= 0; included in the result) or when the cache
-// is full (prompt + generated - 1 == max_len). Sampling uses the splitmix64 stream of `seed`
-// (cpu/rng.h: draw i is stream_uniform(init_stream(seed, 0), i)). Returns the new tokens.
+// stops early after a token equal to stop_token (>= 0; included in the result). Once the cache is
+// full (max_len positions) the context slides: every further token is predicted from the last
+// max_len tokens, re-prefilled from position 0 (the crop of nanoGPT/llm.c generation; cost one
+// prefill of max_len tokens per token; counted in GenerateStats::window_steps). Sampling uses the
+// splitmix64 stream of `seed` (cpu/rng.h: draw i is stream_uniform(init_stream(seed, 0), i)).
+// Returns the new tokens.
 template <typename R>
 std::vector<int32_t> generate(Inference<R>& inf, const std::vector<int32_t>& prompt, int max_new,
                               const SamplingParams& sp, uint64_t seed, int32_t stop_token = -1,
@@ -153,13 +160,25 @@ std::vector<int32_t> generate_loop(Inf& inf, const std::vector<int32_t>& prompt,
     st.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
     const uint64_t s0 = init_stream(seed, 0);
     uint64_t draw = 0;
+    const int L = inf.max_len();
+    std::vector<int32_t> window;  // the last L tokens of prompt + out, once the cache is full
     for (int i = 0; i < max_new; i++) {
         const int32_t tok = sample_token(lg, inf.vocab_size(), sp, stream_uniform(s0, draw++));
         out.push_back(tok);
-        if (tok == stop_token || i + 1 == max_new || inf.pos() >= inf.max_len()) break;
+        if (tok == stop_token || i + 1 == max_new) break;
         auto t1 = clock::now();
-        lg = inf.decode_step(&tok);
-        st.decode_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t1).count());
+        if (inf.pos() < L) {
+            lg = inf.decode_step(&tok);
+            st.decode_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t1).count());
+        } else {
+            window.clear();
+            const size_t total = prompt.size() + out.size();
+            for (size_t k = total - size_t(L); k < total; k++)
+                window.push_back(k < prompt.size() ? prompt[k] : out[k - prompt.size()]);
+            lg = inf.prefill(window.data(), L, false);
+            st.window_steps++;
+            st.window_s += std::chrono::duration<double>(clock::now() - t1).count();
+        }
     }
     st.new_tokens = (int)out.size();
     if (stats) *stats = st;

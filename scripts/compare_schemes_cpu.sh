@@ -10,11 +10,15 @@
 #        [--lr 2e-3] [--schemes "preln hc mhc attnres-full attnres-block ldm-rls ..."]
 #        [--eval-max-examples N]
 # Scheme names: preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer
-# ldm-rls-nores (LDM rls --no-residual). Data: the FineWeb-Edu sample (as in scripts/demo.sh),
-# from $LDM_DATA_DIR or ../shared/data. Needs `make` first.
+# ldm-rls-nores (LDM rls --no-residual). Data: the FineWeb-Edu sample (GPT-2 tokens), from
+# $LDM_DATA_DIR or ../shared/data next to the checkout. Needs `make` first. Relative paths are
+# taken from the directory it is run in. Only each run's final model file is kept (~115 MB per
+# scheme on `small`): the script never resumes, so the optimizer state (.state, twice that) is
+# deleted. One seed, no resume, GPT-2 vocabulary: scripts/study.sh is the general tool (seeds,
+# LR sweeps, resumable, any trainer) and scripts/demo.sh the byte-level comparison.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BUILD=${BUILD:-$ROOT/build}
 OUT=compare_out; PRESET=small; STEPS=60; B=8; T=128; LR=2e-3; EVAL_MAX=100
 SCHEMES="preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer ldm-rls-nores"
 while [ $# -gt 0 ]; do
@@ -30,7 +34,7 @@ for bin in ldm_data train_cpu eval_cpu; do
   [ -x "$BUILD/$bin" ] || { echo "error: $BUILD/$bin missing; run make first" >&2; exit 1; }
 done
 DATA=""
-for d in "${LDM_DATA_DIR:-}" ../shared/data; do
+for d in "${LDM_DATA_DIR:-}" "$ROOT/../shared/data"; do
   if [ -n "$d" ] && [ -f "$d/fineweb_edu_sample/fineweb_edu_sample.jsonl" ]; then DATA=$d; break; fi
 done
 [ -n "$DATA" ] || { echo "error: no FineWeb-Edu sample (set LDM_DATA_DIR or run scripts/download_data.sh)" >&2; exit 1; }
@@ -72,6 +76,8 @@ for s in $SCHEMES; do
     --train-data "$OUT/data/fineweb_train_*.bin" --val-data "$OUT/data/fineweb_val_*.bin" \
     --tokenizer "$TOK" --val-every 0 --val-batches 9 --sample-every -1 \
     --out-dir "$OUT/$s" --log "$OUT/$s/log.jsonl" > "$OUT/$s/console.txt"
+  final="$OUT/$s/ckpt_$(printf %06d "$STEPS")"
+  rm -f "$final".state "$final".done  # the model file is all the evaluation needs
   row=$(/usr/bin/python3 - "$OUT/$s/log.jsonl" "$s" <<'PY'
 import json, statistics, sys
 steps, val = [], None
@@ -89,7 +95,7 @@ PY
 done
 
 echo "=== evaluating ${#ckpts[@]} checkpoints"
-bash scripts/eval_checkpoints.sh --out "$OUT/eval_table" --bin "$BUILD" --eval-dir "$OUT/eval" \
+bash "$ROOT/scripts/eval_checkpoints.sh" --out "$OUT/eval_table" --bin "$BUILD" --eval-dir "$OUT/eval" \
   --val-data "$OUT/data/fineweb_val_*.bin" --extra "--max-examples $EVAL_MAX --max-docs 3 --max-length $T" "${ckpts[@]}"
-/usr/bin/python3 scripts/plot_losses.py --out "$OUT/losses.png" --labels "$(echo $SCHEMES | tr " " ",")" "${logs[@]}" || echo "warning: plot failed"
+/usr/bin/python3 "$ROOT/scripts/plot_losses.py" --out "$OUT/losses.png" --smooth 0.8 "${logs[@]}" || echo "warning: plot failed"
 echo; cat "$OUT/train_table.md"; echo; cat "$OUT/eval_table.md"

@@ -1,109 +1,137 @@
 #!/usr/bin/env bash
-# README command 1 (`make demo` runs scripts/install_deps.sh and builds first): trains the
-# `small` model on the CPU on the FineWeb-Edu sample and shows that it learns.
-#   1. finds the FineWeb-Edu sample: $LDM_DATA_DIR, else ../shared/data, else downloads it
-#      (scripts/download_data.sh) into $LDM_DATA_DIR or ../shared/data;
-#   2. tokenizes it (GPT-2) into shards with build/ldm_data: the first 15 documents are the
-#      validation shard, the rest the training shard;
-#   3. trains `small` (29M parameters, 25.8M of them in the untied embedding/LM head) for
-#      DEMO_STEPS steps of B x T tokens on all cores (~5 minutes on 2 cores);
-#   4. prints the validation loss next to the unigram baseline (cross-entropy of the same val
-#      tokens under an add-one unigram model fitted on the train tokens) and a text sample, and
-#      fails (exit 1) unless the model is clearly (>= 0.2 nats) below the baseline.
-#   5. builds the LAMBADA, WikiText-2 and HellaSwag eval binaries and evaluates the final
-#      checkpoint with build/eval_cpu on the first DEMO_EVAL_EXAMPLES examples of each
-#      (WikiText-2: the first 3 documents), printing the table and writing eval.json.
-# Output (checkpoint, JSONL log, console log, eval.json) in $DEMO_OUT (default demo_out/).
-# Environment: BUILD (build dir, default build), DEMO_OUT, DEMO_STEPS, DEMO_B, DEMO_T, DEMO_LR,
-# DEMO_THREADS (0 = all cores), DEMO_EVAL_EXAMPLES (default 200; 0 skips step 5).
+# README command 1 (`make demo` = scripts/install_deps.sh --no-npm, then this with --build):
+# PreLN and LDM trained side by side on the CPU, byte-level, on tiny Shakespeare, with the same
+# data order, steps and seeds; prints what came out. About 10 minutes on 2 cores including the
+# build (measured: doc/results_cpu.md "make demo"). Needs no network when the data is local.
+#   0. with --build: builds the CPU tools (make cpu), timed;
+#   1. finds tiny Shakespeare, LAMBADA and WikiText-2 in $LDM_DATA_DIR, else ../shared/data, else
+#      downloads them (scripts/download_data.sh, needs internet);
+#   2. runs scripts/study.sh --recipe demo: byte-level shards (first 100,000 bytes = validation),
+#      `small` at d=128 (4 layers, 1.7M parameters), B=16 x T=128, DEMO_STEPS steps, lr 3e-3
+#      cosine, for each seed and scheme; eval_cpu on the first DEMO_EVAL_EXAMPLES LAMBADA examples
+#      and the first 2 WikiText-2 documents (byte-level binaries); a 200-byte sample per model;
+#   3. prints the table (final val loss mean and seed range, WikiText-2, LAMBADA, tokens/s, peak
+#      memory), the verdict computed from those numbers, one sample per scheme, the plot's path
+#      and the times; fails (exit 1) if a run failed or a model is not clearly (0.5 nats) below
+#      the unigram entropy of the bytes (then it did not learn).
+# Output in $DEMO_OUT (default demo_out/, git-ignored): study/summary.md, summary.csv,
+# losses.png, plots/, runs/<scheme>_lr<LR>_s<seed>/ (logs, eval.json, sample.txt).
+# Environment: DEMO_STEPS (600), DEMO_SEEDS ("1 2"; "1 2 3" for a third seed, +5 minutes on 2
+# cores), DEMO_SCHEMES ("preln ldm"; e.g.
+# "preln ldm mhc attnres-block2"), DEMO_LR (3e-3), DEMO_B (16), DEMO_T (128), DEMO_THREADS
+# (0 = all cores), DEMO_EVAL_EXAMPLES (200; 0 skips LAMBADA/WikiText-2), DEMO_OUT, DEMO_RESUME=1
+# (keep the runs of an earlier demo with the same settings instead of starting over), BUILD.
 set -euo pipefail
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-OUT=${DEMO_OUT:-demo_out}
-STEPS=${DEMO_STEPS:-200}
-B=${DEMO_B:-8}
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+t_start=$(date +%s)
+BUILD=${BUILD:-$ROOT/build}
+OUT=${DEMO_OUT:-$ROOT/demo_out}
+STEPS=${DEMO_STEPS:-600}
+SEEDS=${DEMO_SEEDS:-1 2}
+SCHEMES=${DEMO_SCHEMES:-preln ldm}
+LR=${DEMO_LR:-3e-3}
+B=${DEMO_B:-16}
 T=${DEMO_T:-128}
-LR=${DEMO_LR:-2e-3}
 THREADS=${DEMO_THREADS:-0}
 EVAL_EXAMPLES=${DEMO_EVAL_EXAMPLES:-200}
 # idle OpenMP threads sleep instead of spinning (much faster when cores are shared)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
-for bin in "$BUILD/ldm_data" "$BUILD/train_cpu" "$BUILD/eval_cpu"; do
-  [ -x "$bin" ] || { echo "demo: $bin missing; run 'make' (or 'make demo') first" >&2; exit 1; }
+build_s=0
+if [ "${1:-}" = --build ]; then
+  echo "demo: building the CPU tools (make cpu, $(nproc) jobs)"
+  t0=$(date +%s)
+  make -C "$ROOT" --no-print-directory -j"$(nproc)" cpu
+  build_s=$(( $(date +%s) - t0 ))
+  echo "demo: build took ${build_s} s"
+fi
+for bin in ldm_data train_cpu eval_cpu generate_cpu; do
+  [ -x "$BUILD/$bin" ] || { echo "demo: $BUILD/$bin missing; run 'make demo' (or 'make cpu') first" >&2; exit 1; }
 done
 
 # 1. data
 DATA=""
-for d in "${LDM_DATA_DIR:-}" ../shared/data; do
-  if [ -n "$d" ] && [ -f "$d/fineweb_edu_sample/fineweb_edu_sample.jsonl" ] && [ -f "$d/gpt2_tokenizer/encoder.json" ]; then
-    DATA=$d; break
-  fi
+for d in "${LDM_DATA_DIR:-}" "$ROOT/../shared/data"; do
+  if [ -n "$d" ] && [ -f "$d/tinyshakespeare/input.txt" ]; then DATA=$(cd "$d" && pwd); break; fi
 done
-if [ -n "$DATA" ]; then
-  INPUT="$DATA/fineweb_edu_sample/fineweb_edu_sample.jsonl"
-else
-  DATA=${LDM_DATA_DIR:-../shared/data}
-  echo "demo: no FineWeb-Edu sample found; downloading into $DATA (scripts/download_data.sh)"
+if [ -z "$DATA" ]; then
+  DATA=${LDM_DATA_DIR:-$ROOT/../shared/data}
+  echo "demo: no tiny Shakespeare found; downloading it, LAMBADA and WikiText-2 into $DATA (scripts/download_data.sh)"
   mkdir -p "$DATA"
-  bash scripts/download_data.sh gpt2-tokenizer fineweb-edu --max-files 1 --out "$DATA"
-  INPUT="$DATA/fineweb_edu_10BT/*.jsonl"
+  bash "$ROOT/scripts/download_data.sh" tinyshakespeare lambada wikitext2 --out "$DATA"
+  DATA=$(cd "$DATA" && pwd)
 fi
-echo "demo: data from $INPUT"
+echo "demo: data from $DATA"
 
-# 2. shards
+# 2. the comparison
+study="$OUT/study"
+[ "${DEMO_RESUME:-0}" = 1 ] || rm -rf "$study"
 mkdir -p "$OUT"
-rm -rf "$OUT/data"
-"$BUILD/ldm_data" shards --tokenizer "$DATA/gpt2_tokenizer" --input "$INPUT" \
-  --out-dir "$OUT/data" --name fineweb --val-docs 15 --quiet
+threads=()
+[ "$THREADS" != 0 ] && threads=(--threads "$THREADS")
+evals=(--eval-max-examples "$EVAL_EXAMPLES")
+[ "$EVAL_EXAMPLES" = 0 ] && evals=(--no-eval)
+echo "demo: schemes '$SCHEMES' x seeds '$SEEDS': $STEPS steps of B=$B x T=$T bytes each (DEMO_* to change)"
+t0=$(date +%s)
+set +e
+LDM_DATA_DIR="$DATA" BUILD="$BUILD" bash "$ROOT/scripts/study.sh" --recipe demo --out "$study" --bin "$BUILD" \
+  --schemes "$SCHEMES" --seeds "$SEEDS" --lrs "$LR" --steps "$STEPS" -B "$B" -T "$T" "${threads[@]}" "${evals[@]}" \
+  -- --unigram-baseline > "$OUT/study_console.txt" 2>&1 &
+pid=$!
+# progress: one line per finished run (the study's own lines, the rest is in study_console.txt)
+tail -n +1 -f "$OUT/study_console.txt" --pid=$pid 2>/dev/null | grep --line-buffered -E "^study: \[|^study:   .*(: step |final val loss)|FAILED|^study: .* runs done" &
+tailpid=$!
+wait $pid
+rc=$?
+wait $tailpid 2>/dev/null   # tail --pid ends after the study's last lines
+set -e
+study_s=$(( $(date +%s) - t0 ))
+[ -f "$study/summary.md" ] || { echo "demo: the study did not finish (exit $rc); see $OUT/study_console.txt" >&2; exit 1; }
 
-# 3. train
-rm -rf "$OUT/run"
-mkdir -p "$OUT/run"
-start=$(date +%s)
-"$BUILD/train_cpu" --preset small -B "$B" -T "$T" --steps "$STEPS" --lr "$LR" --warmup-steps 20 \
-  --schedule cosine --min-lr-ratio 0.1 --weight-decay 0.1 --threads "$THREADS" \
-  --train-data "$OUT/data/fineweb_train_*.bin" --val-data "$OUT/data/fineweb_val_*.bin" \
-  --tokenizer "$DATA/gpt2_tokenizer" --val-every 50 --val-batches 9 --unigram-baseline \
-  --sample-every 0 --sample-tokens 64 --quiet --seed 1337 \
-  --out-dir "$OUT/run" --log "$OUT/run/log.jsonl" | tee "$OUT/run/console.txt"
-secs=$(( $(date +%s) - start ))
-
-# 4. verdict, from the JSONL log
-read -r val uni < <(grep '"type":"val"' "$OUT/run/log.jsonl" | tail -1 | \
-  sed -E 's/.*"unigram_loss":([-0-9.e+]+).*"val_loss":([-0-9.e+]+).*/\2 \1/')
+# 3. what came out
 echo
-echo "demo: trained small for $STEPS steps of $((B*T)) tokens in ${secs} s"
-printf "demo: validation loss  %.4f nats/token\n" "$val"
-printf "demo: unigram entropy  %.4f nats/token (add-one unigram of the train tokens, on the same val tokens)\n" "$uni"
-echo "demo: checkpoint and log in $OUT/run/ (ckpt_$(printf %06d "$STEPS").model/.state, log.jsonl)"
-if awk -v v="$val" -v u="$uni" 'BEGIN { exit !(v + 0.2 <= u) }'; then
-  verdict="PASS: validation loss is $(awk -v v="$val" -v u="$uni" 'BEGIN{printf "%.3f", u - v}') nats below the unigram entropy"
-  ok=1
+sed -n '/^## Per scheme/,/^## Per run/p' "$study/summary.md" | sed '$d'
+# each model against the unigram entropy of the bytes (logged by --unigram-baseline)
+health=$(/usr/bin/python3 - "$study" <<'PY'
+import glob, json, os, sys
+bad, n, gap = [], 0, None
+for log in sorted(glob.glob(os.path.join(sys.argv[1], "runs", "*", "log.jsonl"))):
+    uni = val = None
+    for line in open(log):
+        e = json.loads(line)
+        if e.get("type") == "unigram": uni = e["unigram_loss"]
+        if e.get("type") == "val": val = e["val_loss"]
+    if uni is None or val is None: continue
+    n += 1
+    gap = uni - val if gap is None else min(gap, uni - val)
+    if val > uni - 0.5: bad.append(os.path.basename(os.path.dirname(log)))
+print("%d %s %s" % (n, "%.3f" % gap if gap is not None else "-", ",".join(bad) or "-"))
+PY
+)
+read -r n_health min_gap bad_runs <<< "$health"
+echo
+echo "demo: samples (prompt 'ROMEO:', top-p 0.9, temperature 0.8; first seed of each scheme):"
+for s in $SCHEMES; do
+  f=$(ls "$study"/runs/"${s}"_lr*_s*/sample.txt 2>/dev/null | head -n 1 || true)
+  [ -n "$f" ] || continue
+  echo "--- $s ($(basename "$(dirname "$f")"))"
+  head -c 400 "$f"; echo
+done
+echo "---"
+echo
+echo "demo: loss curves: $study/losses.png (per run: $study/plots/); full report: $study/summary.md"
+total_s=$(( $(date +%s) - t_start ))
+echo "demo: time: build ${build_s} s, training + evaluation ${study_s} s, total ${total_s} s ($(nproc) cores)"
+ok=1
+if [ "$rc" != 0 ]; then echo "demo: FAIL: a run failed (exit $rc); see $OUT/study_console.txt" >&2; ok=0; fi
+if [ "$n_health" = 0 ]; then
+  echo "demo: FAIL: no finished run to check" >&2; ok=0
+elif [ "$bad_runs" != "-" ]; then
+  echo "demo: FAIL: not clearly below the unigram entropy of the bytes (did not learn): $bad_runs" >&2; ok=0
 else
-  verdict="FAIL: validation loss is not clearly below the unigram entropy"
-  ok=0
-fi
-
-# 5. evaluation of the final checkpoint on the standard benchmarks (subsets: CPU time)
-if [ "$EVAL_EXAMPLES" -gt 0 ] && [ -f "$DATA/lambada/lambada_test.jsonl" ]; then
-  mkdir -p "$OUT/eval"
-  TOK="$DATA/gpt2_tokenizer"
-  "$BUILD/ldm_data" lambada --tokenizer "$TOK" --input "$DATA/lambada/lambada_test.jsonl" --out "$OUT/eval/lambada.bin" >/dev/null
-  "$BUILD/ldm_data" wikitext --tokenizer "$TOK" --input "$DATA/wikitext2/wiki.test.raw" --out "$OUT/eval/wikitext2.bin" >/dev/null
-  hs=()
-  if [ -f "$DATA/hellaswag/hellaswag_val_full.txt.bz2" ]; then
-    "$BUILD/ldm_data" hellaswag --tokenizer "$TOK" --input "$DATA/hellaswag/hellaswag_val_full.txt.bz2" --out "$OUT/eval/hellaswag.bin" >/dev/null
-    hs=(--hellaswag "$OUT/eval/hellaswag.bin")
-  fi
-  echo
-  echo "demo: evaluating the checkpoint (first $EVAL_EXAMPLES LAMBADA examples / HellaSwag items, first 3 WikiText-2 documents)"
-  "$BUILD/eval_cpu" --checkpoint "$OUT/run/ckpt_$(printf %06d "$STEPS").model" --tokenizer "$TOK" \
-    --val-data "$OUT/data/fineweb_val_*.bin" --lambada "$OUT/eval/lambada.bin" \
-    --wikitext "$OUT/eval/wikitext2.bin" --max-docs 3 "${hs[@]}" --max-examples "$EVAL_EXAMPLES" \
-    --threads "$THREADS" --out "$OUT/run/eval.json"
+  echo "demo: every model is at least $min_gap nats below the unigram entropy of the bytes (it learned)"
 fi
 echo
-echo "demo: $verdict"
+sed 's/^/VERDICT: /' "$study/verdict.txt"
 [ "$ok" = 1 ] || exit 1

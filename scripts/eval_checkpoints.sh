@@ -9,14 +9,15 @@
 #
 #   --eval-dir DIR  takes DIR/wikitext2.bin, DIR/lambada.bin, DIR/hellaswag.bin when present
 #                   (as written by `ldm_data wikitext|lambada|hellaswag --out DIR/...`)
-#   --bin DIR       directory holding eval_cpu (default: build)
+#   --bin DIR       directory holding eval_cpu (default: the checkout's build/)
 #   --extra "..."   more eval_cpu flags for every checkpoint (e.g. "--max-examples 500 --threads 2")
 # Columns of a metric that was not evaluated are "-". Exits 1 (after printing "error: ...")
 # when a checkpoint fails to evaluate; the table is written only when every one succeeded.
+# Relative paths are taken from the directory it is run in.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
-out="" val="" wt="" lam="" hs="" evdir="" bin="build" extra=""
+out="" val="" wt="" lam="" hs="" evdir="" bin="$ROOT/build" extra=""
 ckpts=()
 die() { echo "error: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
@@ -65,28 +66,18 @@ for c in "${ckpts[@]}"; do
   jsons+=("$j")
 done
 
-/usr/bin/python3 - "$out" "${jsons[@]}" <<'PY'
+/usr/bin/python3 - "$ROOT/scripts" "$out" "${jsons[@]}" <<'PY'
 import csv, io, json, os, sys
-out, files = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, sys.argv[1])
+from runlog import scheme_label
+out, files = sys.argv[2], sys.argv[3:]
 cols = ["scheme", "params", "val ppl", "WikiText-2 ppl", "LAMBADA ppl", "LAMBADA acc", "HellaSwag acc_norm"]
 rows, srcs = [], []
 def get(r, sec, key, fmt):
     return fmt % r[sec][key] if sec in r and r[sec].get(key) is not None else "-"
 def label(j):
-    # the scheme with the variant options that distinguish runs of one scheme
-    c = j.get("config", {})
-    s = j["scheme"]
-    if s == "ldm":
-        s += " " + c.get("ldm_rule", "")
-        if c.get("ldm_residual") is False: s += " no-res"
-        if c.get("ldm_forget") is False: s += " no-forget"
-        if c.get("ldm_dk") not in (None, 8): s += " dk=%d" % c["ldm_dk"]
-    elif s == "attnres-block":
-        n = min(c.get("attnres_blocks", 8), 2 * c.get("n_layer", 1 << 30))
-        s += " N=%d" % n
-    elif s in ("hc", "mhc") and c.get("hc_streams", 4) != 4:
-        s += " n=%d" % c["hc_streams"]
-    return s
+    # the scheme with the variant options that distinguish runs of one scheme (scripts/runlog.py)
+    return scheme_label(dict(j.get("config", {}), scheme=j["scheme"]))
 for f in files:
     j = json.load(open(f))
     r = j["results"]

@@ -3,22 +3,22 @@
 
 Usage:
   /usr/bin/python3 scripts/plot_losses.py RUN1/log.jsonl RUN2/log.jsonl ... --out losses.png
-      [--labels preln,ldm,...] [--smooth 0.9] [--title TEXT] [--logy]
+      [--labels preln,ldm,...] [--smooth 0.9] [--title TEXT] [--logy] [--curves both|train|val]
+      [--zoom]
 
-Log format (core/logger.h, written by the trainers' --log): one JSON object per line;
-{"type":"config", "config": {"preset", "scheme", ...}, ...} first, then {"type":"step",
-"step", "loss", ...} per optimizer step, {"type":"val", "step", "val_loss"} per validation
-(and {"type":"eval", "step", "results": {...}} from --eval-every, ignored here). A resumed run
-appends to the same log ({"type":"resume"}); a step logged twice keeps its last value.
-
-Each run gets one colour: the training loss as a thin line (exponential moving average when
---smooth > 0, raw curve faint behind it) and the validation loss as a thicker line with dots.
-The label defaults to "<scheme> (<preset>)" from the config line, else the log's directory.
-Uses Debian's python3-matplotlib with the Agg backend (no display needed). Exit status 1 when a
-log cannot be read or holds no loss at all.
+Log format: scripts/runlog.py (the trainers' --log; a resumed run's repeated steps keep their
+last value). Each label gets one colour: the training loss as a thin line (exponential moving
+average when --smooth > 0, raw curve faint behind it) and the validation loss as a thicker
+dashed line with dots. The label defaults to the scheme with its variant options and the model
+shape from the config line ("ldm delta no-res (small d=256 L=4)", "attnres-block N=8 (= full)
+(...)"), else the log's directory. Runs that share a label (e.g. the seeds of one scheme:
+--labels preln,preln,ldm,ldm) share its colour and its one legend entry. Colours stay distinct
+up to 20 labels (tab10, then tab20), then come from a continuous colour map. The legend sits
+outside the axes, right of the curves. --zoom caps the loss axis at the highest value drawn after
+the first 10% of the steps, so that the first steps' drop from ln V does not flatten the rest. Uses Debian's python3-matplotlib with the Agg backend
+(no display needed). Exit status 1 when a log cannot be read or holds no loss at all.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -27,50 +27,40 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def read_log(path):
-    """-> (label, {step: loss}, {step: val_loss}). ValueError on unreadable lines."""
-    train, val, label = {}, {}, None
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError("%s:%d: not JSON (%s)" % (path, n, e))
-            t = ev.get("type")
-            if t == "config" and label is None:
-                c = ev.get("config", {})
-                if "scheme" in c:
-                    label = "%s (%s)" % (c.get("scheme"), c.get("preset", "?"))
-            elif t == "step" and ev.get("loss") is not None:
-                train[int(ev["step"])] = float(ev["loss"])
-            elif t == "val" and ev.get("val_loss") is not None:
-                val[int(ev["step"])] = float(ev["val_loss"])
-    if label is None:
-        label = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
-    return label, train, val
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlog import RunLog  # noqa: E402
 
 
 def ema(ys, beta):
     out, m = [], None
-    for i, y in enumerate(ys):
+    for y in ys:
         m = y if m is None else beta * m + (1 - beta) * y
-        out.append(m / 1.0)
+        out.append(m)
     return out
 
 
-def main():
+def palette(n):
+    """n distinct colours: tab10 up to 10, tab20 up to 20, else samples of a continuous map."""
+    if n <= 10:
+        return list(plt.get_cmap("tab10").colors)[:max(n, 1)]
+    if n <= 20:
+        return list(plt.get_cmap("tab20").colors)[:n]
+    cmap = plt.get_cmap("gist_rainbow")
+    return [cmap(i / (n - 1)) for i in range(n)]
+
+
+def main(argv=None):
+    """The command line (argv without the program name; None = sys.argv[1:]); returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("logs", nargs="+", help="JSONL logs of the runs")
     ap.add_argument("--out", required=True, help="PNG file to write")
-    ap.add_argument("--labels", default="", help="comma-separated labels, one per log")
+    ap.add_argument("--labels", default="", help="comma-separated labels, one per log (equal labels share a colour)")
     ap.add_argument("--smooth", type=float, default=0.0, help="EMA factor for the train loss (0 = raw, e.g. 0.9)")
     ap.add_argument("--title", default="training and validation loss")
     ap.add_argument("--logy", action="store_true", help="logarithmic loss axis")
-    a = ap.parse_args()
+    ap.add_argument("--curves", default="both", choices=["both", "train", "val"], help="which curves to draw")
+    ap.add_argument("--zoom", action="store_true", help="loss axis from the values after the first 10%% of the steps")
+    a = ap.parse_args(argv)
     labels = [s for s in a.labels.split(",")] if a.labels else []
     if labels and len(labels) != len(a.logs):
         print("error: --labels has %d entries for %d logs" % (len(labels), len(a.logs)), file=sys.stderr)
@@ -78,50 +68,79 @@ def main():
     if not 0 <= a.smooth < 1:
         print("error: --smooth must be in [0, 1)", file=sys.stderr)
         return 1
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    runs = []
     for i, path in enumerate(a.logs):
         try:
-            label, train, val = read_log(path)
+            r = RunLog(path)
         except (OSError, ValueError) as e:
             print("error: %s" % e, file=sys.stderr)
             return 1
-        if not train and not val:
+        if not r.train and not r.val:
             print("error: %s: no 'step' or 'val' losses in the log" % path, file=sys.stderr)
             return 1
-        if labels:
-            label = labels[i]
-        c = colors[i % len(colors)]
-        if train:
-            xs = sorted(train)
-            ys = [train[x] for x in xs]
+        runs.append((labels[i] if labels else r.label(), r))
+    order = []
+    for label, _ in runs:
+        if label not in order:
+            order.append(label)
+    colour = dict(zip(order, palette(len(order))))
+
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
+    seen = set()
+    last_step = max(max(list(r.train) + list(r.val) + [0]) for _, r in runs)
+    zoom_hi, lo = None, None  # the highest / lowest value drawn after the first 10% of the steps
+
+    def drawn(xs, ys):
+        nonlocal zoom_hi, lo
+        late = [y for x, y in zip(xs, ys) if x >= 0.1 * last_step]
+        if late:
+            zoom_hi = max(late) if zoom_hi is None else max(zoom_hi, max(late))
+            lo = min(late) if lo is None else min(lo, min(late))
+
+    for label, r in runs:
+        c = colour[label]
+        first = label not in seen
+        seen.add(label)
+        if r.train and a.curves != "val":
+            xs = sorted(r.train)
+            ys = [r.train[x] for x in xs]
+            name = "%s train" % label if first else None
             if a.smooth > 0:
-                ax.plot(xs, ys, color=c, alpha=0.25, linewidth=0.8)
-                ax.plot(xs, ema(ys, a.smooth), color=c, linewidth=1.2, label="%s train" % label)
+                ax.plot(xs, ys, color=c, alpha=0.2, linewidth=0.7)
+                ax.plot(xs, ema(ys, a.smooth), color=c, linewidth=1.1, label=name)
+                drawn(xs, ema(ys, a.smooth))
             else:
-                ax.plot(xs, ys, color=c, linewidth=1.0, label="%s train" % label)
-        if val:
-            xs = sorted(val)
-            ax.plot(xs, [val[x] for x in xs], color=c, linewidth=2.2, linestyle="--", marker="o", markersize=4,
-                    label="%s val" % label)
+                ax.plot(xs, ys, color=c, linewidth=0.9, alpha=0.8, label=name)
+                drawn(xs, ys)
+        if r.val and a.curves != "train":
+            xs = sorted(r.val)
+            ax.plot(xs, [r.val[x] for x in xs], color=c, linewidth=2.0, linestyle="--", marker="o", markersize=4,
+                    label="%s val" % label if first else None)
+            drawn(xs, [r.val[x] for x in xs])
+        fv = r.final_val()
         print("%s: %s | %d train steps (last loss %s) | %d val points (last %s)"
-              % (path, label, len(train), "%.4f" % train[max(train)] if train else "-", len(val),
-                 "%.4f" % val[max(val)] if val else "-"))
+              % (r.path, label, len(r.train), "%.4f" % r.train[max(r.train)] if r.train else "-", len(r.val),
+                 "%.4f" % fv if fv is not None else "-"))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats / token)")
     if a.logy:
         ax.set_yscale("log")
+    if a.zoom and zoom_hi is not None and zoom_hi > lo:
+        pad = 0.05 * (zoom_hi - lo)
+        ax.set_ylim(lo - pad, zoom_hi + pad)
     ax.set_title(a.title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    # outside the axes, so that it never covers a curve
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
     fig.tight_layout()
     tmp = a.out + ".tmp.%d.png" % os.getpid()
     try:
-        fig.savefig(tmp)
+        fig.savefig(tmp, bbox_inches="tight")
         os.replace(tmp, a.out)
     except OSError as e:
         print("error: cannot write %s: %s" % (a.out, e), file=sys.stderr)
         return 1
+    plt.close(fig)
     print("wrote %s" % a.out)
     return 0
 

@@ -158,6 +158,10 @@ TEST_CASE("eval_cpu: JSON output, table, and bad input -> error and exit 1", "[e
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("lambada acc") && Catch::Contains("wikitext2 word ppl") &&
                         Catch::Contains("examples/s"));
+  // the table's reference column: chance levels next to the numbers
+  CHECK_THAT(r.out, Catch::Contains("reference") && Catch::Contains("chance: ~0") && Catch::Contains("uniform bytes: 8"));
+  // progress lines before the end carry an ETA (77 windows of 16 tokens, in batches of 64)
+  CHECK_THAT(r.out, Catch::Matches("(.|\n)*wikitext +64/[0-9]+ windows \\|[^\n]*\\| ETA [0-9]+s(.|\n)*"));
   json j = json::parse(read_file(dir + "/r.json"));
   CHECK(j.at("step") == 7);
   CHECK(j.at("params") == count_params(cfg));
@@ -394,12 +398,17 @@ TEST_CASE("eval_cpu and generate_cpu with a byte-level model (--tokenizer bytes)
   m.init(5);
   const std::string ck = dir + "/bytes.model";
   save_model(ck, cfg, m.params.data(), 3);
+  REQUIRE(run_cmd(bin + "/ldm_data shards --tokenizer bytes --format text --input " + dd +
+                  "/tinyshakespeare/input.txt --out-dir " + dir + "/ts --name ts --val-tokens 3000 --quiet").status == 0);
   RunResult r = run_cmd(bin + "/eval_cpu --checkpoint " + ck + " --tokenizer bytes --lambada " + dir + "/lambada.bin" +
                         " --max-examples 10 --wikitext " + dir + "/wikitext.bin --max-docs 1 --hellaswag " + dir +
-                        "/hellaswag.bin --out " + dir + "/r.json");
+                        "/hellaswag.bin --val-data '" + dir + "/ts/ts_val_*.bin' --val-batches 2 --out " + dir + "/r.json");
   INFO(r.out);
   REQUIRE(r.status == 0);
   json j = json::parse(read_file(dir + "/r.json"));
+  // the uniform model's loss ln V is recorded and printed next to the val loss
+  CHECK(j.at("results").at("val").at("uniform_loss").get<double>() == Approx(std::log(257.0)).epsilon(1e-12));
+  CHECK_THAT(r.out, Catch::Contains("ln V = 5.5491") && Catch::Contains("chance (4 endings): 0.25"));
   CHECK(j.at("config").at("vocab_size") == 257);
   CHECK(j.at("results").at("lambada").at("examples") == 10);
   CHECK(j.at("results").at("wikitext").at("docs") == 1);

@@ -110,12 +110,21 @@ TEST_CASE("generate_cpu: --prompt-len draws cpu::random_token_ids; bad input exi
     fails("--tokenizer /nonexistent/tok", "does not exist");
     fails("--max-new-tokens 0", "--max-new-tokens");
     fails("--temperature nan", "--temperature must be a finite number");
-    // a generation cut short by a full context says so (12 prompt tokens + 20 new > 32)
+    // a generation past the context slides its window and says so once (12 prompt tokens + 21
+    // new fill 32 positions: 19 more on the window of the last 32)
     RunResult full = run_cmd(bin + " --greedy --prompt-len 12 --max-new-tokens 40 --quiet");
     INFO(full.out);
     CHECK(full.status == 0);
-    CHECK_THAT(full.out, Catch::Contains("note: stopped after 21 of 40 new tokens: the context of 32 tokens is full"));
-    CHECK(generate_line(full.out).at("new_tokens") == 21);
+    CHECK_THAT(full.out, Catch::Contains("note: the context of 32 tokens (--max-len, the model's seq_len) filled after 21 "
+                                         "new tokens; the last 19 were each predicted from the previous 32 tokens"));
+    size_t notes = 0;
+    for (size_t p = full.out.find("note: the context"); p != std::string::npos; p = full.out.find("note: the context", p + 1))
+        notes++;
+    CHECK(notes == 1);
+    const json gl = generate_line(full.out);
+    CHECK(gl.at("new_tokens") == 40);
+    CHECK(gl.at("window_steps") == 19);
+    CHECK(gl.at("decode_steps") == 20);
 }
 
 TEST_CASE("generate_io helpers: prompt, context, report", "[generate]") {

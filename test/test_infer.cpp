@@ -174,9 +174,24 @@ TEST_CASE("greedy generation is deterministic and equals argmax over full forwar
         std::vector<int32_t> s = generate(inf, prompt, 12, g, 1, a[3]);
         const size_t first = std::find(a.begin(), a.end(), a[3]) - a.begin();
         CHECK(s.size() == first + 1);
-        // a full cache stops generation: 30 prompt tokens + 3 new fill 32 positions
+        // a full cache slides the context: 30 prompt tokens + 3 new fill the 32 positions; each
+        // later token is the argmax of a full forward over the last 32 tokens (positions from 0)
         std::vector<int32_t> longp = sch::rand_tokens(30, c.vocab_size, 23);
-        CHECK(generate(inf, longp, 10, g, 1).size() == 3);
+        GenerateStats wst;
+        std::vector<int32_t> w = generate(inf, longp, 10, g, 1, -1, &wst);
+        REQUIRE(w.size() == 10);
+        CHECK(wst.new_tokens == 10);
+        CHECK(wst.decode_ms.size() == 2);  // tokens 2 and 3 by decode steps, then 7 by the window
+        CHECK(wst.window_steps == 7);
+        std::vector<int32_t> wctx = longp, wref;
+        for (int i = 0; i < 10; i++) {
+            const int n = std::min<int>(32, (int)wctx.size());
+            m.forward(wctx.data() + wctx.size() - n, nullptr, 1, n);
+            int32_t t = argmax_token(m.logits() + (size_t)(n - 1) * c.padded_vocab, c.vocab_size);
+            wref.push_back(t);
+            wctx.push_back(t);
+        }
+        CHECK(w == wref);
     }
 }
 

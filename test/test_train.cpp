@@ -138,6 +138,14 @@ TEST_CASE("train_cpu: --dry-run for every preset prints the parameter count with
     // + 2*32*64 (wk, wv) + 64*64 (wo) + 3*160*64 (mlp) = 43136; final norm 64.
     RunResult r = run_cmd(trainer_path() + " --dry-run --preset tiny");
     CHECK_THAT(r.out, Catch::Contains(std::to_string(2 * 50304 * 64 + 2 * 43136 + 64)));
+    // attnres-block with N >= D is Full, and says so: `small` (D = 8) with the default N = 8
+    RunResult nb = run_cmd(trainer_path() + " --dry-run --preset small --scheme attnres-block");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, Catch::Contains("note: attnres-block with --attnres-blocks 8 >= D = 8 sublayers (4 layers) is "
+                                       "AttnRes-Full"));
+    nb = run_cmd(trainer_path() + " --dry-run --preset small --scheme attnres-block --attnres-blocks 2");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, !Catch::Contains("is AttnRes-Full"));
     // --help lists every flag with defaults
     RunResult h = run_cmd(trainer_path() + " --help");
     CHECK(h.status == 0);

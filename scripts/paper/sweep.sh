@@ -12,6 +12,8 @@
 #
 #   --list     print one line per run (name size scheme lr extra flags) and exit
 #   --dry-run  print every run's command (train.sh --dry-run), run nothing
+# The LR part with evaluation, summary and verdict on top: scripts/study.sh --recipe paper-400m
+# (or paper-1.5b), the same runs through the general study tool (doc/distributed.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/common.sh"
