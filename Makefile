@@ -40,7 +40,7 @@ Q :=
 say = @true
 else
 Q := @
-say = @printf '  %-6s %s\n' $(1) $(2)
+say = @printf '  %-6s %s\n' '$(1)' '$(2)'
 endif
 
 # Library: everything in core/, cpu/ and data/prep_*.cpp (no main() there).
