@@ -39,7 +39,7 @@ struct Options : cpu::GenerationFlags {  // + --prompt ... --stop-at-eot
     // random-init model (no --checkpoint)
     std::string preset, scheme = "preln", ldm_rule = "rls";
     bool ldm_no_residual = false, print_config = false;
-    int seq_len = 1024, init_seed = 1, n_layer = 0, vocab_size = 0;
+    int seq_len = 1024, init_seed = 1, n_layer = 0, d_model = 0, vocab_size = 0;
     int threads = 0;
     bool quiet = false;
     int64_t seed = 1;
@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
         ap.add("--ldm-no-residual", &o.ldm_no_residual, "same as --no-residual (older spelling)");
         ap.add("--seq-len", &o.seq_len, "random-init model: context length");
         ap.add("--n-layer", &o.n_layer, "random-init model: override the preset's number of blocks (0 = preset)");
+        ap.add("--d-model", &o.d_model, "random-init model: override the preset's width d (0 = preset)");
         ap.add("--vocab-size", &o.vocab_size, "random-init model: V (0 = the tokenizer's, else 50257)");
         ap.add("--hc-streams", &o.cfg_over.hc_streams, "random-init model: HC/mHC streams n");
         ap.add("--sinkhorn-iters", &o.cfg_over.sinkhorn_iters, "random-init model: mHC Sinkhorn iterations");
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
         } else {
             cfg = preset_config(o.preset, o.vocab_size > 0 ? o.vocab_size : tok ? (int)tok->vocab_size() : 50257);
             if (o.n_layer > 0) cfg.n_layer = o.n_layer;
+            if (o.d_model > 0) cfg.d_model = o.d_model;
             cfg.seq_len = o.seq_len;
             cfg.scheme = o.scheme;
             cfg.hc_streams = o.cfg_over.hc_streams;

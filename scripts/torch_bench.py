@@ -4,7 +4,7 @@ and the report writer used by scripts/bench_cpu_schemes.sh and scripts/bench_gpu
 
   torch_bench.py bench --preset small --scheme ldm [--ldm-rule rls] [--no-residual] -B 4 -T 256
         [--steps 10] [--warmup 2] [--device cpu|cuda] [--mode eager|compile] [--dtype fp32|bf16]
-        [--n-layer N] [--threads N] [--spec-bin build/generate_cpu]
+        [--n-layer N] [--d-model D] [--vocab-size V] [--threads N] [--spec-bin build/generate_cpu]
       One training configuration in PyTorch: forward + backward + AdamW step on a fixed random
       batch, median step time of --steps steps after --warmup steps. Prints
       BENCH {"tokens_per_s", "step_ms", "peak_mem_gib", ...}.
@@ -55,6 +55,8 @@ def load_spec(a):
         cmd.append("--no-residual")
     if a.n_layer:
         cmd += ["--n-layer", str(a.n_layer)]
+    if a.d_model:
+        cmd += ["--d-model", str(a.d_model)]
     if a.vocab_size:
         cmd += ["--vocab-size", str(a.vocab_size)]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout
@@ -597,6 +599,7 @@ def main():
     b.add_argument("--ldm-rule", default="rls")
     b.add_argument("--no-residual", action="store_true")
     b.add_argument("--n-layer", type=int, default=0)
+    b.add_argument("--d-model", type=int, default=0)
     b.add_argument("--vocab-size", type=int, default=0)
     b.add_argument("-B", type=int, default=4)
     b.add_argument("-T", type=int, default=256)

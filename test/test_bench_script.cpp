@@ -137,3 +137,43 @@ TEST_CASE("torch_bench.py's PyTorch peer is the C++ model: equal loss on fp64 de
     for (size_t p = out.find("PASS"); p != std::string::npos; p = out.find("PASS", p + 1)) pass++;
     CHECK(pass == schemes.size());
 }
+
+TEST_CASE("bench_cpu_schemes.sh --bytes --d-model: both sides run the overridden byte-level model", "[bench][script]") {
+    const std::string dd = data_dir_or_skip("bench script");
+    if (dd.empty()) return;
+    const std::string bin = build_dir_of_test();
+    const std::string out = train_scratch("bench_script_bytes");
+    const std::string cmd = "cd '" LDM_SOURCE_DIR "' && BUILD='" + bin + "' LDM_DATA_DIR='" + dd +
+                            "' scripts/bench_cpu_schemes.sh --quick --bytes --d-model 48 --out '" + out + "' > '" + out +
+                            "/console.txt' 2>&1";
+    int rc = std::system(cmd.c_str());
+    INFO(slurp(out + "/console.txt"));
+    REQUIRE(rc == 0);
+    CHECK(slurp(out + "/bench.md").find("tiny d=48 T=32 B=1 bytes") != std::string::npos);
+    // The trainer's parameter count (its log) equals the PyTorch peer's (rows.jsonl), and the
+    // override took effect: tiny at d = 48, V = 257 is smaller than tiny at d = 64, V = 257.
+    auto count_in_log = [&](const std::string& log) {
+        const std::string s = slurp(log), key = "parameters";
+        const size_t p = s.find(key);
+        REQUIRE(p != std::string::npos);
+        size_t b = s.rfind(':', p);
+        REQUIRE(b != std::string::npos);
+        return std::stoll(s.substr(b + 1, p - b - 1));
+    };
+    const long long n_cpp = count_in_log(out + "/logs/cpp_preln.txt");
+    long long n_torch = -1;
+    for (const std::string& line : split(slurp(out + "/rows.jsonl"), '\n')) {
+        if (line.find("\"trainer\": \"torch-eager\"") == std::string::npos || line.find("\"label\": \"preln\"") == std::string::npos)
+            continue;
+        const size_t p = line.find("\"param_count\": ");
+        REQUIRE(p != std::string::npos);
+        n_torch = std::stoll(line.substr(p + 15));
+    }
+    CHECK(n_torch == n_cpp);
+    const std::string ref = bin + "/generate_cpu --preset tiny --vocab-size 257 --seq-len 32 --print-config > '" + out + "/ref.json'";
+    REQUIRE(std::system(ref.c_str()) == 0);
+    const std::string rj = slurp(out + "/ref.json");
+    const size_t p = rj.find("\"param_count\":");
+    REQUIRE(p != std::string::npos);
+    CHECK(std::stoll(rj.substr(p + 14)) > n_cpp);
+}
