@@ -350,8 +350,10 @@ template <typename R>
 void swiglu_backward(R* dh1, R* dh3, const R* da, const R* h1, const R* h3, int64_t n) {
 #pragma omp parallel for schedule(static) LDM_PAR(n)
     for (int64_t i = 0; i < n; i++) {
-        dh1[i] += da[i] * h3[i] * silu_grad(h1[i]);
-        dh3[i] += da[i] * silu(h1[i]);
+        // silu_grad(z) and silu(z) share one sigmoid (the same operations as the two calls)
+        const R z = h1[i], s = sigmoid(z);
+        dh1[i] += da[i] * h3[i] * (s * (R(1) + z * (R(1) - s)));
+        dh3[i] += da[i] * (z * s);
     }
 }
 
