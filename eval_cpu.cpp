@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
         if (!ap.parse(argc, argv)) return 0;
 
         if (o.checkpoint.empty()) throw Error("--checkpoint is required (a ckpt_<step>.model file)");
+        if (!file_exists(o.checkpoint)) throw Error("--checkpoint: " + o.checkpoint + " does not exist");
         if (o.dtype != "fp32" && o.dtype != "fp64") throw Error("--dtype must be fp32 or fp64, got '" + o.dtype + "'");
         if (o.val_data.empty() && o.wikitext.empty() && o.lambada.empty() && o.hellaswag.empty())
             throw Error("nothing to evaluate: give at least one of --val-data, --wikitext, --lambada, --hellaswag");
@@ -104,7 +105,6 @@ int main(int argc, char** argv) {
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
 
-        if (!file_exists(o.checkpoint)) throw Error("--checkpoint: " + o.checkpoint + " does not exist");
         ModelCheckpoint ck = load_model(o.checkpoint);
         const uint32_t V = uint32_t(ck.cfg.vocab_size);
 

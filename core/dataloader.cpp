@@ -105,7 +105,16 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
     // Every shard given, used or not: headers, then every token id < vocab_size, before any step.
     std::vector<ShardInfo> infos;
     for (const std::string& f : files) infos.push_back(read_shard_info(f));
-    check_shard_ids(infos, vocab_, "data loader");
+    if (check_shard_ids(infos, vocab_, "data loader")) {
+        uint64_t tokens = 0;
+        for (const ShardInfo& info : infos) tokens += info.num_tokens;
+        if (tokens >= 4096)  // a handful of ids below 257 proves nothing
+            std::fprintf(stderr,
+                         "warning: data loader: every token id in '%s' (%llu tokens) is below 257, but the model's "
+                         "vocabulary has %u ids: byte-level shards (ldm_data --tokenizer bytes)? Then train and "
+                         "evaluate with --tokenizer bytes\n",
+                         pattern.c_str(), (unsigned long long)tokens, vocab_);
+    }
     for (const ShardInfo& info : infos) {
         const std::string& f = info.path;
         fp.add_str(basename_of(f));

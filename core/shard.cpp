@@ -236,7 +236,9 @@ uint64_t first_id_at_least(const uint32_t* tokens, uint64_t n, uint32_t vocab_si
     return first_id_at_least_t(tokens, n, vocab_size);
 }
 
-void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, const std::string& who) {
+bool check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, const std::string& who) {
+    constexpr uint32_t kByteVocab = 257;  // the byte tokenizer: ids 0..255 and EOT 256
+    const bool want_bytes = vocab_size > kByteVocab;
     struct Block {
         size_t shard;
         uint64_t start, count;  // tokens
@@ -245,7 +247,8 @@ void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, 
     std::vector<Block> blocks;
     for (size_t s = 0; s < shards.size(); s++) {
         const ShardInfo& sh = shards[s];
-        if (sh.token_bytes == 2 && vocab_size > 0xFFFF) continue;  // every uint16 id fits
+        // every uint16 id fits (still scanned for the byte-range check)
+        if (sh.token_bytes == 2 && vocab_size > 0xFFFF && !want_bytes) continue;
         const uint64_t per = kBlockBytes / uint64_t(sh.token_bytes);
         for (uint64_t at = 0; at < sh.num_tokens; at += per)
             blocks.push_back({s, at, std::min(per, sh.num_tokens - at)});
@@ -253,6 +256,7 @@ void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, 
     const long nb = long(blocks.size());
     std::vector<uint64_t> bad(blocks.size(), UINT64_MAX);  // index in the shard of the first bad id
     std::vector<uint32_t> bad_id(blocks.size(), 0);
+    std::vector<char> above_bytes(blocks.size(), 0);  // the block has an id >= 257
     std::vector<std::string> err(blocks.size());
 #pragma omp parallel if (nb > 1)
     {
@@ -280,9 +284,11 @@ void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, 
                     const uint16_t* p = reinterpret_cast<const uint16_t*>(buf32.data());
                     i = first_id_at_least(p, k.count, vocab_size);
                     if (i < k.count) bad_id[size_t(b)] = p[i];
+                    if (want_bytes) above_bytes[size_t(b)] = first_id_at_least(p, k.count, kByteVocab) < k.count;
                 } else {
                     i = first_id_at_least(buf32.data(), k.count, vocab_size);
                     if (i < k.count) bad_id[size_t(b)] = buf32[size_t(i)];
+                    if (want_bytes) above_bytes[size_t(b)] = first_id_at_least(buf32.data(), k.count, kByteVocab) < k.count;
                 }
                 if (i < k.count) bad[size_t(b)] = k.start + i;
             } catch (const std::exception& e) {
@@ -300,6 +306,10 @@ void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, 
                                   vocab_size));
         }
     }
+    if (!want_bytes || blocks.empty()) return false;
+    for (char a : above_bytes)
+        if (a) return false;
+    return true;
 }
 
 std::vector<uint32_t> read_shard(const std::string& path) {

@@ -60,9 +60,11 @@ uint64_t first_id_at_least(const uint32_t* tokens, uint64_t n, uint32_t vocab_si
 // vocab_size, streaming the files in 8 MiB blocks on all OpenMP threads (parallel over the
 // blocks of all shards, so one large shard is split too; uint16 shards need no scan when
 // vocab_size >= 65536). Throws ldm::Error "<who>: shard F: token id X at index I (byte offset B)
-// is >= vocab_size V" for the first bad token in list order, or the read error. Throughput:
+// is >= vocab_size V" for the first bad token in list order, or the read error. Returns true when
+// vocab_size > 257 and every id is < 257 (the byte tokenizer's range: shards made with
+// `--tokenizer bytes` read under a larger vocabulary), false otherwise. Throughput:
 // doc/formats.md "Data loader".
-void check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, const std::string& who);
+bool check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, const std::string& who);
 
 // Streaming writer for shards of unknown length: appends tokens to `path.tmp.<pid>`, and
 // finish() writes the header (count), fsyncs and renames to `path`. If destroyed without

@@ -109,6 +109,35 @@ inline void note_attnres_block_is_full(const ModelConfig& cfg) {
                  cfg.attnres_blocks, D, cfg.n_layer, D, std::max(1, D / 4));
 }
 
+// Scheme options given for a scheme that does not read them (e.g. --ldm-mode with --scheme
+// preln): named in one note on stderr (rank 0 of the launch), the run goes on. "Given" = differs
+// from the option's default, so a default spelled out is not reported.
+template <class O>
+void note_ignored_scheme_flags(const O& o) {
+    const O d{};
+    const std::string& s = o.scheme;
+    std::string names;
+    auto check = [&](bool differs, bool used, const char* flag) {
+        if (differs && !used) names += std::string(names.empty() ? "" : ", ") + flag;
+    };
+    const bool ldm = s == "ldm", hc = s == "hc" || s == "mhc";
+    check(o.hc_streams != d.hc_streams, hc, "--hc-streams");
+    check(o.sinkhorn_iters != d.sinkhorn_iters, s == "mhc", "--sinkhorn-iters");
+    check(o.attnres_blocks != d.attnres_blocks, s == "attnres-block", "--attnres-blocks");
+    check(o.ldm_rule != d.ldm_rule, ldm, "--ldm-rule");
+    check(o.ldm_no_residual != d.ldm_no_residual, ldm, "--no-residual");
+    check(o.ldm_no_forget != d.ldm_no_forget, ldm, "--ldm-no-forget");
+    check(o.ldm_heads != d.ldm_heads, ldm, "--ldm-heads");
+    check(o.ldm_dk != d.ldm_dk, ldm, "--ldm-dk");
+    check(o.ldm_delta != d.ldm_delta, ldm, "--ldm-delta");
+    check(o.ldm_lambda_min != d.ldm_lambda_min, ldm, "--ldm-lambda-min");
+    check(o.ldm_mode != d.ldm_mode, ldm, "--ldm-mode");
+    check(o.ldm_window != d.ldm_window, ldm, "--ldm-window");
+    check(o.ldm_checkpoint_every != d.ldm_checkpoint_every, ldm, "--ldm-checkpoint-every");
+    if (!names.empty() && dist::context_from_env().rank == 0)
+        std::fprintf(stderr, "note: --scheme %s does not use %s: ignored\n", s.c_str(), names.c_str());
+}
+
 // The model of the flags: the preset (with vocab_size), then the overrides (0 = keep the preset's
 // value), the scheme and LDM options, seq_len = T. ldm::Error (from validate) on an impossible
 // shape or option.
@@ -139,6 +168,7 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
     cfg.ldm_drift_tol = o.ldm_drift_tol;
     cfg.validate();
     note_attnres_block_is_full(cfg);
+    note_ignored_scheme_flags(o);
     return cfg;
 }
 

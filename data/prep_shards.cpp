@@ -858,6 +858,8 @@ int cmd_info(int argc, char** argv) {
             std::printf("ids:      min %u, max %u, %zu distinct\n", mn, mx, top.size());
             std::printf("docs:     %llu (EOT id %llu)", (unsigned long long)n_eot, (unsigned long long)eot);
             if (n_eot) std::printf(", %.1f tokens per document", double(info.num_tokens) / double(n_eot));
+            if (!n_eot && eot != 256 && mx <= 256 && info.num_tokens >= 4096)
+                std::printf(" -- every id is <= 256: a byte-level shard? (--tokenizer bytes: EOT 256)");
             std::printf("\n");
             std::partial_sort(top.begin(), top.begin() + long(std::min<size_t>(5, top.size())), top.end(),
                               [](auto& x, auto& y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });

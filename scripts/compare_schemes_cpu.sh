@@ -7,10 +7,11 @@
 # plus OUT/losses.png (scripts/plot_losses.py) and each run's log under OUT/<scheme>/.
 #
 #   scripts/compare_schemes_cpu.sh [--out DIR] [--preset small] [--steps 60] [-B 8] [-T 128]
-#        [--lr 2e-3] [--schemes "preln hc mhc attnres-full attnres-block ldm-rls ..."]
+#        [--lr 2e-3] [--schemes "preln hc mhc attnres-full attnres-block2 ldm-rls ..."]
 #        [--eval-max-examples N]
-# Scheme names: preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer
-# ldm-rls-nores (LDM rls --no-residual). Data: the FineWeb-Edu sample (GPT-2 tokens), from
+# Scheme names: preln hc mhc attnres-full attnres-block (N = 8 blocks: on the 4-layer presets
+# that is Full) attnres-block2 (N = 2, the default list's) ldm-rls ldm-delta ldm-outer
+# ldm-rls-nores (LDM rls --no-residual); an unknown one is refused before any work. Data: the FineWeb-Edu sample (GPT-2 tokens), from
 # $LDM_DATA_DIR or ../shared/data next to the checkout. Needs `make` first. Relative paths are
 # taken from the directory it is run in. Only each run's final model file is kept (~115 MB per
 # scheme on `small`): the script never resumes, so the optimizer state (.state, twice that) is
@@ -20,7 +21,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD=${BUILD:-$ROOT/build}
 OUT=compare_out; PRESET=small; STEPS=60; B=8; T=128; LR=2e-3; EVAL_MAX=100
-SCHEMES="preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer ldm-rls-nores"
+SCHEMES="preln hc mhc attnres-full attnres-block2 ldm-rls ldm-delta ldm-outer ldm-rls-nores"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;; --preset) PRESET=$2; shift 2 ;; --steps) STEPS=$2; shift 2 ;;
@@ -30,6 +31,19 @@ while [ $# -gt 0 ]; do
     *) echo "error: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+scheme_flags() {
+  case "$1" in
+    preln|hc|mhc|attnres-full|attnres-block) echo "--scheme $1" ;;
+    attnres-block2) echo "--scheme attnres-block --attnres-blocks 2" ;;
+    ldm-rls) echo "--scheme ldm --ldm-rule rls" ;;
+    ldm-delta) echo "--scheme ldm --ldm-rule delta" ;;
+    ldm-outer) echo "--scheme ldm --ldm-rule outer" ;;
+    ldm-rls-nores) echo "--scheme ldm --ldm-rule rls --no-residual" ;;
+    *) echo "error: unknown scheme name $1" >&2; return 1 ;;
+  esac
+}
+# every scheme name is checked before any work
+for s in $SCHEMES; do scheme_flags "$s" > /dev/null || exit 2; done
 for bin in ldm_data train_cpu eval_cpu; do
   [ -x "$BUILD/$bin" ] || { echo "error: $BUILD/$bin missing; run make first" >&2; exit 1; }
 done
@@ -53,16 +67,6 @@ fi
 [ -f "$OUT/eval/hellaswag.bin" ] || "$BUILD/ldm_data" hellaswag --tokenizer "$TOK" \
   --input "$DATA/hellaswag/hellaswag_val_full.txt.bz2" --out "$OUT/eval/hellaswag.bin" >/dev/null
 
-scheme_flags() {
-  case "$1" in
-    preln|hc|mhc|attnres-full|attnres-block) echo "--scheme $1" ;;
-    ldm-rls) echo "--scheme ldm --ldm-rule rls" ;;
-    ldm-delta) echo "--scheme ldm --ldm-rule delta" ;;
-    ldm-outer) echo "--scheme ldm --ldm-rule outer" ;;
-    ldm-rls-nores) echo "--scheme ldm --ldm-rule rls --no-residual" ;;
-    *) echo "error: unknown scheme name $1" >&2; return 1 ;;
-  esac
-}
 
 ckpts=(); logs=()
 printf '| scheme | final val loss | median tokens/s | median ms/step |\n|---|---|---|---|\n' > "$OUT/train_table.md"

@@ -24,6 +24,9 @@ import time
 
 def main():
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
     if "--" not in args:
         print("error: usage: measure_run.py --record FILE [--gpu] -- CMD ...", file=sys.stderr)
         return 2

@@ -403,3 +403,35 @@ TEST_CASE("every shard is checked at construction: the first bad id names file, 
     CHECK(msg.find("b.bin: token id 50264 at index 50 ") != std::string::npos);
     omp_set_num_threads(omp_get_num_procs());
 }
+
+TEST_CASE("check_shard_ids: byte-range shards under a larger vocabulary are reported", "[loader]") {
+    std::string d = scratch_dir("dl_byte_range");
+    const int threads0 = omp_get_max_threads();
+    std::mt19937_64 rng(5);
+    // two shards of ids 0..256 (uint16 and uint32); the second longer than one 8 MiB read block
+    std::vector<uint32_t> a(6000), b((uint64_t(1) << 21) + 77);
+    for (auto& x : a) x = uint32_t(rng() % 257);
+    for (auto& x : b) x = uint32_t(rng() % 257);
+    ldm::write_shard(d + "/a.bin", a.data(), a.size(), false);
+    ldm::write_shard(d + "/b.bin", b.data(), b.size(), true);
+    auto infos = [&] {
+        std::vector<ldm::ShardInfo> v;
+        for (const char* f : {"a.bin", "b.bin"}) v.push_back(ldm::read_shard_info(d + "/" + f));
+        return v;
+    };
+    for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        CHECK(ldm::check_shard_ids(infos(), 50257, "t"));      // GPT-2 vocabulary, byte ids only
+        CHECK(ldm::check_shard_ids(infos(), 100278, "t"));     // > 65535: uint16 ids are still scanned
+        CHECK_FALSE(ldm::check_shard_ids(infos(), 257, "t"));  // the byte tokenizer itself
+    }
+    // one id >= 257 anywhere (here the last one of the long shard, past its first read block)
+    // means the ids are not byte-level
+    b.back() = 257;
+    ldm::write_shard(d + "/b.bin", b.data(), b.size(), true);
+    for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        CHECK_FALSE(ldm::check_shard_ids(infos(), 50257, "t"));
+    }
+    omp_set_num_threads(threads0);
+}

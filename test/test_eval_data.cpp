@@ -191,6 +191,7 @@ TEST_CASE("eval_cpu: JSON output, table, and bad input -> error and exit 1", "[e
   expect_fail(exe + " --checkpoint " + ck + " --hellaswag " + dir + "/junk.bin", "junk.bin");
   // Missing / corrupt checkpoint.
   expect_fail(exe + " --checkpoint " + dir + "/nope.model --lambada " + f.lambada, "nope.model");
+  expect_fail(exe + " --checkpoint " + dir + "/nope.model", "nope.model does not exist");  // before the flags
   std::string ckb = read_file(ck);
   ckb[ckb.size() / 2] ^= 0x5a;
   write_file_atomic(dir + "/bad.model", ckb.data(), ckb.size());

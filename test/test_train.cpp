@@ -146,6 +146,16 @@ TEST_CASE("train_cpu: --dry-run for every preset prints the parameter count with
     nb = run_cmd(trainer_path() + " --dry-run --preset small --scheme attnres-block --attnres-blocks 2");
     CHECK(nb.status == 0);
     CHECK_THAT(nb.out, !Catch::Contains("is AttnRes-Full"));
+    // scheme options the chosen scheme does not read are named (and only those)
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme preln --ldm-mode unwind --ldm-dk 4 --hc-streams 2");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, Catch::Contains("note: --scheme preln does not use --hc-streams, --ldm-dk, --ldm-mode: ignored"));
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme ldm --ldm-mode unwind --ldm-dk 4 --sinkhorn-iters 5");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, Catch::Contains("note: --scheme ldm does not use --sinkhorn-iters: ignored"));
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme mhc --hc-streams 2 --sinkhorn-iters 5 --ldm-mode store");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, !Catch::Contains("does not use"));
     // --help lists every flag with defaults
     RunResult h = run_cmd(trainer_path() + " --help");
     CHECK(h.status == 0);
