@@ -247,9 +247,12 @@ bool check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, 
     std::vector<Block> blocks;
     for (size_t s = 0; s < shards.size(); s++) {
         const ShardInfo& sh = shards[s];
-        // every uint16 id fits (still scanned for the byte-range check)
-        if (sh.token_bytes == 2 && vocab_size > 0xFFFF && !want_bytes) continue;
         const uint64_t per = kBlockBytes / uint64_t(sh.token_bytes);
+        if (sh.token_bytes == 2 && vocab_size > 0xFFFF) {
+            // every uint16 id fits: only the first block, for the byte-range check
+            if (sh.num_tokens > 0) blocks.push_back({s, 0, std::min(per, sh.num_tokens)});
+            continue;
+        }
         for (uint64_t at = 0; at < sh.num_tokens; at += per)
             blocks.push_back({s, at, std::min(per, sh.num_tokens - at)});
     }

@@ -62,7 +62,9 @@ uint64_t first_id_at_least(const uint32_t* tokens, uint64_t n, uint32_t vocab_si
 // vocab_size >= 65536). Throws ldm::Error "<who>: shard F: token id X at index I (byte offset B)
 // is >= vocab_size V" for the first bad token in list order, or the read error. Returns true when
 // vocab_size > 257 and every id is < 257 (the byte tokenizer's range: shards made with
-// `--tokenizer bytes` read under a larger vocabulary), false otherwise. Throughput:
+// `--tokenizer bytes` read under a larger vocabulary; for uint16 shards with vocab_size > 65535,
+// whose ids need no check, only the first 8 MiB of each shard are looked at), false otherwise.
+// Throughput:
 // doc/formats.md "Data loader".
 bool check_shard_ids(const std::vector<ShardInfo>& shards, uint32_t vocab_size, const std::string& who);
 

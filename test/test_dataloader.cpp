@@ -422,7 +422,7 @@ TEST_CASE("check_shard_ids: byte-range shards under a larger vocabulary are repo
     for (int threads : {1, 2}) {
         omp_set_num_threads(threads);
         CHECK(ldm::check_shard_ids(infos(), 50257, "t"));      // GPT-2 vocabulary, byte ids only
-        CHECK(ldm::check_shard_ids(infos(), 100278, "t"));     // > 65535: uint16 ids are still scanned
+        CHECK(ldm::check_shard_ids(infos(), 100278, "t"));     // > 65535: uint16 shards sampled
         CHECK_FALSE(ldm::check_shard_ids(infos(), 257, "t"));  // the byte tokenizer itself
     }
     // one id >= 257 anywhere (here the last one of the long shard, past its first read block)
