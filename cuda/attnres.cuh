@@ -209,6 +209,53 @@ inline bool dispatch_vpt(int d, F&& f) {
     return true;
 }
 
+// One token t of the AttnRes backward, shared by aggregate_backward_kernel and
+// block_scores_backward_kernel (whole block, ends with __syncthreads): recomputes the scores
+// s_k = r_k (w⊙g)·u_k and α = softmax(s), and turns dL/dα_k = dx·u_k into dL/ds_k. Shared memory
+// layout of those kernels: pq, pd [nwarps, K] partials, then sc, al, da [K] (s, α, dL/ds).
+template <typename T>
+__device__ inline void scores_backward_token(float* sm, int64_t t, const T* dxt, const Sources& S, const float* w,
+                                             const float* g, int N, int d) {
+    const int K = S.K(), nw = (blockDim.x + 31) >> 5, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float* pq = sm;
+    float* pd = pq + nw * K;
+    float* sc = pd + nw * K;
+    float* al = sc + K;
+    float* da = al + K;
+    for (int k = 0; k < K; k++) {
+        const T* u = src_row<T>(S, k, t, N, d);
+        float a = 0.f, b = 0.f;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            const float uc = to_f(u[c]);
+            a += (w[c] * g[c]) * uc;
+            b += to_f(dxt[c]) * uc;
+        }
+        a = warp_sum(a);
+        b = warp_sum(b);
+        if (lane == 0) {
+            pq[wid * K + k] = a;
+            pd[wid * K + k] = b;
+        }
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        float a = 0.f, b = 0.f;
+        for (int q = 0; q < nw; q++) {
+            a += pq[q * K + k];
+            b += pd[q * K + k];
+        }
+        sc[k] = a * src_r(S, k, t, N);
+        al[k] = sc[k];
+        da[k] = b;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        attnres_softmax(al, K);
+        attnres_softmax_backward(da, al, K);
+    }
+    __syncthreads();
+}
+
 // Backward of aggregate_kernel's x (not of the norm, which the backbone owns): for every token,
 // dL/du_k += (or = when overwrite) α_k dx + attnres_score_grad(ds_k, r_k, s_k, q_c, u_c, d);
 // dq_part[blockIdx.x, c] = this block's Σ_t Σ_k ds_k r_k u_k[c]. Grid kBackwardBlocks (or N if
@@ -217,48 +264,15 @@ template <typename T>
 __global__ void aggregate_backward_kernel(float* dq_part, const T* dx, Sources S, const float* w,
                                           const float* g, int N, int d, bool overwrite) {
     extern __shared__ float sm[];
-    const int K = S.K(), nw = (blockDim.x + 31) >> 5, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    float* pq = sm;                // [nw, K]  q·u partials
-    float* pd = pq + nw * K;       // [nw, K]  dx·u partials
-    float* sc = pd + nw * K;       // [K] scores s_k
+    const int K = S.K(), nw = (blockDim.x + 31) >> 5;
+    float* sc = sm + 2 * nw * K;   // [K] scores s_k (after the [nw, K] q·u and dx·u partials)
     float* al = sc + K;            // [K] α
     float* da = al + K;            // [K] dL/dα, then dL/ds
     float* dq = da + K;            // [d] this block's dq accumulator
     for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] = 0.f;
     for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
         const T* dxt = dx + t * d;
-        for (int k = 0; k < K; k++) {
-            const T* u = src_row<T>(S, k, t, N, d);
-            float a = 0.f, b = 0.f;
-            for (int c = threadIdx.x; c < d; c += blockDim.x) {
-                const float uc = to_f(u[c]);
-                a += (w[c] * g[c]) * uc;
-                b += to_f(dxt[c]) * uc;
-            }
-            a = warp_sum(a);
-            b = warp_sum(b);
-            if (lane == 0) {
-                pq[wid * K + k] = a;
-                pd[wid * K + k] = b;
-            }
-        }
-        __syncthreads();
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            float a = 0.f, b = 0.f;
-            for (int q = 0; q < nw; q++) {
-                a += pq[q * K + k];
-                b += pd[q * K + k];
-            }
-            sc[k] = a * src_r(S, k, t, N);
-            al[k] = sc[k];
-            da[k] = b;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            attnres_softmax(al, K);
-            attnres_softmax_backward(da, al, K);
-        }
-        __syncthreads();
+        scores_backward_token<T>(sm, t, dxt, S, w, g, N, d);
         for (int k = 0; k < K; k++) {
             const T* u = src_row<T>(S, k, t, N, d);
             float* du = src_grad(S, k, t, N, d);
@@ -331,48 +345,15 @@ template <typename T>
 __global__ void block_scores_backward_kernel(float* dq_part, float* ca, float* cb, float* cc, int ldc, T* stash,
                                              const T* dx, Sources S, const float* w, const float* g, int N, int d) {
     extern __shared__ float sm[];
-    const int K = S.K(), nw = (blockDim.x + 31) >> 5, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    float* pq = sm;
-    float* pd = pq + nw * K;
-    float* sc = pd + nw * K;
+    const int K = S.K(), nw = (blockDim.x + 31) >> 5;
+    float* sc = sm + 2 * nw * K;  // layout of scores_backward_token
     float* al = sc + K;
     float* da = al + K;
     float* dq = da + K;
     for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] = 0.f;
     for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
         const T* dxt = dx + t * d;
-        for (int k = 0; k < K; k++) {
-            const T* u = src_row<T>(S, k, t, N, d);
-            float a = 0.f, b = 0.f;
-            for (int c = threadIdx.x; c < d; c += blockDim.x) {
-                const float uc = to_f(u[c]);
-                a += (w[c] * g[c]) * uc;
-                b += to_f(dxt[c]) * uc;
-            }
-            a = warp_sum(a);
-            b = warp_sum(b);
-            if (lane == 0) {
-                pq[wid * K + k] = a;
-                pd[wid * K + k] = b;
-            }
-        }
-        __syncthreads();
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            float a = 0.f, b = 0.f;
-            for (int q = 0; q < nw; q++) {
-                a += pq[q * K + k];
-                b += pd[q * K + k];
-            }
-            sc[k] = a * src_r(S, k, t, N);
-            al[k] = sc[k];
-            da[k] = b;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            attnres_softmax(al, K);
-            attnres_softmax_backward(da, al, K);
-        }
-        __syncthreads();
+        scores_backward_token<T>(sm, t, dxt, S, w, g, N, d);
         for (int k = threadIdx.x; k < S.K0; k += blockDim.x) {
             const float r = src_r(S, k, t, N);
             ca[t * ldc + k] = al[k];
