@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <vector>
 
 #include "core/common.h"
 
@@ -15,6 +16,13 @@ inline std::string data_dir_or_skip(const char* what) {
     }
     return d;
 }
+
+// The whole file as a string; "" when it cannot be read (a missing output then fails the
+// caller's CHECK on its contents instead of throwing).
+std::string slurp(const std::string& path);
+
+// s cut at every sep (n separators give n + 1 pieces, empty ones included).
+std::vector<std::string> split(const std::string& s, char sep);
 
 // A scratch directory under build/test_tmp/<name>, emptied on creation. Registered with
 // register_scratch_dir, so it is removed when the test case that made it passes.

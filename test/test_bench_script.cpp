@@ -14,32 +14,6 @@
 #include "test/helpers.h"
 #include "test/test_train_shards.h"
 
-namespace {
-
-std::string slurp(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-    std::vector<std::string> out;
-    std::string cur;
-    for (char c : s) {
-        if (c == sep) {
-            out.push_back(cur);
-            cur.clear();
-        } else {
-            cur += c;
-        }
-    }
-    out.push_back(cur);
-    return out;
-}
-
-}  // namespace
-
 TEST_CASE("bench_cpu_schemes.sh --quick writes bench.md/csv/png with sane values", "[bench][script]") {
     const std::string dd = data_dir_or_skip("bench script");
     if (dd.empty()) return;
