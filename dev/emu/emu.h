@@ -17,8 +17,10 @@
 // running a kernel under several orders and requiring bit-identical outputs exposes code whose
 // result depends on the interleaving between yield points (missing __syncthreads/__syncwarp).
 // Memory: kernels get host pointers; cudaMalloc is malloc, cudaMemcpy*/cudaMemset* are
-// memcpy/memset (async ones complete at once); streams and events are no-ops. cp.async copies
-// complete only at the issuing thread's cp.async.wait_group / wait_all (see cp_async below).
+// memcpy/memset (async ones complete at once); events are no-ops; stream capture records work
+// into a graph that cudaGraphLaunch replays, and refuses what CUDA refuses inside a capture (see
+// "stream capture" below). cp.async copies complete only at the issuing thread's
+// cp.async.wait_group / wait_all (see cp_async below).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -507,12 +510,63 @@ inline void shared_init(void* p, size_t bytes) {
 inline uint64_t launch_count() { return detail::g.launches; }
 inline uint64_t yield_count() { return detail::g.yields; }
 
+// ---- stream capture and CUDA graphs ---------------------------------------------------------
+// cudaStreamBeginCapture(s) .. cudaStreamEndCapture(s, &graph) records, instead of running, every
+// kernel launch, host-GEMM call, cudaMemcpyAsync and cudaMemsetAsync in order (kernel arguments
+// copied at capture time, as in CUDA); cudaGraphLaunch replays them. During a capture the
+// emulator aborts, with a message, on what CUDA refuses or what would make the graph differ from
+// the eager run: a synchronous copy / memset, a stream or device synchronisation, cudaMalloc /
+// cudaFree, work on a stream other than the capturing one, a copy from or to host memory that is
+// not pinned (cudaMallocHost), NCCL calls, and a second capture. Streams made by cudaStreamCreate
+// are distinct handles (stream 0 stays the legacy stream, which cannot be captured).
+struct Graph {
+    std::vector<std::function<void()>> ops;
+};
+namespace detail {
+struct Capture {
+    Graph* graph = nullptr;  // the graph being recorded (nullptr: not capturing)
+    cudaStream_t stream = nullptr;
+    uint64_t streams_made = 0;
+    uint64_t replays = 0;
+};
+inline Capture& capture() {
+    static Capture c;
+    return c;
+}
+inline std::vector<std::pair<void*, size_t>>& pinned() {
+    static std::vector<std::pair<void*, size_t>> a;
+    return a;
+}
+}  // namespace detail
+inline bool capturing() { return detail::capture().graph != nullptr; }
+inline uint64_t graph_replays() { return detail::capture().replays; }
+// Aborts when a capture is active: `what` is not allowed while a stream is capturing.
+inline void forbid_in_capture(const char* what) {
+    if (!capturing()) return;
+    std::fprintf(stderr, "emu: %s while a stream is capturing (not allowed in a CUDA graph)\n", what);
+    fail("illegal operation during stream capture");
+}
+// True (and the op is recorded) when a capture is active; aborts on a stream other than the
+// capturing one.
+inline bool record(cudaStream_t s, const char* what, std::function<void()> op) {
+    detail::Capture& c = detail::capture();
+    if (!c.graph) return false;
+    if (s != c.stream) {
+        std::fprintf(stderr, "emu: %s on another stream than the capturing one\n", what);
+        fail("work outside the capturing stream during stream capture");
+    }
+    c.graph->ops.push_back(std::move(op));
+    return true;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...): runs every block, one after the other, to
 // completion before returning (so launches are synchronous). Arguments are copied as in CUDA.
+// During a stream capture the launch is recorded (arguments copied now) and runs at replay.
 template <typename K, typename... Args>
-void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, Args... args) {
+void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, Args... args) {
     using namespace detail;
     if (g.in_kernel) fail("kernel launch from inside a kernel (dynamic parallelism) is not emulated");
+    if (record(stream, "kernel launch", [=] { launch(grid, block, smem, stream, kernel, args...); })) return;
     const int64_t nt = (int64_t)block.x * block.y * block.z;
     if (nt <= 0 || nt > 1024) fail("block size must be 1..1024 threads");
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) fail("empty grid");
@@ -567,6 +621,7 @@ inline size_t& allocated_bytes() {
 }
 constexpr size_t kDeviceBytes = size_t(1) << 34;  // the emulated device's "memory" (16 GiB)
 inline cudaError_t malloc_(void** p, size_t n) {
+    forbid_in_capture("cudaMalloc");
     if (posix_memalign(p, 256, n ? n : 1) != 0) *p = nullptr;
     if (!*p) return cudaErrorMemoryAllocation;
     allocations().push_back({*p, n});
@@ -578,6 +633,7 @@ inline cudaError_t malloc_(P** p, size_t n) {
     return malloc_((void**)p, n);
 }
 inline cudaError_t free_(void* p) {
+    forbid_in_capture("cudaFree");
     if (!p) return cudaSuccess;
     auto& a = allocations();
     for (size_t i = a.size(); i-- > 0;)
@@ -596,18 +652,141 @@ inline cudaError_t mem_get_info_(size_t* free_b, size_t* total_b) {
     *free_b = kDeviceBytes > allocated_bytes() ? kDeviceBytes - allocated_bytes() : 0;
     return cudaSuccess;
 }
+// cudaMallocHost / cudaFreeHost: page-locked host memory (the only host memory a captured copy
+// may touch).
+inline cudaError_t malloc_host_(void** p, size_t n) {
+    forbid_in_capture("cudaMallocHost");
+    if (posix_memalign(p, 256, n ? n : 1) != 0) *p = nullptr;
+    if (!*p) return cudaErrorMemoryAllocation;
+    detail::pinned().push_back({*p, n});
+    return cudaSuccess;
+}
+template <typename P>
+inline cudaError_t malloc_host_(P** p, size_t n) {
+    return malloc_host_((void**)p, n);
+}
+inline cudaError_t free_host_(void* p) {
+    forbid_in_capture("cudaFreeHost");
+    auto& a = detail::pinned();
+    for (size_t i = a.size(); i-- > 0;)
+        if (a[i].first == p) {
+            a[i] = a.back();
+            a.pop_back();
+            break;
+        }
+    std::free(p);
+    return cudaSuccess;
+}
+// Whether [p, p + n) lies in one emulated device allocation or one pinned host allocation.
+inline bool in_captureable_memory(const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    for (auto* list : {&allocations(), &detail::pinned()})
+        for (const auto& a : *list) {
+            const char* b = static_cast<const char*>(a.first);
+            if (c >= b && c + n <= b + a.second) return true;
+        }
+    return false;
+}
+inline void check_captured_copy(const void* d, const void* s, size_t n) {
+    if (!in_captureable_memory(d, n) || !in_captureable_memory(s, n))
+        fail("cudaMemcpyAsync from or to pageable host memory during stream capture (use cudaMallocHost)");
+}
+// Synchronous cudaMemcpy / cudaMemset (not allowed during a capture).
 inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
+    forbid_in_capture("cudaMemcpy (synchronous)");
     if (n) std::memmove(d, s, n);
     return cudaSuccess;
 }
-// cudaMemcpy2D[Async]: `height` rows of `width` bytes, row pitches dpitch / spitch (bytes).
-inline cudaError_t memcpy2d_(void* d, size_t dpitch, const void* s, size_t spitch, size_t width, size_t height, ...) {
-    for (size_t r = 0; r < height; r++)
-        if (width) std::memmove(static_cast<char*>(d) + r * dpitch, static_cast<const char*>(s) + r * spitch, width);
+inline cudaError_t memset_(void* d, int v, size_t n, ...) {
+    forbid_in_capture("cudaMemset (synchronous)");
+    if (n) std::memset(d, v, n);
     return cudaSuccess;
 }
-inline cudaError_t memset_(void* d, int v, size_t n, ...) {
+// cudaMemcpyAsync / cudaMemsetAsync: complete at once, or are recorded during a capture.
+inline cudaError_t memcpy_async_(void* d, const void* s, size_t n, cudaMemcpyKind = cudaMemcpyDefault,
+                                 cudaStream_t st = nullptr) {
+    if (capturing()) {
+        check_captured_copy(d, s, n);
+        record(st, "cudaMemcpyAsync", [=] { if (n) std::memmove(d, s, n); });
+        return cudaSuccess;
+    }
+    if (n) std::memmove(d, s, n);
+    return cudaSuccess;
+}
+inline cudaError_t memset_async_(void* d, int v, size_t n, cudaStream_t st = nullptr) {
+    if (capturing()) {
+        if (!in_captureable_memory(d, n)) fail("cudaMemsetAsync on host memory during stream capture");
+        record(st, "cudaMemsetAsync", [=] { if (n) std::memset(d, v, n); });
+        return cudaSuccess;
+    }
     if (n) std::memset(d, v, n);
+    return cudaSuccess;
+}
+// cudaMemcpy2D[Async]: `height` rows of `width` bytes, row pitches dpitch / spitch (bytes).
+inline void copy2d(void* d, size_t dpitch, const void* s, size_t spitch, size_t width, size_t height) {
+    for (size_t r = 0; r < height; r++)
+        if (width) std::memmove(static_cast<char*>(d) + r * dpitch, static_cast<const char*>(s) + r * spitch, width);
+}
+inline cudaError_t memcpy2d_(void* d, size_t dpitch, const void* s, size_t spitch, size_t width, size_t height, ...) {
+    forbid_in_capture("cudaMemcpy2D (synchronous)");
+    copy2d(d, dpitch, s, spitch, width, height);
+    return cudaSuccess;
+}
+inline cudaError_t memcpy2d_async_(void* d, size_t dpitch, const void* s, size_t spitch, size_t width, size_t height,
+                                   cudaMemcpyKind = cudaMemcpyDefault, cudaStream_t st = nullptr) {
+    if (capturing()) {
+        if (height && (!in_captureable_memory(d, dpitch * (height - 1) + width) ||
+                       !in_captureable_memory(s, spitch * (height - 1) + width)))
+            fail("cudaMemcpy2DAsync from or to pageable host memory during stream capture");
+        record(st, "cudaMemcpy2DAsync", [=] { copy2d(d, dpitch, s, spitch, width, height); });
+        return cudaSuccess;
+    }
+    copy2d(d, dpitch, s, spitch, width, height);
+    return cudaSuccess;
+}
+// Synchronisation points (not allowed during a capture; everything else already completed).
+inline cudaError_t sync_(const char* what) {
+    forbid_in_capture(what);
+    return cudaSuccess;
+}
+inline cudaError_t stream_create_(cudaStream_t* s) {
+    // distinct non-null handles, never dereferenced
+    *s = reinterpret_cast<cudaStream_t>(uintptr_t(0x5eed0000) + 16 * ++detail::capture().streams_made);
+    return cudaSuccess;
+}
+inline cudaError_t begin_capture_(cudaStream_t s) {
+    detail::Capture& c = detail::capture();
+    if (c.graph) fail("cudaStreamBeginCapture: a capture is already active");
+    if (s == nullptr) fail("cudaStreamBeginCapture on the legacy default stream (0) is not allowed");
+    c.graph = new Graph();
+    c.stream = s;
+    return cudaSuccess;
+}
+inline cudaError_t end_capture_(cudaStream_t s, Graph** out) {
+    detail::Capture& c = detail::capture();
+    if (!c.graph || s != c.stream) fail("cudaStreamEndCapture without a capture on this stream");
+    *out = c.graph;
+    c.graph = nullptr;
+    c.stream = nullptr;
+    return cudaSuccess;
+}
+inline cudaError_t is_capturing_(cudaStream_t s, cudaStreamCaptureStatus* st) {
+    *st = capturing() && s == detail::capture().stream ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+inline cudaError_t graph_instantiate_(Graph** exec, Graph* g) {
+    forbid_in_capture("cudaGraphInstantiate");
+    *exec = new Graph(*g);
+    return cudaSuccess;
+}
+inline cudaError_t graph_launch_(Graph* exec, cudaStream_t) {
+    forbid_in_capture("cudaGraphLaunch");
+    detail::capture().replays++;
+    for (auto& op : exec->ops) op();
+    return cudaSuccess;
+}
+inline cudaError_t graph_destroy_(Graph* g) {
+    delete g;
     return cudaSuccess;
 }
 inline const void* sym_(const void* p) { return p; }
@@ -709,16 +888,28 @@ inline long max(long a, long b) { return a > b ? a : b; }
 // Runtime API on host memory (streams, events, device attributes: no-ops).
 #define cudaMalloc(p, n) ::emu::malloc_(p, n)
 #define cudaFree(p) ::emu::free_(p)
+#define cudaMallocHost(p, n) ::emu::malloc_host_(p, n)
+#define cudaFreeHost(p) ::emu::free_host_(p)
 #define cudaMemcpy(...) ::emu::memcpy_(__VA_ARGS__)
-#define cudaMemcpyAsync(...) ::emu::memcpy_(__VA_ARGS__)
+#define cudaMemcpyAsync(...) ::emu::memcpy_async_(__VA_ARGS__)
 #define cudaMemcpy2D(...) ::emu::memcpy2d_(__VA_ARGS__)
-#define cudaMemcpy2DAsync(...) ::emu::memcpy2d_(__VA_ARGS__)
+#define cudaMemcpy2DAsync(...) ::emu::memcpy2d_async_(__VA_ARGS__)
 #define cudaMemset(...) ::emu::memset_(__VA_ARGS__)
-#define cudaMemsetAsync(...) ::emu::memset_(__VA_ARGS__)
+#define cudaMemsetAsync(...) ::emu::memset_async_(__VA_ARGS__)
 #define cudaGetLastError() cudaSuccess
 #define cudaPeekAtLastError() cudaSuccess
-#define cudaDeviceSynchronize() cudaSuccess
-#define cudaStreamSynchronize(s) ((void)(s), cudaSuccess)
+#define cudaDeviceSynchronize() ::emu::sync_("cudaDeviceSynchronize")
+#define cudaStreamSynchronize(s) ((void)(s), ::emu::sync_("cudaStreamSynchronize"))
+#define cudaStreamBeginCapture(s, mode) ((void)(mode), ::emu::begin_capture_(s))
+#define cudaStreamEndCapture(s, g) ::emu::end_capture_(s, g)
+#define cudaStreamIsCapturing(s, st) ::emu::is_capturing_(s, st)
+#define cudaGraphInstantiate(e, g, ...) ::emu::graph_instantiate_(e, g)
+#define cudaGraphLaunch(e, s) ::emu::graph_launch_(e, s)
+#define cudaGraphGetNodes(g, nodes, count) ((void)(nodes), *(count) = (g)->ops.size(), cudaSuccess)
+#define cudaGraphExecDestroy(e) ::emu::graph_destroy_(e)
+#define cudaGraphDestroy(g) ::emu::graph_destroy_(g)
+#define cudaGraph_t ::emu::Graph*
+#define cudaGraphExec_t ::emu::Graph*
 #define cudaFuncSetAttribute(...) cudaSuccess
 #define cudaGetDeviceCount(n) (*(n) = 1, cudaSuccess)
 #define cudaMemGetInfo(f, t) ::emu::mem_get_info_(f, t)
@@ -732,10 +923,10 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaEventCreateWithFlags(e, f) (*(e) = nullptr, cudaSuccess)
 #define cudaEventDestroy(e) ((void)(e), cudaSuccess)
 #define cudaEventRecord(...) cudaSuccess
-#define cudaEventSynchronize(e) ((void)(e), cudaSuccess)
+#define cudaEventSynchronize(e) ((void)(e), ::emu::sync_("cudaEventSynchronize"))
 #define cudaEventElapsedTime(ms, a, b) (*(ms) = 0.f, cudaSuccess)
-#define cudaStreamCreate(s) (*(s) = nullptr, cudaSuccess)
-#define cudaStreamCreateWithFlags(s, f) (*(s) = nullptr, cudaSuccess)
+#define cudaStreamCreate(s) ::emu::stream_create_(s)
+#define cudaStreamCreateWithFlags(s, f) ((void)(f), ::emu::stream_create_(s))
 #define cudaStreamDestroy(s) ((void)(s), cudaSuccess)
 #define cudaStreamWaitEvent(...) cudaSuccess
 namespace emu {

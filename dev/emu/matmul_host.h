@@ -12,13 +12,23 @@ struct Matmul {
     void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const TA* A, int64_t lda, const TA* B, int64_t ldb, float beta, TC* C, int64_t ldc,
               const TC* bias, cudaStream_t s) {
-        (void)s;
         if (M <= 0 || N <= 0) return;
         if (K <= 0) throw Error(strprintf("Matmul::gemm: K = %lld must be > 0", (long long)K));
         const int64_t need_lda = trans_a ? M : K, need_ldb = trans_b ? K : N;
         if (lda < need_lda || ldb < need_ldb || ldc < N)
             throw Error("Matmul::gemm (emulated): leading dims too small");
         plans_++;
+        // during a stream capture: recorded, computed at graph replay (emu::record)
+        if (::emu::record(s, "Matmul::gemm", [=] { compute(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias); }))
+            return;
+        compute(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    }
+    size_t plans() const { return plans_ ? 1 : 0; }
+
+  private:
+    template <typename TA, typename TC>
+    static void compute(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const TA* A,
+                        int64_t lda, const TA* B, int64_t ldb, float beta, TC* C, int64_t ldc, const TC* bias) {
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) {
                 double acc = 0;
@@ -33,8 +43,5 @@ struct Matmul {
                 C[i * ldc + j] = from_f<TC>((float)c);
             }
     }
-    size_t plans() const { return plans_ ? 1 : 0; }
-
-  private:
     size_t plans_ = 0;
 };

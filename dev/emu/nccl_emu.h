@@ -120,6 +120,7 @@ inline ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
 inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                                   ncclComm_t comm, cudaStream_t) {
+    ::emu::forbid_in_capture("ncclAllReduce");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
     if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
@@ -128,6 +129,7 @@ inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, nc
 }
 inline ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t t,
                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+    ::emu::forbid_in_capture("ncclReduceScatter");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
     const size_t es = type_size(t);
@@ -144,6 +146,7 @@ inline ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_
 }
 inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t t, ncclComm_t comm,
                                   cudaStream_t) {
+    ::emu::forbid_in_capture("ncclAllGather");
     using namespace emu::nccl;
     if (!type_size(t)) return ncclInvalidArgument;
     const size_t es = type_size(t);
@@ -154,6 +157,7 @@ inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_coun
 }
 inline ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
                                ncclComm_t comm, cudaStream_t) {
+    ::emu::forbid_in_capture("ncclReduce");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
     if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
@@ -163,6 +167,7 @@ inline ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclD
 }
 inline ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root,
                                   ncclComm_t comm, cudaStream_t) {
+    ::emu::forbid_in_capture("ncclBroadcast");
     using namespace emu::nccl;
     if (!type_size(t)) return ncclInvalidArgument;
     const size_t es = type_size(t);
