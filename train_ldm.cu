@@ -57,6 +57,7 @@ struct LdmGpuScheme : GpuScheme<T> {
     void output_backward(int j, T* d_o, cudaStream_t s) override;
     void input_backward(int j, const T* dx, cudaStream_t s) override;
     void begin_backward(T* de, cudaStream_t s) override;
+    bool after_backward(cudaStream_t s) override;
     int64_t extra_bytes_per_token() const override { return N_ > 0 ? allocated_bytes() / N_ : 0; }
     std::vector<std::pair<std::string, double>> metrics() override;
 
@@ -800,11 +801,18 @@ void LdmGpuScheme<T>::record_drift(const float* ref, cudaStream_t s) {
     drift_pending_ = true;
 }
 
-// Embedding write's backward, then the drift check of this step: above --ldm-drift-tol the next
-// steps keep checkpointed segments (window mode: window-start states), like the CPU.
+// Embedding write's backward (the drift check of this step follows in after_backward).
 template <typename T>
 void LdmGpuScheme<T>::begin_backward(T* de, cudaStream_t s) {
     write_backward(0, de, s);
+}
+
+// The drift check of this micro-batch (host side, after its backward): above --ldm-drift-tol the
+// next steps keep checkpointed segments (window mode: window-start states), like the CPU. Returns
+// true when it switched (the next forward and backward launch other kernels).
+template <typename T>
+bool LdmGpuScheme<T>::after_backward(cudaStream_t s) {
+    const int before = ckpt_;
     if (drift_pending_) {
         unsigned bits[2];
         CUDA_CHECK(cudaMemcpyAsync(bits, drift_.ptr, sizeof bits, cudaMemcpyDeviceToHost, s));
@@ -829,6 +837,7 @@ void LdmGpuScheme<T>::begin_backward(T* de, cudaStream_t s) {
             warned_ = true;
         }
     }
+    return ckpt_ != before;
 }
 
 // The drift of the unwinding modes (logged every step, as train_cpu does).

@@ -46,6 +46,12 @@ struct GpuScheme {
     virtual void output_backward(int j, T* d_o, cudaStream_t) = 0;  // writes (=) dL/do_j
     virtual void input_backward(int j, const T* dx, cudaStream_t) = 0;
     virtual void begin_backward(T* de, cudaStream_t) = 0;            // writes (=) dL/de
+    // Host-side bookkeeping after a micro-batch's backward, outside any CUDA graph (it may read
+    // device values back and synchronise; LDM's drift check). Returns true when the scheme now
+    // launches different kernels (a captured graph must be captured again). Everything from
+    // begin() to begin_backward() must run without host synchronisation or host-memory copies, so
+    // that Transformer::train_micro_batch can capture it.
+    virtual bool after_backward(cudaStream_t) { return false; }
     // Activation memory (bytes per token) the scheme keeps for backward or as live state, beyond
     // the backbone's own buffers; printed at startup.
     virtual int64_t extra_bytes_per_token() const = 0;

@@ -51,6 +51,7 @@ struct GpuTrainOptions : TrainOptions {
     bool nccl = false;          // NCCL path even with one GPU (measures its cost)
     std::string nccl_id_file;   // share the NCCL id through this file (launchers without MPI)
     int nccl_overlap = 0;       // 1: per-bucket reduction overlapped with backward (GpuDataParallel)
+    int cuda_graph = 0;         // 1: each micro-batch's forward + backward replays a CUDA graph
     InferOptions infer;         // generation / inference benchmark instead of training (cuda/infer_cli.cuh)
     GpuTrainOptions() { dtype = "bf16"; }
 };
@@ -113,6 +114,12 @@ class GpuBackend {
     GpuBackend(const ModelConfig& cfg, const GpuTrainOptions& o)
         : cfg_(cfg), o_(o), dctx_(dist::context()), dev_(local_device(dctx_)), set_dev_(dev_),
           device_(device_description(dev_)), model_(cfg, o.B, o.T, o.recompute) {
+        // a CUDA graph is captured on a created stream (blocking: ordered with the legacy stream's
+        // copies as stream 0 is); without one everything runs on stream 0
+        if (o.cuda_graph) {
+            CUDA_CHECK(cudaStreamCreate(&stream_));
+            model_.stream = stream_;
+        }
         model_.init(uint64_t(o.seed));
         n_ = model_.n_params;
         dp_.init(dctx_, n_, o.zero, o.nccl, o.nccl_id_file, o.nccl_overlap != 0);
@@ -150,14 +157,25 @@ class GpuBackend {
     const char* state_dtype() const { return "fp32"; }
     void zero_grad() { model_.zero_grad(); }
     double train_batch(const int32_t* in, const int32_t* tg, int B, int T_, double scale, bool last) {
-        const double loss = model_.forward(in, tg, B, T_, scale);
         // overlap path: the last micro-batch's backward starts each bucket's reduction as soon as
-        // its gradients are final (cuda/nccl.cuh GpuDataParallel::on_grads_final)
+        // its gradients are final (cuda/nccl.cuh GpuDataParallel::on_grads_final); that
+        // micro-batch runs eagerly, the others (and all without overlap) replay the CUDA graph
+        // with --cuda-graph 1
         const bool hook = dp_.overlap && last;
-        cudaStream_t st = model_.stream;
-        if (hook) model_.grad_hook = [this, st](int stage) { dp_.on_grads_final(stage, st); };
-        model_.backward(scale);
-        if (hook) model_.grad_hook = nullptr;
+        double loss = 0;
+        if (hook) {
+            cudaStream_t st = model_.stream;
+            loss = model_.forward(in, tg, B, T_, scale);
+            model_.grad_hook = [this, st](int stage) { dp_.on_grads_final(stage, st); };
+            model_.backward(scale);
+            model_.grad_hook = nullptr;
+        } else {
+            const int64_t before = model_.graph_captures();
+            loss = model_.train_micro_batch(in, tg, B, T_, scale, o_.cuda_graph != 0);
+            if (model_.graph_captures() != before)
+                std::printf("CUDA graph: micro-batch B=%d x T=%d captured (%lld nodes), replayed from now on\n", B, T_,
+                            (long long)model_.graph_nodes());
+        }
         if (!measured_) {  // peak memory: after the first micro-batch of the run
             size_t fr = 0, to = 0;
             CUDA_CHECK(cudaMemGetInfo(&fr, &to));
@@ -277,7 +295,7 @@ class GpuBackend {
         return {{"device", device_},
                 {"data_parallel", {{"world", dctx_.world}, {"zero", dp_.zero1 ? 1 : 0}, {"nccl", dp_.nccl},
                                    {"overlap", dp_.overlap}, {"buckets", dp_.buckets.size()}}},
-                {"gpu", {{"recompute", o_.recompute}, {"nccl_overlap", o_.nccl_overlap}}}};
+                {"gpu", {{"recompute", o_.recompute}, {"nccl_overlap", o_.nccl_overlap}, {"cuda_graph", o_.cuda_graph}}}};
     }
     std::string device() const { return device_; }
     void print_startup() {
@@ -306,10 +324,15 @@ class GpuBackend {
         const double peak = trainer_detail::measure_peak_bf16_tflops(model_.stream);
         const double achieved = fpt * tps / 1e12;
         (void)step_ms;
-        return {{"trainer", "gpu"}, {"recompute", o_.recompute}, {"model_flops_per_token", fpt},
+        return {{"trainer", "gpu"}, {"recompute", o_.recompute}, {"cuda_graph", o_.cuda_graph},
+                {"graph_captures", model_.graph_captures()}, {"model_flops_per_token", fpt},
                 {"achieved_tflops", achieved}, {"peak_bf16_tflops", peak}, {"mfu", achieved / peak},
                 {"peak_mem_gib", gib(double(peak_used_))}, {"alloc_gib", gib(double(allocated()))},
                 {"scheme_bytes_per_token", model_.scheme().extra_bytes_per_token()}, {"device", device_}};
+    }
+
+    ~GpuBackend() {
+        if (stream_) (void)cudaStreamDestroy(stream_);  // no throw from a destructor
     }
 
    private:
@@ -333,6 +356,7 @@ class GpuBackend {
     AdamWConfig ac_;
     float* g_ = nullptr;  // the reduced gradients reduce_gradients() returned (this rank's slice)
     std::unique_ptr<ScoringModel> scorer_;
+    cudaStream_t stream_ = nullptr;  // created with --cuda-graph 1 (model_.stream), else none
 };
 
 template <typename T>
@@ -364,6 +388,9 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         ap.section("GPU");
         ap.add("--recompute", &o.recompute,
                "activation recompute in backward: 0 off | 1 SwiGLU output | 2 also the RMSNorm outputs");
+        ap.add("--cuda-graph", &o.cuda_graph,
+               "1: capture each micro-batch's forward + backward as a CUDA graph once and replay it (fewer "
+               "launches, no host sync inside the micro-batch; same results bit for bit); 0: launch every kernel");
         ap.add("--gpu-info", &o.gpu_info, "print the CUDA device and exit (exit code 2 without a GPU)");
         ap.section("Data parallel (one process per GPU under mpirun / srun; doc/distributed.md)");
         ap.add("--zero", &o.zero, "0: gradients all-reduced, full AdamW on every GPU; 1: ZeRO-1 (reduce-scatter, "
@@ -378,6 +405,8 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         if (!ap.parse(argc, argv)) return 0;
         if (o.nccl_overlap != 0 && o.nccl_overlap != 1)
             throw Error(strprintf("--nccl-overlap must be 0 or 1, got %d", o.nccl_overlap));
+        if (o.cuda_graph != 0 && o.cuda_graph != 1)
+            throw Error(strprintf("--cuda-graph must be 0 or 1, got %d", o.cuda_graph));
         // Only rank 0 prints to stdout (errors still go to every rank's stderr).
         if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout");
 

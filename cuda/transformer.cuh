@@ -91,6 +91,19 @@ struct Transformer {
     double forward(const int32_t* tokens, const int32_t* targets, int B, int T_, double grad_scale);
     // grads += grad_scale · d(mean loss)/d(params) (needs a forward with targets).
     void backward(double grad_scale);
+    // forward(tokens, targets, B, T_, grad_scale) then backward(grad_scale) (grad_scale > 0), with
+    // the same results bit for bit. use_graph: the kernels from the embedding to the scheme's
+    // begin_backward are one CUDA graph, captured at the first call for a (B, T_, grad_scale) and
+    // replayed after that; outside it run the token uploads, the embedding backward (its grid is
+    // the batch's number of distinct tokens) and the loss download. use_graph needs `stream` to be
+    // a created stream (the legacy stream 0 cannot be captured) and no grad_hook; ldm::Error
+    // otherwise. Safe to replay because no buffer moves after construction (the schemes' resize
+    // only grows, and the constructor sized them for B_max x T_max). doc/cuda.md "CUDA graph".
+    double train_micro_batch(const int32_t* tokens, const int32_t* targets, int B, int T_, double grad_scale,
+                             bool use_graph);
+    int64_t graph_captures() const { return graph_captures_; }
+    int64_t graph_nodes() const { return graph_nodes_; }  // of the last capture
+    ~Transformer() { drop_graph(); }
     // Backward hook for the data-parallel overlap (cuda/nccl.cuh GpuDataParallel): when set,
     // backward() calls grad_hook(stage) on the host at each backward stage of core/dist.h
     // (dist::grad_stage_head() after the head, dist::grad_stage_block(l, L) after block l,
@@ -127,6 +140,19 @@ struct Transformer {
         allocated_ += b.bytes();
     }
     int64_t off(const std::string& name) const;
+    // The pieces of forward() / backward(): checks, state and uploads; the kernels (no host
+    // synchronisation, no host memory: what a CUDA graph captures); the loss download; the
+    // embedding backward with its host-built buckets.
+    void forward_prologue(const int32_t* tokens, const int32_t* targets, int B, int T_);
+    void forward_kernels(double grad_scale);
+    double forward_loss();
+    void backward_prologue();
+    void backward_kernels(double grad_scale);
+    void embedding_backward_tail();
+    void drop_graph() {
+        if (graph_exec_) (void)cudaGraphExecDestroy(graph_exec_);
+        graph_exec_ = nullptr;
+    }
     const T* P(int64_t o) const { return params + o; }
     float* G(int64_t o) const { return grads.ptr + o; }
     T* ln_att(int l) { return recompute_ >= 2 ? ln_tmp_.ptr : act_[l].ln_att.ptr; }
@@ -150,6 +176,11 @@ struct Transformer {
     int B_ = 0, Tcur_ = 0;
     int64_t N_ = 0;
     bool have_targets_ = false, dlogits_ready_ = false, backward_done_ = true;
+    // the captured micro-batch (train_micro_batch with use_graph) and its key
+    cudaGraphExec_t graph_exec_ = nullptr;
+    int graph_B_ = 0, graph_T_ = 0;
+    double graph_scale_ = 0;
+    int64_t graph_captures_ = 0, graph_nodes_ = 0;
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -315,13 +346,23 @@ std::vector<float> Transformer<T>::logits_host() const {
 
 template <typename T>
 double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, int B, int T_, double grad_scale) {
+    forward_prologue(tokens, targets, B, T_);
+    forward_kernels(grad_scale);
+    if (!targets) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return std::nan("");
+    }
+    return forward_loss();
+}
+
+template <typename T>
+void Transformer<T>::forward_prologue(const int32_t* tokens, const int32_t* targets, int B, int T_) {
     const ModelConfig& c = cfg;
     if (B <= 0 || T_ <= 0) throw Error(strprintf("Transformer::forward: B=%d and T=%d must be positive", B, T_));
     if (T_ > Tmax_ || (int64_t)B * T_ > (int64_t)Bmax_ * Tmax_)
         throw Error(strprintf("Transformer::forward: B=%d x T=%d exceeds the allocated %d x %d", B, T_, Bmax_, Tmax_));
     const int64_t N = (int64_t)B * T_;
-    const int d = c.d_model, qd = c.q_dim(), F = c.ffn, nh = c.n_head, nkv = c.n_kv_head,
-              hd = c.head_dim, V = c.vocab_size, Vp = c.padded_vocab;
+    const int V = c.vocab_size;
     for (int64_t n = 0; n < N; n++) {
         if (tokens[n] < 0 || tokens[n] >= V)
             throw Error(strprintf("Transformer::forward: token id %d at position %lld is outside [0, %d)",
@@ -339,9 +380,19 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
     tokens_h_.assign(tokens, tokens + N);
     CUDA_CHECK(cudaMemcpyAsync(tokens_.ptr, tokens, (size_t)N * 4, cudaMemcpyHostToDevice, s));
     if (targets) CUDA_CHECK(cudaMemcpyAsync(targets_.ptr, targets, (size_t)N * 4, cudaMemcpyHostToDevice, s));
+    scheme_->resize(B, T_);
+}
+
+template <typename T>
+void Transformer<T>::forward_kernels(double grad_scale) {
+    const ModelConfig& c = cfg;
+    const int B = B_, T_ = Tcur_;
+    const int64_t N = N_;
+    const int d = c.d_model, qd = c.q_dim(), F = c.ffn, nh = c.n_head, nkv = c.n_kv_head,
+              hd = c.head_dim, V = c.vocab_size, Vp = c.padded_vocab;
+    cudaStream_t s = stream;
     const float eps = (float)c.norm_eps;
     GpuScheme<T>& S = *scheme_;
-    S.resize(B, T_);
 
     embedding_forward<T>(emb_.ptr, tokens_.ptr, P(wte_), N, d, s);
     S.begin(emb_.ptr, s);
@@ -371,26 +422,38 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
     // at allocation), as in the CPU reference.
     linear_forward<T>(mm_, logits_.ptr, yn_.ptr, P(lm_head_), nullptr, N, d, V, s, Vp);
     dlogits_ready_ = false;
-    if (!targets) {
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        return std::nan("");
-    }
+    if (!have_targets_) return;
     const bool write = grad_scale > 0;
     fused_classifier<T>(logits_.ptr, losses_.ptr, targets_.ptr, N, V, Vp,
                         write ? (float)(grad_scale / (double)N) : 0.0f, write, s);
     dlogits_ready_ = write;
-    std::vector<float> lh = download(losses_.ptr, N);  // synchronises
+}
+
+template <typename T>
+double Transformer<T>::forward_loss() {
+    std::vector<float> lh = download(losses_.ptr, N_);  // synchronises
     double sum = 0;
     for (float x : lh) sum += x;
-    return sum / (double)N;
+    return sum / (double)N_;
 }
 
 template <typename T>
 void Transformer<T>::backward(double grad_scale) {
-    const ModelConfig& c = cfg;
+    backward_prologue();
+    backward_kernels(grad_scale);
+    embedding_backward_tail();
+}
+
+template <typename T>
+void Transformer<T>::backward_prologue() {
     if (N_ == 0 || !have_targets_) throw Error("Transformer::backward: needs a preceding forward() with targets");
     if (backward_done_) throw Error("Transformer::backward: called twice after one forward (run forward again)");
     backward_done_ = true;
+}
+
+template <typename T>
+void Transformer<T>::backward_kernels(double grad_scale) {
+    const ModelConfig& c = cfg;
     const int64_t N = N_;
     const int B = B_, T_ = Tcur_, d = c.d_model, qd = c.q_dim(), F = c.ffn, nh = c.n_head,
               nkv = c.n_kv_head, hd = c.head_dim, V = c.vocab_size, Vp = c.padded_vocab;
@@ -445,16 +508,74 @@ void Transformer<T>::backward(double grad_scale) {
         if (grad_hook) grad_hook(dist::grad_stage_block(l, c.n_layer));
         S.input_backward(2 * l + 1, dx_.ptr, s);
     }
-    // Embedding: de in dx_; deterministic bucketed backward (buckets built on the host).
+    // Embedding: de in dx_ (then embedding_backward_tail).
     S.begin_backward(dx_.ptr, s);
+}
+
+// Deterministic bucketed embedding backward of de (dx_), the buckets built on the host.
+template <typename T>
+void Transformer<T>::embedding_backward_tail() {
+    const int64_t N = N_;
+    const int d = cfg.d_model;
+    cudaStream_t s = stream;
     EmbeddingBuckets bk = EmbeddingBuckets::build(tokens_h_.data(), N);
     const int U = (int)bk.uniq.size();
     CUDA_CHECK(cudaMemcpyAsync(uniq_.ptr, bk.uniq.data(), bk.uniq.size() * 4, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(start_.ptr, bk.start.data(), bk.start.size() * 4, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(pos_.ptr, bk.pos.data(), bk.pos.size() * 4, cudaMemcpyHostToDevice, s));
     embedding_backward<T>(G(wte_), dx_.ptr, uniq_.ptr, start_.ptr, pos_.ptr, U, d, s);
-    if (grad_hook) grad_hook(dist::grad_stage_end(c.n_layer));
+    if (grad_hook) grad_hook(dist::grad_stage_end(cfg.n_layer));
     CUDA_CHECK(cudaStreamSynchronize(s));  // the host bucket vectors die here
+    if (scheme_->after_backward(s)) drop_graph();  // e.g. LDM's drift fallback: other kernels from now on
+}
+
+template <typename T>
+double Transformer<T>::train_micro_batch(const int32_t* tokens, const int32_t* targets, int B, int T_,
+                                         double grad_scale, bool use_graph) {
+    if (!targets || !(grad_scale > 0))
+        throw Error("Transformer::train_micro_batch: needs targets and grad_scale > 0");
+    if (!use_graph) {
+        const double loss = forward(tokens, targets, B, T_, grad_scale);
+        backward(grad_scale);
+        return loss;
+    }
+    if (grad_hook) throw Error("Transformer::train_micro_batch: a CUDA graph cannot run the backward grad_hook");
+    if (stream == 0) throw Error("Transformer::train_micro_batch: a CUDA graph needs a created stream, not stream 0");
+    forward_prologue(tokens, targets, B, T_);
+    if (!graph_exec_ || graph_B_ != B || graph_T_ != T_ || graph_scale_ != grad_scale) {
+        drop_graph();
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        cudaGraph_t g = nullptr;
+        try {
+            forward_kernels(grad_scale);
+            backward_prologue();
+            backward_kernels(grad_scale);
+        } catch (...) {
+            cudaStreamEndCapture(stream, &g);  // end the capture before reporting the error
+            if (g) cudaGraphDestroy(g);
+            throw;
+        }
+        CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+        size_t nodes = 0;
+        CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+        graph_nodes_ = (int64_t)nodes;
+        const cudaError_t e = cudaGraphInstantiate(&graph_exec_, g, 0);
+        cudaGraphDestroy(g);
+        if (e != cudaSuccess) {
+            graph_exec_ = nullptr;
+            CUDA_CHECK(e);
+        }
+        graph_B_ = B;
+        graph_T_ = T_;
+        graph_scale_ = grad_scale;
+        graph_captures_++;
+    } else {  // the host-side state the captured calls leave behind
+        dlogits_ready_ = true;
+        backward_done_ = true;
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream));
+    embedding_backward_tail();
+    return forward_loss();
 }
 
 // Byte counts of a configuration without allocating anything (also for --dry-run without a GPU):

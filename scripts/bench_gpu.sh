@@ -21,11 +21,12 @@
 # Shapes are PRESET:T:B[:N_LAYER] (default: the spec's list, larger Qwen3 presets with 4 blocks):
 #   llama-400m:2048:8 qwen-1.5b:2048:4 qwen3-1.7b:2048:4 qwen3-1.7b:8192:1
 #   qwen3-4b:2048:4:4 qwen3-8b:2048:4:4 qwen3-14b:2048:4:4
-# Schemes: preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer (ldm-rls-nores too).
+# Schemes: preln preln-graph hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer
+# (ldm-rls-nores too). preln-graph is PreLN with --cuda-graph 1 (C++ only; no PyTorch rows).
 # LDM runs rls and outer in --ldm-mode (default unwind), delta in store (not invertible).
 # Window sweep (issue #9): schemes ldm-rls-w1 ldm-rls-w2 ldm-rls-w4 ldm-rls-w8 (rls, --ldm-mode
 # window --ldm-window W); --window-sweep appends them to the schemes.
-# --quick (about 2 minutes on an H200): llama-400m T=2048 B=8, preln + ldm-rls,
+# --quick (about 2.5 minutes on an H200): llama-400m T=2048 B=8, preln, preln-graph, ldm-rls,
 # 10 steps, C++ and PyTorch eager (no torch.compile, no workbench), 150 s per item.
 # Data: random token ids in a synthetic shard (timing does not depend on them); the GPT-2
 # tokenizer (only its vocabulary size is used) from $LDM_DATA_DIR, ../shared/data or
@@ -38,7 +39,7 @@ BUILD=${BUILD:-build}
 NAME=gpu_bench; OUT=""; STEPS=20; TORCH=1; COMPILE=1; TIMEOUT=900; LDM_MODE=unwind; DTYPE=bf16
 WORKBENCH=1; QUICK=0; TORCH_WARMUP=2; PREBUILT=0; INFER=1; WINDOW_SWEEP=0
 SHAPES="llama-400m:2048:8 qwen-1.5b:2048:4 qwen3-1.7b:2048:4 qwen3-1.7b:8192:1 qwen3-4b:2048:4:4 qwen3-8b:2048:4:4 qwen3-14b:2048:4:4"
-SCHEMES="preln hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer"
+SCHEMES="preln preln-graph hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer"
 while [ $# -gt 0 ]; do
   case "$1" in
     --name) NAME=$2; shift 2 ;; --out) OUT=$2; shift 2 ;; --steps) STEPS=$2; shift 2 ;;
@@ -53,7 +54,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ "$QUICK" = 1 ]; then
-  SHAPES="llama-400m:2048:8"; SCHEMES="preln ldm-rls"; STEPS=10; COMPILE=0; WORKBENCH=0
+  SHAPES="llama-400m:2048:8"; SCHEMES="preln preln-graph ldm-rls"; STEPS=10; COMPILE=0; WORKBENCH=0
   TIMEOUT=150; TORCH_WARMUP=1; [ "$NAME" = gpu_bench ] && NAME=gpu_quick
 fi
 [ -n "$OUT" ] || OUT=results/$NAME
@@ -113,6 +114,7 @@ PY
 scheme_flags() {  # binary | C++ flags | torch_bench flags
   case "$1" in
     preln|hc|mhc|attnres-full|attnres-block) echo "train_gpt_baselines|--scheme $1|--scheme $1" ;;
+    preln-graph) echo "train_gpt_baselines|--scheme preln --cuda-graph 1|" ;;  # C++ only (the peer is preln's)
     ldm-rls) echo "train_ldm|--scheme ldm --ldm-rule rls --ldm-mode $LDM_MODE|--scheme ldm --ldm-rule rls" ;;
     ldm-delta) echo "train_ldm|--scheme ldm --ldm-rule delta --ldm-mode store|--scheme ldm --ldm-rule delta" ;;
     ldm-outer) echo "train_ldm|--scheme ldm --ldm-rule outer --ldm-mode ${LDM_MODE/window/unwind}|--scheme ldm --ldm-rule outer" ;;
@@ -143,7 +145,7 @@ for shape in $SHAPES; do
       "$BUILD/cuda/$bin" --preset "$preset" "${lflag[@]}" $cflags -B "$B" -T "$T" --bench "$STEPS" \
       --dtype "$DTYPE" --quiet --train-data "$BUILD/bench_data/synthetic_train_*.bin" --tokenizer "$TOK" \
       --sample-every -1
-    if [ "$INFER" = 1 ]; then  # inference: prefill T/2 tokens, then min(128, T/2) decode steps
+    if [ "$INFER" = 1 ] && [ "$s" != preln-graph ]; then  # inference: prefill T/2 tokens, then min(128, T/2) decode steps (graphs: training only)
       P=$((T / 2)); G=$((T / 2 < 128 ? T / 2 : 128))
       ilog="$OUT/logs/cpp_infer_${preset}_${T}_${s}.txt"
       # shellcheck disable=SC2086
@@ -161,7 +163,7 @@ with open(path, "a") as f:
     f.write(json.dumps(row) + "\n")
 PY
     fi
-    if [ "$TORCH" = 1 ]; then
+    if [ "$TORCH" = 1 ] && [ -n "$tflags" ]; then
       modes="eager"; [ "$COMPILE" = 1 ] && modes="eager compile"
       for m in $modes; do
         # shellcheck disable=SC2086

@@ -17,6 +17,7 @@
 #   WB_TIMEOUT (120 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
 #   BUDGET (540 s for everything after the build: items not started by then are listed as SKIP),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
+#   GRAPH_BENCH (1, the default: also bench preln --cuda-graph 1; 0: skip),
 #   NCCL_BENCH (1, the default: also bench preln with --nccl --zero 1, reduction after backward and
 #   overlapped with it, on one GPU; 0: skip),
 #   LDM_BENCH (1, the default: also bench train_ldm rls unwind at d_k 8 and 4, and window 4; 0: skip;
@@ -220,6 +221,7 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
 if [ -x "$TRAINER" ]; then
   for s in $SCHEMES; do bench "$s" --scheme "$s"; done
   [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
+  [ "${GRAPH_BENCH:-1}" = 1 ] && bench "preln-cuda-graph" --scheme preln --cuda-graph 1
   if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
     bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
     bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1

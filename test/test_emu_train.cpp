@@ -18,7 +18,10 @@
 //   the NCCL paths (emulated NCCL, one rank): --nccl ZeRO-0/1, overlap on/off give the plain run's
 //     bytes; under mpirun -np 2 (NCCL over MPI) ZeRO-0/1 with overlap equal the one-process run
 //     within fp32 rounding (1e-5 on the losses);
-//   inference: --infer-check (prefill + KV-cache decode == full forward == CPU inference).
+//   inference: --infer-check (prefill + KV-cache decode == full forward == CPU inference);
+//   --cuda-graph 1 (the micro-batch captured once, then replayed) gives the eager run's bytes, for
+//     every configuration, with evaluations between steps, and after LDM's drift fallback
+//     (captured again).
 // A missing emulated trainer (no CUDA headers at build time) prints a visible skip.
 #include <catch2/catch.hpp>
 
@@ -189,6 +192,20 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
                 CHECK(std::fabs(ng - nc) <= (dtype == "fp32" ? 1e-4 : 5e-2) * nc);
             }
             if (dtype != "fp32") continue;
+            {  // --cuda-graph 1: the same run bit for bit (the first micro-batch captures, the other three replay)
+                RunResult r = run_cmd(gpu + flags + " --dtype fp32 --cuda-graph 1 --out-dir " + dir + "/graph --log " + dir +
+                                      "/graph.jsonl");
+                INFO(c.name << " --cuda-graph 1:\n" << r.out);
+                REQUIRE(r.status == 0);
+                CHECK_THAT(r.out, Catch::Contains("CUDA graph: micro-batch B=3 x T=13 captured"));
+                CHECK(ldm::read_file(dir + "/graph/ckpt_000002.model") == ldm::read_file(dir + "/fp32/ckpt_000002.model"));
+                const std::vector<json> gg = records(dir + "/graph.jsonl", "step");
+                REQUIRE(gg.size() == 2);
+                for (size_t i = 0; i < 2; i++) {
+                    CHECK(gg[i]["loss"] == gs[i]["loss"]);
+                    CHECK(gg[i]["grad_norm"] == gs[i]["grad_norm"]);
+                }
+            }
             // the parameters after two updates: the emulated GPU's update vs the CPU's
             const ldm::ModelCheckpoint pg = ldm::load_model(dir + "/" + dtype + "/ckpt_000002.model");
             REQUIRE(pg.params.size() == pc.params.size());
@@ -201,6 +218,53 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
             CHECK(den > 0);
             CHECK(std::sqrt(num) <= 1e-3 * std::sqrt(den));
         }
+    }
+}
+
+TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf16, and a re-capture", "[emu][train]") {
+    // Evaluation forwards (other B, no backward) between replays; bf16 (the mma attention at
+    // head_dim 64); LDM's drift fallback, which switches kernels after the first micro-batch, so
+    // the graph must be captured again. Step and val records (without timings) and the final
+    // .model must be identical.
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    struct R {
+        const char* name;
+        bool ldm;
+        const char* flags;
+        int captures;  // expected "captured" lines
+    };
+    for (const R& c : {R{"preln-hd64-bf16", false, "--scheme preln --n-head 2 --n-kv-head 1 --head-dim 64 --dtype bf16", 1},
+                       R{"attnres-block-bf16", false, "--scheme attnres-block --attnres-blocks 2 --dtype bf16", 1},
+                       R{"ldm-unwind-fallback", true, "--scheme ldm --ldm-mode unwind --ldm-drift-tol 1e-12 --dtype fp32", 2}}) {
+        const std::string gpu = emu_trainer_or_skip(c.ldm ? "train_ldm" : "train_gpt_baselines");
+        if (gpu.empty()) return;
+        const std::string dir = train_scratch(std::string("emu_graph_") + c.name);
+        const std::string cmd = gpu + data_flags(shards) + c.flags + ldm::strprintf(" --total-batch-tokens %d", 2 * kB * kT) +
+                                " --val-data '" + shards + "/sh_val_*.bin' --val-batches 2 --val-every 1 --sample-every -1"
+                                " --quiet --steps 3 --lr 3e-3";
+        auto logged = [&](const std::string& sub) { return " --out-dir " + dir + sub + " --log " + dir + sub + ".jsonl"; };
+        auto losses = [&](const std::string& sub) {
+            std::vector<std::string> out;
+            for (json j : read_jsonl(dir + sub + ".jsonl"))
+                if (j.value("type", "") == "step" || j.value("type", "") == "val") {
+                    j.erase("ms");
+                    j.erase("tokens_per_s");
+                    out.push_back(j.dump());
+                }
+            return out;
+        };
+        run_ok(cmd + logged("/eager"));
+        RunResult r = run_cmd(cmd + " --cuda-graph 1" + logged("/graph"));
+        INFO(c.name << "\n" << r.out);
+        REQUIRE(r.status == 0);
+        size_t n = 0;
+        for (size_t p = r.out.find("CUDA graph: micro-batch"); p != std::string::npos; p = r.out.find("CUDA graph: micro-batch", p + 1)) n++;
+        CHECK(n == (size_t)c.captures);
+        const std::vector<std::string> a = losses("/eager"), b = losses("/graph");
+        CHECK(a.size() == 7);  // 3 steps + 4 evaluations (before step 1 and after each step)
+        CHECK(a == b);
+        CHECK(ldm::read_file(dir + "/eager/ckpt_000003.model") == ldm::read_file(dir + "/graph/ckpt_000003.model"));
     }
 }
 
