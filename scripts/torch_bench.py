@@ -97,7 +97,39 @@ def init_params(torch, cfg, specs, device):
     return P
 
 
-def make_loss_fn(torch, ref, cfg, T, device, table_dtype=None):
+def sdpa_choice(torch, cfg, T, device, dtype):
+    """Which backend F.scaled_dot_product_attention runs for this model's causal attention
+    (q [1, n_head, T, head_dim], k/v with n_kv_head heads, dtype) on `device`, and whether it takes
+    the GQA heads natively (enable_gqa=True) or after repeat_interleave. Returns (backend name,
+    gqa) with gqa in "native" | "repeat" | "none" (n_head == n_kv_head). The backend is PyTorch's
+    own choice (torch._fused_sdp_choice, the function SDPA dispatches on); "unknown (...)" when this
+    torch version cannot tell. GQA is taken natively only where that keeps a fused backend."""
+    F = torch.nn.functional
+    if getattr(F, "scaled_dot_product_attention", None) is None:
+        return "none (no F.scaled_dot_product_attention: explicit softmax)", "repeat" if cfg["n_head"] != cfg["n_kv_head"] else "none"
+    nh, nkv, hd = cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
+    q = torch.zeros(1, nh, T, hd, device=device, dtype=dtype)
+    kv = torch.zeros(1, nkv, T, hd, device=device, dtype=dtype)
+
+    def choice(k, **kw):
+        try:
+            from torch.nn.attention import SDPBackend
+            return SDPBackend(int(torch._fused_sdp_choice(q, k, k, is_causal=True, **kw))).name.lower()
+        except Exception as e:  # private API: absent or different in this version
+            return "unknown (%s)" % type(e).__name__
+
+    if nh == nkv:
+        return choice(kv), "none"
+    native = choice(kv, enable_gqa=True)
+    if native in ("flash_attention", "efficient_attention", "cudnn_attention"):
+        return native, "native"
+    return choice(kv.repeat_interleave(nh // nkv, dim=1)), "repeat"
+
+
+def make_loss_fn(torch, ref, cfg, T, device, table_dtype=None, gqa_native=False):
+    """The loss of the model (spec §1 + the scheme) as a function of (P, tokens, targets).
+    gqa_native: grouped K/V go to SDPA with enable_gqa=True (see sdpa_choice), else they are
+    repeated to n_head heads first."""
     F = torch.nn.functional
     d, nh, nkv, hd = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
     V, eps, theta, L = cfg["vocab_size"], cfg["norm_eps"], cfg["rope_theta"], cfg["n_layer"]
@@ -159,9 +191,12 @@ def make_loss_fn(torch, ref, cfg, T, device, table_dtype=None):
             if cfg["qk_norm"]:
                 q, k = rms(q, P[p + "attn.q_norm.w"]), rms(k, P[p + "attn.k_norm.w"])
             q, k = rope(q), rope(k)
-            if group > 1:
+            native = group > 1 and gqa_native and sdpa is not None
+            if group > 1 and not native:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            if sdpa is not None:
+            if native:
+                a = sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            elif sdpa is not None:
                 a = sdpa(q, k, v, is_causal=True)
             else:
                 s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
@@ -220,7 +255,8 @@ def cmd_bench(a):
     V = cfg["vocab_size"]
     tokens = torch.randint(0, V, (a.B, a.T), generator=g).to(dev)
     targets = torch.randint(0, V, (a.B, a.T), generator=g).to(dev)
-    loss_fn = make_loss_fn(torch, ref, cfg, a.T, dev)
+    backend, gqa = sdpa_choice(torch, cfg, a.T, dev, torch.bfloat16 if a.dtype == "bf16" else torch.float32)
+    loss_fn = make_loss_fn(torch, ref, cfg, a.T, dev, gqa_native=gqa == "native")
     if a.mode == "compile":
         if not hasattr(torch, "compile"):
             print("error: torch %s has no torch.compile" % torch.__version__, file=sys.stderr)
@@ -264,7 +300,7 @@ def cmd_bench(a):
          "dtype": a.dtype, "B": a.B, "T": a.T, "n_layer": cfg["n_layer"], "param_count": spec["param_count"],
          "steps_timed": a.steps, "step_ms": med * 1e3, "step_ms_mean": 1e3 * sum(times) / len(times),
          "tokens_per_s": a.B * a.T / med, "warmup_s": warm_s, "loss": lv, "torch": torch.__version__,
-         "threads": torch.get_num_threads()}
+         "threads": torch.get_num_threads(), "attention_backend": backend, "gqa": gqa}
     if a.device == "cuda":
         r["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
         r["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
@@ -438,12 +474,13 @@ def cmd_report(a):
                     "tokens_vs_preln_same_impl": ratio(tps, ib_tps), "mem_vs_preln_same_impl": ratio(mem, ib_mem),
                     "tokens_vs_cpp_preln": ratio(tps, base_tps), "mem_vs_cpp_preln": ratio(mem, base_mem),
                     "cpp_vs_this": ratio(metric(sh, lb, "cpp", "tokens_per_s"), tps) if impl != "cpp" else None,
+                    "attention_backend": b.get("attention_backend") if impl != "cpp" else None,
                     "note": (r.get("note") or "").replace("\n", " ")[:200]})
     os.makedirs(a.out, exist_ok=True)
     import csv
     keys = ["shape", "scheme", "impl", "status", "B", "T", "tokens_per_s", "step_ms", "peak_mem_gib", "mfu",
             "tokens_vs_preln_same_impl", "mem_vs_preln_same_impl", "tokens_vs_cpp_preln", "mem_vs_cpp_preln",
-            "cpp_vs_this", "note"]
+            "cpp_vs_this", "attention_backend", "note"]
     with open(os.path.join(a.out, "bench.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
@@ -540,6 +577,13 @@ def cmd_report(a):
                       fmt(metric(sh, lb, "torch-eager", "mem"), "%.3f")]
             L.append("| " + " | ".join(cells) + " |")
         L.append("")
+        # which SDPA backend the PyTorch rows ran (torch_bench.py sdpa_choice)
+        used = sorted({"%s: %s (GQA %s)" % (impl, r["bench"]["attention_backend"], r["bench"].get("gqa", "?"))
+                       for (s2, _, impl), r in by.items()
+                       if s2 == sh and impl.startswith("torch") and "attention_backend" in r.get("bench", {})})
+        if used:
+            L.append("PyTorch attention backend: " + "; ".join(used) + ".")
+            L.append("")
     L.append("## Targets (../shared/spec/performance.md)")
     L.append("")
     L.append("| shape | target | result |")
