@@ -22,6 +22,8 @@
 #   overlapped with it, on one GPU; 0: skip),
 #   LDM_BENCH (1, the default: also bench train_ldm rls unwind at d_k 8 and 4, and window 4; 0: skip;
 #   doc/cuda.md "LDM kernels"),
+#   TORCH_PEER (1, the default: the PyTorch peer of the preln benchmark, eager and torch.compile,
+#   scripts/torch_bench.py; BENCH_PYTHON names its Python, PEER_TIMEOUT 240 s each; 0: skip),
 #   LDM_DATA_DIR (data; else ../shared/data).
 # Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -254,6 +256,54 @@ print("prefill %.0f tok/s (B=%d, P=%d), decode %.3f ms/token median (%.0f tok/s)
   fi
 else
   row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))
+fi
+
+# ---- the PyTorch peer of the preln benchmark (scripts/torch_bench.py: the same model, bf16 autocast,
+# SDPA; eager and torch.compile), in the same run; rows "torch-<mode>" of the table (MFU against the
+# C++ run's FLOPs per token and measured peak)
+PEER_PY=""
+for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
+  if command -v "$p" > /dev/null && "$p" -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then PEER_PY=$p; break; fi
+done
+if [ "${TORCH_PEER:-1}" = 1 ] && [ -z "$PEER_PY" ]; then
+  row "peer torch                 n/a   (no Python with CUDA PyTorch)"
+elif [ "${TORCH_PEER:-1}" = 1 ]; then
+  for mode in eager compile; do
+    over_budget "peer torch-$mode" && continue
+    plog="$OUTDIR/peer_torch_$mode.log"
+    echo "== peer torch-$mode"
+    t0=$(date +%s)
+    timeout -k 5 "${PEER_TIMEOUT:-240}" "$PEER_PY" scripts/torch_bench.py bench --device cuda --mode "$mode" --dtype bf16 \
+      --preset "$BENCH_PRESET" --scheme preln -B "$BENCH_B" -T "$BENCH_T" --steps "$BENCH_STEPS" --warmup 2 \
+      --spec-bin "$BUILD/generate_cpu" > "$plog" 2>&1
+    rc=$? dt=$(( $(date +%s) - t0 ))
+    pline=$(grep '^BENCH ' "$plog" | tail -1)
+    if [ "$rc" = 0 ] && [ -n "$pline" ]; then
+      res=$(python3 - "$pline" "$OUTDIR/bench_lines.txt" "$mode" <<'PYEOF'
+import json, sys
+j = json.loads(sys.argv[1][6:])
+base = None
+try:
+    for l in open(sys.argv[2]):
+        k, v = l.rstrip("\n").split("\t", 1)
+        if k == "preln":
+            base = json.loads(v)
+except OSError:
+    pass
+j["mfu"] = (base["model_flops_per_token"] * j["tokens_per_s"] / 1e12 / base["peak_bf16_tflops"]) if base else 0.0
+with open(sys.argv[2], "a") as f:
+    f.write("torch-%s\t%s\n" % (sys.argv[3], json.dumps(j)))
+ratio = ("C++ preln / this %.2fx" % (base["tokens_per_s"] / j["tokens_per_s"])) if base else "no C++ preln row"
+print("%.0f tok/s, %.1f ms/step, peak mem %.1f GiB, attention %s (GQA %s), %s" % (
+    j["tokens_per_s"], j["step_ms"], j["peak_mem_gib"], j.get("attention_backend"), j.get("gqa"), ratio))
+PYEOF
+)
+      row "$(printf 'peer torch-%-15s PASS  %s' "$mode" "$res")"
+    else
+      FAILS=$((FAILS + 1))
+      row "$(printf 'peer torch-%-15s FAIL  exit %d, %d s: %s' "$mode" "$rc" "$dt" "$(grep -m1 -i 'error' "$plog")")"
+    fi
+  done
 fi
 
 # ---- the table, LAST
