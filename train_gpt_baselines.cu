@@ -32,7 +32,10 @@ namespace gpu {
 // one write of x_{j+1} and xn_{j+1}). Backward keeps dh = dL/dh_j in fp32 (like the CPU's dh, but
 // fp32 even in bf16 runs, so 2·n_layer additions do not lose bf16 bits): readout_backward sets
 // dh = dy; output_backward writes do_j = dh; input_backward adds dh += dx_j; begin_backward
-// writes de = dh.
+// writes de = dh. The backbone's path is fused: input_norm_backward(j) runs
+// rmsnorm_backward_residual (dh += (T) dx_j and do_{j-1} = (T) dh in the RMSNorm backward's pass,
+// bit-identical to the three kernels), so output_backward(j-1) finds do_{j-1} already written.
+// For j = 1 begin_backward keeps its own conversion (de = dh: one unfused pass per backward).
 template <typename T>
 struct GpuPreLN final : GpuScheme<T> {
     explicit GpuPreLN(const ModelConfig& cfg) : d_(cfg.d_model) {}
@@ -67,12 +70,41 @@ struct GpuPreLN final : GpuScheme<T> {
     }
     void readout_backward(const T* dy, cudaStream_t s) override {
         accumulate_f32<T>(dh_.ptr, dy, n_, false, s);
+        written_d_o_ = nullptr;
     }
-    void output_backward(int, T* d_o, cudaStream_t s) override { convert_f32<T>(d_o, dh_.ptr, n_, s); }
+    void output_backward(int j, T* d_o, cudaStream_t s) override {
+        if (written_d_o_) {  // input_norm_backward(j+1) wrote do_j = dh already
+            if (d_o != written_d_o_ || j != written_j_)
+                throw Error(strprintf("GpuPreLN::output_backward(%d): input_norm_backward(%d) wrote dL/do_%d "
+                                      "into another buffer (d_o must be its d_o_next)", j, written_j_ + 1,
+                                      written_j_));
+            written_d_o_ = nullptr;
+            return;
+        }
+        convert_f32<T>(d_o, dh_.ptr, n_, s);
+    }
     void input_backward(int, const T* dx, cudaStream_t s) override {
         accumulate_f32<T>(dh_.ptr, dx, n_, true, s);
     }
-    void begin_backward(T* de, cudaStream_t s) override { convert_f32<T>(de, dh_.ptr, n_, s); }
+    // dh += (T) RMSNorm-backward(dln) and, for j > 1, d_o_next = (T) dh in one pass.
+    void input_norm_backward(int j, const T* dln, const T* x, const T* w, const float* rstd, int64_t N,
+                             int d, float* dw, float* scratch, T* dx_buf, T* d_o_next,
+                             cudaStream_t s) override {
+        (void)dx_buf;
+        if (d != d_ || N * d != n_)
+            throw Error(strprintf("GpuPreLN::input_norm_backward: [%lld, %d] does not match the resized "
+                                  "[%lld, %d]", (long long)N, d, (long long)(n_ / d_), d_));
+        if (written_d_o_) throw Error("GpuPreLN::input_norm_backward: the previous output_backward did not run");
+        T* next = j > 1 ? d_o_next : nullptr;
+        rmsnorm_backward_residual<T>(dh_.ptr, next, dw, scratch, dln, x, w, rstd, N, d, s);
+        written_d_o_ = next;
+        written_j_ = j - 1;
+    }
+    void begin_backward(T* de, cudaStream_t s) override {
+        if (written_d_o_)
+            throw Error(strprintf("GpuPreLN::begin_backward: output_backward(%d) did not run", written_j_));
+        convert_f32<T>(de, dh_.ptr, n_, s);
+    }
     // Only the fp32 gradient stream dh (x_j itself is the backbone's).
     int64_t extra_bytes_per_token() const override { return 4 * (int64_t)d_; }
 
@@ -83,6 +115,8 @@ struct GpuPreLN final : GpuScheme<T> {
     const T* prev_x_ = nullptr;
     const T* prev_o_ = nullptr;
     DeviceBuffer<float> dh_;
+    T* written_d_o_ = nullptr;  // set by input_norm_backward(j > 1): do_{j-1} is in this buffer
+    int written_j_ = 0;
 };
 
 // ==== HC and mHC (spec §2.2, §2.3) ===============================================================

@@ -6,8 +6,10 @@
 // The backbone (cuda/transformer.cuh) calls, per forward:
 //   begin(e); for j = 1..D: input_norm(j, x_j, xn_j, rstd_j, w_j); ...; output(j, o_j);  readout(y)
 // and per backward:
-//   readout_backward(dy); for j = D..1: output_backward(j, do_j); ...; input_backward(j, dx_j);
-//   begin_backward(de)
+//   readout_backward(dy); for j = D..1: output_backward(j, do_j); ...;
+//     input_norm_backward(j, dln_j, x_j, w_j, rstd_j, ..., dx_buf, d_o_next);   begin_backward(de)
+// where input_norm_backward's default is rmsnorm_backward into dx_buf, then
+// input_backward(j, dx_buf) (workbenches may call input_backward directly).
 // All tensors are [N, d] row-major of the activation type T (float or bf16); N = B·T tokens.
 // The backbone keeps x_j (the scheme's input of sublayer j) for every j for the RMSNorm backward
 // and never overwrites it during a step, so a scheme may read x_j back later (PreLN does).
@@ -44,7 +46,22 @@ struct GpuScheme {
     virtual void readout(T* y, cudaStream_t) = 0;              // y [N, d] (before RMSNorm_f)
     virtual void readout_backward(const T* dy, cudaStream_t) = 0;
     virtual void output_backward(int j, T* d_o, cudaStream_t) = 0;  // writes (=) dL/do_j
-    virtual void input_backward(int j, const T* dx, cudaStream_t) = 0;
+    virtual void input_backward(int j, const T* dx, cudaStream_t) = 0;  // dx = dL/dx_j
+    // The backward of sublayer j's input RMSNorm, then the scheme's input backward: dln [N, d] =
+    // dL/dxn_j; x = x_j, w [d], rstd [N] as in input_norm; dw [d] += (fp32, deterministic;
+    // scratch >= rmsnorm_backward_scratch(N, d) floats). dx_buf [N, d]: buffer for dL/dx_j.
+    // d_o_next [N, d] (or nullptr): the buffer the caller passes to the next output_backward(j-1)
+    // (no meaning for j == 1). Default: rmsnorm_backward into dx_buf, then input_backward(j, dx_buf).
+    // A scheme may instead fuse and already write dL/do_{j-1} into d_o_next here; its
+    // output_backward(j-1) then writes nothing and throws ldm::Error if handed another buffer
+    // (PreLN: rmsnorm_backward_residual).
+    virtual void input_norm_backward(int j, const T* dln, const T* x, const T* w, const float* rstd,
+                                     int64_t N, int d, float* dw, float* scratch, T* dx_buf,
+                                     T* d_o_next, cudaStream_t s) {
+        (void)d_o_next;
+        rmsnorm_backward<T>(dx_buf, dw, scratch, dln, x, w, rstd, N, d, false, s);
+        input_backward(j, dx_buf, s);
+    }
     virtual void begin_backward(T* de, cudaStream_t) = 0;            // writes (=) dL/de
     // Host-side bookkeeping after a micro-batch's backward, outside any CUDA graph (it may read
     // device values back and synchronise; LDM's drift check). Returns true when the scheme now

@@ -486,9 +486,10 @@ void Transformer<T>::backward_kernels(double grad_scale) {
         swiglu_backward<T>(dh13_.ptr, da_.ptr, a.h13.ptr, N, F, s);
         linear_backward<T>(mm_, dln_.ptr, G(p.w13), nullptr, dh13_.ptr, ln_mlp(l), P(p.w13), N, d, 2 * F,
                            false, scr, s);
-        rmsnorm_backward<T>(dx_.ptr, G(p.mlp_norm), scr, dln_.ptr, a.x_mlp.ptr, P(p.mlp_norm),
-                            a.rstd_mlp.ptr, N, d, false, s);
-        S.input_backward(2 * l + 2, dx_.ptr, s);
+        // RMSNorm backward + the scheme's input backward (PreLN fuses them with the next
+        // output_backward: d_o_ then already holds dL/do_{2l+1})
+        S.input_norm_backward(2 * l + 2, dln_.ptr, a.x_mlp.ptr, P(p.mlp_norm), a.rstd_mlp.ptr, N, d,
+                              G(p.mlp_norm), scr, dx_.ptr, d_o_.ptr, s);
         // ---- attention sublayer j = 2l+1
         S.output_backward(2 * l + 1, d_o_.ptr, s);
         linear_backward<T>(mm_, dao_.ptr, G(p.wo), nullptr, d_o_.ptr, a.ao.ptr, P(p.wo), N, qd, d, false, scr, s);
@@ -503,10 +504,9 @@ void Transformer<T>::backward_kernels(double grad_scale) {
             rmsnorm_forward<T>(ln_att(l), rstd_tmp_.ptr, a.x_att.ptr, P(p.attn_norm), N, d, eps, s);
         linear_backward<T>(mm_, dln_.ptr, G(p.wqkv), p.bqkv >= 0 ? G(p.bqkv) : nullptr, dqkv, ln_att(l),
                            P(p.wqkv), N, d, qkvd_, false, scr, s);
-        rmsnorm_backward<T>(dx_.ptr, G(p.attn_norm), scr, dln_.ptr, a.x_att.ptr, P(p.attn_norm),
-                            a.rstd_att.ptr, N, d, false, s);
+        S.input_norm_backward(2 * l + 1, dln_.ptr, a.x_att.ptr, P(p.attn_norm), a.rstd_att.ptr, N, d,
+                              G(p.attn_norm), scr, dx_.ptr, d_o_.ptr, s);
         if (grad_hook) grad_hook(dist::grad_stage_block(l, c.n_layer));
-        S.input_backward(2 * l + 1, dx_.ptr, s);
     }
     // Embedding: de in dx_ (then embedding_backward_tail).
     S.begin_backward(dx_.ptr, s);

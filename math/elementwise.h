@@ -64,6 +64,13 @@ LDM_HD inline R silu_grad(R z) {
 template <typename R>
 LDM_HD inline R rms_scale(R sum_sq, int C, R eps) { return R(1) / ldm_sqrt(sum_sq / R(C) + eps); }
 
+// RMSNorm backward per row (y_c = w_c x_c s, s = rms_scale, g = dL/dy): the row coefficient
+// k = s³/C · Σ_c w_c g_c x_c (dot = that sum), then dx_c = s w_c g_c - k x_c.
+template <typename R>
+LDM_HD inline R rms_backward_coef(R s, R dot, int C) { return s * s * s * dot / R(C); }
+template <typename R>
+LDM_HD inline R rms_backward_dx(R s, R w, R g, R k, R x) { return s * w * g - k * x; }
+
 // RoPE, rotate-half convention: for the pair (x1, x2) = (x[i], x[i + hd/2]) at angle a,
 //   y1 = x1 cos a - x2 sin a,   y2 = x2 cos a + x1 sin a.
 template <typename R>

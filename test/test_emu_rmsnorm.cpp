@@ -1,7 +1,8 @@
 // CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of cuda/rmsnorm.cuh:
 // the workbench checks of dev/cuda/rmsnorm.cu (forward, residual forward also aliased, backward
 // overwrite/accumulate; v1 = the workbench's thread-per-row kernels, v2 = production, both its
-// 16-byte and its lane-strided path; fp32 and bf16, vs cpu::rmsnorm_*) at its two small shapes,
+// 16-byte and its lane-strided path; PreLN's fused rmsnorm_backward_residual vs the CPU and bit for
+// bit vs the three unfused kernels; fp32 and bf16, vs cpu::rmsnorm_*) at its two small shapes,
 // run on host memory through the emulated launches. Requires every CHECK to PASS.
 #include <catch2/catch.hpp>
 

@@ -2,10 +2,12 @@
 // (also with h_out aliasing h_in) and rmsnorm_backward (overwrite and accumulate), "v2" = the
 // production launchers (warp per row, 16-byte packs when C and the bases allow, lane-strided
 // scalars otherwise: C = 37 runs that path) and the workbench-only "v1" below (thread per row,
-// slower: doc/cuda.md "Kernel variants"), against cpu::rmsnorm_forward / rmsnorm_backward; then
-// timing at N = 8·2048, C = 1024 and the QK-norm view [N·16, 64].
+// slower: doc/cuda.md "Kernel variants"), against cpu::rmsnorm_forward / rmsnorm_backward; PreLN's
+// fused rmsnorm_backward_residual against the CPU and, bit for bit, against the three kernels it
+// replaces; then timing at N = 8·2048, C = 1024 and the QK-norm view [N·16, 64].
 // Usage: build/cuda/rmsnorm [--quick]. Output format: doc/cuda.md.
 #include "cuda/rmsnorm.cuh"
+#include "cuda/scheme.cuh"  // accumulate_f32, convert_f32 (the unfused PreLN sequence)
 #include "cpu/ops.h"
 #include "dev/cuda/workbench.cuh"
 
@@ -79,6 +81,17 @@ static void backward_variant(int v, T* dx, float* dw, float* scratch, const T* d
         dx, dout, x, w, rstd, N, C, accumulate);
     LDM_LAUNCH_CHECK();
     if (dw) colsum(dw, scratch, RmsDwOp<T>{dout, x, rstd, C}, N, C, s);
+}
+
+// PreLN's input-norm backward as three kernels (the backbone's sequence before the fusion):
+// rmsnorm_backward into dx, accumulate_f32 (dh += dx), convert_f32 (d_next = dh).
+template <typename T>
+static void backward_residual_unfused(T* dx, float* dh, T* d_next, float* dw, float* scratch,
+                                      const T* dout, const T* x, const T* w, const float* rstd,
+                                      int64_t N, int C, cudaStream_t s) {
+    rmsnorm_backward<T>(dx, dw, scratch, dout, x, w, rstd, N, C, false, s);
+    accumulate_f32<T>(dh, dx, N * C, true, s);
+    convert_f32<T>(d_next, dh, N * C, s);
 }
 
 template <typename T>
@@ -167,6 +180,49 @@ static void check(Report& R, Rng& rng, int N, int C) {
             R.check_same("rmsnorm", var + "_dw", dt, sh, download(dw.get(), C), dw1);
         }
     }
+    // PreLN's fused backward into the fp32 residual gradient: dh = dh0 + round_T(dx), d_next =
+    // round_T(dh), dw = dw0 + Σ, vs the CPU dx (rounded to T, added in fp32); then bit for bit
+    // vs the unfused three kernels, and with d_next = dw = nullptr (PreLN's sublayer 1).
+    {
+        const std::vector<float> dh0 = wb::random_vec(rng, NC);  // fp32 stream: not rounded
+        std::vector<float> rdx(NC, 0.f), rdw = dw0, rdh(NC), rnext(NC);
+        cpu::rmsnorm_backward<float>(rdx.data(), rdw.data(), dout.data(), x.data(), w.data(),
+                                     ref_rstd.data(), N, C);
+        for (int64_t i = 0; i < NC; i++) {
+            rdh[i] = dh0[i] + to_f(from_f<T>(rdx[i]));
+            rnext[i] = to_f(from_f<T>(rdh[i]));
+        }
+        auto dh_u = wb::to_device<float>(dh0), dw_u = wb::to_device<float>(dw0);
+        auto dh_f = wb::to_device<float>(dh0), dw_f = wb::to_device<float>(dw0);
+        auto dh_n = wb::to_device<float>(dh0);
+        DeviceBuffer<T> dx(NC), next_u(NC), next_f(NC);
+        fill(dx.get(), NC, NAN, 0);
+        fill(next_u.get(), NC, NAN, 0);
+        fill(next_f.get(), NC, NAN, 0);
+        backward_residual_unfused<T>(dx.get(), dh_u.get(), next_u.get(), dw_u.get(), scratch.get(),
+                                     d_dout.get(), d_x.get(), d_w.get(), rstd.get(), N, C, 0);
+        rmsnorm_backward_residual<T>(dh_f.get(), next_f.get(), dw_f.get(), scratch.get(),
+                                     d_dout.get(), d_x.get(), d_w.get(), rstd.get(), N, C, 0);
+        rmsnorm_backward_residual<T>(dh_n.get(), nullptr, nullptr, nullptr, d_dout.get(), d_x.get(),
+                                     d_w.get(), rstd.get(), N, C, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> gdh = download(dh_f.get(), NC), gnext = download(next_f.get(), NC),
+                                 gdw = download(dw_f.get(), C);
+        R.check("rmsnorm", "backward_resid_dh", dt, shape, gdh, rdh, wb::tol<T>());
+        R.check("rmsnorm", "backward_resid_d_next", dt, shape, gnext, rnext, wb::tol<T>());
+        R.check("rmsnorm", "backward_resid_dw", dt, shape, gdw, rdw, wb::tol<T>());
+        R.check("rmsnorm", "backward_resid_unfused_dh", dt, shape, download(dh_u.get(), NC), rdh,
+                wb::tol<T>());
+        // "<variant>_repeat" lines: bit-identical to the unfused sequence / the d_next run
+        R.check_same("rmsnorm", "backward_resid_vs_unfused_dh", dt, shape, gdh,
+                     download(dh_u.get(), NC));
+        R.check_same("rmsnorm", "backward_resid_vs_unfused_d_next", dt, shape, gnext,
+                     download(next_u.get(), NC));
+        R.check_same("rmsnorm", "backward_resid_vs_unfused_dw", dt, shape, gdw,
+                     download(dw_u.get(), C));
+        R.check_same("rmsnorm", "backward_resid_no_next_dh", dt, shape, download(dh_n.get(), NC),
+                     gdh);
+    }
 }
 
 template <typename T>
@@ -201,6 +257,25 @@ static void bench(Report& R, int N, int C) {
         // minimum traffic: read dout, x; write dx (the dw pass re-reads dout and x)
         R.bench("rmsnorm", strprintf("backward_v%d", v), dt, shape, ms, 3.0 * NC * e + 4.0 * N, -1);
     }
+    // PreLN's input-norm backward, the three kernels vs the fused one (both with the dw pass,
+    // whose re-read of dout and x is not counted, as above). Minimum traffic per element:
+    // unfused: rmsnorm_backward reads dout, x, writes dx (3e); accumulate_f32 reads dx, dh (fp32),
+    // writes dh (e + 8); convert_f32 reads dh, writes d_next (4 + e): 5e + 12 (22 B in bf16).
+    // fused: reads dout, x, dh, writes dh, d_next: 3e + 8 (14 B in bf16).
+    DeviceBuffer<float> dh(NC);
+    DeviceBuffer<T> dnext(NC);
+    fill(dh.get(), NC, 0.f, 0);
+    float ms = time_median_ms([&] { backward_residual_unfused<T>(dx.get(), dh.get(), dnext.get(),
+                                                                  dw.get(), scratch.get(), dout.get(),
+                                                                  x.get(), w.get(), rstd.get(), N, C,
+                                                                  0); },
+                              wb::kWarmup, wb::kReps);
+    R.bench("rmsnorm", "backward_resid_unfused", dt, shape, ms, (5.0 * e + 12.0) * NC + 4.0 * N, -1);
+    ms = time_median_ms([&] { rmsnorm_backward_residual<T>(dh.get(), dnext.get(), dw.get(),
+                                                           scratch.get(), dout.get(), x.get(),
+                                                           w.get(), rstd.get(), N, C, 0); },
+                        wb::kWarmup, wb::kReps);
+    R.bench("rmsnorm", "backward_resid", dt, shape, ms, (3.0 * e + 8.0) * NC + 4.0 * N, -1);
 }
 
 int main(int argc, char** argv) {
