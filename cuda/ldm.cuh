@@ -445,6 +445,96 @@ __device__ inline void store_P(float* P, const float (&Pl)[DK * DK], int dk, int
     }
 }
 
+// x[i] for a lane-dependent i (a select over the registers: indexing a register array with a
+// runtime index would move it to local memory).
+template <int DK>
+__device__ inline float reg_select(const float (&x)[DK], int i) {
+    float v = 0.f;
+#pragma unroll
+    for (int c = 0; c < DK; c++)
+        if (c == i) v = x[c];
+    return v;
+}
+
+// x[i] += v for a lane-dependent or loop-carried i (see reg_select).
+template <int DK>
+__device__ inline void reg_add(float (&x)[DK], int i, float v) {
+#pragma unroll
+    for (int c = 0; c < DK; c++)
+        if (c == i) x[c] += v;
+}
+
+// The rls inverse-covariance P [dk, dk] (zero-padded to DK x DK, row-major, element (a, b) at
+// a·DK + b) as a warp kernel holds it while it works on one (token, head). DK <= kRegPMax: in
+// registers of every lane (replicated; loaded once per warp as broadcasts). DK > kRegPMax (16):
+// 256 floats per matrix do not fit in registers next to the kernel's vectors (ptxas spilled 1.5-17
+// KB per lane), so the matrix lives in this warp's slice of shared memory (DK² floats per warp and
+// SLOT; every lane reads the same element at a time: broadcasts, no bank conflicts) and each lane
+// owns the elements p = lane, lane + 32, ... for loads, stores and element-wise updates. SLOT
+// tells apart two matrices of one kernel (P and dP). The element-wise update applies the same
+// expression f(old, x[a], y[b]) in both layouts, so the results do not depend on the layout.
+constexpr int kRegPMax = 8;
+template <int DK, int SLOT>
+__device__ inline float* warp_p_slice() {
+    __shared__ float sh[kWarpsPerBlock * DK * DK];
+    return sh + (threadIdx.x >> 5) * (DK * DK);
+}
+template <int DK, int SLOT = 0>
+struct PMat {
+    static constexpr bool kShared = DK > kRegPMax;
+    static_assert(!kShared || (32 % DK == 0 && (DK * DK) % 32 == 0), "PMat: shared layout needs DK | 32 | DK²");
+    float r[kShared ? 1 : DK * DK];
+    float* s = nullptr;
+    __device__ PMat() {
+        if constexpr (kShared) s = warp_p_slice<DK, SLOT>();
+    }
+    // element (a, b); a, b compile-time after unrolling
+    __device__ float operator()(int a, int b) const {
+        if constexpr (kShared) return s[a * DK + b];
+        else return r[a * DK + b];
+    }
+    // from global P [dk, dk] (every lane of the warp calls it)
+    __device__ void load(const float* P, int dk, int lane) {
+        if constexpr (kShared) {
+            for (int p = lane; p < DK * DK; p += 32) {
+                const int a = p / DK, b = p % DK;
+                s[p] = a < dk && b < dk ? P[a * dk + b] : 0.f;
+            }
+            __syncwarp();
+        } else {
+            load_P<DK>(P, r, dk);
+        }
+    }
+    // to global P [dk, dk]; the caller has synchronised the warp after its last read of P there
+    __device__ void store(float* P, int dk, int lane) const {
+        if constexpr (kShared) {
+            __syncwarp();
+            for (int p = lane; p < dk * dk; p += 32) P[p] = s[(p / dk) * DK + p % dk];
+        } else {
+            store_P<DK>(P, r, dk, lane);
+        }
+    }
+    // M(a, b) = f(M(a, b), x[a], y[b]) for every element
+    template <class F>
+    __device__ void update(const float (&x)[DK], const float (&y)[DK], int lane, F f) {
+        if constexpr (kShared) {
+            __syncwarp();  // every lane's reads of the old values are done
+            const int b = lane % DK;  // fixed per lane (32 is a multiple of DK)
+            const float yb = reg_select<DK>(y, b);
+#pragma unroll
+            for (int i = 0; i < DK * DK / 32; i++) {
+                const int p = lane + 32 * i;
+                s[p] = f(s[p], reg_select<DK>(x, p / DK), yb);
+            }
+            __syncwarp();
+        } else {
+            (void)lane;
+#pragma unroll
+            for (int p = 0; p < DK * DK; p++) r[p] = f(r[p], x[p / DK], y[p % DK]);
+        }
+    }
+};
+
 // A read fused into another kernel's pass over the state (the forward: read j of the state that
 // write j-1 has just produced, cuda/ldm.cuh *_read_warp_kernel; the backward: read j's backward
 // before the unwind + VJP of write j-1, read_bwd_* kernels), so the state moves once for both.
@@ -542,7 +632,8 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
     if (READ) fused_read_q<T, DK>(fr, D, n, h, lane, q);
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
     const int dk = D.dk;
-    float k[DK], u[DK], Pl[DK * DK];
+    float k[DK], u[DK];
+    PMat<DK> Pl;
 #pragma unroll
     for (int b = 0; b < DK; b++) k[b] = b < dk ? raw[kh + b] : 0.f;
     if (!RECOMP) {
@@ -553,13 +644,13 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
     float* S = cur + so;  // output state (may alias the input src_state)
     float* P = S + D.SS;
     const float* Si = src_state + so;
-    load_P<DK>(Si + D.SS, Pl, dk);
+    Pl.load(Si + D.SS, dk, lane);
     float kv = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++) {
         float s = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
+        for (int b = 0; b < DK; b++) s += Pl(a, b) * k[b];
         u[a] = s;
         kv += k[a] * s;
     }
@@ -582,10 +673,9 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
             fr.x[vo + r] = from_f<T>(fr.a ? fr.src32[vo + r] + fr.a[h * D.dv + r] * rr : rr);
         }
     }
-#pragma unroll
-    for (int p = 0; p < DK * DK; p++) Pl[p] = (Pl[p] - u[p / DK] * u[p % DK] * ig) * il;
+    Pl.update(u, u, lane, [&](float pv, float ua, float ub) { return (pv - ua * ub * ig) * il; });
     __syncwarp();
-    store_P<DK>(P, Pl, dk, lane);
+    Pl.store(P, dk, lane);
 }
 template <int DK, bool RECOMP = false>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
@@ -628,10 +718,11 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
     float* dP = dSs + D.SS;
     const float* v = v32 + vo;
     const float lm = lam[h], il = 1.f / lm;
-    float k[DK], u[DK], g[DK], gu[DK], dg[DK], du[DK], dkk[DK], Pl[DK * DK];
+    float k[DK], u[DK], g[DK], gu[DK], dg[DK], du[DK], dkk[DK];
+    PMat<DK, 0> Pl;
 #pragma unroll
     for (int b = 0; b < DK; b++) k[b] = b < dk ? Kn[kh + b] : 0.f;
-    load_P<DK>(P, Pl, dk);
+    Pl.load(P, dk, lane);
     float gl = 0.f;
     if (UNWIND) {
         // gu = P k; a = k.gu; gamma = lam/(1-a); P_prev = lam P + gamma gu gu^T (rows: below)
@@ -640,14 +731,13 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         for (int a = 0; a < DK; a++) {
             float s = 0.f;
 #pragma unroll
-            for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
+            for (int b = 0; b < DK; b++) s += Pl(a, b) * k[b];
             gu[a] = s;
             a_ += k[a] * s;
         }
         const float gm = lm / (1.f - a_);
         gl = gm / lm;
-#pragma unroll
-        for (int p = 0; p < DK * DK; p++) Pl[p] = lm * Pl[p] + gm * gu[p / DK] * gu[p % DK];
+        Pl.update(gu, gu, lane, [&](float pv, float xa, float yb) { return lm * pv + gm * xa * yb; });
     }
     // VJP quantities at the state before the write (S_prev rows, Pl = P_prev).
     float ku = 0.f;
@@ -655,7 +745,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
     for (int a = 0; a < DK; a++) {
         float s = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
+        for (int b = 0; b < DK; b++) s += Pl(a, b) * k[b];
         u[a] = s;
         ku += k[a] * s;
     }
@@ -703,24 +793,45 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         dg[b] = warp_sum(dg[b]);
         dkk[b] = warp_sum(dkk[b]);
     }
-    // P part: dP read by every lane (broadcast) into registers.
-    float dPl[DK * DK];
-    load_P<DK>(dP, dPl, dk);
+    // P part: dP read by every lane (broadcast) into registers (shared memory at DK 16).
+    PMat<DK, 1> dPl;
+    dPl.load(dP, dk, lane);
     float dl = 0.f, uDu = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++) du[a] = 0.f;
+    if constexpr (PMat<DK>::kShared) {
+        // one row a at a time: fully unrolled, the DK² shared loads of this loop stay in flight
+        // and spill registers; u[a] by select, du[a]'s terms summed in a scalar (the same terms)
+#pragma unroll 1
+        for (int a = 0; a < DK; a++) {
+            const float ua = reg_select<DK>(u, a);
+            float dua = 0.f;
 #pragma unroll
-    for (int a = 0; a < DK; a++)
-#pragma unroll
-        for (int b = 0; b < DK; b++) {
-            const float dPab = dPl[a * DK + b];
-            const float Dp = dPab * il;
-            const float Pn = (Pl[a * DK + b] - u[a] * u[b] * ig) * il;
-            dl -= dPab * Pn * il;
-            du[a] -= Dp * u[b] * ig;
-            du[b] -= Dp * u[a] * ig;
-            uDu += u[a] * Dp * u[b];
+            for (int b = 0; b < DK; b++) {
+                const float dPab = dPl(a, b);
+                const float Dp = dPab * il;
+                const float Pn = (Pl(a, b) - ua * u[b] * ig) * il;
+                dl -= dPab * Pn * il;
+                dua -= Dp * u[b] * ig;
+                du[b] -= Dp * ua * ig;
+                uDu += ua * Dp * u[b];
+            }
+            reg_add<DK>(du, a, dua);
         }
+    } else {
+#pragma unroll
+        for (int a = 0; a < DK; a++)
+#pragma unroll
+            for (int b = 0; b < DK; b++) {
+                const float dPab = dPl(a, b);
+                const float Dp = dPab * il;
+                const float Pn = (Pl(a, b) - u[a] * u[b] * ig) * il;
+                dl -= dPab * Pn * il;
+                du[a] -= Dp * u[b] * ig;
+                du[b] -= Dp * u[a] * ig;
+                uDu += u[a] * Dp * u[b];
+            }
+    }
     float dgamma = uDu * ig * ig;
     float dgu = 0.f;
 #pragma unroll
@@ -735,15 +846,23 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         dkk[a] += dgamma * u[a];
         du[a] += dgamma * k[a];
     }
+    if constexpr (PMat<DK>::kShared) {
+#pragma unroll 1
+        for (int a = 0; a < DK; a++) {  // (same order of the sums as below)
+            const float dua = reg_select<DK>(du, a);
 #pragma unroll
-    for (int a = 0; a < DK; a++)
+            for (int b = 0; b < DK; b++) dkk[b] += Pl(a, b) * dua;
+        }
+    } else {
 #pragma unroll
-        for (int b = 0; b < DK; b++) dkk[b] += Pl[a * DK + b] * du[a];
+        for (int a = 0; a < DK; a++)
 #pragma unroll
-    for (int p = 0; p < DK * DK; p++) dPl[p] = dPl[p] * il + du[p / DK] * k[p % DK];
+            for (int b = 0; b < DK; b++) dkk[b] += Pl(a, b) * du[a];
+    }
+    dPl.update(du, k, lane, [&](float pv, float xa, float yb) { return pv * il + xa * yb; });
     __syncwarp();
-    if (UNWIND) store_P<DK>(P, Pl, dk, lane);
-    store_P<DK>(dP, dPl, dk, lane);
+    if (UNWIND) Pl.store(P, dk, lane);
+    dPl.store(dP, dk, lane);
     // L2n backward of the key gradient: dx = (dy - y (y.dy)) / nrm
     float yd = 0.f;
 #pragma unroll
@@ -960,24 +1079,23 @@ unwind_warp_kernel(Dims D, float* cur, const float* Kn, const float* v32, const 
         g[b] = 0.f;
     }
     float gl = 0.f;
-    if (RULE == kRls) {
-        float Pl[DK * DK];
-        load_P<DK>(P, Pl, dk);
+    if constexpr (RULE == kRls) {
+        PMat<DK> Pl;
+        Pl.load(P, dk, lane);
         float a_ = 0.f;
 #pragma unroll
         for (int a = 0; a < DK; a++) {
             float s = 0.f;
 #pragma unroll
-            for (int b = 0; b < DK; b++) s += Pl[a * DK + b] * k[b];
+            for (int b = 0; b < DK; b++) s += Pl(a, b) * k[b];
             g[a] = s;
             a_ += k[a] * s;
         }
         const float gm = lm / (1.f - a_);
         gl = gm / lm;
-#pragma unroll
-        for (int p = 0; p < DK * DK; p++) Pl[p] = lm * Pl[p] + gm * g[p / DK] * g[p % DK];
+        Pl.update(g, g, lane, [&](float pv, float xa, float yb) { return lm * pv + gm * xa * yb; });
         __syncwarp();
-        store_P<DK>(P, Pl, dk, lane);
+        Pl.store(P, dk, lane);
     }
     for (int r = lane; r < D.dv; r += 32) {
         float row[DK];
