@@ -223,7 +223,7 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
 }
 
 TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf16, and a re-capture", "[emu][train]") {
-    // Evaluation forwards (other B, no backward) between replays; bf16 (the mma attention at
+    // Evaluation and sampling forwards (other B, no backward) between replays; bf16 (the mma attention at
     // head_dim 64); LDM's drift fallback, which switches kernels after the first micro-batch, so
     // the graph must be captured again. Step and val records (without timings) and the final
     // .model must be identical.
@@ -242,13 +242,13 @@ TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf1
         if (gpu.empty()) return;
         const std::string dir = train_scratch(std::string("emu_graph_") + c.name);
         const std::string cmd = gpu + data_flags(shards) + c.flags + ldm::strprintf(" --total-batch-tokens %d", 2 * kB * kT) +
-                                " --val-data '" + shards + "/sh_val_*.bin' --val-batches 2 --val-every 1 --sample-every -1"
-                                " --quiet --steps 3 --lr 3e-3";
+                                " --val-data '" + shards + "/sh_val_*.bin' --val-batches 2 --val-every 1 --sample-every 2"
+                                " --sample-tokens 4 --quiet --steps 3 --lr 3e-3";
         auto logged = [&](const std::string& sub) { return " --out-dir " + dir + sub + " --log " + dir + sub + ".jsonl"; };
         auto losses = [&](const std::string& sub) {
             std::vector<std::string> out;
             for (json j : read_jsonl(dir + sub + ".jsonl"))
-                if (j.value("type", "") == "step" || j.value("type", "") == "val") {
+                if (j.value("type", "") == "step" || j.value("type", "") == "val" || j.value("type", "") == "sample") {
                     j.erase("ms");
                     j.erase("tokens_per_s");
                     out.push_back(j.dump());
@@ -263,7 +263,7 @@ TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf1
         for (size_t p = r.out.find("CUDA graph: micro-batch"); p != std::string::npos; p = r.out.find("CUDA graph: micro-batch", p + 1)) n++;
         CHECK(n == (size_t)c.captures);
         const std::vector<std::string> a = losses("/eager"), b = losses("/graph");
-        CHECK(a.size() == 7);  // 3 steps + 4 evaluations (before step 1 and after each step)
+        CHECK(a.size() == 9);  // 3 steps, 4 evaluations (before step 1, after each step), 2 samples (step 2, the end)
         CHECK(a == b);
         CHECK(ldm::read_file(dir + "/eager/ckpt_000003.model") == ldm::read_file(dir + "/graph/ckpt_000003.model"));
     }
