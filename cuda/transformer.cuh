@@ -544,26 +544,31 @@ double Transformer<T>::train_micro_batch(const int32_t* tokens, const int32_t* t
     forward_prologue(tokens, targets, B, T_);
     if (!graph_exec_ || graph_B_ != B || graph_T_ != T_ || graph_scale_ != grad_scale) {
         drop_graph();
-        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        cudaGraph_t g = nullptr;
         try {
-            forward_kernels(grad_scale);
-            backward_prologue();
-            backward_kernels(grad_scale);
-        } catch (...) {
-            cudaStreamEndCapture(stream, &g);  // end the capture before reporting the error
-            if (g) cudaGraphDestroy(g);
-            throw;
-        }
-        CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-        size_t nodes = 0;
-        CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
-        graph_nodes_ = (int64_t)nodes;
-        const cudaError_t e = cudaGraphInstantiate(&graph_exec_, g, 0);
-        cudaGraphDestroy(g);
-        if (e != cudaSuccess) {
-            graph_exec_ = nullptr;
-            CUDA_CHECK(e);
+            CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            cudaGraph_t g = nullptr;
+            try {
+                forward_kernels(grad_scale);
+                backward_prologue();
+                backward_kernels(grad_scale);
+            } catch (...) {
+                (void)cudaStreamEndCapture(stream, &g);  // end the capture before reporting the error
+                if (g) (void)cudaGraphDestroy(g);
+                throw;
+            }
+            CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+            size_t nodes = 0;
+            CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+            graph_nodes_ = (int64_t)nodes;
+            const cudaError_t e = cudaGraphInstantiate(&graph_exec_, g, 0);
+            (void)cudaGraphDestroy(g);
+            if (e != cudaSuccess) {
+                graph_exec_ = nullptr;
+                CUDA_CHECK(e);
+            }
+        } catch (const std::exception& e) {
+            throw Error(std::string("--cuda-graph 1: capturing the micro-batch as a CUDA graph failed (") + e.what() +
+                        "); --cuda-graph 0 launches every kernel instead");
         }
         graph_B_ = B;
         graph_T_ = T_;
