@@ -88,8 +88,13 @@ class GpuScoringModel : public ScoringModel {
 };
 
 // Peak bf16 TFLOP/s of this device: median of 10 timed 8192^3 bf16 GEMMs (C = A·Bᵀ, fp32
-// accumulation) through the same cuBLASLt wrapper, after 3 warm-up calls.
+// accumulation) through the same cuBLASLt wrapper, after 3 warm-up calls. 0 under the host
+// emulation of dev/emu (no device peak; the host GEMMs would take hours): MFU is then null.
 inline double measure_peak_bf16_tflops(cudaStream_t s) {
+#ifdef LDM_EMULATED
+    (void)s;
+    return 0.0;
+#endif
     const int64_t n = 8192;
     DeviceBuffer<bf16> A(n * n), Bm(n * n), C(n * n);
     fill<bf16>(A.ptr, n * n, 0.01f, s);
@@ -326,7 +331,8 @@ class GpuBackend {
         (void)step_ms;
         return {{"trainer", "gpu"}, {"recompute", o_.recompute}, {"cuda_graph", o_.cuda_graph},
                 {"graph_captures", model_.graph_captures()}, {"model_flops_per_token", fpt},
-                {"achieved_tflops", achieved}, {"peak_bf16_tflops", peak}, {"mfu", achieved / peak},
+                {"achieved_tflops", achieved}, {"peak_bf16_tflops", peak},
+                {"mfu", peak > 0 ? nlohmann::json(achieved / peak) : nlohmann::json(nullptr)},
                 {"peak_mem_gib", gib(double(peak_used_))}, {"alloc_gib", gib(double(allocated()))},
                 {"scheme_bytes_per_token", model_.scheme().extra_bytes_per_token()}, {"device", device_}};
     }

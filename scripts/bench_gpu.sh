@@ -24,7 +24,7 @@
 # Schemes: preln preln-graph hc mhc attnres-full attnres-block ldm-rls ldm-delta ldm-outer
 # (ldm-rls-nores too). preln-graph is PreLN with --cuda-graph 1 (C++ only; no PyTorch rows).
 # LDM runs rls and outer in --ldm-mode (default unwind), delta in store (not invertible).
-# Window sweep (issue #9): schemes ldm-rls-w1 ldm-rls-w2 ldm-rls-w4 ldm-rls-w8 (rls, --ldm-mode
+# Window sweep: schemes ldm-rls-w1 ldm-rls-w2 ldm-rls-w4 ldm-rls-w8 (rls, --ldm-mode
 # window --ldm-window W); --window-sweep appends them to the schemes.
 # --quick (about 2.5 minutes on an H200): llama-400m T=2048 B=8, preln, preln-graph, ldm-rls,
 # 10 steps, C++ and PyTorch eager (no torch.compile, no workbench), 150 s per item.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh — the one GPU check (issue #7 item 5): builds everything, runs every
+# scripts/gpu_check.sh — the one GPU check: builds everything, runs every
 # dev/cuda workbench (build/cuda/<x> for each dev/cuda/*.cu), every GPU test
 # (build/test/test_gpu_*, and the "[gpu]" case of build/test/test_dist), and a short training benchmark (train_gpt_baselines --bench on
 # llama-400m, T=2048, B=8, bf16; plus each scheme of $SCHEMES the trainer supports), an inference
@@ -17,7 +17,8 @@
 #   WB_TIMEOUT (120 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
 #   BUDGET (540 s for everything after the build: items not started by then are listed as SKIP),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
-#   GRAPH_BENCH (1, the default: also bench preln --cuda-graph 1; 0: skip),
+#   GRAPH_BENCH (1, the default: also bench preln --cuda-graph 1 as "preln-graph"; 0: skip; that the
+#   graph gives the eager run's bytes is a test_gpu_train case, run with the GPU tests),
 #   NCCL_BENCH (1, the default: also bench preln with --nccl --zero 1, reduction after backward and
 #   overlapped with it, on one GPU; 0: skip),
 #   LDM_BENCH (1, the default: also bench train_ldm rls unwind at d_k 8 and 4, and window 4; 0: skip;
@@ -96,7 +97,7 @@ if [ "$GPU_RC" != 0 ]; then
     GPU_DESC="(trainer missing or failed: $GPU_DESC) $(nvidia-smi -L | head -1)"
   else
     cat "$TABLE"
-    echo "gpu_check: skipped: no GPU ($GPU_DESC)"
+    echo "gpu_check: skipped ($GPU_DESC)"
     exit 0
   fi
 fi
@@ -223,7 +224,7 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
 if [ -x "$TRAINER" ]; then
   for s in $SCHEMES; do bench "$s" --scheme "$s"; done
   [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
-  [ "${GRAPH_BENCH:-1}" = 1 ] && bench "preln-cuda-graph" --scheme preln --cuda-graph 1
+  [ "${GRAPH_BENCH:-1}" = 1 ] && bench "preln-graph" --scheme preln --cuda-graph 1
   if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
     bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
     bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1

@@ -267,6 +267,20 @@ TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf1
         CHECK(a == b);
         CHECK(ldm::read_file(dir + "/eager/ckpt_000003.model") == ldm::read_file(dir + "/graph/ckpt_000003.model"));
     }
+    // --bench reports the graph (one capture for 2 warm-up + 2 timed steps); no device peak under
+    // the emulation, so MFU is null there
+    const std::string gpu = emu_trainer_or_skip("train_gpt_baselines");
+    if (gpu.empty()) return;
+    RunResult r = run_cmd(gpu + data_flags(shards) + "--scheme preln --bench 2 --cuda-graph 1 --quiet");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    const size_t p = r.out.find("BENCH {");
+    REQUIRE(p != std::string::npos);
+    const json b = json::parse(r.out.substr(p + 6, r.out.find('\n', p) - p - 6));
+    CHECK(b["cuda_graph"] == 1);
+    CHECK(b["graph_captures"] == 1);
+    CHECK(b["mfu"].is_null());
+    CHECK(b["tokens_per_s"].get<double>() > 0);
 }
 
 TEST_CASE("emu train: checkpoint -> resume is bit-exact (bf16 PreLN with val and samples, fp32 LDM unwind)",

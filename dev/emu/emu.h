@@ -23,6 +23,9 @@
 // cp.async.wait_group / wait_all (see cp_async below).
 #pragma once
 
+// Code that must behave differently under the emulation (e.g. not time an 8192³ GEMM) tests this.
+#define LDM_EMULATED 1
+
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #if __has_include(<cublasLt.h>)
