@@ -52,6 +52,7 @@ struct GpuTrainOptions : TrainOptions {
     std::string nccl_id_file;   // share the NCCL id through this file (launchers without MPI)
     int nccl_overlap = 0;       // 1: per-bucket reduction overlapped with backward (GpuDataParallel)
     int cuda_graph = 0;         // 1: each micro-batch's forward + backward replays a CUDA graph
+    bool profile_stages = false;  // with --bench: CUDA-event time per stage of the timed steps
     InferOptions infer;         // generation / inference benchmark instead of training (cuda/infer_cli.cuh)
     GpuTrainOptions() { dtype = "bf16"; }
 };
@@ -168,6 +169,7 @@ class GpuBackend {
         // with --cuda-graph 1
         const bool hook = dp_.overlap && last;
         double loss = 0;
+        model_.profile = o_.profile_stages ? &prof_ : nullptr;  // training micro-batches only (not evals)
         if (hook) {
             cudaStream_t st = model_.stream;
             loss = model_.forward(in, tg, B, T_, scale);
@@ -181,6 +183,7 @@ class GpuBackend {
                 std::printf("CUDA graph: micro-batch B=%d x T=%d captured (%lld nodes), replayed from now on\n", B, T_,
                             (long long)model_.graph_nodes());
         }
+        model_.profile = nullptr;
         if (!measured_) {  // peak memory: after the first micro-batch of the run
             size_t fr = 0, to = 0;
             CUDA_CHECK(cudaMemGetInfo(&fr, &to));
@@ -194,6 +197,7 @@ class GpuBackend {
     // then the global L2 norm before clipping.
     double reduce_gradients() {
         cudaStream_t st = model_.stream;
+        StageScope stage(o_.profile_stages ? &prof_ : nullptr, "step gradient reduction + norm", st);
         dp_.finish_reduction(st);  // the compute stream waits for the overlapped reductions
         g_ = dp_.reduce_grads(model_.grads.ptr, st);
         global_norm_squared(norm_out_.ptr, nscratch_.ptr, g_, dp_.own_count, st);
@@ -203,6 +207,7 @@ class GpuBackend {
     // One AdamW step on the device. ZeRO-1 updates only this rank's slice, then gathers.
     void optimizer_step(double lr, double norm) {
         cudaStream_t st = model_.stream;
+        StageScope stage(o_.profile_stages ? &prof_ : nullptr, "step AdamW", st);
         double clip = 1.0;
         if (ac_.grad_clip > 0 && norm > ac_.grad_clip) clip = ac_.grad_clip / norm;
         adam_t_ += 1;
@@ -300,7 +305,8 @@ class GpuBackend {
         return {{"device", device_},
                 {"data_parallel", {{"world", dctx_.world}, {"zero", dp_.zero1 ? 1 : 0}, {"nccl", dp_.nccl},
                                    {"overlap", dp_.overlap}, {"buckets", dp_.buckets.size()}}},
-                {"gpu", {{"recompute", o_.recompute}, {"nccl_overlap", o_.nccl_overlap}, {"cuda_graph", o_.cuda_graph}}}};
+                {"gpu", {{"recompute", o_.recompute}, {"nccl_overlap", o_.nccl_overlap}, {"cuda_graph", o_.cuda_graph},
+                         {"profile_stages", o_.profile_stages}}}};
     }
     std::string device() const { return device_; }
     void print_startup() {
@@ -322,14 +328,35 @@ class GpuBackend {
                     gib(mem.scheme_per_token * tok_mb), o_.recompute, gib(double(allocated())));
     }
     void step_begin() { CUDA_CHECK(cudaDeviceSynchronize()); }
-    void step_end() { measured_ = true; }
+    void step_end() {
+        measured_ = true;
+        if (o_.profile_stages) {  // the stream is idle (optimizer_step synchronised); 2 warm-up steps dropped
+            CUDA_CHECK(cudaDeviceSynchronize());
+            prof_.collect(steps_done_ >= 2);
+        }
+        steps_done_++;
+    }
     nlohmann::json bench_fields(double step_ms, double tps) {
         using trainer_detail::gib;
         const double fpt = train::model_flops_per_token(cfg_, o_.T);
         const double peak = trainer_detail::measure_peak_bf16_tflops(model_.stream);
         const double achieved = fpt * tps / 1e12;
-        (void)step_ms;
-        return {{"trainer", "gpu"}, {"recompute", o_.recompute}, {"cuda_graph", o_.cuda_graph},
+        nlohmann::json stages = nlohmann::json::object();
+        if (o_.profile_stages) {
+            const auto ps = prof_.per_step();
+            double sum = 0;
+            for (const auto& kv : ps) sum += kv.second;
+            std::printf("stage breakdown (--profile-stages: GPU time between CUDA events, mean of %d timed steps; step "
+                        "%.2f ms):\n", prof_.steps(), step_ms);
+            for (const auto& kv : ps) {
+                std::printf("  %-52s %10.3f ms %6.1f%%\n", kv.first.c_str(), kv.second,
+                            step_ms > 0 ? 100.0 * kv.second / step_ms : 0.0);
+                stages[kv.first] = kv.second;
+            }
+            std::printf("  %-52s %10.3f ms %6.1f%% (the rest: host work and launch gaps)\n", "sum of the stages", sum,
+                        step_ms > 0 ? 100.0 * sum / step_ms : 0.0);
+        }
+        return {{"trainer", "gpu"}, {"stages_ms", stages}, {"recompute", o_.recompute}, {"cuda_graph", o_.cuda_graph},
                 {"graph_captures", model_.graph_captures()}, {"model_flops_per_token", fpt},
                 {"achieved_tflops", achieved}, {"peak_bf16_tflops", peak},
                 {"mfu", peak > 0 ? nlohmann::json(achieved / peak) : nlohmann::json(nullptr)},
@@ -363,6 +390,8 @@ class GpuBackend {
     float* g_ = nullptr;  // the reduced gradients reduce_gradients() returned (this rank's slice)
     std::unique_ptr<ScoringModel> scorer_;
     cudaStream_t stream_ = nullptr;  // created with --cuda-graph 1 (model_.stream), else none
+    StageProfile prof_;              // --profile-stages
+    int64_t steps_done_ = 0;
 };
 
 template <typename T>
@@ -397,6 +426,9 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         ap.add("--cuda-graph", &o.cuda_graph,
                "1: capture each micro-batch's forward + backward as a CUDA graph once and replay it (fewer "
                "launches, no host sync inside the micro-batch; same results bit for bit); 0: launch every kernel");
+        ap.add("--profile-stages", &o.profile_stages,
+               "with --bench: time every stage of the timed steps (attention, each GEMM, the scheme's calls, AdamW, "
+               "...) with CUDA events and print the breakdown (BENCH stages_ms); needs --cuda-graph 0");
         ap.add("--gpu-info", &o.gpu_info, "print the CUDA device and exit (exit code 2 without a GPU)");
         ap.section("Data parallel (one process per GPU under mpirun / srun; doc/distributed.md)");
         ap.add("--zero", &o.zero, "0: gradients all-reduced, full AdamW on every GPU; 1: ZeRO-1 (reduce-scatter, "
@@ -413,6 +445,8 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
             throw Error(strprintf("--nccl-overlap must be 0 or 1, got %d", o.nccl_overlap));
         if (o.cuda_graph != 0 && o.cuda_graph != 1)
             throw Error(strprintf("--cuda-graph must be 0 or 1, got %d", o.cuda_graph));
+        if (o.profile_stages && o.bench <= 0) throw Error("--profile-stages times the steps of --bench N: add --bench");
+        if (o.profile_stages && o.cuda_graph) throw Error("--profile-stages needs --cuda-graph 0 (events around each stage)");
         // Only rank 0 prints to stdout (errors still go to every rank's stderr).
         if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout");
 

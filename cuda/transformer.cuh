@@ -29,6 +29,7 @@
 #include "cuda/common.cuh"
 #include "cuda/embedding.cuh"
 #include "cuda/matmul.cuh"
+#include "cuda/profile.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/scheme.cuh"
@@ -111,6 +112,9 @@ struct Transformer {
     // gradients final at that stage was enqueued on `stream`. The hook may record an event on
     // `stream` but must not enqueue work on it. Empty (the default): backward is unchanged.
     std::function<void(int)> grad_hook;
+    // --profile-stages: when set, forward and backward record CUDA events around each group of
+    // kernels into it (cuda/profile.cuh; eager runs only, not while a graph is captured).
+    StageProfile* profile = nullptr;
     // [B*T, Vp] logits of the last forward as fp32 (columns >= V are 0); only valid when the
     // forward ran with grad_scale <= 0.
     std::vector<float> logits_host() const;
@@ -149,6 +153,9 @@ struct Transformer {
     void backward_prologue();
     void backward_kernels(double grad_scale);
     void embedding_backward_tail();
+    void stage(const char* name) {
+        if (profile) profile->next(name, stream);
+    }
     void drop_graph() {
         if (graph_exec_) (void)cudaGraphExecDestroy(graph_exec_);
         graph_exec_ = nullptr;
@@ -394,39 +401,58 @@ void Transformer<T>::forward_kernels(double grad_scale) {
     const float eps = (float)c.norm_eps;
     GpuScheme<T>& S = *scheme_;
 
+    stage("fwd embedding + scheme begin");
     embedding_forward<T>(emb_.ptr, tokens_.ptr, P(wte_), N, d, s);
     S.begin(emb_.ptr, s);
     for (int l = 0; l < c.n_layer; l++) {
         Act& a = act_[l];
         const Layer& p = L_[l];
         // ---- attention sublayer j = 2l+1
+        stage("fwd scheme input + RMSNorm");
         S.input_norm(2 * l + 1, a.x_att.ptr, ln_att(l), a.rstd_att.ptr, P(p.attn_norm), eps, s);
         T* qkv = c.qk_norm ? a.qkv.ptr : a.qkvr.ptr;  // without QK-norm RoPE runs in place
+        stage("fwd GEMM qkv");
         linear_forward<T>(mm_, qkv, ln_att(l), P(p.wqkv), p.bqkv >= 0 ? P(p.bqkv) : nullptr, N, d, qkvd_, s);
+        stage("fwd QK-norm + RoPE");
         qknorm_rope_forward<T>(a.qkvr.ptr, c.qk_norm ? a.rstd_qk.ptr : nullptr, qkv,
                                c.qk_norm ? P(p.q_norm) : nullptr, c.qk_norm ? P(p.k_norm) : nullptr,
                                cos_.ptr, sin_.ptr, N, T_, nh, nkv, hd, eps, s);
+        stage("fwd attention");
         attention_forward<T>(a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s);
+        stage("fwd GEMM attn out");
         linear_forward<T>(mm_, o_.ptr, a.ao.ptr, P(p.wo), nullptr, N, qd, d, s);
+        stage("fwd scheme output");
         S.output(2 * l + 1, o_.ptr, s);
         // ---- MLP sublayer j = 2l+2
+        stage("fwd scheme input + RMSNorm");
         S.input_norm(2 * l + 2, a.x_mlp.ptr, ln_mlp(l), a.rstd_mlp.ptr, P(p.mlp_norm), eps, s);
+        stage("fwd GEMM w1|w3");
         linear_forward<T>(mm_, a.h13.ptr, ln_mlp(l), P(p.w13), nullptr, N, d, 2 * F, s);
+        stage("fwd SwiGLU");
         swiglu_forward<T>(a_buf(l), a.h13.ptr, N, F, s);
+        stage("fwd GEMM w2");
         linear_forward<T>(mm_, o_.ptr, a_buf(l), P(p.w2), nullptr, N, F, d, s);
+        stage("fwd scheme output");
         S.output(2 * l + 2, o_.ptr, s);
     }
+    stage("fwd scheme readout + final RMSNorm");
     S.readout(y_.ptr, s);
     rmsnorm_forward<T>(yn_.ptr, rstd_f_.ptr, y_.ptr, P(final_norm_), N, d, eps, s);
     // LM head over the real V rows only (row stride Vp); columns >= V are never written (zeroed
     // at allocation), as in the CPU reference.
+    stage("fwd GEMM LM head");
     linear_forward<T>(mm_, logits_.ptr, yn_.ptr, P(lm_head_), nullptr, N, d, V, s, Vp);
     dlogits_ready_ = false;
-    if (!have_targets_) return;
+    if (!have_targets_) {
+        if (profile) profile->close(s);
+        return;
+    }
     const bool write = grad_scale > 0;
+    stage("fwd classifier (loss, dlogits)");
     fused_classifier<T>(logits_.ptr, losses_.ptr, targets_.ptr, N, V, Vp,
                         write ? (float)(grad_scale / (double)N) : 0.0f, write, s);
     dlogits_ready_ = write;
+    if (profile) profile->close(s);
 }
 
 template <typename T>
@@ -462,13 +488,16 @@ void Transformer<T>::backward_kernels(double grad_scale) {
     GpuScheme<T>& S = *scheme_;
     float* scr = fscratch_.ptr;
     if (!dlogits_ready_) {  // forward kept the logits readable: turn them into dlogits now
+        stage("bwd classifier (dlogits)");
         fused_classifier<T>(logits_.ptr, losses_.ptr, targets_.ptr, N, V, Vp,
                             (float)(grad_scale / (double)N), true, s);
         dlogits_ready_ = true;
     }
     // Head: LM head (over the V real columns of the Vp-strided dlogits), then RMSNorm_f.
+    stage("bwd GEMM LM head");
     linear_backward<T>(mm_, dyn_.ptr, G(lm_head_), nullptr, logits_.ptr, yn_.ptr, P(lm_head_), N, d, V,
                        false, scr, s, Vp);
+    stage("bwd final RMSNorm + scheme readout");
     rmsnorm_backward<T>(dy_.ptr, G(final_norm_), scr, dyn_.ptr, y_.ptr, P(final_norm_), rstd_f_.ptr, N, d,
                         false, s);
     if (grad_hook) grad_hook(dist::grad_stage_head());
@@ -478,37 +507,51 @@ void Transformer<T>::backward_kernels(double grad_scale) {
         Act& a = act_[l];
         const Layer& p = L_[l];
         // ---- MLP sublayer j = 2l+2
+        stage("bwd scheme output");
         S.output_backward(2 * l + 2, d_o_.ptr, s);
+        stage("bwd recompute");
         if (recompute_ >= 2)
             rmsnorm_forward<T>(ln_mlp(l), rstd_tmp_.ptr, a.x_mlp.ptr, P(p.mlp_norm), N, d, eps, s);
         if (recompute_ >= 1) swiglu_forward<T>(a_buf(l), a.h13.ptr, N, F, s);
+        stage("bwd GEMM w2");
         linear_backward<T>(mm_, da_.ptr, G(p.w2), nullptr, d_o_.ptr, a_buf(l), P(p.w2), N, F, d, false, scr, s);
+        stage("bwd SwiGLU");
         swiglu_backward<T>(dh13_.ptr, da_.ptr, a.h13.ptr, N, F, s);
+        stage("bwd GEMM w1|w3");
         linear_backward<T>(mm_, dln_.ptr, G(p.w13), nullptr, dh13_.ptr, ln_mlp(l), P(p.w13), N, d, 2 * F,
                            false, scr, s);
         // RMSNorm backward + the scheme's input backward (PreLN fuses them with the next
         // output_backward: d_o_ then already holds dL/do_{2l+1})
+        stage("bwd RMSNorm + scheme input");
         S.input_norm_backward(2 * l + 2, dln_.ptr, a.x_mlp.ptr, P(p.mlp_norm), a.rstd_mlp.ptr, N, d,
                               G(p.mlp_norm), scr, dx_.ptr, d_o_.ptr, s);
         // ---- attention sublayer j = 2l+1
+        stage("bwd scheme output");
         S.output_backward(2 * l + 1, d_o_.ptr, s);
+        stage("bwd GEMM attn out");
         linear_backward<T>(mm_, dao_.ptr, G(p.wo), nullptr, d_o_.ptr, a.ao.ptr, P(p.wo), N, qd, d, false, scr, s);
+        stage("bwd attention");
         attention_backward<T>(dqkvr_.ptr, scr, dao_.ptr, a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s);
         // RoPE (and QK-norm) backward: dqkv = ∂L/∂(q|k|v before RoPE / QK-norm); v passes through.
         T* dqkv = dqkv_.ptr;
+        stage("bwd QK-norm + RoPE");
         qknorm_rope_backward<T>(dqkv, c.qk_norm ? G(p.q_norm) : nullptr, c.qk_norm ? G(p.k_norm) : nullptr, scr,
                                 dqkvr_.ptr, c.qk_norm ? a.qkv.ptr : a.qkvr.ptr,
                                 c.qk_norm ? a.rstd_qk.ptr : nullptr, c.qk_norm ? P(p.q_norm) : nullptr,
                                 c.qk_norm ? P(p.k_norm) : nullptr, cos_.ptr, sin_.ptr, N, T_, nh, nkv, hd, s);
+        stage("bwd recompute");
         if (recompute_ >= 2)
             rmsnorm_forward<T>(ln_att(l), rstd_tmp_.ptr, a.x_att.ptr, P(p.attn_norm), N, d, eps, s);
+        stage("bwd GEMM qkv");
         linear_backward<T>(mm_, dln_.ptr, G(p.wqkv), p.bqkv >= 0 ? G(p.bqkv) : nullptr, dqkv, ln_att(l),
                            P(p.wqkv), N, d, qkvd_, false, scr, s);
+        stage("bwd RMSNorm + scheme input");
         S.input_norm_backward(2 * l + 1, dln_.ptr, a.x_att.ptr, P(p.attn_norm), a.rstd_att.ptr, N, d,
                               G(p.attn_norm), scr, dx_.ptr, d_o_.ptr, s);
         if (grad_hook) grad_hook(dist::grad_stage_block(l, c.n_layer));
     }
     // Embedding: de in dx_ (then embedding_backward_tail).
+    stage("bwd scheme begin + embedding (incl. host buckets)");
     S.begin_backward(dx_.ptr, s);
 }
 
@@ -524,6 +567,7 @@ void Transformer<T>::embedding_backward_tail() {
     CUDA_CHECK(cudaMemcpyAsync(start_.ptr, bk.start.data(), bk.start.size() * 4, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(pos_.ptr, bk.pos.data(), bk.pos.size() * 4, cudaMemcpyHostToDevice, s));
     embedding_backward<T>(G(wte_), dx_.ptr, uniq_.ptr, start_.ptr, pos_.ptr, U, d, s);
+    if (profile) profile->close(s);  // (the last stage, opened in backward_kernels)
     if (grad_hook) grad_hook(dist::grad_stage_end(cfg.n_layer));
     CUDA_CHECK(cudaStreamSynchronize(s));  // the host bucket vectors die here
     if (scheme_->after_backward(s)) drop_graph();  // e.g. LDM's drift fallback: other kernels from now on
@@ -540,6 +584,7 @@ double Transformer<T>::train_micro_batch(const int32_t* tokens, const int32_t* t
         return loss;
     }
     if (grad_hook) throw Error("Transformer::train_micro_batch: a CUDA graph cannot run the backward grad_hook");
+    if (profile) throw Error("Transformer::train_micro_batch: --profile-stages needs --cuda-graph 0 (events per stage)");
     if (stream == 0) throw Error("Transformer::train_micro_batch: a CUDA graph needs a created stream, not stream 0");
     forward_prologue(tokens, targets, B, T_);
     if (!graph_exec_ || graph_B_ != B || graph_T_ != T_ || graph_scale_ != grad_scale) {

@@ -283,6 +283,44 @@ TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf1
     CHECK(b["tokens_per_s"].get<double>() > 0);
 }
 
+TEST_CASE("emu train: --profile-stages (CUDA events per stage of the timed steps)", "[emu][train]") {
+    // Under the emulation an event holds the host time of its record, so the stages carry the
+    // emulated time: every stage >= 0, together most of the step and never more than it.
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string gpu = emu_trainer_or_skip("train_ldm");
+    if (gpu.empty()) return;
+    const std::string cmd = gpu + data_flags(shards) + "--scheme ldm --ldm-mode unwind --quiet";
+    RunResult r = run_cmd(cmd + " --bench 3 --profile-stages");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("stage breakdown (--profile-stages"));
+    const size_t p = r.out.find("BENCH {");
+    REQUIRE(p != std::string::npos);
+    const json b = json::parse(r.out.substr(p + 6, r.out.find('\n', p) - p - 6));
+    const json& st = b["stages_ms"];
+    for (const char* k : {"fwd attention", "fwd GEMM qkv", "fwd scheme output", "fwd classifier (loss, dlogits)",
+                          "bwd attention", "bwd scheme output", "bwd RMSNorm + scheme input", "step AdamW",
+                          "step gradient reduction + norm"}) {
+        INFO(k);
+        REQUIRE(st.contains(k));
+        CHECK(st[k].get<double>() >= 0);
+    }
+    double sum = 0;
+    for (auto it = st.begin(); it != st.end(); ++it) sum += it.value().get<double>();
+    const double step = b["step_ms"].get<double>();
+    INFO("sum of stages " << sum << " ms, step " << step << " ms");
+    CHECK(sum > 0.5 * step);
+    CHECK(sum <= 1.01 * step + 1.0);
+    // refused combinations, before any work
+    RunResult e1 = run_cmd(cmd + " --steps 2 --profile-stages");
+    CHECK(e1.status != 0);
+    CHECK_THAT(e1.out, Catch::Contains("--profile-stages times the steps of --bench N"));
+    RunResult e2 = run_cmd(cmd + " --bench 2 --profile-stages --cuda-graph 1");
+    CHECK(e2.status != 0);
+    CHECK_THAT(e2.out, Catch::Contains("--profile-stages needs --cuda-graph 0"));
+}
+
 TEST_CASE("emu train: checkpoint -> resume is bit-exact (bf16 PreLN with val and samples, fp32 LDM unwind)",
           "[emu][train]") {
     const std::string shards = byte_shards();

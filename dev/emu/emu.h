@@ -17,9 +17,9 @@
 // running a kernel under several orders and requiring bit-identical outputs exposes code whose
 // result depends on the interleaving between yield points (missing __syncthreads/__syncwarp).
 // Memory: kernels get host pointers; cudaMalloc is malloc, cudaMemcpy*/cudaMemset* are
-// memcpy/memset (async ones complete at once); events are no-ops; stream capture records work
-// into a graph that cudaGraphLaunch replays, and refuses what CUDA refuses inside a capture (see
-// "stream capture" below). cp.async copies complete only at the issuing thread's
+// memcpy/memset (async ones complete at once); events hold the host time of their record;
+// stream capture records work into a graph that cudaGraphLaunch replays, and refuses what CUDA
+// refuses inside a capture (see "stream capture" below). cp.async copies complete only at the issuing thread's
 // cp.async.wait_group / wait_all (see cp_async below).
 #pragma once
 
@@ -34,6 +34,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -757,6 +758,35 @@ inline cudaError_t stream_create_(cudaStream_t* s) {
     *s = reinterpret_cast<cudaStream_t>(uintptr_t(0x5eed0000) + 16 * ++detail::capture().streams_made);
     return cudaSuccess;
 }
+// Events: the host time at cudaEventRecord (all earlier work has completed then, launches being
+// synchronous), so cudaEventElapsedTime gives the emulation's own time between two records
+// (what --profile-stages shows under the emulation: host time, not GPU time).
+struct Event {
+    std::chrono::steady_clock::time_point t{};
+    bool recorded = false;
+};
+inline cudaError_t event_create_(cudaEvent_t* e) {
+    *e = reinterpret_cast<cudaEvent_t>(new Event());
+    return cudaSuccess;
+}
+inline cudaError_t event_destroy_(cudaEvent_t e) {
+    delete reinterpret_cast<Event*>(e);
+    return cudaSuccess;
+}
+inline cudaError_t event_record_(cudaEvent_t e, cudaStream_t = nullptr) {
+    forbid_in_capture("cudaEventRecord (not emulated inside a capture)");
+    Event* ev = reinterpret_cast<Event*>(e);
+    if (!ev) fail("cudaEventRecord on a null event");
+    ev->t = std::chrono::steady_clock::now();
+    ev->recorded = true;
+    return cudaSuccess;
+}
+inline cudaError_t event_elapsed_(float* ms, cudaEvent_t a, cudaEvent_t b) {
+    const Event *ea = reinterpret_cast<const Event*>(a), *eb = reinterpret_cast<const Event*>(b);
+    if (!ea || !eb || !ea->recorded || !eb->recorded) return cudaErrorInvalidResourceHandle;
+    *ms = std::chrono::duration<float, std::milli>(eb->t - ea->t).count();
+    return cudaSuccess;
+}
 inline cudaError_t begin_capture_(cudaStream_t s) {
     detail::Capture& c = detail::capture();
     if (c.graph) fail("cudaStreamBeginCapture: a capture is already active");
@@ -922,12 +952,12 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaGetErrorName(e) ((void)(e), "cudaError(emulated)")
 #define cudaGetErrorString(e) ((void)(e), "(emulated)")
 #define cublasGetStatusString(e) ((void)(e), "(emulated)")
-#define cudaEventCreate(e) (*(e) = nullptr, cudaSuccess)
-#define cudaEventCreateWithFlags(e, f) (*(e) = nullptr, cudaSuccess)
-#define cudaEventDestroy(e) ((void)(e), cudaSuccess)
-#define cudaEventRecord(...) cudaSuccess
+#define cudaEventCreate(e) ::emu::event_create_(e)
+#define cudaEventCreateWithFlags(e, f) ((void)(f), ::emu::event_create_(e))
+#define cudaEventDestroy(e) ::emu::event_destroy_(e)
+#define cudaEventRecord(...) ::emu::event_record_(__VA_ARGS__)
 #define cudaEventSynchronize(e) ((void)(e), ::emu::sync_("cudaEventSynchronize"))
-#define cudaEventElapsedTime(ms, a, b) (*(ms) = 0.f, cudaSuccess)
+#define cudaEventElapsedTime(ms, a, b) ::emu::event_elapsed_(ms, a, b)
 #define cudaStreamCreate(s) ::emu::stream_create_(s)
 #define cudaStreamCreateWithFlags(s, f) ((void)(f), ::emu::stream_create_(s))
 #define cudaStreamDestroy(s) ((void)(s), cudaSuccess)
