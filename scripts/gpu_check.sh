@@ -17,6 +17,8 @@
 #   WB_TIMEOUT (120 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
 #   BUDGET (540 s for everything after the build: items not started by then are listed as SKIP),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
+#   PROFILE_BENCH (1, the default: also bench preln --profile-stages, its per-stage table in the
+#   summary; 0: skip),
 #   GRAPH_BENCH (1, the default: also bench preln --cuda-graph 1 as "preln-graph"; 0: skip; that the
 #   graph gives the eager run's bytes is a test_gpu_train case, run with the GPU tests),
 #   NCCL_BENCH (1, the default: also bench preln with --nccl --zero 1, reduction after backward and
@@ -214,6 +216,8 @@ print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f G
     j["tokens_per_s"], j["step_ms"], 100 * j["mfu"], j["peak_bf16_tflops"], j["peak_mem_gib"],
     j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
     printf '%s\t%s\n' "$label" "${line#BENCH }" >> "$OUTDIR/bench_lines.txt"
+    # --profile-stages: its per-stage table goes into the summary too
+    sed -n '/^stage breakdown/,/^  sum of the stages/p' "$log" | sed 's/^/    /' >> "$TABLE"
   elif grep -q "runs on the GPU in train_ldm\|trains --scheme ldm only" "$log"; then
     row "$(printf 'bench %-20s n/a   (scheme of the other GPU trainer)' "$label")"
   else
@@ -225,6 +229,7 @@ if [ -x "$TRAINER" ]; then
   for s in $SCHEMES; do bench "$s" --scheme "$s"; done
   [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
   [ "${GRAPH_BENCH:-1}" = 1 ] && bench "preln-graph" --scheme preln --cuda-graph 1
+  [ "${PROFILE_BENCH:-1}" = 1 ] && bench "preln-profile" --scheme preln --profile-stages
   if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
     bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
     bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1
