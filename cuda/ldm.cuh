@@ -432,28 +432,24 @@ __device__ inline void load_P(const float* P, float (&Pl)[DK * DK], int dk) {
         for (int b = 0; b < DK; b++) Pl[a * DK + b] = row[b];
     }
 }
+// x[i] for a lane-dependent i (a select over the registers: indexing a register array with a
+// runtime index would move it to local memory).
+template <int N>
+__device__ inline float reg_select(const float (&x)[N], int i) {
+    float v = 0.f;
+#pragma unroll
+    for (int c = 0; c < N; c++)
+        if (c == i) v = x[c];
+    return v;
+}
+
 // Lanes write P [dk, dk] from registers (element p by lane p % 32).
 template <int DK>
 __device__ inline void store_P(float* P, const float (&Pl)[DK * DK], int dk, int lane) {
     for (int p = lane; p < dk * dk; p += 32) {
         const int a = p / dk, b = p % dk;
-        float val = 0.f;
-#pragma unroll
-        for (int c = 0; c < DK * DK; c++)
-            if (c == a * DK + b) val = Pl[c];
-        P[p] = val;
+        P[p] = reg_select<DK * DK>(Pl, a * DK + b);
     }
-}
-
-// x[i] for a lane-dependent i (a select over the registers: indexing a register array with a
-// runtime index would move it to local memory).
-template <int DK>
-__device__ inline float reg_select(const float (&x)[DK], int i) {
-    float v = 0.f;
-#pragma unroll
-    for (int c = 0; c < DK; c++)
-        if (c == i) v = x[c];
-    return v;
 }
 
 // x[i] += v for a lane-dependent or loop-carried i (see reg_select).

@@ -624,11 +624,30 @@ inline size_t& allocated_bytes() {
     return n;
 }
 constexpr size_t kDeviceBytes = size_t(1) << 34;  // the emulated device's "memory" (16 GiB)
+// 256-byte aligned host block of n bytes (at least 1) registered in `list`; nullptr when out of memory.
+inline void* tracked_alloc(std::vector<std::pair<void*, size_t>>& list, size_t n) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 256, n ? n : 1) != 0) return nullptr;
+    list.push_back({p, n});
+    return p;
+}
+// Frees p (from tracked_alloc on `list`, or nullptr) and returns its size (0 when untracked).
+inline size_t tracked_free(std::vector<std::pair<void*, size_t>>& list, void* p) {
+    size_t n = 0;
+    for (size_t i = list.size(); p && i-- > 0;)
+        if (list[i].first == p) {
+            n = list[i].second;
+            list[i] = list.back();
+            list.pop_back();
+            break;
+        }
+    std::free(p);
+    return n;
+}
 inline cudaError_t malloc_(void** p, size_t n) {
     forbid_in_capture("cudaMalloc");
-    if (posix_memalign(p, 256, n ? n : 1) != 0) *p = nullptr;
+    *p = tracked_alloc(allocations(), n);
     if (!*p) return cudaErrorMemoryAllocation;
-    allocations().push_back({*p, n});
     allocated_bytes() += n;
     return cudaSuccess;
 }
@@ -638,16 +657,7 @@ inline cudaError_t malloc_(P** p, size_t n) {
 }
 inline cudaError_t free_(void* p) {
     forbid_in_capture("cudaFree");
-    if (!p) return cudaSuccess;
-    auto& a = allocations();
-    for (size_t i = a.size(); i-- > 0;)
-        if (a[i].first == p) {
-            allocated_bytes() -= a[i].second;
-            a[i] = a.back();
-            a.pop_back();
-            break;
-        }
-    std::free(p);
+    allocated_bytes() -= tracked_free(allocations(), p);
     return cudaSuccess;
 }
 // cudaMemGetInfo: free = kDeviceBytes minus the live emulated allocations.
@@ -660,10 +670,8 @@ inline cudaError_t mem_get_info_(size_t* free_b, size_t* total_b) {
 // may touch).
 inline cudaError_t malloc_host_(void** p, size_t n) {
     forbid_in_capture("cudaMallocHost");
-    if (posix_memalign(p, 256, n ? n : 1) != 0) *p = nullptr;
-    if (!*p) return cudaErrorMemoryAllocation;
-    detail::pinned().push_back({*p, n});
-    return cudaSuccess;
+    *p = tracked_alloc(detail::pinned(), n);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 template <typename P>
 inline cudaError_t malloc_host_(P** p, size_t n) {
@@ -671,14 +679,7 @@ inline cudaError_t malloc_host_(P** p, size_t n) {
 }
 inline cudaError_t free_host_(void* p) {
     forbid_in_capture("cudaFreeHost");
-    auto& a = detail::pinned();
-    for (size_t i = a.size(); i-- > 0;)
-        if (a[i].first == p) {
-            a[i] = a.back();
-            a.pop_back();
-            break;
-        }
-    std::free(p);
+    tracked_free(detail::pinned(), p);
     return cudaSuccess;
 }
 // Whether [p, p + n) lies in one emulated device allocation or one pinned host allocation.
