@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dev/emu/emu.h"
+#include "test/helpers.h"
 
 namespace {
 
@@ -34,8 +35,11 @@ struct Died {
 
 // Runs f in a forked child with stderr captured; reports whether it died of SIGABRT.
 Died run_child(const std::function<void()>& f) {
-    char path[] = "/tmp/emu_graph_XXXXXX";
-    const int fd = mkstemp(path);
+    // the child's stderr goes to a fresh file in this test's scratch directory (mkstemp fills in XXXXXX)
+    std::string tmpl = scratch_dir("emu_graph_child") + "/stderr_XXXXXX";
+    std::vector<char> path(tmpl.begin(), tmpl.end());
+    path.push_back('\0');
+    const int fd = mkstemp(path.data());
     REQUIRE(fd >= 0);
     std::fflush(stdout);
     std::fflush(stderr);
@@ -60,7 +64,7 @@ Died run_child(const std::function<void()>& f) {
     char buf[512];
     while (std::fgets(buf, sizeof buf, fp)) d.err += buf;
     std::fclose(fp);
-    std::remove(path);
+    std::remove(path.data());
     return d;
 }
 

@@ -122,6 +122,20 @@ DebugTolerances tolerances(const std::string& dtype) {
     return t;
 }
 
+// The log's records of the given types, each dumped without its timings (ms, tokens_per_s).
+std::vector<std::string> records_without_timings(const std::string& log, std::initializer_list<const char*> types) {
+    std::vector<std::string> out;
+    for (json j : read_jsonl(log))
+        for (const char* t : types)
+            if (j.value("type", "") == t) {
+                j.erase("ms");
+                j.erase("tokens_per_s");
+                out.push_back(j.dump());
+                break;
+            }
+    return out;
+}
+
 std::vector<json> records(const std::string& log, const char* type) {
     std::vector<json> out;
     for (const json& j : read_jsonl(log))
@@ -246,14 +260,7 @@ TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf1
                                 " --sample-tokens 4 --quiet --steps 3 --lr 3e-3";
         auto logged = [&](const std::string& sub) { return " --out-dir " + dir + sub + " --log " + dir + sub + ".jsonl"; };
         auto losses = [&](const std::string& sub) {
-            std::vector<std::string> out;
-            for (json j : read_jsonl(dir + sub + ".jsonl"))
-                if (j.value("type", "") == "step" || j.value("type", "") == "val" || j.value("type", "") == "sample") {
-                    j.erase("ms");
-                    j.erase("tokens_per_s");
-                    out.push_back(j.dump());
-                }
-            return out;
+            return records_without_timings(dir + sub + ".jsonl", {"step", "val", "sample"});
         };
         run_ok(cmd + logged("/eager"));
         RunResult r = run_cmd(cmd + " --cuda-graph 1" + logged("/graph"));
@@ -370,14 +377,7 @@ TEST_CASE("emu train: the NCCL paths (one rank; two ranks under mpirun) give the
                              "/sh_val_*.bin' --val-batches 2 --sample-every -1 --quiet --dtype bf16 --scheme mhc";
     auto logged = [&](const std::string& sub) { return " --log " + dir + sub + ".jsonl --out-dir " + dir + sub; };
     auto losses = [&](const std::string& sub) {  // step and val records without the timings
-        std::vector<std::string> out;
-        for (json j : read_jsonl(dir + sub + ".jsonl"))
-            if (j.value("type", "") == "step" || j.value("type", "") == "val") {
-                j.erase("ms");
-                j.erase("tokens_per_s");
-                out.push_back(j.dump());
-            }
-        return out;
+        return records_without_timings(dir + sub + ".jsonl", {"step", "val"});
     };
     run_ok(gpu + args + logged("/plain"));
     const char* variants[] = {"--nccl --zero 0 --nccl-overlap 0", "--nccl --zero 1 --nccl-overlap 0",
