@@ -58,6 +58,9 @@ struct LdmGpuScheme : GpuScheme<T> {
     void input_backward(int j, const T* dx, cudaStream_t s) override;
     void begin_backward(T* de, cudaStream_t s) override;
     bool after_backward(cudaStream_t s) override;
+    bool kernels_may_switch() const override {
+        return !delta_ && (keep() == kNone || keep() == kSegments) && ckpt_ == 0;
+    }
     int64_t extra_bytes_per_token() const override { return N_ > 0 ? allocated_bytes() / N_ : 0; }
     std::vector<std::pair<std::string, double>> metrics() override;
 

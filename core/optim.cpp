@@ -86,8 +86,7 @@ double AdamW<T>::step(T* p, const T* g, double lr) {
 
 template <typename T>
 void AdamW<T>::update(T* p, const T* g, double lr, double norm) {
-    double clip = 1.0;
-    if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) clip = cfg_.grad_clip / norm;
+    const double clip = adamw_clip_factor(norm, cfg_.grad_clip);
     t_ += 1;
     // Scalars are computed in double, then used in T (the parameter dtype), identical on every
     // thread and independent of the partitioning. The per-element arithmetic is adamw_element

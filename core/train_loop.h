@@ -19,6 +19,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -168,6 +170,18 @@ bool all_finite(const R* x, int64_t n) {
     return ok;
 }
 
+// What Backend::train_step returns: each micro-batch's mean loss (in order) and the global
+// gradient norm before clipping (as reduce_gradients returns it).
+struct StepResult {
+    std::vector<double> losses;
+    double grad_norm = 0;
+};
+
+template <class B, class = void>
+struct has_fused_step : std::false_type {};
+template <class B>
+struct has_fused_step<B, std::void_t<decltype(std::declval<B&>().fuses_step(int64_t(1)))>> : std::true_type {};
+
 }  // namespace train
 
 // The Backend a trainer passes to train_loop (duck-typed; cpu: train_cpu.cpp CpuBackend, gpu:
@@ -196,6 +210,11 @@ bool all_finite(const R* x, int64_t n) {
 //   std::string device() const;                      // "... threads" / the GPU, for the model line
 //   void print_startup();                            // memory / scheme lines after the model line
 //   void step_begin();  void step_end();             // around one timed step (stats, sync)
+// Optional (detected; the GPU backend has them, the CPU backend not):
+//   bool fuses_step(int64_t accum);                   // this step runs as one train_step call
+//   StepResult train_step(in, tg, accum, B, T, grad_scale, lr);  // in/tg [accum*B*T]: zero_grad,
+//       every micro-batch's forward + backward, reduction, norm, divergence guard and AdamW at
+//       once (the GPU's whole-step CUDA graph); on a non-finite loss or norm nothing is applied
 //   nlohmann::json bench_fields(double step_ms, double tokens_per_s);  // --bench report extras
 
 // Runs the training loop of o (validated flags) for cfg. Returns the process exit code (0; errors
@@ -319,6 +338,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     }
 
     std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
+    std::vector<int32_t> step_inputs, step_targets;  // all micro-batches of a fused step
 
     if (!o.dump_debug_state.empty()) {
         if (W > 1) throw Error("--dump-debug-state is for a single process (run it without mpirun)");
@@ -473,19 +493,40 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         }
         be.step_begin();
         auto t0 = std::chrono::steady_clock::now();
-        be.zero_grad();
-        double loss = 0;
-        for (int64_t a = 0; a < accum_local; a++) {
-            train.next_batch(inputs.data(), targets.data());
-            loss += be.train_batch(inputs.data(), targets.data(), B, T, 1.0 / double(accum), a + 1 == accum_local);
-        }
-        loss = be.sum_over_ranks(loss) / double(accum);  // W = 1: loss / accum
-        const double gnorm = be.reduce_gradients();
-        // divergence guard: nothing non-finite reaches the parameters or a checkpoint
-        if (!std::isfinite(loss)) throw diverged("loss", loss, k);
-        if (!std::isfinite(gnorm)) throw diverged("gradient norm", gnorm, k);
         const double lr = sched.lr_at(step);
-        be.optimizer_step(lr, gnorm);
+        double loss = 0, gnorm = 0;
+        bool fused = false;  // the whole step in one backend call (the GPU's step graph)
+        if constexpr (train::has_fused_step<Backend>::value) {
+            fused = be.fuses_step(accum_local);
+            if (fused) {
+                const size_t bt = size_t(B) * T;
+                step_inputs.resize(size_t(accum_local) * bt);
+                step_targets.resize(size_t(accum_local) * bt);
+                for (int64_t a = 0; a < accum_local; a++)
+                    train.next_batch(step_inputs.data() + size_t(a) * bt, step_targets.data() + size_t(a) * bt);
+                const train::StepResult r = be.train_step(step_inputs.data(), step_targets.data(), accum_local, B, T,
+                                                          1.0 / double(accum), lr);
+                for (double l : r.losses) loss += l;  // the order of the per-micro-batch loop below
+                loss = be.sum_over_ranks(loss) / double(accum);
+                gnorm = r.grad_norm;
+                // the divergence guard ran on the device: a non-finite loss or norm left the parameters as they were
+                if (!std::isfinite(loss)) throw diverged("loss", loss, k);
+                if (!std::isfinite(gnorm)) throw diverged("gradient norm", gnorm, k);
+            }
+        }
+        if (!fused) {
+            be.zero_grad();
+            for (int64_t a = 0; a < accum_local; a++) {
+                train.next_batch(inputs.data(), targets.data());
+                loss += be.train_batch(inputs.data(), targets.data(), B, T, 1.0 / double(accum), a + 1 == accum_local);
+            }
+            loss = be.sum_over_ranks(loss) / double(accum);  // W = 1: loss / accum
+            gnorm = be.reduce_gradients();
+            // divergence guard: nothing non-finite reaches the parameters or a checkpoint
+            if (!std::isfinite(loss)) throw diverged("loss", loss, k);
+            if (!std::isfinite(gnorm)) throw diverged("gradient norm", gnorm, k);
+            be.optimizer_step(lr, gnorm);
+        }
         be.step_end();
         auto t1 = std::chrono::steady_clock::now();
         const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();

@@ -1,5 +1,6 @@
 // cuda/adamw.cuh — the optimizer kernels of the GPU trainers (doc/cuda.md "adamw.cuh"):
-// a deterministic global gradient norm and the AdamW update on fp32 master weights, with the
+// a deterministic global gradient norm, the step's clip factor and divergence guard on the device,
+// and the AdamW update on fp32 master weights (scalars read from device memory), with the
 // per-element arithmetic of core/optim.cpp (math/optim_math.h adamw_element, shared verbatim),
 // so a GPU update is bit-identical to AdamW<float>::step given the same clip factor.
 // Spec: model.md §1 "AdamW defaults"; CPU reference: core/optim.h.
@@ -76,12 +77,34 @@ inline void global_norm_squared(float* out, float* scratch, const float* g, int6
 }
 
 // ---------------------------------------------------------------------------------------------
-// AdamW update.
+// AdamW update. The kernels read the step's scalars from device memory (AdamWStep), so that a
+// CUDA graph captured once replays every step (new lr, bias corrections and clip factor each time)
+// and the clip factor and the divergence guard can be computed on the device.
+
+// The scalars of one AdamW step, in device memory. sc: adamw_scalars<float> (sc.clip = the clip
+// factor c, sc.wd = weight decay of the decay ranges; the others ignore it); skip != 0: the step
+// is not applied (every kernel returns at once: the divergence guard, adamw_step_guard).
+struct AdamWStep {
+    AdamWScalars<float> sc;
+    int skip;
+};
+
+// Host: the step's scalars (as core/optim.cpp computes them: double, rounded once to fp32).
+inline AdamWStep adamw_step_scalars(double beta1, double beta2, double eps, double weight_decay, double lr,
+                                    double clip, int64_t t) {
+    AdamWStep st;
+    st.sc = adamw_scalars<float>(beta1, beta2, eps, weight_decay, lr, clip, t);
+    st.skip = 0;
+    return st;
+}
+
 namespace adamw_detail {
 // v1: one element per thread per grid-stride iteration (any alignment).
 template <typename T, bool DECAY>
 __global__ void adamw_scalar_kernel(float* p, T* p_copy, float* m, float* v, const float* g,
-                                    int64_t n, AdamWScalars<float> sc) {
+                                    int64_t n, const AdamWStep* step) {
+    if (step->skip) return;
+    const AdamWScalars<float> sc = step->sc;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
         float pi = p[i], mi = m[i], vi = v[i];
@@ -113,7 +136,9 @@ __device__ inline void adamw_one(float* p, T* p_copy, float* m, float* v, const 
 }
 template <typename T, bool DECAY>
 __global__ void adamw_vec4_kernel(float* p, T* p_copy, float* m, float* v, const float* g,
-                                  int64_t n, int head, AdamWScalars<float> sc) {
+                                  int64_t n, int head, const AdamWStep* step) {
+    if (step->skip) return;
+    const AdamWScalars<float> sc = step->sc;
     const int64_t n4 = (n - head) / 4;
     const float4* p4 = reinterpret_cast<const float4*>(p + head);
     const float4* m4 = reinterpret_cast<const float4*>(m + head);
@@ -147,6 +172,25 @@ __global__ void adamw_vec4_kernel(float* p, T* p_copy, float* m, float* v, const
     }
 }
 
+// The divergence guard and clip factor of a step on the device (one thread): from the squared
+// global norm *norm_sq and the non-finite-loss flag *loss_bad (nullptr: none), sets
+// step->sc.clip = adamw_clip_factor(sqrt(*norm_sq), grad_clip) and step->skip = 1 when the norm
+// is not finite or *loss_bad != 0.
+__global__ void step_guard_kernel(AdamWStep* step, const float* norm_sq, const unsigned* loss_bad,
+                                  double grad_clip) {
+    const double norm = rn_sqrt((double)*norm_sq);
+    step->sc.clip = (float)adamw_clip_factor(norm, grad_clip);
+    step->skip = (!isfinite(norm) || (loss_bad && *loss_bad != 0u)) ? 1 : 0;
+}
+
+// *flag = 1 when some x[i] is not finite (several threads may store the same 1; nothing else).
+__global__ void flag_nonfinite_kernel(unsigned* flag, const float* x, int64_t n) {
+    bool bad = false;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        bad = bad || !isfinite(x[i]);
+    if (bad) *flag = 1u;
+}
+
 inline bool aligned_to(const void* ptr, size_t a) { return ((uintptr_t)ptr % a) == 0; }
 
 constexpr int kAdamThreads = 256;
@@ -169,60 +213,72 @@ inline int vec4_head(const float* p, const T* p_copy, const float* m, const floa
     return ok ? head : -1;
 }
 
-// The launchers of one kernel each (n >= 1; sc from adamw_scalars). adamw_update runs vec4
+// The launchers of one kernel each (n >= 1; step: device AdamWStep). adamw_update runs vec4
 // whenever vec4_head allows it (launch_vec4 throws ldm::Error otherwise) and the scalar kernel
 // else; the workbench also runs the scalar kernel where vec4 applies.
 template <typename T>
 void launch_scalar(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n,
-                   const AdamWScalars<float>& sc, bool decay, cudaStream_t s) {
+                   const AdamWStep* step, bool decay, cudaStream_t s) {
     const unsigned grid = adamw_grid(n);
-    if (decay) adamw_scalar_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
-    else adamw_scalar_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, sc);
+    if (decay) adamw_scalar_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, step);
+    else adamw_scalar_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, step);
     LDM_LAUNCH_CHECK();
 }
 template <typename T>
 void launch_vec4(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n,
-                 const AdamWScalars<float>& sc, bool decay, cudaStream_t s) {
+                 const AdamWStep* step, bool decay, cudaStream_t s) {
     const int head = vec4_head(p, p_copy, m, v, g, n);
     if (head < 0)
         throw Error("adamw_update: the vec4 kernel needs p, m, v, g (and p_copy) equally aligned");
     const unsigned grid = adamw_grid((n - head) / 4);
     if (decay)
-        adamw_vec4_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
+        adamw_vec4_kernel<T, true><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, step);
     else
-        adamw_vec4_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, sc);
+        adamw_vec4_kernel<T, false><<<grid, kAdamThreads, 0, s>>>(p, p_copy, m, v, g, n, head, step);
     LDM_LAUNCH_CHECK();
 }
 }  // namespace adamw_detail
 
+// The step's divergence guard and clip factor on the device (adamw_detail::step_guard_kernel):
+// step->sc.clip from the squared global norm norm_sq (device, e.g. global_norm_squared's output)
+// and grad_clip exactly as the host computes it (adamw_clip_factor); step->skip = 1 when the norm
+// is not finite or *loss_bad != 0 (device flag; nullptr = none). step->sc's other fields are left
+// as they are (the host writes them: adamw_step_scalars).
+inline void adamw_step_guard(AdamWStep* step, const float* norm_sq, const unsigned* loss_bad, double grad_clip,
+                             cudaStream_t s) {
+    adamw_detail::step_guard_kernel<<<1, 1, 0, s>>>(step, norm_sq, loss_bad, grad_clip);
+    LDM_LAUNCH_CHECK();
+}
+
+// *flag (device) = 1 when any of x [n] (device fp32, e.g. the per-token losses) is not finite;
+// unchanged otherwise (the caller zeroes it once per step). n = 0: nothing.
+inline void flag_nonfinite(unsigned* flag, const float* x, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    const unsigned grid = (unsigned)std::min<int64_t>(ceil_div(n, 256), 1024);
+    adamw_detail::flag_nonfinite_kernel<<<grid, 256, 0, s>>>(flag, x, n);
+    LDM_LAUNCH_CHECK();
+}
+
 // One AdamW step (core/optim.h formula, bit-compatible) on the n values of one contiguous range:
 //   p [n] fp32 master weights, m, v [n] fp32 moments (updated in place), g [n] fp32 gradients
-//   (read only) multiplied by grad_scale (the clip factor c; 1 = no clipping), t = 1-based update
-//   count (bias correction 1 - beta^t). p_copy [n] (the bf16 working copy, or nullptr — always
-//   nullptr for fp32 runs, whose working copy is p itself) receives the new p rounded to T.
-// Weight decay: applied (p -= lr·wd·p, decoupled) iff weight_decay != 0. The trainer calls this
-// once per contiguous range of equal ParamSpec.decay, passing cfg.weight_decay on decay ranges and
-// 0 on the others (core/optim.cpp's per-element decay flag). The hyperparameters are double and
-// are rounded to fp32 exactly as core/optim.cpp does (pass the AdamWConfig fields and the clip
-// factor computed in double to get bit-identical updates). Kernel: groups of 4 elements with
-// 16-byte accesses after 0..3 scalar leading elements, or one element per thread when the
-// arrays' alignments differ (same arithmetic). n = 0 is a no-op; n < 0 or t < 1 throws
-// ldm::Error.
+//   (read only) multiplied by the clip factor step->sc.clip, step: the step's scalars in device
+//   memory (adamw_step_scalars, uploaded; the clip factor from the host or adamw_step_guard).
+//   p_copy [n] (the bf16 working copy, or nullptr — always nullptr for fp32 runs, whose working
+//   copy is p itself) receives the new p rounded to T. step->skip != 0: nothing changes.
+// Weight decay (p -= lr·wd·p, decoupled) iff decay; the trainer calls this once per contiguous
+// range of equal ParamSpec.decay (core/optim.cpp's per-element decay flag). With the scalars of
+// adamw_step_scalars the update is bit-identical to AdamW<float>::step. Kernel: groups of 4
+// elements with 16-byte accesses after 0..3 scalar leading elements, or one element per thread
+// when the arrays' alignments differ (same arithmetic). n = 0 is a no-op; n < 0 throws ldm::Error.
 template <typename T>
-void adamw_update(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n, double lr,
-                  double beta1, double beta2, double eps, double weight_decay, double grad_scale,
-                  int64_t t, cudaStream_t s) {
-    if (n < 0 || t < 1)
-        throw Error(strprintf("adamw_update: n = %lld, t = %lld (need n >= 0, t >= 1)",
-                              (long long)n, (long long)t));
+void adamw_update(float* p, T* p_copy, float* m, float* v, const float* g, int64_t n, const AdamWStep* step,
+                  bool decay, cudaStream_t s) {
+    if (n < 0) throw Error(strprintf("adamw_update: n = %lld < 0", (long long)n));
     if (n == 0) return;
-    const AdamWScalars<float> sc =
-        adamw_scalars<float>(beta1, beta2, eps, weight_decay, lr, grad_scale, t);
-    const bool decay = weight_decay != 0.0;
     if (adamw_detail::vec4_head(p, p_copy, m, v, g, n) >= 0)
-        adamw_detail::launch_vec4<T>(p, p_copy, m, v, g, n, sc, decay, s);
+        adamw_detail::launch_vec4<T>(p, p_copy, m, v, g, n, step, decay, s);
     else
-        adamw_detail::launch_scalar<T>(p, p_copy, m, v, g, n, sc, decay, s);
+        adamw_detail::launch_scalar<T>(p, p_copy, m, v, g, n, step, decay, s);
 }
 
 }  // namespace gpu

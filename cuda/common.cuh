@@ -131,6 +131,68 @@ struct DeviceBuffer {
     E* get() const { return ptr; }
 };
 
+// Owning page-locked host allocation of n elements of E (cudaMallocHost): the only host memory
+// an asynchronous copy inside a CUDA graph may read or write (the copy node reads it when the
+// graph runs, not when it is captured). Move-only; contents undefined after alloc.
+template <typename E>
+struct PinnedBuffer {
+    E* ptr = nullptr;
+    int64_t n = 0;
+    PinnedBuffer() = default;
+    explicit PinnedBuffer(int64_t count) { alloc(count); }
+    ~PinnedBuffer() { release(); }
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    PinnedBuffer(PinnedBuffer&& o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
+    void alloc(int64_t count) {
+        if (count == n && ptr) return;
+        release();
+        if (count > 0) CUDA_CHECK(cudaMallocHost((void**)&ptr, (size_t)count * sizeof(E)));
+        n = count;
+    }
+    void release() {
+        if (ptr) cudaFreeHost(ptr);
+        ptr = nullptr;
+        n = 0;
+    }
+    int64_t bytes() const { return n * (int64_t)sizeof(E); }
+};
+
+// Captures everything enqueue() puts on stream s (a created stream; stream 0 cannot be captured)
+// into a CUDA graph and instantiates it; *nodes = its node count. Any error inside (an operation
+// CUDA refuses during a capture, a failed launch) ends the capture first and throws ldm::Error
+// naming `what` and the --cuda-graph 0 alternative. The caller owns the result
+// (cudaGraphExecDestroy).
+template <class F>
+cudaGraphExec_t capture_graph(cudaStream_t s, F&& enqueue, int64_t* nodes, const char* what) {
+    cudaGraphExec_t exec = nullptr;
+    try {
+        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        cudaGraph_t g = nullptr;
+        try {
+            enqueue();
+        } catch (...) {
+            (void)cudaStreamEndCapture(s, &g);  // end the capture before reporting the error
+            if (g) (void)cudaGraphDestroy(g);
+            throw;
+        }
+        CUDA_CHECK(cudaStreamEndCapture(s, &g));
+        size_t n = 0;
+        const cudaError_t en = cudaGraphGetNodes(g, nullptr, &n);
+        const cudaError_t e = en != cudaSuccess ? en : cudaGraphInstantiate(&exec, g, 0);
+        (void)cudaGraphDestroy(g);
+        if (e != cudaSuccess) {
+            exec = nullptr;
+            CUDA_CHECK(e);
+        }
+        if (nodes) *nodes = (int64_t)n;
+    } catch (const std::exception& e) {
+        throw Error(std::string("--cuda-graph 1: capturing ") + what + " as a CUDA graph failed (" + e.what() +
+                    "); --cuda-graph 0 launches every kernel instead");
+    }
+    return exec;
+}
+
 // Host fp32/fp64/any -> device T, converting through fp32 (blocking).
 template <typename T, typename H>
 inline void upload(T* dst, const H* src, int64_t n) {

@@ -109,11 +109,14 @@ struct EmbeddingBuckets {
 
 namespace embedding_detail {
 
+// Both backward kernels: U buckets, or, when count != nullptr, *count (<= U) buckets read on the
+// device (the launch is then sized for the bound U, so a CUDA graph can replay it for any batch).
 // v1: one thread per (bucket, column), positions summed in increasing n.
 template <typename T>
 __global__ void backward_scalar_kernel(float* dwte, const T* dout, const int32_t* uniq,
-                                       const int32_t* start, const int32_t* pos, int U, int C) {
-    const int64_t total = (int64_t)U * C;
+                                       const int32_t* start, const int32_t* pos, int U, int C,
+                                       const int32_t* count) {
+    const int64_t total = (int64_t)(count ? *count : U) * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int u = (int)(i / C);
@@ -128,9 +131,11 @@ __global__ void backward_scalar_kernel(float* dwte, const T* dout, const int32_t
 // C % Pack<T>::n == 0 and 16-byte aligned bases.
 template <typename T>
 __global__ void backward_packed_kernel(float* dwte, const T* dout, const int32_t* uniq,
-                                       const int32_t* start, const int32_t* pos, int C) {
+                                       const int32_t* start, const int32_t* pos, int C,
+                                       const int32_t* count) {
     constexpr int P = Pack<T>::n;
     const int u = blockIdx.x;
+    if (count && u >= *count) return;
     const int j0 = start[u], j1 = start[u + 1];
     float* drow = dwte + (int64_t)uniq[u] * C;
     for (int c0 = threadIdx.x * P; c0 < C; c0 += blockDim.x * P) {
@@ -157,24 +162,26 @@ __global__ void backward_packed_kernel(float* dwte, const T* dout, const int32_t
 }
 
 // The backward launchers (U, C >= 1; backward_packed throws ldm::Error unless packed_ok for
-// dout and dwte).
+// dout and dwte; count_dev: see the kernels).
 template <typename T>
 void backward_scalar(float* dwte, const T* dout, const int32_t* uniq_dev, const int32_t* start_dev,
-                     const int32_t* pos_dev, int U, int C, cudaStream_t s) {
+                     const int32_t* pos_dev, int U, int C, cudaStream_t s,
+                     const int32_t* count_dev = nullptr) {
     const int64_t blocks = std::min<int64_t>(ceil_div((int64_t)U * C, 256), 65535LL * 16);
     backward_scalar_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(dwte, dout, uniq_dev, start_dev,
-                                                               pos_dev, U, C);
+                                                               pos_dev, U, C, count_dev);
     LDM_LAUNCH_CHECK();
 }
 template <typename T>
 void backward_packed(float* dwte, const T* dout, const int32_t* uniq_dev, const int32_t* start_dev,
-                     const int32_t* pos_dev, int U, int C, cudaStream_t s) {
+                     const int32_t* pos_dev, int U, int C, cudaStream_t s,
+                     const int32_t* count_dev = nullptr) {
     if (!packed_ok<T>(C, dout, dwte))
         throw Error(strprintf("embedding_backward: the packed kernel needs C %% %d == 0 (C = %d) "
                               "and 16-byte aligned buffers", Pack<T>::n, C));
     const int threads = (int)std::min<int64_t>(256, ceil_div(ceil_div(C, Pack<T>::n), 32) * 32);
     backward_packed_kernel<T><<<(unsigned)U, threads, 0, s>>>(dwte, dout, uniq_dev, start_dev,
-                                                              pos_dev, C);
+                                                              pos_dev, C, count_dev);
     LDM_LAUNCH_CHECK();
 }
 
@@ -182,17 +189,19 @@ void backward_packed(float* dwte, const T* dout, const int32_t* uniq_dev, const 
 
 // dwte[uniq[u]] += Σ_{n in bucket u, increasing n} dout[n] (fp32; deterministic, no atomics;
 // rows of ids not in the batch untouched). dout [N, C]; uniq/start/pos on the device, from
-// EmbeddingBuckets::build.
+// EmbeddingBuckets::build. count_dev (device int32, optional): the number of buckets is *count_dev,
+// read by the kernel, and U only bounds it (e.g. U = N): the launch then does not depend on the
+// batch, which is what a CUDA graph replaying the backward for every batch needs.
 template <typename T>
 void embedding_backward(float* dwte, const T* dout, const int32_t* uniq_dev,
                         const int32_t* start_dev, const int32_t* pos_dev, int U, int C,
-                        cudaStream_t s) {
+                        cudaStream_t s, const int32_t* count_dev = nullptr) {
     using namespace embedding_detail;
     if (U <= 0 || C <= 0) return;
     if (packed_ok<T>(C, dout, dwte))
-        backward_packed<T>(dwte, dout, uniq_dev, start_dev, pos_dev, U, C, s);
+        backward_packed<T>(dwte, dout, uniq_dev, start_dev, pos_dev, U, C, s, count_dev);
     else
-        backward_scalar<T>(dwte, dout, uniq_dev, start_dev, pos_dev, U, C, s);
+        backward_scalar<T>(dwte, dout, uniq_dev, start_dev, pos_dev, U, C, s, count_dev);
 }
 
 }  // namespace gpu

@@ -69,6 +69,10 @@ struct GpuScheme {
     // begin() to begin_backward() must run without host synchronisation or host-memory copies, so
     // that Transformer::train_micro_batch can capture it.
     virtual bool after_backward(cudaStream_t) { return false; }
+    // True while after_backward may still switch kernels (LDM: the drift check is armed). A
+    // step of several micro-batches then cannot be one CUDA graph (the eager order switches after
+    // the micro-batch that drifted, like the CPU), so the trainer captures each micro-batch alone.
+    virtual bool kernels_may_switch() const { return false; }
     // Activation memory (bytes per token) the scheme keeps for backward or as live state, beyond
     // the backbone's own buffers; printed at startup.
     virtual int64_t extra_bytes_per_token() const = 0;

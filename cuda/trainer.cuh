@@ -51,7 +51,7 @@ struct GpuTrainOptions : TrainOptions {
     bool nccl = false;          // NCCL path even with one GPU (measures its cost)
     std::string nccl_id_file;   // share the NCCL id through this file (launchers without MPI)
     int nccl_overlap = 0;       // 1: per-bucket reduction overlapped with backward (GpuDataParallel)
-    int cuda_graph = 0;         // 1: each micro-batch's forward + backward replays a CUDA graph
+    int cuda_graph = 0;         // 1: CUDA graphs (the whole step where possible, else each micro-batch)
     bool profile_stages = false;  // with --bench: CUDA-event time per stage of the timed steps
     InferOptions infer;         // generation / inference benchmark instead of training (cuda/infer_cli.cuh)
     GpuTrainOptions() { dtype = "bf16"; }
@@ -138,6 +138,10 @@ class GpuBackend {
         v_.alloc(dp_.state_len());
         nscratch_.alloc(std::max<int64_t>(global_norm_scratch(), 1));
         norm_out_.alloc(1);
+        step_d_.alloc(1);
+        loss_flag_.alloc(1);
+        step_h_.alloc(1);
+        norm_h_.alloc(1);
         CUDA_CHECK(cudaMemset(m_.ptr, 0, (size_t)m_.bytes()));
         CUDA_CHECK(cudaMemset(v_.ptr, 0, (size_t)v_.bytes()));
         for (const auto& s : model_.specs) {  // weight-decay ranges, adjacent tensors merged
@@ -208,19 +212,13 @@ class GpuBackend {
     void optimizer_step(double lr, double norm) {
         cudaStream_t st = model_.stream;
         StageScope stage(o_.profile_stages ? &prof_ : nullptr, "step AdamW", st);
-        double clip = 1.0;
-        if (ac_.grad_clip > 0 && norm > ac_.grad_clip) clip = ac_.grad_clip / norm;
         adam_t_ += 1;
+        // the scalars in double, rounded once exactly as core/optim.cpp does (bit-identical update)
+        *step_h_.ptr = adamw_step_scalars(ac_.beta1, ac_.beta2, ac_.eps, ac_.weight_decay, lr,
+                                          adamw_clip_factor(norm, ac_.grad_clip), adam_t_);
+        CUDA_CHECK(cudaMemcpyAsync(step_d_.ptr, step_h_.ptr, sizeof(AdamWStep), cudaMemcpyHostToDevice, st));
+        enqueue_adamw(st);
         T* copy = sizeof(T) == sizeof(float) ? nullptr : model_.work.ptr;
-        for (const auto& r : ranges_) {
-            const int64_t a = std::max(r.offset, dp_.own_off);
-            const int64_t b = std::min(r.offset + r.numel, dp_.own_off + dp_.own_count);
-            if (b <= a) continue;
-            const int64_t k = a - dp_.own_off;  // index in this rank's state and reduced gradients
-            // doubles, rounded inside exactly as core/optim.cpp does (bit-identical update formula)
-            adamw_update<T>(model_.master.ptr + a, copy ? copy + a : nullptr, m_.ptr + k, v_.ptr + k, g_ + k, b - a, lr,
-                            ac_.beta1, ac_.beta2, ac_.eps, r.decay ? ac_.weight_decay : 0.0, clip, adam_t_, st);
-        }
         if (dp_.zero1 && dp_.overlap) {
             dp_.gather_params<T>(copy, model_.master.ptr, scheme_lo_, st);  // bf16 working copy (+ scheme fp32)
         } else if (dp_.zero1) {
@@ -228,6 +226,69 @@ class GpuBackend {
             model_.refresh_working_copy();
         }
         CUDA_CHECK(cudaStreamSynchronize(st));
+    }
+    // The whole step as one CUDA graph (train_loop's fused path): with --cuda-graph 1 on one GPU
+    // without NCCL, not while profiling stages, and with several micro-batches only when the
+    // scheme cannot switch kernels after one of them (LDM's armed drift check; then each
+    // micro-batch is a graph of its own and the optimizer runs eagerly, as without this).
+    bool fuses_step(int64_t accum) const {
+        return o_.cuda_graph != 0 && !dp_.nccl && !o_.profile_stages && (accum == 1 || !model_.kernels_may_switch());
+    }
+    // zero_grad, `accum` micro-batches (in/tg [accum*B*T]) forward + backward with grad_scale,
+    // the gradient norm, the divergence guard and clip factor on the device (adamw_step_guard) and
+    // AdamW: captured once per (B, T, accum, grad_scale) on the trainer's stream and replayed; the
+    // host stages the ids before it and reads the losses and the norm after it. Bit-identical to
+    // zero_grad + train_batch x accum + reduce_gradients + optimizer_step. A non-finite loss or
+    // norm leaves parameters and moments as they were (the loop then stops with "diverged").
+    train::StepResult train_step(const int32_t* in, const int32_t* tg, int64_t accum, int B, int T_, double scale,
+                                 double lr) {
+        if (!fuses_step(accum)) throw Error("GpuBackend::train_step: this configuration runs the step eagerly");
+        const int64_t bt = int64_t(B) * T_;
+        for (int64_t a = 0; a < accum; a++) model_.stage_micro_batch(int(a), in + a * bt, tg + a * bt, B, T_);
+        cudaStream_t st = model_.stream;
+        // lr and bias corrections for this step; the clip factor and skip flag come from the guard
+        *step_h_.ptr = adamw_step_scalars(ac_.beta1, ac_.beta2, ac_.eps, ac_.weight_decay, lr, 1.0, adam_t_ + 1);
+        if (!step_exec_ || step_B_ != B || step_T_ != T_ || step_accum_ != accum || step_scale_ != scale) {
+            drop_step_graph();
+            int64_t nodes = 0;
+            step_exec_ = capture_graph(
+                st,
+                [&] {
+                    CUDA_CHECK(cudaMemsetAsync(model_.grads.ptr, 0, (size_t)model_.grads.bytes(), st));
+                    CUDA_CHECK(cudaMemsetAsync(loss_flag_.ptr, 0, sizeof(unsigned), st));
+                    for (int64_t a = 0; a < accum; a++) model_.enqueue_micro_batch(int(a), scale, loss_flag_.ptr);
+                    g_ = dp_.reduce_grads(model_.grads.ptr, st);  // (no NCCL: the gradients themselves)
+                    global_norm_squared(norm_out_.ptr, nscratch_.ptr, g_, dp_.own_count, st);
+                    CUDA_CHECK(cudaMemcpyAsync(step_d_.ptr, step_h_.ptr, sizeof(AdamWStep), cudaMemcpyHostToDevice, st));
+                    adamw_step_guard(step_d_.ptr, norm_out_.ptr, loss_flag_.ptr, ac_.grad_clip, st);
+                    enqueue_adamw(st);
+                    CUDA_CHECK(cudaMemcpyAsync(norm_h_.ptr, norm_out_.ptr, sizeof(float), cudaMemcpyDeviceToHost, st));
+                },
+                &nodes, "the training step");
+            step_B_ = B;
+            step_T_ = T_;
+            step_accum_ = accum;
+            step_scale_ = scale;
+            step_captures_++;
+            std::printf("CUDA graph: training step (%lld micro-batch%s of B=%d x T=%d, gradient norm, AdamW) captured "
+                        "(%lld nodes), replayed from now on\n",
+                        (long long)accum, accum == 1 ? "" : "es", B, T_, (long long)nodes);
+        }
+        CUDA_CHECK(cudaGraphLaunch(step_exec_, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        train::StepResult r;
+        for (int64_t a = 0; a < accum; a++) r.losses.push_back(model_.finish_micro_batch(int(a)));
+        r.grad_norm = std::sqrt(double(*norm_h_.ptr));
+        bool finite = std::isfinite(r.grad_norm);
+        for (double l : r.losses) finite = finite && std::isfinite(l);
+        if (finite) adam_t_ += 1;  // else the guard skipped the update (and the loop stops)
+        if (model_.after_backward()) drop_step_graph();  // e.g. LDM's drift fallback: other kernels from now on
+        if (!measured_) {
+            size_t fr = 0, to = 0;
+            CUDA_CHECK(cudaMemGetInfo(&fr, &to));
+            peak_used_ = std::max<int64_t>(peak_used_, int64_t(to - fr));
+        }
+        return r;
     }
     void set_step_count(int64_t t) { adam_t_ = t; }
     double sum_over_ranks(double x) { return dp_.sum(x, model_.stream); }
@@ -357,7 +418,8 @@ class GpuBackend {
                         step_ms > 0 ? 100.0 * sum / step_ms : 0.0);
         }
         return {{"trainer", "gpu"}, {"stages_ms", stages}, {"recompute", o_.recompute}, {"cuda_graph", o_.cuda_graph},
-                {"graph_captures", model_.graph_captures()}, {"model_flops_per_token", fpt},
+                {"graph_captures", model_.graph_captures() + step_captures_}, {"graph_step_captures", step_captures_},
+                {"model_flops_per_token", fpt},
                 {"achieved_tflops", achieved}, {"peak_bf16_tflops", peak},
                 {"mfu", peak > 0 ? nlohmann::json(achieved / peak) : nlohmann::json(nullptr)},
                 {"peak_mem_gib", gib(double(peak_used_))}, {"alloc_gib", gib(double(allocated()))},
@@ -365,6 +427,7 @@ class GpuBackend {
     }
 
     ~GpuBackend() {
+        drop_step_graph();
         if (stream_) (void)cudaStreamDestroy(stream_);  // no throw from a destructor
     }
 
@@ -373,6 +436,22 @@ class GpuBackend {
         explicit SetDevice(int d) { CUDA_CHECK(cudaSetDevice(d)); }
     };
     int64_t allocated() const { return model_.allocated_bytes() + m_.bytes() + v_.bytes(); }
+    // AdamW on this rank's slice, per contiguous weight-decay range, with the scalars in step_d_.
+    void enqueue_adamw(cudaStream_t st) {
+        T* copy = sizeof(T) == sizeof(float) ? nullptr : model_.work.ptr;
+        for (const auto& r : ranges_) {
+            const int64_t a = std::max(r.offset, dp_.own_off);
+            const int64_t b = std::min(r.offset + r.numel, dp_.own_off + dp_.own_count);
+            if (b <= a) continue;
+            const int64_t k = a - dp_.own_off;  // index in this rank's state and reduced gradients
+            adamw_update<T>(model_.master.ptr + a, copy ? copy + a : nullptr, m_.ptr + k, v_.ptr + k, g_ + k, b - a,
+                            step_d_.ptr, r.decay, st);
+        }
+    }
+    void drop_step_graph() {
+        if (step_exec_) (void)cudaGraphExecDestroy(step_exec_);
+        step_exec_ = nullptr;
+    }
 
     ModelConfig cfg_;
     const GpuTrainOptions& o_;
@@ -385,6 +464,14 @@ class GpuBackend {
     bool measured_ = false;
     GpuDataParallel dp_;
     DeviceBuffer<float> m_, v_, nscratch_, norm_out_;
+    DeviceBuffer<AdamWStep> step_d_;  // the scalars the AdamW kernels read (adamw_step_scalars + guard)
+    DeviceBuffer<unsigned> loss_flag_;  // step graph: 1 when a per-token loss was not finite
+    PinnedBuffer<AdamWStep> step_h_;    // host side of step_d_ (page-locked: a graph copies it)
+    PinnedBuffer<float> norm_h_;        // step graph: the squared norm, copied back
+    cudaGraphExec_t step_exec_ = nullptr;  // the whole-step graph (train_step) and its key
+    int step_B_ = 0, step_T_ = 0;
+    int64_t step_accum_ = 0, step_captures_ = 0;
+    double step_scale_ = 0;
     std::vector<ParamRange> ranges_;
     AdamWConfig ac_;
     float* g_ = nullptr;  // the reduced gradients reduce_gradients() returned (this rank's slice)
@@ -424,8 +511,9 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         ap.add("--recompute", &o.recompute,
                "activation recompute in backward: 0 off | 1 SwiGLU output | 2 also the RMSNorm outputs");
         ap.add("--cuda-graph", &o.cuda_graph,
-               "1: capture each micro-batch's forward + backward as a CUDA graph once and replay it (fewer "
-               "launches, no host sync inside the micro-batch; same results bit for bit); 0: launch every kernel");
+               "1: CUDA graphs, captured once and replayed (same results bit for bit): on one GPU the whole "
+               "step (every micro-batch, gradient norm, divergence guard, AdamW; LDM's armed drift check with "
+               "accumulation: each micro-batch), with NCCL each micro-batch; 0: launch every kernel");
         ap.add("--profile-stages", &o.profile_stages,
                "with --bench: time every stage of the timed steps (attention, each GEMM, the scheme's calls, AdamW, "
                "...) with CUDA events and print the breakdown (BENCH stages_ms); needs --cuda-graph 0");

@@ -93,17 +93,43 @@ struct Transformer {
     // grads += grad_scale · d(mean loss)/d(params) (needs a forward with targets).
     void backward(double grad_scale);
     // forward(tokens, targets, B, T_, grad_scale) then backward(grad_scale) (grad_scale > 0), with
-    // the same results bit for bit. use_graph: the kernels from the embedding to the scheme's
-    // begin_backward are one CUDA graph, captured at the first call for a (B, T_, grad_scale) and
-    // replayed after that; outside it run the token uploads, the embedding backward (its grid is
-    // the batch's number of distinct tokens) and the loss download. use_graph needs `stream` to be
-    // a created stream (the legacy stream 0 cannot be captured) and no grad_hook; ldm::Error
-    // otherwise. Safe to replay because no buffer moves after construction (the schemes' resize
-    // only grows, and the constructor sized them for B_max x T_max). doc/cuda.md "CUDA graph".
+    // the same results bit for bit. use_graph: the micro-batch (enqueue_micro_batch of staging
+    // slot 0: uploads, forward, backward, embedding backward, loss download) is one CUDA graph,
+    // captured at the first call for a (B, T_, grad_scale) and replayed after that; the host
+    // stages the ids before and reads the losses after it. use_graph needs `stream` to be a
+    // created stream (the legacy stream 0 cannot be captured), no grad_hook and no profile;
+    // ldm::Error otherwise. Safe to replay because no buffer moves after construction (the
+    // schemes' resize only grows, and the constructor sized them for B_max x T_max).
+    // doc/cuda.md "CUDA graph".
     double train_micro_batch(const int32_t* tokens, const int32_t* targets, int B, int T_, double grad_scale,
                              bool use_graph);
     int64_t graph_captures() const { return graph_captures_; }
     int64_t graph_nodes() const { return graph_nodes_; }  // of the last capture
+
+    // ---- staged micro-batches: the pieces a CUDA graph of a whole training step is made of
+    // (GpuBackend::train_step); train_micro_batch's graph uses slot 0.
+    // Host only: checks the ids (ldm::Error as forward()), copies tokens and targets [B*T_] into
+    // page-locked staging slot `slot` (created at first use, never moved) and builds the
+    // embedding buckets there. Enqueues nothing.
+    void stage_micro_batch(int slot, const int32_t* tokens, const int32_t* targets, int B, int T_);
+    // Enqueues on `stream`, without host synchronisation or pageable memory (capturable), the
+    // training micro-batch staged in `slot`: the uploads from the slot, forward and backward
+    // (grads += grad_scale · d(mean loss)/dθ), the embedding backward (bucket count read on the
+    // device), the per-token losses copied back into the slot and, when loss_flag != nullptr,
+    // *loss_flag = 1 if any loss is not finite (device flag, never cleared here).
+    void enqueue_micro_batch(int slot, double grad_scale, unsigned* loss_flag);
+    // After the enqueued work of `slot` completed (the stream synchronised): sets the host-side
+    // state the enqueued calls leave (also after a graph replay) and returns the slot's mean loss,
+    // summed in double exactly as forward() does.
+    double finish_micro_batch(int slot);
+    // The scheme's host-side check after a backward (GpuScheme::after_backward: LDM's drift);
+    // drops the micro-batch graph and returns true when the scheme switched kernels.
+    bool after_backward() {
+        const bool switched = scheme_->after_backward(stream);
+        if (switched) drop_graph();
+        return switched;
+    }
+    bool kernels_may_switch() const { return scheme_->kernels_may_switch(); }
     ~Transformer() { drop_graph(); }
     // Backward hook for the data-parallel overlap (cuda/nccl.cuh GpuDataParallel): when set,
     // backward() calls grad_hook(stage) on the host at each backward stage of core/dist.h
@@ -147,6 +173,7 @@ struct Transformer {
     // The pieces of forward() / backward(): checks, state and uploads; the kernels (no host
     // synchronisation, no host memory: what a CUDA graph captures); the loss download; the
     // embedding backward with its host-built buckets.
+    void check_batch(const int32_t* tokens, const int32_t* targets, int B, int T_) const;
     void forward_prologue(const int32_t* tokens, const int32_t* targets, int B, int T_);
     void forward_kernels(double grad_scale);
     double forward_loss();
@@ -175,7 +202,13 @@ struct Transformer {
     int qkvd_ = 0;
     // activations
     std::vector<Act> act_;
-    DeviceBuffer<int32_t> tokens_, targets_, uniq_, start_, pos_;
+    DeviceBuffer<int32_t> tokens_, targets_, uniq_, start_, pos_, count_;
+    struct StagedSlot {  // page-locked host side of one staged micro-batch
+        PinnedBuffer<int32_t> tokens, targets, uniq, start, pos, count;
+        PinnedBuffer<float> losses;
+        int batch = 0, seq = 0;  // B, T
+    };
+    std::vector<std::unique_ptr<StagedSlot>> slots_;
     DeviceBuffer<float> cos_, sin_, rstd_f_, losses_, fscratch_, rstd_tmp_;
     DeviceBuffer<T> emb_, o_, y_, yn_, logits_, ln_tmp_, a_tmp_;
     DeviceBuffer<T> dyn_, dy_, d_o_, dln_, dx_, dao_, dqkvr_, dqkv_, da_, dh13_;
@@ -283,6 +316,7 @@ Transformer<T>::Transformer(const ModelConfig& c, int B_max, int T_max, int reco
     alloc(uniq_, N + 1);
     alloc(start_, N + 1);
     alloc(pos_, N + 1);
+    alloc(count_, 1);
     alloc(cos_, (int64_t)T_max * hd / 2);
     alloc(sin_, (int64_t)T_max * hd / 2);
     {
@@ -363,7 +397,7 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
 }
 
 template <typename T>
-void Transformer<T>::forward_prologue(const int32_t* tokens, const int32_t* targets, int B, int T_) {
+void Transformer<T>::check_batch(const int32_t* tokens, const int32_t* targets, int B, int T_) const {
     const ModelConfig& c = cfg;
     if (B <= 0 || T_ <= 0) throw Error(strprintf("Transformer::forward: B=%d and T=%d must be positive", B, T_));
     if (T_ > Tmax_ || (int64_t)B * T_ > (int64_t)Bmax_ * Tmax_)
@@ -378,6 +412,12 @@ void Transformer<T>::forward_prologue(const int32_t* tokens, const int32_t* targ
             throw Error(strprintf("Transformer::forward: target id %d at position %lld is outside [0, %d)",
                                   targets[n], (long long)n, V));
     }
+}
+
+template <typename T>
+void Transformer<T>::forward_prologue(const int32_t* tokens, const int32_t* targets, int B, int T_) {
+    check_batch(tokens, targets, B, T_);
+    const int64_t N = (int64_t)B * T_;
     B_ = B;
     Tcur_ = T_;
     N_ = N;
@@ -586,46 +626,95 @@ double Transformer<T>::train_micro_batch(const int32_t* tokens, const int32_t* t
     if (grad_hook) throw Error("Transformer::train_micro_batch: a CUDA graph cannot run the backward grad_hook");
     if (profile) throw Error("Transformer::train_micro_batch: --profile-stages needs --cuda-graph 0 (events per stage)");
     if (stream == 0) throw Error("Transformer::train_micro_batch: a CUDA graph needs a created stream, not stream 0");
-    forward_prologue(tokens, targets, B, T_);
+    stage_micro_batch(0, tokens, targets, B, T_);
     if (!graph_exec_ || graph_B_ != B || graph_T_ != T_ || graph_scale_ != grad_scale) {
         drop_graph();
-        try {
-            CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-            cudaGraph_t g = nullptr;
-            try {
-                forward_kernels(grad_scale);
-                backward_prologue();
-                backward_kernels(grad_scale);
-            } catch (...) {
-                (void)cudaStreamEndCapture(stream, &g);  // end the capture before reporting the error
-                if (g) (void)cudaGraphDestroy(g);
-                throw;
-            }
-            CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-            size_t nodes = 0;
-            CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
-            graph_nodes_ = (int64_t)nodes;
-            const cudaError_t e = cudaGraphInstantiate(&graph_exec_, g, 0);
-            (void)cudaGraphDestroy(g);
-            if (e != cudaSuccess) {
-                graph_exec_ = nullptr;
-                CUDA_CHECK(e);
-            }
-        } catch (const std::exception& e) {
-            throw Error(std::string("--cuda-graph 1: capturing the micro-batch as a CUDA graph failed (") + e.what() +
-                        "); --cuda-graph 0 launches every kernel instead");
-        }
+        graph_exec_ = capture_graph(stream, [&] { enqueue_micro_batch(0, grad_scale, nullptr); }, &graph_nodes_,
+                                    "the micro-batch");
         graph_B_ = B;
         graph_T_ = T_;
         graph_scale_ = grad_scale;
         graph_captures_++;
-    } else {  // the host-side state the captured calls leave behind
-        dlogits_ready_ = true;
-        backward_done_ = true;
     }
     CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream));
-    embedding_backward_tail();
-    return forward_loss();
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const double loss = finish_micro_batch(0);
+    after_backward();
+    return loss;
+}
+
+template <typename T>
+void Transformer<T>::stage_micro_batch(int slot, const int32_t* tokens, const int32_t* targets, int B, int T_) {
+    if (slot < 0 || slot > (int)slots_.size())
+        throw Error(strprintf("Transformer::stage_micro_batch: slot %d (slots are used in order 0, 1, ...)", slot));
+    if (!targets) throw Error("Transformer::stage_micro_batch: needs targets");
+    check_batch(tokens, targets, B, T_);
+    if (slot == (int)slots_.size()) {  // page-locked, sized for B_max x T_max, never reallocated
+        const int64_t Nm = (int64_t)Bmax_ * Tmax_;
+        std::unique_ptr<StagedSlot> sl(new StagedSlot);
+        sl->tokens.alloc(Nm);
+        sl->targets.alloc(Nm);
+        sl->uniq.alloc(Nm + 1);
+        sl->start.alloc(Nm + 1);
+        sl->pos.alloc(Nm + 1);
+        sl->count.alloc(1);
+        sl->losses.alloc(Nm);
+        slots_.push_back(std::move(sl));
+    }
+    StagedSlot& sl = *slots_[(size_t)slot];
+    const int64_t N = (int64_t)B * T_;
+    std::copy(tokens, tokens + N, sl.tokens.ptr);
+    std::copy(targets, targets + N, sl.targets.ptr);
+    const EmbeddingBuckets bk = EmbeddingBuckets::build(tokens, N);
+    std::copy(bk.uniq.begin(), bk.uniq.end(), sl.uniq.ptr);
+    std::copy(bk.start.begin(), bk.start.end(), sl.start.ptr);
+    std::copy(bk.pos.begin(), bk.pos.end(), sl.pos.ptr);
+    sl.count.ptr[0] = bk.U();
+    sl.batch = B;
+    sl.seq = T_;
+    scheme_->resize(B, T_);  // host bookkeeping only (sized for B_max x T_max at construction)
+}
+
+template <typename T>
+void Transformer<T>::enqueue_micro_batch(int slot, double grad_scale, unsigned* loss_flag) {
+    if (slot < 0 || slot >= (int)slots_.size()) throw Error(strprintf("Transformer::enqueue_micro_batch: slot %d not staged", slot));
+    if (!(grad_scale > 0)) throw Error("Transformer::enqueue_micro_batch: grad_scale must be > 0");
+    if (grad_hook || profile) throw Error("Transformer::enqueue_micro_batch: no grad_hook / profile (a CUDA graph records it)");
+    StagedSlot& sl = *slots_[(size_t)slot];
+    B_ = sl.batch;
+    Tcur_ = sl.seq;
+    N_ = (int64_t)sl.batch * sl.seq;
+    have_targets_ = true;
+    backward_done_ = false;
+    const int64_t N = N_;
+    cudaStream_t s = stream;
+    // whole bounds for the buckets (their count varies with the batch; the copy sizes may not)
+    CUDA_CHECK(cudaMemcpyAsync(tokens_.ptr, sl.tokens.ptr, (size_t)N * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(targets_.ptr, sl.targets.ptr, (size_t)N * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(uniq_.ptr, sl.uniq.ptr, (size_t)N * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(start_.ptr, sl.start.ptr, (size_t)(N + 1) * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(pos_.ptr, sl.pos.ptr, (size_t)N * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(count_.ptr, sl.count.ptr, 4, cudaMemcpyHostToDevice, s));
+    forward_kernels(grad_scale);
+    backward_prologue();
+    backward_kernels(grad_scale);
+    embedding_backward<T>(G(wte_), dx_.ptr, uniq_.ptr, start_.ptr, pos_.ptr, (int)N, cfg.d_model, s, count_.ptr);
+    CUDA_CHECK(cudaMemcpyAsync(sl.losses.ptr, losses_.ptr, (size_t)N * 4, cudaMemcpyDeviceToHost, s));
+    if (loss_flag) flag_nonfinite(loss_flag, losses_.ptr, N, s);
+}
+
+template <typename T>
+double Transformer<T>::finish_micro_batch(int slot) {
+    const StagedSlot& sl = *slots_.at((size_t)slot);
+    B_ = sl.batch;
+    Tcur_ = sl.seq;
+    N_ = (int64_t)sl.batch * sl.seq;
+    have_targets_ = true;
+    dlogits_ready_ = true;
+    backward_done_ = true;
+    double sum = 0;
+    for (int64_t i = 0; i < N_; i++) sum += sl.losses.ptr[i];
+    return sum / (double)N_;
 }
 
 // Byte counts of a configuration without allocating anything (also for --dry-run without a GPU):

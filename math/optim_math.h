@@ -78,6 +78,13 @@ inline AdamWScalars<T> adamw_scalars(double beta1, double beta2, double eps, dou
     return s;
 }
 
+// The global-norm clip factor c = min(1, clip / ||g||) of core/optim.cpp: 1 when grad_clip <= 0 or
+// the norm is within it (also for a NaN norm; the divergence guard stops such a step). Double,
+// correctly rounded on both sides, so a factor computed on the device equals the host's.
+LDM_HD inline double adamw_clip_factor(double grad_norm, double grad_clip) {
+    return (grad_clip > 0 && grad_norm > grad_clip) ? rn_div(grad_clip, grad_norm) : 1.0;
+}
+
 // One element of the update (core/optim.h documents the formula):
 //   g' = c g;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2
 //   p = p - lr * ( (m / bc1) / (sqrt(v / bc2) + eps) + [decay] wd * p )

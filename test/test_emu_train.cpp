@@ -143,6 +143,13 @@ std::vector<json> records(const std::string& log, const char* type) {
     return out;
 }
 
+// Occurrences of `what` in `s`.
+size_t count_of(const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) n++;
+    return n;
+}
+
 }  // namespace
 
 TEST_CASE("emu train: one step (2 micro-batches) == train_cpu, every scheme and LDM mode, fp32 and bf16",
@@ -207,12 +214,20 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
                 CHECK(std::fabs(ng - nc) <= (dtype == "fp32" ? 1e-4 : 5e-2) * nc);
             }
             if (dtype != "fp32") continue;
-            {  // --cuda-graph 1: the same run bit for bit (the first micro-batch captures, the other three replay)
+            {  // --cuda-graph 1: the same run bit for bit. The whole step is one graph (captured at step 1,
+               // replayed at step 2), except where LDM's drift check is armed (rls / outer rule, unwinding or
+               // window mode, no checkpoint interval): there each micro-batch is one (1 capture, 3 replays).
+                const std::string f = c.flags;
+                const bool armed = c.ldm && f.find("delta") == std::string::npos && f.find("store") == std::string::npos &&
+                                   f.find("--ldm-checkpoint-every") == std::string::npos;
                 RunResult r = run_cmd(gpu + flags + " --dtype fp32 --cuda-graph 1 --out-dir " + dir + "/graph --log " + dir +
                                       "/graph.jsonl");
                 INFO(c.name << " --cuda-graph 1:\n" << r.out);
                 REQUIRE(r.status == 0);
-                CHECK_THAT(r.out, Catch::Contains("CUDA graph: micro-batch B=3 x T=13 captured"));
+                CHECK_THAT(r.out, Catch::Contains(armed ? "CUDA graph: micro-batch B=3 x T=13 captured"
+                                                        : "CUDA graph: training step (2 micro-batches of B=3 x T=13, "
+                                                          "gradient norm, AdamW) captured"));
+                CHECK(count_of(r.out, "CUDA graph: ") == 1);  // one capture, replayed
                 CHECK(ldm::read_file(dir + "/graph/ckpt_000002.model") == ldm::read_file(dir + "/fp32/ckpt_000002.model"));
                 const std::vector<json> gg = records(dir + "/graph.jsonl", "step");
                 REQUIRE(gg.size() == 2);
@@ -237,21 +252,23 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
 }
 
 TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf16, and a re-capture", "[emu][train]") {
-    // Evaluation and sampling forwards (other B, no backward) between replays; bf16 (the mma attention at
-    // head_dim 64); LDM's drift fallback, which switches kernels after the first micro-batch, so
-    // the graph must be captured again. Step and val records (without timings) and the final
-    // .model must be identical.
+    // Evaluation and sampling forwards (other B, no backward) between replays of the step graph;
+    // bf16 (the mma attention at head_dim 64); LDM's drift fallback: the drift check is armed, so
+    // step 1 captures its first micro-batch alone; the fallback after it switches kernels (the
+    // second micro-batch captures again); from step 2 on the check is off and the whole step is
+    // one graph (3 captures). Step and val records (without timings) and the final .model must be
+    // identical.
     const std::string shards = byte_shards();
     if (shards.empty()) return;
     struct R {
         const char* name;
         bool ldm;
         const char* flags;
-        int captures;  // expected "captured" lines
+        int captures;  // expected "CUDA graph: ... captured" lines
     };
     for (const R& c : {R{"preln-hd64-bf16", false, "--scheme preln --n-head 2 --n-kv-head 1 --head-dim 64 --dtype bf16", 1},
                        R{"attnres-block-bf16", false, "--scheme attnres-block --attnres-blocks 2 --dtype bf16", 1},
-                       R{"ldm-unwind-fallback", true, "--scheme ldm --ldm-mode unwind --ldm-drift-tol 1e-12 --dtype fp32", 2}}) {
+                       R{"ldm-unwind-fallback", true, "--scheme ldm --ldm-mode unwind --ldm-drift-tol 1e-12 --dtype fp32", 3}}) {
         const std::string gpu = emu_trainer_or_skip(c.ldm ? "train_ldm" : "train_gpt_baselines");
         if (gpu.empty()) return;
         const std::string dir = train_scratch(std::string("emu_graph_") + c.name);
@@ -266,9 +283,8 @@ TEST_CASE("emu train: --cuda-graph 1 == eager with evaluation between steps, bf1
         RunResult r = run_cmd(cmd + " --cuda-graph 1" + logged("/graph"));
         INFO(c.name << "\n" << r.out);
         REQUIRE(r.status == 0);
-        size_t n = 0;
-        for (size_t p = r.out.find("CUDA graph: micro-batch"); p != std::string::npos; p = r.out.find("CUDA graph: micro-batch", p + 1)) n++;
-        CHECK(n == (size_t)c.captures);
+        CHECK(count_of(r.out, "CUDA graph: ") == (size_t)c.captures);
+        CHECK(count_of(r.out, "CUDA graph: training step (2 micro-batches of B=3 x T=13") == 1);
         const std::vector<std::string> a = losses("/eager"), b = losses("/graph");
         CHECK(a.size() == 9);  // 3 steps, 4 evaluations (before step 1, after each step), 2 samples (step 2, the end)
         CHECK(a == b);
@@ -444,20 +460,35 @@ TEST_CASE("emu train: the divergence guard of the GPU trainers (no update, no no
     if (shards.empty()) return;
     const std::string gpu = emu_trainer_or_skip("train_gpt_baselines");
     if (gpu.empty()) return;
-    const std::string dir = train_scratch("emu_diverge");
-    RunResult r = run_cmd(gpu + data_flags(shards) +
-                          "--dtype fp32 --steps 30 --lr 1e4 --grad-clip 0 --ckpt-every 1 --sample-every -1 --quiet --out-dir " +
-                          dir);
-    INFO(r.out);
-    REQUIRE(r.status == 1);
-    CHECK_THAT(r.out, Catch::Contains("diverged"));
-    int n = 0;
-    for (int s = 1; s <= 30; s++) {
-        const std::string m = dir + ldm::strprintf("/ckpt_%06d.model", s);
-        if (!ldm::file_exists(m)) continue;
-        n++;
-        for (float x : ldm::load_model(m).params) REQUIRE(std::isfinite(x));
+    // eager, and --cuda-graph 1 (the whole-step graph: its guard runs on the device): the same steps
+    std::vector<std::string> dirs, what;
+    for (const char* graph : {"0", "1"}) {
+        dirs.push_back(train_scratch(std::string("emu_diverge_graph") + graph));
+        const std::string& dir = dirs.back();
+        RunResult r = run_cmd(gpu + data_flags(shards) +
+                              "--dtype fp32 --steps 30 --lr 1e4 --grad-clip 0 --ckpt-every 1 --sample-every -1 --quiet "
+                              "--cuda-graph " + graph + " --out-dir " + dir);
+        INFO("--cuda-graph " << graph << ":\n" << r.out);
+        REQUIRE(r.status == 1);
+        const size_t e = r.out.find(" (diverged)");
+        REQUIRE(e != std::string::npos);
+        const size_t b = r.out.rfind("error: ", e);
+        REQUIRE(b != std::string::npos);
+        what.push_back(r.out.substr(b, e - b));  // "error: gradient norm is nan at step K"
+        int n = 0;
+        for (int s = 1; s <= 30; s++) {
+            const std::string m = dir + ldm::strprintf("/ckpt_%06d.model", s);
+            if (!ldm::file_exists(m)) continue;
+            n++;
+            for (float x : ldm::load_model(m).params) REQUIRE(std::isfinite(x));
+        }
+        CHECK(n >= 1);
+        CHECK_THAT(r.out, Catch::Contains("the last good checkpoint is " + dir + ldm::strprintf("/ckpt_%06d", n)));
+        if (std::string(graph) == "1") {
+            CHECK_THAT(r.out, Catch::Contains("CUDA graph: training step"));
+            CHECK(ldm::read_file(dir + ldm::strprintf("/ckpt_%06d.model", n)) ==
+                  ldm::read_file(dirs[0] + ldm::strprintf("/ckpt_%06d.model", n)));
+        }
     }
-    CHECK(n >= 1);
-    CHECK_THAT(r.out, Catch::Contains("the last good checkpoint is " + dir + ldm::strprintf("/ckpt_%06d", n)));
+    CHECK(what[0] == what[1]);  // the same quantity diverged at the same step
 }

@@ -3,8 +3,9 @@
 // differently aligned arrays, run here through adamw_detail::launch_scalar) against core/optim.h
 // AdamW<float> on the same arrays (bit-exact expected: both run
 // math/optim_math.h adamw_element), the bf16 working copy against the host rounding of the CPU
-// result, and global_norm_squared against a double-precision CPU sum (plus run-to-run bit
-// identity). Then timings at n = 400e6 (llama-400m-like parameter count).
+// result, a skipped step (the divergence guard) leaving every array bit for bit, the on-device
+// clip factor / skip flag (adamw_step_guard) against the host formula, and global_norm_squared
+// against a double-precision CPU sum (plus run-to-run bit identity). Then timings at n = 400e6 (llama-400m-like parameter count).
 // Output lines (doc/cuda.md workbench convention):
 //   CHECK adamw <variant> <dtype> <shape> rel=<x> max_abs=<y> PASS|FAIL
 //   BENCH adamw <variant> <dtype> <shape> ms=<x> GB/s=<y> TFLOP/s=-
@@ -54,18 +55,22 @@ static void hash_fill(float* x, int64_t n, uint64_t seed, float lo, float hi) {
     LDM_LAUNCH_CHECK();
 }
 
-// v = 2: adamw_update (production); v = 1: the same update by the scalar kernel.
+// v = 2: adamw_update (production); v = 1: the same update by the scalar kernel. The step's
+// scalars go to the device first (as the trainer does it); skip: the guard's "do not apply".
 template <typename T>
 static void update_variant(int variant, float* p, T* p_copy, float* m, float* v, const float* g,
                            int64_t n, double lr, double beta1, double beta2, double eps,
-                           double weight_decay, double grad_scale, int64_t t) {
-    if (variant == 2)
-        return adamw_update<T>(p, p_copy, m, v, g, n, lr, beta1, beta2, eps, weight_decay,
-                               grad_scale, t, 0);
-    if (n == 0) return;
-    const AdamWScalars<float> sc =
-        adamw_scalars<float>(beta1, beta2, eps, weight_decay, lr, grad_scale, t);
-    adamw_detail::launch_scalar<T>(p, p_copy, m, v, g, n, sc, weight_decay != 0.0, 0);
+                           double weight_decay, double grad_scale, int64_t t, bool skip = false) {
+    AdamWStep st = adamw_step_scalars(beta1, beta2, eps, weight_decay, lr, grad_scale, t);
+    st.skip = skip ? 1 : 0;
+    DeviceBuffer<AdamWStep> dst(1);
+    CUDA_CHECK(cudaMemcpy(dst.get(), &st, sizeof st, cudaMemcpyHostToDevice));
+    if (variant == 2) {
+        adamw_update<T>(p, p_copy, m, v, g, n, dst.get(), weight_decay != 0.0, 0);
+    } else if (n > 0) {
+        adamw_detail::launch_scalar<T>(p, p_copy, m, v, g, n, dst.get(), weight_decay != 0.0, 0);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());  // dst dies here
 }
 
 // ---- AdamW update vs core/optim ---------------------------------------------------------------
@@ -153,6 +158,81 @@ static void check_adamw(int variant, int64_t n, uint64_t seed) {
         report_check(vname, dtype_name<T>(), shape + ",p_copy_bitexact", cc.rel, cc.max_abs,
                      cc.finite && badc == 0);
     }
+    // skip = 1 (the divergence guard): the same call with a NaN gradient leaves every array as it was
+    {
+        std::vector<float> gnan = g;
+        gnan[0] = NAN;
+        CUDA_CHECK(cudaMemcpy(dg.get(), gnan.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        std::vector<float> c_before = copy ? download(dcopy.get(), n) : std::vector<float>();
+        for (const ParamRange& r : ranges) {
+            if (r.numel == 0) continue;
+            const int64_t o = r.offset;
+            update_variant<T>(variant, dp.get() + o, copy ? dcopy.get() + o : nullptr, dm.get() + o,
+                              dv.get() + o, dg.get() + o, r.numel, lr, cfg.beta1, cfg.beta2, cfg.eps,
+                              r.decay ? cfg.weight_decay : 0.0, clip, t + 1, true);
+        }
+        int64_t changed = bit_mismatches(download(dp.get(), n).data(), p_gpu.data(), n) +
+                          bit_mismatches(download(dm.get(), n).data(), m_gpu.data(), n) +
+                          bit_mismatches(download(dv.get(), n).data(), v_gpu.data(), n);
+        if (copy) changed += bit_mismatches(download(dcopy.get(), n).data(), c_before.data(), n);
+        report_check(vname, dtype_name<T>(), shape + ",skip_leaves_all", (double)changed / (3.0 * n), 0.0,
+                     changed == 0);
+    }
+}
+
+// ---- adamw_step_guard (the clip factor and the skip flag on the device vs the host formula) and
+// flag_nonfinite ---------------------------------------------------------------------------------
+static void check_step_guard() {
+    struct Case {
+        float norm_sq;
+        unsigned loss_bad;
+        double grad_clip;
+    };
+    const Case cases[] = {{4.0f, 0, 1.0},  {0.25f, 0, 1.0},     {7.3e5f, 0, 0.37}, {3.0f, 0, 0.0},
+                          {2.0f, 1, 1.0},  {INFINITY, 0, 1.0}, {NAN, 0, 1.0},     {NAN, 0, 0.0}};
+    int bad = 0, n = 0;
+    DeviceBuffer<AdamWStep> dst(1);
+    DeviceBuffer<float> dsq(1);
+    DeviceBuffer<unsigned> dflag(1);
+    for (const Case& c : cases) {
+        AdamWStep st = adamw_step_scalars(0.9, 0.95, 1e-8, 0.1, 3e-4, 1.0, 3);
+        st.sc.clip = -1.0f;  // must be overwritten
+        st.skip = 7;
+        CUDA_CHECK(cudaMemcpy(dst.get(), &st, sizeof st, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dsq.get(), &c.norm_sq, 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dflag.get(), &c.loss_bad, 4, cudaMemcpyHostToDevice));
+        adamw_step_guard(dst.get(), dsq.get(), dflag.get(), c.grad_clip, 0);
+        AdamWStep got;
+        CUDA_CHECK(cudaMemcpy(&got, dst.get(), sizeof got, cudaMemcpyDeviceToHost));
+        // the host: what GpuBackend's eager step and core/optim.cpp compute
+        const double norm = std::sqrt((double)c.norm_sq);
+        const float clip = (float)((c.grad_clip > 0 && norm > c.grad_clip) ? c.grad_clip / norm : 1.0);
+        const int skip = (!std::isfinite(norm) || c.loss_bad) ? 1 : 0;
+        const bool ok = std::memcmp(&got.sc.clip, &clip, 4) == 0 && got.skip == skip &&
+                        std::memcmp(&got.sc.lr, &st.sc.lr, 4) == 0 && std::memcmp(&got.sc.bc2, &st.sc.bc2, 4) == 0;
+        bad += ok ? 0 : 1;
+        n++;
+    }
+    // flag_nonfinite (the per-token losses' check): stays 0 on finite values, 1 with one inf / NaN anywhere
+    for (int where : {-1, 0, 777, 4098}) {
+        for (float poison : {INFINITY, NAN}) {
+            std::vector<float> x(4099);
+            for (size_t i = 0; i < x.size(); i++) x[i] = 1e30f * ((float)(i % 7) - 3.0f);
+            if (where >= 0) x[(size_t)where] = poison;
+            DeviceBuffer<float> dx(x.size());
+            CUDA_CHECK(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+            const unsigned zero = 0;
+            CUDA_CHECK(cudaMemcpy(dflag.get(), &zero, 4, cudaMemcpyHostToDevice));
+            flag_nonfinite(dflag.get(), dx.get(), (int64_t)x.size(), 0);
+            unsigned f = 7;
+            CUDA_CHECK(cudaMemcpy(&f, dflag.get(), 4, cudaMemcpyDeviceToHost));
+            bad += f == (where >= 0 ? 1u : 0u) ? 0 : 1;
+            n++;
+        }
+    }
+    std::printf("CHECK adamw step_guard fp32 cases=%d rel=%.3e max_abs=%.3e %s\n", n, (double)bad / n, 0.0,
+                bad == 0 ? "PASS" : "FAIL");
+    if (bad) g_failures++;
 }
 
 // ---- global_norm_squared vs a double CPU sum, and run-to-run identity --------------------------
@@ -191,10 +271,15 @@ static void bench_adamw(int variant, int64_t n) {
     hash_fill(dm.get(), n, 2, -1e-3f, 1e-3f);
     hash_fill(dv.get(), n, 3, 1e-9f, 1e-6f);
     hash_fill(dg.get(), n, 4, -1e-2f, 1e-2f);
-    int64_t t = 1;
+    const AdamWStep st = adamw_step_scalars(0.9, 0.95, 1e-8, 0.1, 3e-4, 1.0, 1);
+    DeviceBuffer<AdamWStep> dst(1);
+    CUDA_CHECK(cudaMemcpy(dst.get(), &st, sizeof st, cudaMemcpyHostToDevice));
     auto fn = [&]() {
-        update_variant<T>(variant, dp.get(), copy ? dcopy.get() : nullptr, dm.get(), dv.get(),
-                          dg.get(), n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, t++);
+        if (variant == 2)
+            adamw_update<T>(dp.get(), copy ? dcopy.get() : nullptr, dm.get(), dv.get(), dg.get(), n, dst.get(), true, 0);
+        else
+            adamw_detail::launch_scalar<T>(dp.get(), copy ? dcopy.get() : nullptr, dm.get(), dv.get(), dg.get(), n,
+                                           dst.get(), true, 0);
     };
     const float ms = time_median_ms(fn, 3, 20);
     const double bytes = (double)n * (7.0 * sizeof(float) + (copy ? sizeof(T) : 0));
@@ -229,6 +314,7 @@ int main(int argc, char** argv) {
         std::vector<int64_t> nsizes = {0, 1, 1000, 1000003, 50000017};
         if (quick) nsizes = {1, 1000003};
         for (int64_t n : nsizes) check_norm(n, seed++);
+        check_step_guard();
 
         const int64_t N = 400000000;
         for (int variant : {1, 2}) {
