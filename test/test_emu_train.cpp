@@ -19,13 +19,15 @@
 //     bytes; under mpirun -np 2 (NCCL over MPI) ZeRO-0/1 with overlap equal the one-process run
 //     within fp32 rounding (1e-5 on the losses);
 //   inference: --infer-check (prefill + KV-cache decode == full forward == CPU inference);
-//   --cuda-graph 1 (the micro-batch captured once, then replayed) gives the eager run's bytes, for
-//     every configuration, with evaluations between steps, and after LDM's drift fallback
-//     (captured again).
+//   --cuda-graph 1 (the whole step, or each micro-batch where LDM's drift check is armed or with
+//     NCCL, captured once, then replayed) gives the eager run's bytes, for every configuration,
+//     with evaluations between steps, after LDM's drift fallback (captured again), with NCCL,
+//     and up to the same divergence (the step graph's guard runs on the device).
 // A missing emulated trainer (no CUDA headers at build time) prints a visible skip.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -406,6 +408,18 @@ TEST_CASE("emu train: the NCCL paths (one rank; two ranks under mpirun) give the
         INFO(variants[k] << "\n" << r.out);
         REQUIRE(r.status == 0);
         CHECK_THAT(r.out, Catch::Contains("data parallel: 1 GPU process"));
+        CHECK(losses(sub) == base);
+        CHECK(ldm::read_file(dir + "/plain/ckpt_000003.model") == ldm::read_file(dir + sub + "/ckpt_000003.model"));
+    }
+    // with NCCL, --cuda-graph 1 captures each micro-batch (the reduction and AdamW stay eager; with the
+    // overlap the last micro-batch runs eagerly, its backward starting the bucket reductions)
+    for (const char* v : {"--nccl --zero 1 --nccl-overlap 0 --cuda-graph 1", "--nccl --zero 0 --nccl-overlap 1 --cuda-graph 1"}) {
+        const std::string sub = std::string("/graph") + (std::strstr(v, "overlap 1") ? "1" : "0");
+        RunResult r = run_cmd(gpu + args + " " + v + logged(sub));
+        INFO(v << "\n" << r.out);
+        REQUIRE(r.status == 0);
+        CHECK_THAT(r.out, Catch::Contains("CUDA graph: micro-batch B=3 x T=13 captured"));
+        CHECK(count_of(r.out, "CUDA graph: ") == 1);
         CHECK(losses(sub) == base);
         CHECK(ldm::read_file(dir + "/plain/ckpt_000003.model") == ldm::read_file(dir + sub + "/ckpt_000003.model"));
     }

@@ -214,7 +214,7 @@ TEST_CASE("gpu: 5 steps + checkpoint + resume 5 == 10 straight (bit-exact on the
     }
 }
 
-TEST_CASE("gpu: --cuda-graph 1 == eager, bit for bit (accumulation, evaluations between steps, bf16 and fp32)", "[gpu]") {
+TEST_CASE("gpu: --cuda-graph 1 == eager, bit for bit (step and micro-batch graphs, accumulation, evaluations between steps, bf16 and fp32)", "[gpu]") {
     if (gpu_trainer_or_skip("train_gpt_baselines").empty()) return;  // no GPU: skip before making shards
     const std::string shards = gpu_shards_or_skip();
     if (shards.empty()) return;
@@ -222,23 +222,29 @@ TEST_CASE("gpu: --cuda-graph 1 == eager, bit for bit (accumulation, evaluations 
         const char* name;
         const char* trainer;
         const char* flags;
+        int accum;  // micro-batches per step
+        const char* captured;  // the capture line: the whole step, or each micro-batch (LDM's armed drift check)
     };
-    for (const R& c : {R{"preln-bf16", "train_gpt_baselines", "--scheme preln --dtype bf16"},
-                       R{"preln-fp32", "train_gpt_baselines", "--scheme preln --dtype fp32"},
-                       R{"mhc-bf16", "train_gpt_baselines", "--scheme mhc --dtype bf16"},
-                       R{"attnres-block-bf16", "train_gpt_baselines", "--scheme attnres-block --dtype bf16"},
-                       R{"ldm-unwind-bf16", "train_ldm", "--scheme ldm --ldm-mode unwind --dtype bf16"}}) {
+    const char* step2 = "CUDA graph: training step (2 micro-batches of B=2 x T=32, gradient norm, AdamW) captured";
+    const char* step1 = "CUDA graph: training step (1 micro-batch of B=2 x T=32, gradient norm, AdamW) captured";
+    const char* micro = "CUDA graph: micro-batch B=2 x T=32 captured";
+    for (const R& c : {R{"preln-bf16", "train_gpt_baselines", "--scheme preln --dtype bf16", 2, step2},
+                       R{"preln-fp32", "train_gpt_baselines", "--scheme preln --dtype fp32", 2, step2},
+                       R{"mhc-bf16", "train_gpt_baselines", "--scheme mhc --dtype bf16", 2, step2},
+                       R{"attnres-block-bf16", "train_gpt_baselines", "--scheme attnres-block --dtype bf16", 2, step2},
+                       R{"ldm-unwind-bf16", "train_ldm", "--scheme ldm --ldm-mode unwind --dtype bf16", 2, micro},
+                       R{"ldm-unwind-bf16-accum1", "train_ldm", "--scheme ldm --ldm-mode unwind --dtype bf16", 1, step1}}) {
         const std::string gpu = gpu_trainer_or_skip(c.trainer);
         if (gpu.empty()) return;
         const std::string dir = train_scratch(std::string("gpu_graph_") + c.name);
         const std::string cmd = gpu + data_flags(shards, "tiny", 2, 32) + " " + c.flags +
-                                " --total-batch-tokens 128 --val-data '" + shards +
+                                ldm::strprintf(" --total-batch-tokens %d", 64 * c.accum) + " --val-data '" + shards +
                                 "/val.bin' --val-batches 2 --val-every 2 --sample-every -1 --quiet --steps 4 --lr 3e-3";
         run_ok(cmd + " --out-dir " + dir + "/eager --log " + dir + "/eager.jsonl");
         RunResult r = run_cmd(cmd + " --cuda-graph 1 --out-dir " + dir + "/graph --log " + dir + "/graph.jsonl");
         INFO(c.flags << "\n" << r.out);
         REQUIRE(r.status == 0);
-        CHECK_THAT(r.out, Catch::Contains("CUDA graph: micro-batch B=2 x T=32 captured"));
+        CHECK_THAT(r.out, Catch::Contains(c.captured));
         CHECK(ldm::read_file(dir + "/eager/ckpt_000004.model") == ldm::read_file(dir + "/graph/ckpt_000004.model"));
         CHECK(step_losses(dir + "/eager.jsonl") == step_losses(dir + "/graph.jsonl"));
     }
