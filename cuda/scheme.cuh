@@ -63,11 +63,13 @@ struct GpuScheme {
         input_backward(j, dx_buf, s);
     }
     virtual void begin_backward(T* de, cudaStream_t) = 0;            // writes (=) dL/de
-    // Host-side bookkeeping after a micro-batch's backward, outside any CUDA graph (it may read
-    // device values back and synchronise; LDM's drift check). Returns true when the scheme now
-    // launches different kernels (a captured graph must be captured again). Everything from
-    // begin() to begin_backward() must run without host synchronisation or host-memory copies, so
-    // that Transformer::train_micro_batch can capture it.
+    // Host-side bookkeeping after a micro-batch's backward (eager and micro-batch graphs), or once
+    // after a whole-step graph (then after AdamW: kernels_may_switch() was false or the step had
+    // one micro-batch), outside any CUDA graph (it may read device values back and synchronise;
+    // LDM's drift check). Returns true when the scheme now launches different kernels (a captured
+    // graph must be captured again). Everything from begin() to begin_backward() must run without
+    // host synchronisation or host-memory copies, so that Transformer::enqueue_micro_batch can be
+    // captured (train_micro_batch, GpuBackend::train_step).
     virtual bool after_backward(cudaStream_t) { return false; }
     // True while after_backward may still switch kernels (LDM: the drift check is armed). A
     // step of several micro-batches then cannot be one CUDA graph (the eager order switches after

@@ -243,10 +243,12 @@ class GpuBackend {
     train::StepResult train_step(const int32_t* in, const int32_t* tg, int64_t accum, int B, int T_, double scale,
                                  double lr) {
         if (!fuses_step(accum)) throw Error("GpuBackend::train_step: this configuration runs the step eagerly");
+        if (model_.stream == 0) throw Error("GpuBackend::train_step: a CUDA graph needs a created stream, not stream 0");
         const int64_t bt = int64_t(B) * T_;
         for (int64_t a = 0; a < accum; a++) model_.stage_micro_batch(int(a), in + a * bt, tg + a * bt, B, T_);
         cudaStream_t st = model_.stream;
-        // lr and bias corrections for this step; the clip factor and skip flag come from the guard
+        // lr and bias corrections for this step; the clip factor and skip flag come from the guard.
+        // (Safe to rewrite: the previous launch was synchronised; staging and step_h_ rely on it.)
         *step_h_.ptr = adamw_step_scalars(ac_.beta1, ac_.beta2, ac_.eps, ac_.weight_decay, lr, 1.0, adam_t_ + 1);
         if (!step_exec_ || step_B_ != B || step_T_ != T_ || step_accum_ != accum || step_scale_ != scale) {
             drop_step_graph();

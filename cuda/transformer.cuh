@@ -686,6 +686,7 @@ void Transformer<T>::enqueue_micro_batch(int slot, double grad_scale, unsigned* 
     N_ = (int64_t)sl.batch * sl.seq;
     have_targets_ = true;
     backward_done_ = false;
+    scheme_->resize(sl.batch, sl.seq);  // host bookkeeping only (no allocation: sized at construction)
     const int64_t N = N_;
     cudaStream_t s = stream;
     // whole bounds for the buckets (their count varies with the batch; the copy sizes may not)
@@ -705,7 +706,8 @@ void Transformer<T>::enqueue_micro_batch(int slot, double grad_scale, unsigned* 
 
 template <typename T>
 double Transformer<T>::finish_micro_batch(int slot) {
-    const StagedSlot& sl = *slots_.at((size_t)slot);
+    if (slot < 0 || slot >= (int)slots_.size()) throw Error(strprintf("Transformer::finish_micro_batch: slot %d not staged", slot));
+    const StagedSlot& sl = *slots_[(size_t)slot];
     B_ = sl.batch;
     Tcur_ = sl.seq;
     N_ = (int64_t)sl.batch * sl.seq;

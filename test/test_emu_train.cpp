@@ -22,7 +22,7 @@
 //   --cuda-graph 1 (the whole step, or each micro-batch where LDM's drift check is armed or with
 //     NCCL, captured once, then replayed) gives the eager run's bytes, for every configuration,
 //     with evaluations between steps, after LDM's drift fallback (captured again), with NCCL,
-//     and up to the same divergence (the step graph's guard runs on the device).
+//     and up to the same divergence (same error, same step, same checkpoints).
 // A missing emulated trainer (no CUDA headers at build time) prints a visible skip.
 #include <catch2/catch.hpp>
 
@@ -474,7 +474,9 @@ TEST_CASE("emu train: the divergence guard of the GPU trainers (no update, no no
     if (shards.empty()) return;
     const std::string gpu = emu_trainer_or_skip("train_gpt_baselines");
     if (gpu.empty()) return;
-    // eager, and --cuda-graph 1 (the whole-step graph: its guard runs on the device): the same steps
+    // eager, and --cuda-graph 1 (the whole-step graph: its guard runs on the device): the same error at
+    // the same step and the same checkpoints (that the device guard skips the update is checked by
+    // the AdamW workbench, test_emu_adamw: the run stops at the diverged step either way)
     std::vector<std::string> dirs, what;
     for (const char* graph : {"0", "1"}) {
         dirs.push_back(train_scratch(std::string("emu_diverge_graph") + graph));
