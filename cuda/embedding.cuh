@@ -3,7 +3,7 @@
 // doc/cuda.md (embedding.cuh). CPU reference: cpu::embedding_forward / embedding_backward.
 #pragma once
 #include <algorithm>
-#include <numeric>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/pack16.cuh"
@@ -84,24 +84,33 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t N, i
 // ---- backward -----------------------------------------------------------------------------
 // Buckets of the batch's token ids, built on the host: uniq [U] the distinct ids (increasing),
 // start [U+1] CSR offsets into pos, pos [N] the positions n of each id in increasing n.
+// Counting sort over the ids (O(N + max id), about 10x faster than a comparison sort at
+// llama-400m's N = 16,384; the whole-step CUDA graph waits for it). Ids must be >= 0
+// (ldm::Error otherwise; the trainer checks them first); N = 0 gives U = 0 and start = {0}.
 struct EmbeddingBuckets {
     std::vector<int32_t> uniq, start, pos;
     static EmbeddingBuckets build(const int32_t* tokens_host, int64_t N) {
         EmbeddingBuckets b;
-        b.pos.resize((size_t)N);
-        std::iota(b.pos.begin(), b.pos.end(), 0);
-        std::stable_sort(b.pos.begin(), b.pos.end(), [&](int32_t x, int32_t y) {
-            return tokens_host[x] < tokens_host[y];
-        });
         b.start.push_back(0);
-        for (int64_t i = 0; i < N; i++) {
-            const int32_t id = tokens_host[b.pos[(size_t)i]];
-            if (i == 0 || id != b.uniq.back()) {
-                if (i > 0) b.start.push_back((int32_t)i);
-                b.uniq.push_back(id);
-            }
+        if (N <= 0) return b;
+        int32_t max_id = 0;
+        for (int64_t n = 0; n < N; n++) {
+            if (tokens_host[n] < 0) throw Error(strprintf("EmbeddingBuckets: token id %d < 0", tokens_host[n]));
+            max_id = std::max(max_id, tokens_host[n]);
         }
-        if (N > 0) b.start.push_back((int32_t)N);
+        std::vector<int32_t> next((size_t)max_id + 1, 0);  // count per id, then its next slot in pos
+        for (int64_t n = 0; n < N; n++) next[(size_t)tokens_host[n]]++;
+        int32_t at = 0;
+        for (int32_t id = 0; id <= max_id; id++) {
+            const int32_t c = next[(size_t)id];
+            next[(size_t)id] = at;
+            if (c == 0) continue;
+            b.uniq.push_back(id);
+            at += c;
+            b.start.push_back(at);
+        }
+        b.pos.resize((size_t)N);
+        for (int64_t n = 0; n < N; n++) b.pos[(size_t)next[(size_t)tokens_host[n]]++] = (int32_t)n;  // increasing n
         return b;
     }
     int U() const { return (int)uniq.size(); }
