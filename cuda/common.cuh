@@ -96,18 +96,19 @@ inline std::string device_description(int dev = 0) {
                      p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
 }
 
-// Owning device allocation of n elements of E (cudaMalloc; no managed memory). Move-only.
-template <typename E>
-struct DeviceBuffer {
+// Owning allocation of n elements of E: device memory (cudaMalloc; no managed memory) or, with
+// kPinned, page-locked host memory (cudaMallocHost). Move-only; contents undefined after alloc.
+template <typename E, bool kPinned>
+struct OwnedBuffer {
     E* ptr = nullptr;
     int64_t n = 0;
-    DeviceBuffer() = default;
-    explicit DeviceBuffer(int64_t count) { alloc(count); }
-    ~DeviceBuffer() { release(); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
-    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    OwnedBuffer() = default;
+    explicit OwnedBuffer(int64_t count) { alloc(count); }
+    ~OwnedBuffer() { release(); }
+    OwnedBuffer(const OwnedBuffer&) = delete;
+    OwnedBuffer& operator=(const OwnedBuffer&) = delete;
+    OwnedBuffer(OwnedBuffer&& o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
+    OwnedBuffer& operator=(OwnedBuffer&& o) noexcept {
         if (this != &o) {
             release();
             ptr = o.ptr; n = o.n;
@@ -119,44 +120,30 @@ struct DeviceBuffer {
     void alloc(int64_t count) {
         if (count == n && ptr) return;
         release();
-        if (count > 0) CUDA_CHECK(cudaMalloc((void**)&ptr, (size_t)count * sizeof(E)));
+        if (count > 0) {
+            if constexpr (kPinned) CUDA_CHECK(cudaMallocHost((void**)&ptr, (size_t)count * sizeof(E)));
+            else CUDA_CHECK(cudaMalloc((void**)&ptr, (size_t)count * sizeof(E)));
+        }
         n = count;
     }
     void release() {
-        if (ptr) cudaFree(ptr);
+        if (ptr) {
+            if constexpr (kPinned) cudaFreeHost(ptr);
+            else cudaFree(ptr);
+        }
         ptr = nullptr;
         n = 0;
     }
     int64_t bytes() const { return n * (int64_t)sizeof(E); }
     E* get() const { return ptr; }
 };
-
-// Owning page-locked host allocation of n elements of E (cudaMallocHost): the only host memory
-// an asynchronous copy inside a CUDA graph may read or write (the copy node reads it when the
-// graph runs, not when it is captured). Move-only; contents undefined after alloc.
+// Device memory.
 template <typename E>
-struct PinnedBuffer {
-    E* ptr = nullptr;
-    int64_t n = 0;
-    PinnedBuffer() = default;
-    explicit PinnedBuffer(int64_t count) { alloc(count); }
-    ~PinnedBuffer() { release(); }
-    PinnedBuffer(const PinnedBuffer&) = delete;
-    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-    PinnedBuffer(PinnedBuffer&& o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
-    void alloc(int64_t count) {
-        if (count == n && ptr) return;
-        release();
-        if (count > 0) CUDA_CHECK(cudaMallocHost((void**)&ptr, (size_t)count * sizeof(E)));
-        n = count;
-    }
-    void release() {
-        if (ptr) cudaFreeHost(ptr);
-        ptr = nullptr;
-        n = 0;
-    }
-    int64_t bytes() const { return n * (int64_t)sizeof(E); }
-};
+using DeviceBuffer = OwnedBuffer<E, false>;
+// Page-locked host memory: the only host memory an asynchronous copy inside a CUDA graph may read
+// or write (the copy node reads it when the graph runs, not when it is captured).
+template <typename E>
+using PinnedBuffer = OwnedBuffer<E, true>;
 
 // Captures everything enqueue() puts on stream s (a created stream; stream 0 cannot be captured)
 // into a CUDA graph and instantiates it; *nodes = its node count. Any error inside (an operation
