@@ -35,11 +35,11 @@ struct Died {
 
 // Runs f in a forked child with stderr captured; reports whether it died of SIGABRT.
 Died run_child(const std::function<void()>& f) {
-    // the child's stderr goes to a fresh file in this test's scratch directory (mkstemp fills in XXXXXX)
-    std::string tmpl = scratch_dir("emu_graph_child") + "/stderr_XXXXXX";
-    std::vector<char> path(tmpl.begin(), tmpl.end());
-    path.push_back('\0');
-    const int fd = mkstemp(path.data());
+    // the child's stderr goes to a new file (one per child, numbered) in this test's scratch directory
+    const std::string dir = scratch_dir("emu_graph_child");  // (of the running test case)
+    static int children = 0;
+    const std::string path = dir + "/stderr_" + std::to_string(++children);
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
     REQUIRE(fd >= 0);
     std::fflush(stdout);
     std::fflush(stderr);
@@ -64,7 +64,7 @@ Died run_child(const std::function<void()>& f) {
     char buf[512];
     while (std::fgets(buf, sizeof buf, fp)) d.err += buf;
     std::fclose(fp);
-    std::remove(path.data());
+    std::remove(path.c_str());
     return d;
 }
 
