@@ -341,10 +341,11 @@ __global__ void write_vjp_thread_kernel(Dims D, float* cur, float* dS, const flo
 // ---- warp kernels: one warp per (token, head) ------------------------------------------------
 // Lane l owns the rows a = l, l+32, ... of S [dv, dk] (row a is dk contiguous floats, loaded and
 // stored as float4 when dk is 4, 8 or 16, so a warp moves one contiguous 32·dk·4-byte span per
-// row step: coalesced); k, q, u = P k and P itself (dk <= kWarpMaxDk) live in registers of every
-// lane (P is read once per warp, broadcast). Registers beyond dk hold 0, so the unguarded sums
-// equal the dk-term sums. The per-row math is the same expression as ldm_math.h's loops; sums
-// over rows (dk-vectors) are warp reductions (fixed butterfly order, deterministic).
+// row step: coalesced); k, q, u = P k (dk <= kWarpMaxDk) live in registers of every lane, P in
+// registers or in the warp's slice of shared memory (PMat below; read once per warp, broadcast).
+// Registers beyond dk hold 0, so the unguarded sums equal the dk-term sums. The per-row math is
+// the same expression as ldm_math.h's loops; sums over rows (dk-vectors) are warp reductions
+// (fixed butterfly order, deterministic).
 constexpr int kWarpMaxDk = 16;
 constexpr int kWarpsPerBlock = 4;
 
@@ -461,23 +462,26 @@ __device__ inline void reg_add(float (&x)[DK], int i, float v) {
 }
 
 // The rls inverse-covariance P [dk, dk] (zero-padded to DK x DK, row-major, element (a, b) at
-// a·DK + b) as a warp kernel holds it while it works on one (token, head). DK <= kRegPMax: in
-// registers of every lane (replicated; loaded once per warp as broadcasts). DK > kRegPMax (16):
-// 256 floats per matrix do not fit in registers next to the kernel's vectors (ptxas spilled 1.5-17
-// KB per lane), so the matrix lives in this warp's slice of shared memory (DK² floats per warp and
-// SLOT; every lane reads the same element at a time: broadcasts, no bank conflicts) and each lane
-// owns the elements p = lane, lane + 32, ... for loads, stores and element-wise updates. SLOT
-// tells apart two matrices of one kernel (P and dP). The element-wise update applies the same
-// expression f(old, x[a], y[b]) in both layouts, so the results do not depend on the layout.
-constexpr int kRegPMax = 8;
+// a·DK + b) as a warp kernel holds it while it works on one (token, head). DK <= PREG: in
+// registers of every lane (replicated; loaded once per warp as broadcasts). DK > PREG: the matrix
+// lives in this warp's slice of shared memory (DK² floats per warp and SLOT; every lane reads the
+// same element at a time: broadcasts, no bank conflicts) and each lane owns the elements p = lane,
+// lane + 32, ... for loads, stores and element-wise updates. SLOT tells apart two matrices of one
+// kernel (P and dP). The element-wise update applies the same expression f(old, x[a], y[b]) in
+// both layouts, so the results do not depend on the layout. Production: PREG = kRegPMax = 4
+// (registers at width 4, shared memory at widths 8 and 16): with P and dP in registers the fused
+// unwind + VJP kernels hit the register limit at width 8 and spilled at width 16 (doc/ptxas.md,
+// doc/cuda.md "LDM kernels"). The rls kernels take PREG as their last template argument so that
+// the workbench (dev/cuda/ldm.cu) times P in registers at width 8 (PREG = 8) beside production.
+constexpr int kRegPMax = 4;
 template <int DK, int SLOT>
 __device__ inline float* warp_p_slice() {
     __shared__ float sh[kWarpsPerBlock * DK * DK];
     return sh + (threadIdx.x >> 5) * (DK * DK);
 }
-template <int DK, int SLOT = 0>
+template <int DK, int SLOT = 0, int PREG = kRegPMax>
 struct PMat {
-    static constexpr bool kShared = DK > kRegPMax;
+    static constexpr bool kShared = DK > PREG;
     static_assert(!kShared || (32 % DK == 0 && (DK * DK) % 32 == 0), "PMat: shared layout needs DK | 32 | DK²");
     float r[kShared ? 1 : DK * DK];
     float* s = nullptr;
@@ -620,7 +624,7 @@ read_warp_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Q
 // cur (out of place in store mode, so the forward needs no extra copy; in place when equal).
 // RECOMP: re-applies a stored write (window / checkpoint recompute): raw is the stored normalised
 // key Kn, nothing but the state is written.
-template <int DK, bool RECOMP, bool READ, typename T>
+template <int DK, bool RECOMP, bool READ, typename T, int PREG>
 __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
                                            float* Knrm, const float* v32, const float* lam, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
@@ -629,7 +633,7 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
     const int64_t kh = D.key_off(n, h), vo = D.val_off(n, h), so = D.state_off(n, h);
     const int dk = D.dk;
     float k[DK], u[DK];
-    PMat<DK> Pl;
+    PMat<DK, 0, PREG> Pl;
 #pragma unroll
     for (int b = 0; b < DK; b++) k[b] = b < dk ? raw[kh + b] : 0.f;
     if (!RECOMP) {
@@ -673,26 +677,26 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
     __syncwarp();
     Pl.store(P, dk, lane);
 }
-template <int DK, bool RECOMP = false>
+template <int DK, bool RECOMP = false, int PREG = kRegPMax>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 write_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
                     float* Knrm, const float* v32, const float* lam) {
-    write_rls_warp_body<DK, RECOMP, false, float>(D, cur, src_state, raw, Kn, Knrm, v32, lam, FusedRead<float>{});
+    write_rls_warp_body<DK, RECOMP, false, float, PREG>(D, cur, src_state, raw, Kn, Knrm, v32, lam, FusedRead<float>{});
 }
 // Write i then read i+1 of the new state in the same pass (the forward of unwind / store /
 // checkpoint modes): the outputs of write_rls_warp_kernel and of read_warp_kernel.
-template <typename T, int DK>
+template <typename T, int DK, int PREG = kRegPMax>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 write_read_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn, float* Knrm,
                            const float* v32, const float* lam, FusedRead<T> fr) {
-    write_rls_warp_body<DK, false, true, T>(D, cur, src_state, raw, Kn, Knrm, v32, lam, fr);
+    write_rls_warp_body<DK, false, true, T, PREG>(D, cur, src_state, raw, Kn, Knrm, v32, lam, fr);
 }
 
 // Warp fused unwind + VJP of an rls write: same math as rls_unwind (when UNWIND) followed by
 // rls_write_vjp (ldm_math.h). One pass over the rows: each lane unwinds its S row in registers,
 // stores it, and applies the row's part of the VJP with its dS row; dk-vector sums are warp
 // reductions; the P part is computed redundantly by every lane from registers.
-template <int DK, bool UNWIND, bool READ, typename T>
+template <int DK, bool UNWIND, bool READ, typename T, int PREG>
 __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                                                 const float* v32, const float* lam, const float* dsrc32, float* dvacc,
                                                 float* draw, float* dtok, const FusedRead<T>& fr) {
@@ -715,7 +719,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
     const float* v = v32 + vo;
     const float lm = lam[h], il = 1.f / lm;
     float k[DK], u[DK], g[DK], gu[DK], dg[DK], du[DK], dkk[DK];
-    PMat<DK, 0> Pl;
+    PMat<DK, 0, PREG> Pl;
 #pragma unroll
     for (int b = 0; b < DK; b++) k[b] = b < dk ? Kn[kh + b] : 0.f;
     Pl.load(P, dk, lane);
@@ -789,13 +793,13 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         dg[b] = warp_sum(dg[b]);
         dkk[b] = warp_sum(dkk[b]);
     }
-    // P part: dP read by every lane (broadcast) into registers (shared memory at DK 16).
-    PMat<DK, 1> dPl;
+    // P part: dP read by every lane (broadcast) into registers (DK <= PREG) or shared memory.
+    PMat<DK, 1, PREG> dPl;
     dPl.load(dP, dk, lane);
     float dl = 0.f, uDu = 0.f;
 #pragma unroll
     for (int a = 0; a < DK; a++) du[a] = 0.f;
-    if constexpr (PMat<DK>::kShared) {
+    if constexpr (PMat<DK, 0, PREG>::kShared) {
         // one row a at a time: fully unrolled, the DK² shared loads of this loop stay in flight
         // and spill registers; u[a] by select, du[a]'s terms summed in a scalar (the same terms)
 #pragma unroll 1
@@ -842,7 +846,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         dkk[a] += dgamma * u[a];
         du[a] += dgamma * k[a];
     }
-    if constexpr (PMat<DK>::kShared) {
+    if constexpr (PMat<DK, 0, PREG>::kShared) {
 #pragma unroll 1
         for (int a = 0; a < DK; a++) {  // (same order of the sums as below)
             const float dua = reg_select<DK>(du, a);
@@ -869,23 +873,23 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
     store_vec_lanes<DK>(draw + kh, dkk, dk, lane);
     if (lane == 0) dtok[nh] = dl;
 }
-template <int DK, bool UNWIND>
+template <int DK, bool UNWIND, int PREG = kRegPMax>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                          const float* v32, const float* lam, const float* dsrc32, float* dvacc,
                          float* draw, float* dtok) {
-    unwind_vjp_rls_warp_body<DK, UNWIND, false, float>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok,
+    unwind_vjp_rls_warp_body<DK, UNWIND, false, float, PREG>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok,
                                                        FusedRead<float>{});
 }
 // Read i+1's backward, then the unwind + VJP of write i, in one pass over S, P, dS, dP (unwind mode
 // and checkpoint segments; the state in cur is the one after write i). dsrc32 == nullptr: dvacc
 // gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it).
-template <typename T, int DK>
+template <typename T, int DK, int PREG = kRegPMax>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 read_bwd_unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                                     const float* v32, const float* lam, const float* dsrc32, float* dvacc,
                                     float* draw, float* dtok, FusedRead<T> fr) {
-    unwind_vjp_rls_warp_body<DK, true, true, T>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok, fr);
+    unwind_vjp_rls_warp_body<DK, true, true, T, PREG>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok, fr);
 }
 
 // Warp outer / delta write (forward): same math as outer_write / delta_write (in place on cur).

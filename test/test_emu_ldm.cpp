@@ -182,6 +182,20 @@ void with_dk(int K, F&& f) {
     else f(std::integral_constant<int, 16>());
 }
 
+// P placements of the rls kernels at width K (the PREG template argument, cuda/ldm.cuh PMat):
+// production's kRegPMax everywhere, and at K = 8 also P in registers (PREG = 8), the variant the
+// workbench dev/cuda/ldm.cu times beside production.
+std::vector<int> preg_variants(int K) {
+    if (K == 8) return {kRegPMax, 8};
+    return {kRegPMax};
+}
+template <typename F>
+void with_preg(int preg, F&& f) {
+    static_assert(kRegPMax == 4, "with_preg: update the production placement");
+    if (preg == 8) f(std::integral_constant<int, 8>());
+    else f(std::integral_constant<int, 4>());
+}
+
 std::string ctx_of(const char* k, const Shape& s, int K, const char* extra = "") {
     return strprintf("%s N=%d Hm=%d dk=%d dv=%d DK=%d%s", k, s.N, s.Hm, s.dk, s.dv, K, extra);
 }
@@ -244,9 +258,10 @@ TEST_CASE("emu: warp read forward (fp32 and bf16 x, with and without residual ga
 TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
+            for (int preg : preg_variants(K))
             for (int mode = 0; mode < 3; mode++)  // 0 out of place, 1 in place, 2 RECOMP in place
-                with_dk(K, [&](auto kc) {
-                    constexpr int DK = decltype(kc)::value;
+                with_dk(K, [&](auto kc) { with_preg(preg, [&](auto pc) {
+                    constexpr int DK = decltype(kc)::value, PREG = decltype(pc)::value;
                     const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
                     Rng r(2000 + s.N * 7 + K + mode);
                     Buf in(D.N * D.ST), out(D.N * D.ST), raw(D.N * D.HK), v(D.N * D.d), lam(D.Hm);
@@ -256,7 +271,8 @@ TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]
                     for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
                     if (mode == 2) random_keys(D, raw, Knrm, r);  // raw = stored normalised keys
                     else r.fill(raw);
-                    const std::string ctx = ctx_of("write_rls_warp", s, K, mode == 0 ? " out-of-place" : mode == 1 ? " in-place" : " recompute");
+                    const std::string ctx = ctx_of("write_rls_warp", s, K, mode == 0 ? " out-of-place" : mode == 1 ? " in-place" : " recompute") +
+                                            strprintf(" PREG=%d", PREG);
                     run_orders(
                         ctx,
                         [&] {
@@ -268,11 +284,11 @@ TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]
                         [&] {
                             float* src = mode == 0 ? in.p() : out.p();
                             if (mode == 2)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, true>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, true, PREG>, D,
                                             out.p(), (const float*)src, (const float*)raw.p(), (float*)nullptr,
                                             (float*)nullptr, (const float*)v.p(), (const float*)lam.p());
                             else
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, false>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, false, PREG>, D,
                                             out.p(), (const float*)src, (const float*)raw.p(), Kn.p(), Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p());
                         },
@@ -296,7 +312,7 @@ TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]
                     } else {
                         CHECK(Kn.guard_intact());
                     }
-                });
+                }); });
 }
 
 TEST_CASE("emu: warp outer / delta write (forward and recompute)", "[emu][ldm]") {
@@ -375,9 +391,11 @@ TEST_CASE("emu: warp outer / delta write (forward and recompute)", "[emu][ldm]")
 TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
+            for (int preg : preg_variants(K))
             for (int unw = 0; unw < 3; unw++)  // 0 VJP only, 1 fused unwind+VJP, 2 unwind_warp alone
-                with_dk(K, [&](auto kc) {
-                    constexpr int DK = decltype(kc)::value;
+                with_dk(K, [&](auto kc) { with_preg(preg, [&](auto pc) {
+                    constexpr int DK = decltype(kc)::value, PREG = decltype(pc)::value;
+                    if (unw == 2 && PREG != kRegPMax) return;  // unwind_warp_kernel: production placement only
                     const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
                     Rng r(4000 + s.N * 7 + K + unw);
                     Buf in(D.N * D.ST), cur(D.N * D.ST), dS_in(D.N * D.ST), dS(D.N * D.ST);
@@ -390,7 +408,7 @@ TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ld
                     r.fill(dsrc);
                     for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
                     const std::string ctx = ctx_of(unw == 2 ? "unwind_warp<rls>" : "unwind_vjp_rls_warp", s, K,
-                                                   unw == 1 ? " UNWIND" : "");
+                                                   unw == 1 ? " UNWIND" : "") + strprintf(" PREG=%d", PREG);
                     run_orders(
                         ctx,
                         [&] {
@@ -405,12 +423,12 @@ TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ld
                                 emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_warp_kernel<kRls, DK>, D, cur.p(),
                                             (const float*)Kn.p(), (const float*)v.p(), (const float*)lam.p());
                             else if (unw == 1)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, true>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, true, PREG>, D,
                                             cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
                                             dvacc.p(), draw.p(), dtok.p());
                             else
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, false>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, false, PREG>, D,
                                             cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
                                             dvacc.p(), draw.p(), dtok.p());
@@ -451,7 +469,7 @@ TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ld
                     expect_close("dvacc", dvacc, rdv, 1e-4, ctx);
                     expect_close("draw", draw, rdraw, 1e-4, ctx);
                     expect_close("dtok (dlambda)", dtok, rdt, 1e-4, ctx);
-                });
+                }); });
 }
 
 TEST_CASE("emu: warp outer / delta VJP (outer also fused with its unwind) and outer unwind", "[emu][ldm]") {
@@ -606,6 +624,157 @@ TEST_CASE("emu: warp read backward (fp32 and bf16 dx, with and without residual 
                     if (ap) expect_close("prod32", prod, rprod, kTol, ctx);
                     else CHECK(std::isnan(prod[0]));  // not written without gates
                 });
+}
+
+// The production fused rls passes of train_ldm.cu (doc/cuda.md "Fused passes"), with both P
+// placements: forward write i then read i+1 of the new state; backward read i+1's backward on the
+// state after write i, then the unwind + VJP of write i (dsrc32 given or, as production, null).
+// Reference: rls_write, l2n_forward, ldm_read / ldm_read_vjp, rls_unwind, rls_write_vjp and
+// l2n_backward of math/ldm_math.h in double, composed in the kernels' order.
+TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), both P placements", "[emu][ldm]") {
+    for (const Shape& s : kShapes)
+        for (int K : dk_variants(s.dk))
+            for (int preg : preg_variants(K))
+                for (int mode = 0; mode < 2; mode++)  // 0 no gates, dsrc32 null; 1 gates, dsrc32 given
+                    with_dk(K, [&](auto kc) { with_preg(preg, [&](auto pc) {
+                        constexpr int DK = decltype(kc)::value, PREG = decltype(pc)::value;
+                        const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
+                        Rng r(8000 + s.N * 7 + K + 3 * preg + mode);
+                        Buf in(D.N * D.ST), cur(D.N * D.ST), kraw(D.N * D.HK), qraw(D.N * D.HK), v(D.N * D.d);
+                        Buf lam(D.Hm), src(D.N * D.d), a(D.Hm * D.dv), Kn(D.N * D.HK), Knrm(D.N * D.Hm);
+                        Buf Qn(D.N * D.HK), Qnrm(D.N * D.Hm), x(D.N * D.d);
+                        random_state(D, in, r);
+                        r.fill(kraw);
+                        r.fill(qraw);
+                        r.fill(v);
+                        r.fill(src);
+                        r.fill(a);
+                        for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
+                        const float* ap = mode ? a.p() : nullptr;
+                        const std::string ctx = ctx_of("write_read_rls_warp", s, K, mode ? " gates" : "") +
+                                                strprintf(" PREG=%d", PREG);
+                        FusedRead<float> ff;
+                        ff.raw = qraw.p();
+                        ff.Qn = Qn.p();
+                        ff.Qnrm = Qnrm.p();
+                        ff.src32 = src.p();
+                        ff.a = ap;
+                        ff.x = x.p();
+                        run_orders(
+                            ctx,
+                            [&] {
+                                cur.poison();
+                                for (Buf* b : {&Kn, &Knrm, &Qn, &Qnrm, &x}) b->poison();
+                            },
+                            [&] {
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_read_rls_warp_kernel<float, DK, PREG>,
+                                            D, cur.p(), (const float*)in.p(), (const float*)kraw.p(), Kn.p(), Knrm.p(),
+                                            (const float*)v.p(), (const float*)lam.p(), ff);
+                            },
+                            {&cur, &Kn, &Knrm, &Qn, &Qnrm, &x});
+                        std::vector<double> rS((size_t)cur.n), rKn((size_t)Kn.n), rKnrm((size_t)Knrm.n),
+                            rQn((size_t)Qn.n), rQnrm((size_t)Qnrm.n), rx((size_t)x.n);
+                        for (int n = 0; n < D.N; n++)
+                            for (int h = 0; h < D.Hm; h++) {
+                                const int64_t so = D.state_off(n, h), kh = D.key_off(n, h), vo = D.val_off(n, h),
+                                              nh = D.tok_off(n, h);
+                                auto k = dv_(kraw.p() + kh, D.dk), q = dv_(qraw.p() + kh, D.dk);
+                                rKnrm[(size_t)nh] = l2n_forward(k.data(), k.data(), D.dk);
+                                rQnrm[(size_t)nh] = l2n_forward(q.data(), q.data(), D.dk);
+                                std::copy(k.begin(), k.end(), rKn.begin() + kh);
+                                std::copy(q.begin(), q.end(), rQn.begin() + kh);
+                                auto st = dv_(in.p() + so, D.SS + D.PP);
+                                auto vv = dv_(v.p() + vo, D.dv);
+                                std::vector<double> u((size_t)D.dk), rr((size_t)D.dv);
+                                rls_write(st.data(), st.data() + D.SS, k.data(), vv.data(), (double)lam[h], D.dv, D.dk, u.data());
+                                std::copy(st.begin(), st.end(), rS.begin() + so);
+                                ldm_read(st.data(), q.data(), rr.data(), D.dv, D.dk);
+                                for (int c = 0; c < D.dv; c++)
+                                    rx[(size_t)(vo + c)] = ap ? src[vo + c] + (double)a[h * D.dv + c] * rr[(size_t)c] : rr[(size_t)c];
+                            }
+                        expect_close("state", cur, rS, kTol, ctx);
+                        expect_close("Kn", Kn, rKn, kTol, ctx);
+                        expect_close("Knrm", Knrm, rKnrm, kTol, ctx);
+                        expect_close("Qn", Qn, rQn, kTol, ctx);
+                        expect_close("Qnrm", Qnrm, rQnrm, kTol, ctx);
+                        expect_close("x", x, rx, kTol, ctx);
+
+                        // backward of the same pair, from the state after the write (the kernel's cur)
+                        Buf after = cur, dS_in(D.N * D.ST), dS(D.N * D.ST), dx(D.N * D.d), dsrc(D.N * D.d);
+                        Buf dvacc(D.N * D.d), draw(D.N * D.HK), dtok(D.N * D.Hm), qdraw(D.N * D.HK), prod(D.N * D.d);
+                        random_state(D, dS_in, r);  // any values
+                        r.fill(dx);
+                        r.fill(dsrc);
+                        const float* dsp = mode ? dsrc.p() : nullptr;
+                        FusedRead<float> fb;
+                        fb.Qn = Qn.p();
+                        fb.Qnrm = Qnrm.p();
+                        fb.a = ap;
+                        fb.dx = dx.p();
+                        fb.draw = qdraw.p();
+                        fb.prod32 = prod.p();
+                        const std::string bctx = ctx_of("read_bwd_unwind_vjp_rls_warp", s, K, mode ? " gates dsrc" : "") +
+                                                 strprintf(" PREG=%d", PREG);
+                        run_orders(
+                            bctx,
+                            [&] {
+                                cur.v = after.v;
+                                dS.v = dS_in.v;
+                                for (Buf* b : {&dvacc, &draw, &dtok, &qdraw, &prod}) b->poison();
+                            },
+                            [&] {
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0,
+                                            read_bwd_unwind_vjp_rls_warp_kernel<float, DK, PREG>, D, cur.p(), dS.p(),
+                                            (const float*)Kn.p(), (const float*)Knrm.p(), (const float*)v.p(),
+                                            (const float*)lam.p(), dsp, dvacc.p(), draw.p(), dtok.p(), fb);
+                            },
+                            {&cur, &dS, &dvacc, &draw, &dtok, &qdraw, &prod});
+                        std::vector<double> bS((size_t)cur.n), bdS((size_t)dS.n), bdv((size_t)dvacc.n),
+                            bdraw((size_t)draw.n), bdt((size_t)dtok.n), bq((size_t)qdraw.n), bprod((size_t)prod.n);
+                        for (int n = 0; n < D.N; n++)
+                            for (int h = 0; h < D.Hm; h++) {
+                                const int64_t so = D.state_off(n, h), kh = D.key_off(n, h), vo = D.val_off(n, h),
+                                              nh = D.tok_off(n, h);
+                                auto st = dv_(after.p() + so, D.SS + D.PP);
+                                auto g = dv_(dS_in.p() + so, D.SS + D.PP);
+                                auto k = dv_(Kn.p() + kh, D.dk), q = dv_(Qn.p() + kh, D.dk);
+                                auto vv = dv_(v.p() + vo, D.dv);
+                                const double lm = lam[h];
+                                // read i+1's backward on the state after write i
+                                std::vector<double> rr((size_t)D.dv), dr((size_t)D.dv), dq((size_t)D.dk, 0.0);
+                                ldm_read(st.data(), q.data(), rr.data(), D.dv, D.dk);
+                                for (int c = 0; c < D.dv; c++) {
+                                    dr[(size_t)c] = ap ? (double)a[h * D.dv + c] * dx[vo + c] : (double)dx[vo + c];
+                                    bprod[(size_t)(vo + c)] = dx[vo + c] * rr[(size_t)c];
+                                }
+                                ldm_read_vjp(st.data(), q.data(), dr.data(), g.data(), dq.data(), D.dv, D.dk);
+                                l2n_backward(q.data(), (double)Qnrm[nh], dq.data(), dq.data(), D.dk);
+                                std::copy(dq.begin(), dq.end(), bq.begin() + kh);
+                                // unwind write i, then its VJP with the read's dS added
+                                std::vector<double> scr((size_t)(4 * D.dk + 2 * D.dv)), dk((size_t)D.dk, 0.0),
+                                    dvv((size_t)D.dv, 0.0);
+                                rls_unwind(st.data(), st.data() + D.SS, k.data(), vv.data(), lm, D.dv, D.dk, scr.data());
+                                std::copy(st.begin(), st.end(), bS.begin() + so);
+                                double dl = 0;
+                                rls_write_vjp(st.data(), st.data() + D.SS, k.data(), vv.data(), lm, g.data(),
+                                              g.data() + D.SS, dk.data(), dvv.data(), &dl, D.dv, D.dk, scr.data());
+                                std::copy(g.begin(), g.end(), bdS.begin() + so);
+                                for (int c = 0; c < D.dv; c++)
+                                    bdv[(size_t)(vo + c)] = (dsp ? (double)dsrc[vo + c] : 0.0) + dvv[(size_t)c];
+                                l2n_backward(k.data(), (double)Knrm[nh], dk.data(), dk.data(), D.dk);
+                                std::copy(dk.begin(), dk.end(), bdraw.begin() + kh);
+                                bdt[(size_t)nh] = dl;
+                            }
+                        // the unwind divides by 1 - k.Pk and multiplies by gamma: looser than plain products
+                        expect_close("state (unwound)", cur, bS, 1e-4, bctx);
+                        expect_close("dS/dP", dS, bdS, 1e-4, bctx);
+                        expect_close("dvacc", dvacc, bdv, 1e-4, bctx);
+                        expect_close("draw (key)", draw, bdraw, 1e-4, bctx);
+                        expect_close("dtok (dlambda)", dtok, bdt, 1e-4, bctx);
+                        expect_close("draw (query)", qdraw, bq, kTol, bctx);
+                        if (ap) expect_close("prod32", prod, bprod, kTol, bctx);
+                        else CHECK(std::isnan(prod[0]));  // not written without gates
+                    }); });
 }
 
 TEST_CASE("emu: drift kernel (max |S - S_ref|, max |δP - δP_ref|, integer atomicMax)", "[emu][ldm]") {

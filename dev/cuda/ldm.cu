@@ -15,7 +15,9 @@
 //    whole window-mode write), GB/s against the state bytes the kernel must move
 //    (write: S,P read + write; read: S read; unwind+VJP: S,P,dS,dP read + write); the Woodbury
 //    window kernels (append, read with m pending writes, flush of w = 4) against their counted
-//    bytes (doc/cuda.md "LDM kernels").
+//    bytes (doc/cuda.md "LDM kernels"). Lines ending in "-regP" run the rls kernels with P (and
+//    dP) in registers at width 8 (PREG = 8, the production layout until P moved to shared
+//    memory; checked in test/test_emu_ldm.cpp) beside production's shared-memory P.
 //
 //   build/cuda/ldm [--quick]        prints CHECK / BENCH lines (doc/cuda.md), exit 1 on a FAIL
 #include <cstdio>
@@ -293,6 +295,10 @@ void bench(bool quick) {
         write_rls_warp_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("write-rls-warp", ms, 2 * SP);
+    ms = time_median_ms([&] {  // P in registers at width 8 (cuda/ldm.cuh PMat, PREG = 8)
+        write_rls_warp_kernel<8, false, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+    }, 2, reps, s);
+    line("write-rls-warp-regP", ms, 2 * SP);
     // unwind + VJP: reads S,P,dS,dP and writes all four (fused); state drifts across reps but
     // the timing does not depend on the values.
     ms = time_median_ms([&] {
@@ -303,6 +309,10 @@ void bench(bool quick) {
         unwind_vjp_rls_warp_kernel<8, true><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
     }, 2, reps, s);
     line("unwind-vjp-rls-warp", ms, 4 * SP);
+    ms = time_median_ms([&] {
+        unwind_vjp_rls_warp_kernel<8, true, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
+    }, 2, reps, s);
+    line("unwind-vjp-rls-warp-regP", ms, 4 * SP);
     ms = time_median_ms([&] {
         read_bwd_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, Kn.ptr, Knrm.ptr, dx.ptr, a.ptr, dS.ptr, draw.ptr, prod.ptr);
     }, 2, reps, s);
@@ -321,6 +331,10 @@ void bench(bool quick) {
             write_read_rls_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
         }, 2, reps, s);
         line("write-read-rls-warp-fused", ms, 2 * SP);
+        ms = time_median_ms([&] {
+            write_read_rls_warp_kernel<T, 8, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+        }, 2, reps, s);
+        line("write-read-rls-warp-fused-regP", ms, 2 * SP);
         FusedRead<T> fb;
         fb.Qn = Kn.ptr;
         fb.Qnrm = Knrm.ptr;
@@ -332,6 +346,10 @@ void bench(bool quick) {
             read_bwd_unwind_vjp_rls_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
         }, 2, reps, s);
         line("read-bwd-unwind-vjp-rls-warp-fused", ms, 4 * SP);
+        ms = time_median_ms([&] {
+            read_bwd_unwind_vjp_rls_warp_kernel<T, 8, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+        }, 2, reps, s);
+        line("read-bwd-unwind-vjp-rls-warp-fused-regP", ms, 4 * SP);
     }
     // windowed: w = 4 writes applied sequentially (the GPU window mode; no Woodbury yet):
     // state traffic is w times that of the deferred form's one pass.
