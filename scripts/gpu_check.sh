@@ -17,7 +17,8 @@
 #   WB_TIMEOUT (120 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
 #   BUDGET (540 s for everything after the build: items not started by then are listed as SKIP),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
-#   PROFILE_BENCH (1, the default: also bench preln --profile-stages, its per-stage table in the
+#   PROFILE_BENCH (1, the default: also bench --profile-stages for each scheme of PROFILE_SCHEMES,
+#   default "preln"; "ldm" there profiles train_ldm's rls unwind; the per-stage tables go into the
 #   summary; 0: skip),
 #   GRAPH_BENCH (1, the default: also bench preln --cuda-graph 1 as "preln-graph"; 0: skip; that the
 #   graph gives the eager run's bytes is a test_gpu_train case, run with the GPU tests),
@@ -229,7 +230,15 @@ if [ -x "$TRAINER" ]; then
   for s in $SCHEMES; do bench "$s" --scheme "$s"; done
   [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
   [ "${GRAPH_BENCH:-1}" = 1 ] && bench "preln-graph" --scheme preln --cuda-graph 1
-  [ "${PROFILE_BENCH:-1}" = 1 ] && bench "preln-profile" --scheme preln --profile-stages
+  if [ "${PROFILE_BENCH:-1}" = 1 ]; then  # where each scheme's step time goes (doc/cuda.md "Per-stage profile")
+    for s in ${PROFILE_SCHEMES:-preln}; do
+      if [ "$s" = ldm ]; then
+        TRAINER="$BUILD/cuda/train_ldm" bench "ldm-profile" --ldm-rule rls --ldm-mode unwind --profile-stages
+      else
+        bench "$s-profile" --scheme "$s" --profile-stages
+      fi
+    done
+  fi
   if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
     bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
     bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1
