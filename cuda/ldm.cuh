@@ -474,6 +474,18 @@ __device__ inline void reg_add(float (&x)[DK], int i, float v) {
 // doc/cuda.md "LDM kernels"). The rls kernels take PREG as their last template argument so that
 // the workbench (dev/cuda/ldm.cu) times P in registers at width 8 (PREG = 8) beside production.
 constexpr int kRegPMax = 4;
+// Rows of S that one lane of an rls warp kernel handles per step of its row loop (the ROWS
+// template argument): all loads of a step (S rows, dS rows, the rows' v, dx, gate, src values)
+// are issued before its first store, which the compiler cannot do across steps itself (the
+// pointers may alias), so a warp keeps ROWS row steps of loads in flight. The results do not
+// depend on ROWS (same expressions, rows in the same order). Chosen from ptxas register counts as
+// the largest of 1, 2, 4 that keeps at least 16 resident warps per SM (doc/cuda.md "LDM
+// kernels"): forward kernels (write, write + read) and backward kernels (unwind + VJP, read
+// backward + unwind + VJP) by register width.
+template <int DK>
+constexpr int kFwdRows = DK <= 8 ? 4 : 1;
+template <int DK>
+constexpr int kBwdRows = DK <= 4 ? 2 : 1;
 template <int DK, int SLOT>
 __device__ inline float* warp_p_slice() {
     __shared__ float sh[kWarpsPerBlock * DK * DK];
@@ -579,12 +591,18 @@ __device__ inline void fused_read_bwd_finish(const FusedRead<T>& f, const Dims& 
 }
 // backward, one row r of (n, h): the read's part on the state row (the state the read saw) and
 // its gradient row (updated in place).
+// fused_read_bwd_in loads the row's inputs (dx and the gate), fused_read_bwd_row uses them.
+template <typename T>
+__device__ inline void fused_read_bwd_in(const FusedRead<T>& f, const Dims& D, int h, int64_t vo, int r, float& dxr,
+                                         float& ar) {
+    dxr = to_f(f.dx[vo + r]);
+    ar = f.a ? f.a[h * D.dv + r] : 0.f;
+}
 template <typename T, int DK>
-__device__ inline void fused_read_bwd_row(const FusedRead<T>& f, const Dims& D, int h, int64_t vo, int r,
+__device__ inline void fused_read_bwd_row(const FusedRead<T>& f, int64_t vo, int r, float dxr, float ar,
                                           const float (&row)[DK], float (&drow)[DK], const float (&q)[DK],
                                           float (&dq)[DK]) {
-    const float dxr = to_f(f.dx[vo + r]);
-    const float g = f.a ? f.a[h * D.dv + r] * dxr : dxr;
+    const float g = f.a ? ar * dxr : dxr;
     float rr = 0.f;
 #pragma unroll
     for (int b = 0; b < DK; b++) {
@@ -624,7 +642,7 @@ read_warp_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Q
 // cur (out of place in store mode, so the forward needs no extra copy; in place when equal).
 // RECOMP: re-applies a stored write (window / checkpoint recompute): raw is the stored normalised
 // key Kn, nothing but the state is written.
-template <int DK, bool RECOMP, bool READ, typename T, int PREG>
+template <int DK, bool RECOMP, bool READ, typename T, int PREG, int ROWS>
 __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
                                            float* Knrm, const float* v32, const float* lam, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
@@ -656,47 +674,60 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
     }
     const float lm = lam[h], gamma = lm + kv, ig = 1.f / gamma, il = 1.f / lm;
     const float* v = v32 + vo;
-    for (int r = lane; r < D.dv; r += 32) {
-        float row[DK];
-        load_row<DK>(Si + (int64_t)r * dk, row, dk);
-        float s = 0.f;
+    for (int r0 = lane; r0 < D.dv; r0 += 32 * ROWS) {  // ROWS rows of this lane per step (kFwdRows)
+        float row[ROWS][DK], vr[ROWS], xs[ROWS], xa[ROWS];
 #pragma unroll
-        for (int b = 0; b < DK; b++) s += row[b] * k[b];
-        const float e = v[r] - s;
+        for (int i = 0; i < ROWS; i++) {  // every load of the step before its first store
+            const int r = r0 + 32 * i;
+            if (r >= D.dv) break;
+            load_row<DK>(Si + (int64_t)r * dk, row[i], dk);
+            vr[i] = v[r];
+            xs[i] = READ && fr.a ? fr.src32[vo + r] : 0.f;
+            xa[i] = READ && fr.a ? fr.a[h * D.dv + r] : 0.f;
+        }
 #pragma unroll
-        for (int b = 0; b < DK; b++) row[b] += e * (u[b] * ig);
-        store_row<DK>(S + (int64_t)r * dk, row, dk);
-        if (READ) {  // read j of the new state (read_warp_kernel's expression)
-            float rr = 0.f;
+        for (int i = 0; i < ROWS; i++) {
+            const int r = r0 + 32 * i;
+            if (r >= D.dv) break;
+            float s = 0.f;
 #pragma unroll
-            for (int b = 0; b < DK; b++) rr += row[b] * q[b];
-            fr.x[vo + r] = from_f<T>(fr.a ? fr.src32[vo + r] + fr.a[h * D.dv + r] * rr : rr);
+            for (int b = 0; b < DK; b++) s += row[i][b] * k[b];
+            const float e = vr[i] - s;
+#pragma unroll
+            for (int b = 0; b < DK; b++) row[i][b] += e * (u[b] * ig);
+            store_row<DK>(S + (int64_t)r * dk, row[i], dk);
+            if (READ) {  // read j of the new state (read_warp_kernel's expression)
+                float rr = 0.f;
+#pragma unroll
+                for (int b = 0; b < DK; b++) rr += row[i][b] * q[b];
+                fr.x[vo + r] = from_f<T>(fr.a ? xs[i] + xa[i] * rr : rr);
+            }
         }
     }
     Pl.update(u, u, lane, [&](float pv, float ua, float ub) { return (pv - ua * ub * ig) * il; });
     __syncwarp();
     Pl.store(P, dk, lane);
 }
-template <int DK, bool RECOMP = false, int PREG = kRegPMax>
+template <int DK, bool RECOMP = false, int PREG = kRegPMax, int ROWS = kFwdRows<DK>>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 write_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
                     float* Knrm, const float* v32, const float* lam) {
-    write_rls_warp_body<DK, RECOMP, false, float, PREG>(D, cur, src_state, raw, Kn, Knrm, v32, lam, FusedRead<float>{});
+    write_rls_warp_body<DK, RECOMP, false, float, PREG, ROWS>(D, cur, src_state, raw, Kn, Knrm, v32, lam, FusedRead<float>{});
 }
 // Write i then read i+1 of the new state in the same pass (the forward of unwind / store /
 // checkpoint modes): the outputs of write_rls_warp_kernel and of read_warp_kernel.
-template <typename T, int DK, int PREG = kRegPMax>
+template <typename T, int DK, int PREG = kRegPMax, int ROWS = kFwdRows<DK>>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 write_read_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn, float* Knrm,
                            const float* v32, const float* lam, FusedRead<T> fr) {
-    write_rls_warp_body<DK, false, true, T, PREG>(D, cur, src_state, raw, Kn, Knrm, v32, lam, fr);
+    write_rls_warp_body<DK, false, true, T, PREG, ROWS>(D, cur, src_state, raw, Kn, Knrm, v32, lam, fr);
 }
 
 // Warp fused unwind + VJP of an rls write: same math as rls_unwind (when UNWIND) followed by
 // rls_write_vjp (ldm_math.h). One pass over the rows: each lane unwinds its S row in registers,
 // stores it, and applies the row's part of the VJP with its dS row; dk-vector sums are warp
 // reductions; the P part is computed redundantly by every lane from registers.
-template <int DK, bool UNWIND, bool READ, typename T, int PREG>
+template <int DK, bool UNWIND, bool READ, typename T, int PREG, int ROWS>
 __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                                                 const float* v32, const float* lam, const float* dsrc32, float* dvacc,
                                                 float* draw, float* dtok, const FusedRead<T>& fr) {
@@ -756,36 +787,50 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         dg[b] = 0.f;
         dkk[b] = 0.f;
     }
-    for (int r = lane; r < D.dv; r += 32) {
-        float row[DK], drow[DK];
-        load_row<DK>(S + (int64_t)r * dk, row, dk);
-        load_row<DK>(dSs + (int64_t)r * dk, drow, dk);
-        if (READ) fused_read_bwd_row<T, DK>(fr, D, h, vo, r, row, drow, q, dq);  // on the state after the write
-        if (UNWIND) {  // S_prev = S - (gamma/lam)(v - S k) gu^T
-            float s = 0.f;
+    for (int r0 = lane; r0 < D.dv; r0 += 32 * ROWS) {  // ROWS rows of this lane per step (kBwdRows)
+        float row[ROWS][DK], drow[ROWS][DK], vr[ROWS], dsr[ROWS], dxr[ROWS], ar[ROWS];
 #pragma unroll
-            for (int b = 0; b < DK; b++) s += row[b] * k[b];
-            const float e = (v[r] - s) * gl;
-#pragma unroll
-            for (int b = 0; b < DK; b++) row[b] -= e * gu[b];
-            store_row<DK>(S + (int64_t)r * dk, row, dk);
+        for (int i = 0; i < ROWS; i++) {  // every load of the step before its first store
+            const int r = r0 + 32 * i;
+            if (r >= D.dv) break;
+            load_row<DK>(S + (int64_t)r * dk, row[i], dk);
+            load_row<DK>(dSs + (int64_t)r * dk, drow[i], dk);
+            vr[i] = v[r];
+            dsr[i] = dsrc32 ? dsrc32[vo + r] : 0.f;
+            dxr[i] = ar[i] = 0.f;
+            if (READ) fused_read_bwd_in<T>(fr, D, h, vo, r, dxr[i], ar[i]);
         }
-        // e = v - S k, de = dS' g; dg += dS'^T e; dv += de; dk -= S^T de; dS_prev = dS' - de k^T
-        float s = 0.f, t = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++) {
-            s += row[b] * k[b];
-            t += drow[b] * g[b];
-        }
-        const float e = v[r] - s;
+        for (int i = 0; i < ROWS; i++) {
+            const int r = r0 + 32 * i;
+            if (r >= D.dv) break;
+            if (READ) fused_read_bwd_row<T, DK>(fr, vo, r, dxr[i], ar[i], row[i], drow[i], q, dq);  // state after the write
+            if (UNWIND) {  // S_prev = S - (gamma/lam)(v - S k) gu^T
+                float s = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++) {
-            dg[b] += drow[b] * e;
-            dkk[b] -= row[b] * t;
-            drow[b] -= t * k[b];
+                for (int b = 0; b < DK; b++) s += row[i][b] * k[b];
+                const float e = (vr[i] - s) * gl;
+#pragma unroll
+                for (int b = 0; b < DK; b++) row[i][b] -= e * gu[b];
+                store_row<DK>(S + (int64_t)r * dk, row[i], dk);
+            }
+            // e = v - S k, de = dS' g; dg += dS'^T e; dv += de; dk -= S^T de; dS_prev = dS' - de k^T
+            float s = 0.f, t = 0.f;
+#pragma unroll
+            for (int b = 0; b < DK; b++) {
+                s += row[i][b] * k[b];
+                t += drow[i][b] * g[b];
+            }
+            const float e = vr[i] - s;
+#pragma unroll
+            for (int b = 0; b < DK; b++) {
+                dg[b] += drow[i][b] * e;
+                dkk[b] -= row[i][b] * t;
+                drow[i][b] -= t * k[b];
+            }
+            store_row<DK>(dSs + (int64_t)r * dk, drow[i], dk);
+            dvacc[vo + r] = dsr[i] + t;
         }
-        store_row<DK>(dSs + (int64_t)r * dk, drow, dk);
-        dvacc[vo + r] = (dsrc32 ? dsrc32[vo + r] : 0.f) + t;
     }
     if (READ) fused_read_bwd_finish<T, DK>(fr, D, n, h, lane, q, dq);
 #pragma unroll
@@ -873,23 +918,23 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
     store_vec_lanes<DK>(draw + kh, dkk, dk, lane);
     if (lane == 0) dtok[nh] = dl;
 }
-template <int DK, bool UNWIND, int PREG = kRegPMax>
+template <int DK, bool UNWIND, int PREG = kRegPMax, int ROWS = kBwdRows<DK>>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                          const float* v32, const float* lam, const float* dsrc32, float* dvacc,
                          float* draw, float* dtok) {
-    unwind_vjp_rls_warp_body<DK, UNWIND, false, float, PREG>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok,
+    unwind_vjp_rls_warp_body<DK, UNWIND, false, float, PREG, ROWS>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok,
                                                        FusedRead<float>{});
 }
 // Read i+1's backward, then the unwind + VJP of write i, in one pass over S, P, dS, dP (unwind mode
 // and checkpoint segments; the state in cur is the one after write i). dsrc32 == nullptr: dvacc
 // gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it).
-template <typename T, int DK, int PREG = kRegPMax>
+template <typename T, int DK, int PREG = kRegPMax, int ROWS = kBwdRows<DK>>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 read_bwd_unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                                     const float* v32, const float* lam, const float* dsrc32, float* dvacc,
                                     float* draw, float* dtok, FusedRead<T> fr) {
-    unwind_vjp_rls_warp_body<DK, true, true, T, PREG>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok, fr);
+    unwind_vjp_rls_warp_body<DK, true, true, T, PREG, ROWS>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok, fr);
 }
 
 // Warp outer / delta write (forward): same math as outer_write / delta_write (in place on cur).
@@ -995,7 +1040,11 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
         float row[DK], G[DK];
         load_row<DK>(S + (int64_t)r * dk, row, dk);
         load_row<DK>(dSs + (int64_t)r * dk, G, dk);
-        if (READ) fused_read_bwd_row<T, DK>(fr, D, h, vo, r, row, G, q, dq);  // on the state after the write
+        if (READ) {  // on the state after the write
+            float dxr, ar;
+            fused_read_bwd_in<T>(fr, D, h, vo, r, dxr, ar);
+            fused_read_bwd_row<T, DK>(fr, vo, r, dxr, ar, row, G, q, dq);
+        }
         if (UNWIND && RULE == kOuter) {
 #pragma unroll
             for (int b = 0; b < DK; b++) row[b] = (row[b] - v[r] * k[b]) * il;

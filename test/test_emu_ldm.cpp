@@ -182,19 +182,29 @@ void with_dk(int K, F&& f) {
     else f(std::integral_constant<int, 16>());
 }
 
-// P placements of the rls kernels at width K (the PREG template argument, cuda/ldm.cuh PMat):
-// production's kRegPMax everywhere, and at K = 8 also P in registers (PREG = 8), the variant the
-// workbench dev/cuda/ldm.cu times beside production.
-std::vector<int> preg_variants(int K) {
-    if (K == 8) return {kRegPMax, 8};
-    return {kRegPMax};
+// Variants of the rls warp kernels at width K (cuda/ldm.cuh: template arguments PREG, the P
+// placement of PMat, and ROWS, rows per lane and step of the row loops): 0 production (kRegPMax,
+// kFwdRows / kBwdRows); 1 one row per step (the loops before row batching; where production
+// batches); 2 at K = 8, P in registers with one row per step (the production layout before P
+// moved to shared memory). The workbench dev/cuda/ldm.cu times 1 and 2 beside production.
+std::vector<int> rls_variants(int K) {
+    std::vector<int> v{0};
+    const bool batched = K == 4 ? (kFwdRows<4> != 1 || kBwdRows<4> != 1)
+                         : K == 8 ? (kFwdRows<8> != 1 || kBwdRows<8> != 1)
+                                  : (kFwdRows<16> != 1 || kBwdRows<16> != 1);
+    if (batched) v.push_back(1);
+    if (K == 8) v.push_back(2);
+    return v;
 }
-template <typename F>
-void with_preg(int preg, F&& f) {
-    static_assert(kRegPMax == 4, "with_preg: update the production placement");
-    if (preg == 8) f(std::integral_constant<int, 8>());
-    else f(std::integral_constant<int, 4>());
+// Calls f(PREG, forward ROWS, backward ROWS) as integral constants for variant `var` at width DK.
+template <int DK, typename F>
+void with_variant(int var, F&& f) {
+    using std::integral_constant;
+    if (var == 2) f(integral_constant<int, 8>(), integral_constant<int, 1>(), integral_constant<int, 1>());
+    else if (var == 1) f(integral_constant<int, kRegPMax>(), integral_constant<int, 1>(), integral_constant<int, 1>());
+    else f(integral_constant<int, kRegPMax>(), integral_constant<int, kFwdRows<DK>>(), integral_constant<int, kBwdRows<DK>>());
 }
+std::string variant_name(int var) { return var == 0 ? " production" : var == 1 ? " rows=1" : " regP rows=1"; }
 
 std::string ctx_of(const char* k, const Shape& s, int K, const char* extra = "") {
     return strprintf("%s N=%d Hm=%d dk=%d dv=%d DK=%d%s", k, s.N, s.Hm, s.dk, s.dv, K, extra);
@@ -258,10 +268,11 @@ TEST_CASE("emu: warp read forward (fp32 and bf16 x, with and without residual ga
 TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
-            for (int preg : preg_variants(K))
+            for (int var : rls_variants(K))
             for (int mode = 0; mode < 3; mode++)  // 0 out of place, 1 in place, 2 RECOMP in place
-                with_dk(K, [&](auto kc) { with_preg(preg, [&](auto pc) {
-                    constexpr int DK = decltype(kc)::value, PREG = decltype(pc)::value;
+                with_dk(K, [&](auto kc) { constexpr int DK = decltype(kc)::value;
+                    with_variant<DK>(var, [&](auto pc, auto rf, auto) {
+                    constexpr int PREG = decltype(pc)::value, ROWS = decltype(rf)::value;
                     const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
                     Rng r(2000 + s.N * 7 + K + mode);
                     Buf in(D.N * D.ST), out(D.N * D.ST), raw(D.N * D.HK), v(D.N * D.d), lam(D.Hm);
@@ -272,7 +283,7 @@ TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]
                     if (mode == 2) random_keys(D, raw, Knrm, r);  // raw = stored normalised keys
                     else r.fill(raw);
                     const std::string ctx = ctx_of("write_rls_warp", s, K, mode == 0 ? " out-of-place" : mode == 1 ? " in-place" : " recompute") +
-                                            strprintf(" PREG=%d", PREG);
+                                            variant_name(var);
                     run_orders(
                         ctx,
                         [&] {
@@ -284,11 +295,11 @@ TEST_CASE("emu: warp rls write (out of place, in place, recompute)", "[emu][ldm]
                         [&] {
                             float* src = mode == 0 ? in.p() : out.p();
                             if (mode == 2)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, true, PREG>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, true, PREG, ROWS>, D,
                                             out.p(), (const float*)src, (const float*)raw.p(), (float*)nullptr,
                                             (float*)nullptr, (const float*)v.p(), (const float*)lam.p());
                             else
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, false, PREG>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_rls_warp_kernel<DK, false, PREG, ROWS>, D,
                                             out.p(), (const float*)src, (const float*)raw.p(), Kn.p(), Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p());
                         },
@@ -391,11 +402,12 @@ TEST_CASE("emu: warp outer / delta write (forward and recompute)", "[emu][ldm]")
 TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
-            for (int preg : preg_variants(K))
+            for (int var : rls_variants(K))
             for (int unw = 0; unw < 3; unw++)  // 0 VJP only, 1 fused unwind+VJP, 2 unwind_warp alone
-                with_dk(K, [&](auto kc) { with_preg(preg, [&](auto pc) {
-                    constexpr int DK = decltype(kc)::value, PREG = decltype(pc)::value;
-                    if (unw == 2 && PREG != kRegPMax) return;  // unwind_warp_kernel: production placement only
+                with_dk(K, [&](auto kc) { constexpr int DK = decltype(kc)::value;
+                    with_variant<DK>(var, [&](auto pc, auto, auto rb) {
+                    constexpr int PREG = decltype(pc)::value, ROWS = decltype(rb)::value;
+                    if (unw == 2 && var != 0) return;  // unwind_warp_kernel: production only
                     const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
                     Rng r(4000 + s.N * 7 + K + unw);
                     Buf in(D.N * D.ST), cur(D.N * D.ST), dS_in(D.N * D.ST), dS(D.N * D.ST);
@@ -408,7 +420,7 @@ TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ld
                     r.fill(dsrc);
                     for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
                     const std::string ctx = ctx_of(unw == 2 ? "unwind_warp<rls>" : "unwind_vjp_rls_warp", s, K,
-                                                   unw == 1 ? " UNWIND" : "") + strprintf(" PREG=%d", PREG);
+                                                   unw == 1 ? " UNWIND" : "") + variant_name(var);
                     run_orders(
                         ctx,
                         [&] {
@@ -423,12 +435,12 @@ TEST_CASE("emu: warp rls unwind+VJP (fused) and VJP, and warp unwind", "[emu][ld
                                 emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_warp_kernel<kRls, DK>, D, cur.p(),
                                             (const float*)Kn.p(), (const float*)v.p(), (const float*)lam.p());
                             else if (unw == 1)
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, true, PREG>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, true, PREG, ROWS>, D,
                                             cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
                                             dvacc.p(), draw.p(), dtok.p());
                             else
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, false, PREG>, D,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, unwind_vjp_rls_warp_kernel<DK, false, PREG, ROWS>, D,
                                             cur.p(), dS.p(), (const float*)Kn.p(), (const float*)Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p(), (const float*)dsrc.p(),
                                             dvacc.p(), draw.p(), dtok.p());
@@ -626,20 +638,24 @@ TEST_CASE("emu: warp read backward (fp32 and bf16 dx, with and without residual 
                 });
 }
 
-// The production fused rls passes of train_ldm.cu (doc/cuda.md "Fused passes"), with both P
-// placements: forward write i then read i+1 of the new state; backward read i+1's backward on the
-// state after write i, then the unwind + VJP of write i (dsrc32 given or, as production, null).
-// Reference: rls_write, l2n_forward, ldm_read / ldm_read_vjp, rls_unwind, rls_write_vjp and
-// l2n_backward of math/ldm_math.h in double, composed in the kernels' order.
-TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), both P placements", "[emu][ldm]") {
+// The production fused rls passes of train_ldm.cu (doc/cuda.md "Fused passes") and their
+// workbench variants (rls_variants): forward write i then read i+1 of the new state; backward read
+// i+1's backward on the state after write i, then the unwind + VJP of write i (dsrc32 given or, as
+// production, null). Reference: rls_write, l2n_forward, ldm_read / ldm_read_vjp, rls_unwind,
+// rls_write_vjp and l2n_backward of math/ldm_math.h in double, composed in the kernels' order.
+// One row per step (variant 1) must give production's bits exactly (row batching changes no
+// arithmetic).
+TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), every variant", "[emu][ldm]") {
     for (const Shape& s : kShapes)
         for (int K : dk_variants(s.dk))
-            for (int preg : preg_variants(K))
-                for (int mode = 0; mode < 2; mode++)  // 0 no gates, dsrc32 null; 1 gates, dsrc32 given
-                    with_dk(K, [&](auto kc) { with_preg(preg, [&](auto pc) {
-                        constexpr int DK = decltype(kc)::value, PREG = decltype(pc)::value;
+            for (int mode = 0; mode < 2; mode++) {  // 0 no gates, dsrc32 null; 1 gates, dsrc32 given
+                std::vector<std::vector<float>> prod_out;  // production's outputs, in order
+                for (int var : rls_variants(K))
+                    with_dk(K, [&](auto kc) { constexpr int DK = decltype(kc)::value;
+                        with_variant<DK>(var, [&](auto pc, auto rf, auto rb) {
+                        constexpr int PREG = decltype(pc)::value, RF = decltype(rf)::value, RB = decltype(rb)::value;
                         const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
-                        Rng r(8000 + s.N * 7 + K + 3 * preg + mode);
+                        Rng r(8000 + s.N * 7 + K + mode);  // the same inputs for every variant
                         Buf in(D.N * D.ST), cur(D.N * D.ST), kraw(D.N * D.HK), qraw(D.N * D.HK), v(D.N * D.d);
                         Buf lam(D.Hm), src(D.N * D.d), a(D.Hm * D.dv), Kn(D.N * D.HK), Knrm(D.N * D.Hm);
                         Buf Qn(D.N * D.HK), Qnrm(D.N * D.Hm), x(D.N * D.d);
@@ -651,8 +667,7 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), b
                         r.fill(a);
                         for (int h = 0; h < D.Hm; h++) lam[h] = r.pos(0.85f, 1.f);
                         const float* ap = mode ? a.p() : nullptr;
-                        const std::string ctx = ctx_of("write_read_rls_warp", s, K, mode ? " gates" : "") +
-                                                strprintf(" PREG=%d", PREG);
+                        const std::string ctx = ctx_of("write_read_rls_warp", s, K, mode ? " gates" : "") + variant_name(var);
                         FusedRead<float> ff;
                         ff.raw = qraw.p();
                         ff.Qn = Qn.p();
@@ -667,7 +682,7 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), b
                                 for (Buf* b : {&Kn, &Knrm, &Qn, &Qnrm, &x}) b->poison();
                             },
                             [&] {
-                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_read_rls_warp_kernel<float, DK, PREG>,
+                                emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0, write_read_rls_warp_kernel<float, DK, PREG, RF>,
                                             D, cur.p(), (const float*)in.p(), (const float*)kraw.p(), Kn.p(), Knrm.p(),
                                             (const float*)v.p(), (const float*)lam.p(), ff);
                             },
@@ -713,8 +728,8 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), b
                         fb.dx = dx.p();
                         fb.draw = qdraw.p();
                         fb.prod32 = prod.p();
-                        const std::string bctx = ctx_of("read_bwd_unwind_vjp_rls_warp", s, K, mode ? " gates dsrc" : "") +
-                                                 strprintf(" PREG=%d", PREG);
+                        const std::string bctx =
+                            ctx_of("read_bwd_unwind_vjp_rls_warp", s, K, mode ? " gates dsrc" : "") + variant_name(var);
                         run_orders(
                             bctx,
                             [&] {
@@ -724,7 +739,7 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), b
                             },
                             [&] {
                                 emu::launch(warp_blocks(D), 32 * kWarpsPerBlock, 0, 0,
-                                            read_bwd_unwind_vjp_rls_warp_kernel<float, DK, PREG>, D, cur.p(), dS.p(),
+                                            read_bwd_unwind_vjp_rls_warp_kernel<float, DK, PREG, RB>, D, cur.p(), dS.p(),
                                             (const float*)Kn.p(), (const float*)Knrm.p(), (const float*)v.p(),
                                             (const float*)lam.p(), dsp, dvacc.p(), draw.p(), dtok.p(), fb);
                             },
@@ -774,7 +789,24 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), b
                         expect_close("draw (query)", qdraw, bq, kTol, bctx);
                         if (ap) expect_close("prod32", prod, bprod, kTol, bctx);
                         else CHECK(std::isnan(prod[0]));  // not written without gates
+                        // every output of both passes, with its guard values
+                        std::vector<std::vector<float>> outs;
+                        for (const Buf* b : {&after, &Kn, &Knrm, &Qn, &Qnrm, &x, &cur, &dS, &dvacc, &draw, &dtok, &qdraw, &prod})
+                            outs.push_back(b->v);
+                        if (var == 0) {
+                            prod_out = std::move(outs);
+                        } else if (var == 1) {
+                            REQUIRE(prod_out.size() == outs.size());
+                            for (size_t o = 0; o < outs.size(); o++) {
+                                INFO(bctx << ": output " << o << " differs from production's bits");
+                                std::vector<uint32_t> a1, b1;
+                                for (float f : outs[o]) a1.push_back(bits(f));
+                                for (float f : prod_out[o]) b1.push_back(bits(f));
+                                CHECK(a1 == b1);
+                            }
+                        }
                     }); });
+            }
 }
 
 TEST_CASE("emu: drift kernel (max |S - S_ref|, max |δP - δP_ref|, integer atomicMax)", "[emu][ldm]") {

@@ -15,9 +15,11 @@
 //    whole window-mode write), GB/s against the state bytes the kernel must move
 //    (write: S,P read + write; read: S read; unwind+VJP: S,P,dS,dP read + write); the Woodbury
 //    window kernels (append, read with m pending writes, flush of w = 4) against their counted
-//    bytes (doc/cuda.md "LDM kernels"). Lines ending in "-regP" run the rls kernels with P (and
-//    dP) in registers at width 8 (PREG = 8, the production layout until P moved to shared
-//    memory; checked in test/test_emu_ldm.cpp) beside production's shared-memory P.
+//    bytes (doc/cuda.md "LDM kernels"). Workbench variants of the rls warp kernels (checked in
+//    test/test_emu_ldm.cpp) beside production: "-regP" P (and dP) in registers at width 8 with
+//    one row per step (PREG = 8, ROWS = 1: the production layout before P moved to shared memory
+//    and the loops were batched), "-rowsR" R rows per lane and step (production: kFwdRows /
+//    kBwdRows); "-dk4" the fused passes at d_k 4.
 //
 //   build/cuda/ldm [--quick]        prints CHECK / BENCH lines (doc/cuda.md), exit 1 on a FAIL
 #include <cstdio>
@@ -295,8 +297,8 @@ void bench(bool quick) {
         write_rls_warp_kernel<8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("write-rls-warp", ms, 2 * SP);
-    ms = time_median_ms([&] {  // P in registers at width 8 (cuda/ldm.cuh PMat, PREG = 8)
-        write_rls_warp_kernel<8, false, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
+    ms = time_median_ms([&] {  // P in registers at width 8, one row per step (cuda/ldm.cuh PREG = 8, ROWS = 1)
+        write_rls_warp_kernel<8, false, 8, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr);
     }, 2, reps, s);
     line("write-rls-warp-regP", ms, 2 * SP);
     // unwind + VJP: reads S,P,dS,dP and writes all four (fused); state drifts across reps but
@@ -310,7 +312,7 @@ void bench(bool quick) {
     }, 2, reps, s);
     line("unwind-vjp-rls-warp", ms, 4 * SP);
     ms = time_median_ms([&] {
-        unwind_vjp_rls_warp_kernel<8, true, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
+        unwind_vjp_rls_warp_kernel<8, true, 8, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, dsrc.ptr, dvacc.ptr, draw.ptr, dtok.ptr);
     }, 2, reps, s);
     line("unwind-vjp-rls-warp-regP", ms, 4 * SP);
     ms = time_median_ms([&] {
@@ -332,9 +334,17 @@ void bench(bool quick) {
         }, 2, reps, s);
         line("write-read-rls-warp-fused", ms, 2 * SP);
         ms = time_median_ms([&] {
-            write_read_rls_warp_kernel<T, 8, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+            write_read_rls_warp_kernel<T, 8, 8, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
         }, 2, reps, s);
         line("write-read-rls-warp-fused-regP", ms, 2 * SP);
+        ms = time_median_ms([&] {  // one row per step (ROWS = 1; production: kFwdRows<8>)
+            write_read_rls_warp_kernel<T, 8, kRegPMax, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+        }, 2, reps, s);
+        line("write-read-rls-warp-fused-rows1", ms, 2 * SP);
+        ms = time_median_ms([&] {
+            write_read_rls_warp_kernel<T, 8, kRegPMax, 2><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+        }, 2, reps, s);
+        line("write-read-rls-warp-fused-rows2", ms, 2 * SP);
         FusedRead<T> fb;
         fb.Qn = Kn.ptr;
         fb.Qnrm = Knrm.ptr;
@@ -347,9 +357,37 @@ void bench(bool quick) {
         }, 2, reps, s);
         line("read-bwd-unwind-vjp-rls-warp-fused", ms, 4 * SP);
         ms = time_median_ms([&] {
-            read_bwd_unwind_vjp_rls_warp_kernel<T, 8, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+            read_bwd_unwind_vjp_rls_warp_kernel<T, 8, 8, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
         }, 2, reps, s);
         line("read-bwd-unwind-vjp-rls-warp-fused-regP", ms, 4 * SP);
+        ms = time_median_ms([&] {  // two rows per step (production: kBwdRows<8> = 1; 168 registers)
+            read_bwd_unwind_vjp_rls_warp_kernel<T, 8, kRegPMax, 2><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+        }, 2, reps, s);
+        line("read-bwd-unwind-vjp-rls-warp-fused-rows2", ms, 4 * SP);
+        // the same fused passes at d_k 4 (the paper's named ablation; spec: the 400M LDM runs
+        // d_k 4), on the same buffers (smaller state), production rows and one row per step
+        Case k4 = k;
+        k4.dk = 4;
+        const Dims D4 = make_dims(make_cfg(k4), k.N);
+        const double SP4 = (double)N * D4.ST * 4;
+        init_state(D4, cur.ptr, 0.1f, s);
+        ms = time_median_ms([&] {
+            write_read_rls_warp_kernel<T, 4><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+        }, 2, reps, s);
+        line("write-read-rls-warp-fused-dk4", ms, 2 * SP4);
+        ms = time_median_ms([&] {
+            write_read_rls_warp_kernel<T, 4, kRegPMax, 1><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+        }, 2, reps, s);
+        line("write-read-rls-warp-fused-dk4-rows1", ms, 2 * SP4);
+        ms = time_median_ms([&] {
+            read_bwd_unwind_vjp_rls_warp_kernel<T, 4><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+        }, 2, reps, s);
+        line("read-bwd-unwind-vjp-rls-warp-fused-dk4", ms, 4 * SP4);
+        ms = time_median_ms([&] {
+            read_bwd_unwind_vjp_rls_warp_kernel<T, 4, kRegPMax, 1><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+        }, 2, reps, s);
+        line("read-bwd-unwind-vjp-rls-warp-fused-dk4-rows1", ms, 4 * SP4);
+        init_state(Dm, cur.ptr, 0.1f, s);
     }
     // windowed: w = 4 writes applied sequentially (the GPU window mode; no Woodbury yet):
     // state traffic is w times that of the deferred form's one pass.
