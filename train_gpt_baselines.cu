@@ -513,7 +513,7 @@ struct GpuAttnRes : GpuScheme<T> {
         // one pass over the sources (registers hold the running sum) wherever d allows it
         const bool one_pass = ar_detail::dispatch_vpt(d_, [&](auto c) {
             constexpr int VPT = decltype(c)::value;
-            ar_detail::aggregate_onepass_kernel<T, VPT><<<N_, ar_detail::kThreads, 2 * nw * sizeof(float), s>>>(
+            ar_detail::aggregate_onepass_kernel<T, VPT><<<N_, ar_detail::kThreads, ar_detail::onepass_smem<VPT>(), s>>>(
                 x, xn, rstd, wn, eps_n, S, w, g, N_, d_);
         });
         if (!one_pass) {  // d > 8192: the two-pass kernel (scores, then the weighted sum)

@@ -120,13 +120,22 @@ __global__ void aggregate_kernel(T* x, T* xn, float* rstd, const T* wn, float ep
 
 // One pass over the sources (the production forward where d <= kThreads * kOnePassMaxVpt): the
 // same x, xn, rstd as aggregate_kernel, but every source row is read once. Thread i holds the
-// channels c = i + kThreads·v (v < VPT) of the running sum in registers; per source k the block
-// reduces q·u_k (double-buffered partials: one __syncthreads per source), every thread forms the
-// same score s_k = r_k (q·u_k) and folds u_k into the sum with an online softmax (running max m,
-// sum l, rescale by exp(m_old − m_new)); x = acc / l. Traffic per token: K·d·sizeof(T) source
-// reads instead of the two passes' 2·K·d. Dynamic smem: 2·nwarps floats. Grid N, kThreads threads.
+// channels c = i + kThreads·v (v < VPT) of the running sum in registers. Sources go in groups of G
+// (onepass_group): the group's rows and r values are loaded together, the block reduces the G
+// dots q·u_k with one __syncthreads (double-buffered partials), then every thread forms the same
+// scores s_k = r_k (q·u_k) and folds u_k into the sum source by source with an online softmax
+// (running max m, sum l, rescale by exp(m_old − m_new)); x = acc / l. Grouping only moves loads and
+// barriers: the arithmetic and its order are those of G = 1, so the results do not depend on G.
+// Traffic per token: K·d·sizeof(T) source reads instead of the two passes' 2·K·d. Dynamic smem:
+// onepass_smem floats. Grid N, kThreads threads.
 constexpr int kOnePassMaxVpt = 32;  // d <= 8192
-template <typename T, int VPT>
+// Sources per barrier: G·VPT source values stay in registers, so G shrinks as VPT grows (doc/cuda.md
+// "HC/mHC/AttnRes kernels": registers, resident blocks and bytes in flight per G).
+template <int VPT>
+__host__ __device__ constexpr int onepass_group() { return VPT <= 8 ? 4 : VPT <= 16 ? 2 : 1; }
+template <int VPT>
+__host__ __device__ constexpr size_t onepass_smem() { return 2 * onepass_group<VPT>() * (kThreads / 32) * sizeof(float); }
+template <typename T, int VPT, int G = onepass_group<VPT>()>
 __global__ void __launch_bounds__(kThreads)
 aggregate_onepass_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, Sources S, const float* w,
                          const float* g, int N, int d) {
@@ -141,28 +150,44 @@ aggregate_onepass_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, Sou
         acc[v] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    for (int k = 0; k < K; k++) {
-        const T* u = src_row<T>(S, k, t, N, d);
-        float uv[VPT], p = 0.f;
+    int grp = 0;
+    for (int k0 = 0; k0 < K; k0 += G, grp++) {
+        float uv[G][VPT], p[G], rk[G];
 #pragma unroll
-        for (int v = 0; v < VPT; v++) {
-            const int c = threadIdx.x + v * kThreads;
-            uv[v] = c < d ? to_f(u[c]) : 0.f;
-            p += q[v] * uv[v];
+        for (int i = 0; i < G; i++) {  // every load of the group first
+            p[i] = 0.f;
+            rk[i] = 0.f;
+            if (k0 + i >= K) break;
+            const T* u = src_row<T>(S, k0 + i, t, N, d);
+            rk[i] = src_r(S, k0 + i, t, N);
+#pragma unroll
+            for (int v = 0; v < VPT; v++) {
+                const int c = threadIdx.x + v * kThreads;
+                uv[i][v] = c < d ? to_f(u[c]) : 0.f;
+                p[i] += q[v] * uv[i][v];
+            }
         }
-        p = warp_sum(p);
-        float* part = sm + (k & 1) * nw;  // double-buffered: the other half is still being read
-        if (lane == 0) part[wid] = p;
-        __syncthreads();
-        float dot = 0.f;
-        for (int i = 0; i < nw; i++) dot += part[i];
-        const float sk = dot * src_r(S, k, t, N);
-        const float m_new = fmaxf(m, sk);
-        const float scale = ldm_exp(m - m_new), e = ldm_exp(sk - m_new);  // exp(-inf) = 0 at k = 0
-        l = l * scale + e;
+        float* part = sm + (grp & 1) * (G * nw);  // double-buffered: the other half is still being read
 #pragma unroll
-        for (int v = 0; v < VPT; v++) acc[v] = acc[v] * scale + e * uv[v];
-        m = m_new;
+        for (int i = 0; i < G; i++) {
+            if (k0 + i >= K) break;  // K is the same for the whole block
+            const float pi = warp_sum(p[i]);
+            if (lane == 0) part[i * nw + wid] = pi;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            if (k0 + i >= K) break;
+            float dot = 0.f;
+            for (int j = 0; j < nw; j++) dot += part[i * nw + j];
+            const float sk = dot * rk[i];
+            const float m_new = fmaxf(m, sk);
+            const float scale = ldm_exp(m - m_new), e = ldm_exp(sk - m_new);  // exp(-inf) = 0 at k = 0
+            l = l * scale + e;
+#pragma unroll
+            for (int v = 0; v < VPT; v++) acc[v] = acc[v] * scale + e * uv[i][v];
+            m = m_new;
+        }
     }
     const float inv = 1.f / l;
     float ss = 0.f;
@@ -178,7 +203,7 @@ aggregate_onepass_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, Sou
     }
     if (xn == nullptr) return;
     ss = warp_sum(ss);
-    float* part = sm + (K & 1) * nw;  // the half the last source did not use
+    float* part = sm + (grp & 1) * (G * nw);  // the half the last group did not use (grp = groups)
     if (lane == 0) part[wid] = ss;
     __syncthreads();
     float tot = 0.f;

@@ -36,6 +36,8 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     bool ok = true;
     // Full.
     ok &= wb::check_scheme<T>("attnres", "attnres-full", {2, 33, 67, 3, 4, 8}, factory<T>(false), tol_act, tol_grad, 21, 0.3);
+    // d = 2100: 9 values per thread, the forward's source groups of 2 (onepass_group) with a remainder
+    ok &= wb::check_scheme<T>("attnres", "attnres-full", {1, 3, 2100, 3, 4, 8}, factory<T>(false), tol_act, tol_grad, 27, 0.3);
     if (!quick)
         ok &= wb::check_scheme<T>("attnres", "attnres-full", {3, 50, 1024, 2, 4, 8}, factory<T>(false), tol_act, tol_grad, 22, 0.3);
     // Block, deferred and direct backward: D = 6 in 2 blocks of 3; D = 6 in 4 blocks (S = 1, the
