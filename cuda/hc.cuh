@@ -51,6 +51,13 @@ namespace gpu {
 namespace hc_detail {
 
 constexpr int kThreads = 256;  // threads of the per-token kernels (one block per token)
+// Channel steps per batch of the per-token kernels' loops (channels c, c + kThreads, ... of one
+// thread): every load of a batch is issued before its first store, which the compiler cannot do
+// itself (the pointers may alias), so a block keeps kSteps steps of loads in flight. Results do not
+// depend on it (same expressions, channels in the same order). Fewer at n = 8, where the
+// per-step registers are 2-4x larger (doc/cuda.md "HC/mHC/AttnRes kernels").
+template <int NS>
+constexpr int kSteps = NS <= 4 ? 2 : 1;
 
 __device__ inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -172,14 +179,28 @@ __global__ void premix_norm_kernel(T* x, T* xn, float* rstd, const T* H, const f
     const T* Ht = H + t * NS * d;
     T* xt = x + t * d;
     float ss[1] = {0.f};
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float v = 0.f;
+    constexpr int U = kSteps<NS>;
+    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
+        float h[U][NS];
 #pragma unroll
-        for (int i = 0; i < NS; i++) v += a[i] * to_f(Ht[(int64_t)i * d + c]);
-        const T xv = from_f<T>(v);
-        xt[c] = xv;
-        const float f = to_f(xv);
-        ss[0] += f * f;
+        for (int u = 0; u < U; u++) {  // loads of the batch first
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
+#pragma unroll
+            for (int i = 0; i < NS; i++) h[u][i] = to_f(Ht[(int64_t)i * d + c]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
+            float v = 0.f;  // explicit FMAs: the same rounding whatever the compiler contracts
+#pragma unroll
+            for (int i = 0; i < NS; i++) v = fmaf(a[i], h[u][i], v);
+            const T xv = from_f<T>(v);
+            xt[c] = xv;
+            const float f = to_f(xv);
+            ss[0] += f * f;
+        }
     }
     if (xn == nullptr) return;
     block_sums<1>(ss, smem);
@@ -208,22 +229,34 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
     }
     const T* Ht = H + t * NS * d;
     T* Hnt = Hn + t * NS * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        const T ov = o[t * d + c];
-        ocopy[t * d + c] = ov;
-        const float of = to_f(ov);
-        float h[NS];
+    constexpr int U = kSteps<NS>;
+    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
+        T ov[U];
+        float h[U][NS];
 #pragma unroll
-        for (int i = 0; i < NS; i++) h[i] = to_f(Ht[(int64_t)i * d + c]);
+        for (int u = 0; u < U; u++) {  // loads of the batch first
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
+            ov[u] = o[t * d + c];
 #pragma unroll
-        for (int k = 0; k < NS; k++) {
-            float v = b[k] * of;
+            for (int i = 0; i < NS; i++) h[u][i] = to_f(Ht[(int64_t)i * d + c]);
+        }
 #pragma unroll
-            for (int i = 0; i < NS; i++) v += mix[k * NS + i] * h[i];
-            const T hv = from_f<T>(v);
-            Hnt[(int64_t)k * d + c] = hv;
-            const float f = to_f(hv);
-            ss[k] += f * f;
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
+            ocopy[t * d + c] = ov[u];
+            const float of = to_f(ov[u]);
+#pragma unroll
+            for (int k = 0; k < NS; k++) {
+                float v = b[k] * of;
+#pragma unroll
+                for (int i = 0; i < NS; i++) v += mix[k * NS + i] * h[u][i];
+                const T hv = from_f<T>(v);
+                Hnt[(int64_t)k * d + c] = hv;
+                const float f = to_f(hv);
+                ss[k] += f * f;
+            }
         }
     }
     block_sums<NS>(ss, smem);
@@ -293,23 +326,34 @@ __global__ void post_backward_kernel(T* d_o, float* dcoef, const float* G, const
     for (int e = 0; e < V; e++) acc[e] = 0.f;
     const float* Gt = G + t * NS * d;
     const T* Ht = H + t * NS * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float g[NS], h[NS];
+    constexpr int U = kSteps<NS>;
+    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
+        float g[U][NS], h[U][NS], of[U];
 #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            g[i] = Gt[(int64_t)i * d + c];
-            h[i] = to_f(Ht[(int64_t)i * d + c]);
+        for (int u = 0; u < U; u++) {  // loads of the batch first
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                g[u][i] = Gt[(int64_t)i * d + c];
+                h[u][i] = to_f(Ht[(int64_t)i * d + c]);
+            }
+            of[u] = to_f(O[t * d + c]);
         }
-        const float of = to_f(O[t * d + c]);
-        float v = 0.f;
 #pragma unroll
-        for (int k = 0; k < NS; k++) {
-            v += b[k] * g[k];
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
+            float v = 0.f;
 #pragma unroll
-            for (int i = 0; i < NS; i++) acc[k * NS + i] += g[k] * h[i];
-            acc[NS * NS + k] += g[k] * of;
+            for (int k = 0; k < NS; k++) {
+                v += b[k] * g[u][k];
+#pragma unroll
+                for (int i = 0; i < NS; i++) acc[k * NS + i] += g[u][k] * h[u][i];
+                acc[NS * NS + k] += g[u][k] * of[u];
+            }
+            d_o[t * d + c] = from_f<T>(v);
         }
-        d_o[t * d + c] = from_f<T>(v);
     }
     block_sums<V>(acc, smem);
     for (int e = threadIdx.x; e < V; e += blockDim.x) dcoef[t * CW + NS + e] = acc[e];
@@ -467,26 +511,49 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T*
 #pragma unroll
     for (int e = 0; e < NS * NS; e++) mix[e] = coef[t * CW + NS + e];
     const int64_t base = t * NS * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float g[NS];
+    // Every load of a batch (G, dx, dZ or W, H) before its first store: the stores of stream i
+    // would otherwise hold back the loads of stream i + 1 (one round trip per stream).
+    constexpr int U = kSteps<NS>;
+    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
+        float g[U][NS], dxv[U], zl[U][NS], hl[U][NS], wl[U][m];
 #pragma unroll
-        for (int k = 0; k < NS; k++) g[k] = G[base + (int64_t)k * d + c];
-        const float dxv = to_f(dx[t * d + c]);
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
 #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            const int64_t idx = base + (int64_t)i * d + c;
-            float v = a[i] * dxv;
+            for (int k = 0; k < NS; k++) g[u][k] = G[base + (int64_t)k * d + c];
+            dxv[u] = to_f(dx[t * d + c]);
 #pragma unroll
-            for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[k];
-            float z = 0.f;
-            if (dZ) {
-                z = to_f(dZ[idx]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < m; e++) z += dp[i * m + e] * to_f(W[(int64_t)e * d + c]);
+            for (int i = 0; i < NS; i++) {
+                const int64_t idx = base + (int64_t)i * d + c;
+                zl[u][i] = dZ ? to_f(dZ[idx]) : 0.f;
+                hl[u][i] = to_f(H[idx]);
             }
-            v += z - bt[i] * to_f(H[idx]);
-            dHp[idx] = v;
+            if (!dZ) {
+#pragma unroll
+                for (int e = 0; e < m; e++) wl[u][e] = to_f(W[(int64_t)e * d + c]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * blockDim.x;
+            if (c >= d) break;
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                const int64_t idx = base + (int64_t)i * d + c;
+                float v = a[i] * dxv[u];
+#pragma unroll
+                for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[u][k];
+                float z = 0.f;
+                if (dZ) {
+                    z = zl[u][i];
+                } else {
+#pragma unroll
+                    for (int e = 0; e < m; e++) z += dp[i * m + e] * wl[u][e];
+                }
+                v += z - bt[i] * hl[u][i];
+                dHp[idx] = v;
+            }
         }
     }
 }
