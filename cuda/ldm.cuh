@@ -590,8 +590,8 @@ __device__ inline void fused_read_bwd_finish(const FusedRead<T>& f, const Dims& 
     store_vec_lanes<DK>(f.draw + D.key_off(n, h), dq, D.dk, lane);
 }
 // backward, one row r of (n, h): the read's part on the state row (the state the read saw) and
-// its gradient row (updated in place).
-// fused_read_bwd_in loads the row's inputs (dx and the gate), fused_read_bwd_row uses them.
+// its gradient row (updated in place). fused_read_bwd_in loads the row's inputs (dx and the gate;
+// before the caller's first store of the row step), fused_read_bwd_row applies them.
 template <typename T>
 __device__ inline void fused_read_bwd_in(const FusedRead<T>& f, const Dims& D, int h, int64_t vo, int r, float& dxr,
                                          float& ar) {
