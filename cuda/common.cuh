@@ -57,6 +57,30 @@ LDM_HD inline float from_f<float>(float x) { return x; }
 template <>
 LDM_HD inline bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// The strided loop i = first, first + stride, ... < end in batches of U steps: load(u, i) for
+// every step of a batch, then use(u, i) for each, so all loads of a batch are issued before its
+// first store (the compiler does not move loads across stores that may alias). After unrolling, u
+// is a compile-time index, so per-batch arrays indexed by u stay in registers; use() sees the
+// indices in the plain loop's order. Used by the memory-bound scheme kernels (cuda/ldm.cuh,
+// cuda/hc.cuh).
+template <int U, class Load, class Use>
+__device__ __forceinline__ void batched_strided_loop(int first, int end, int stride, Load&& load, Use&& use) {
+    for (int i0 = first; i0 < end; i0 += U * stride) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * stride;
+            if (i >= end) break;
+            load(u, i);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * stride;
+            if (i >= end) break;
+            use(u, i);
+        }
+    }
+}
+
 // Name of the activation type for logs and tables.
 template <typename T>
 inline const char* dtype_name();

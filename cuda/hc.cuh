@@ -52,9 +52,9 @@ namespace hc_detail {
 
 constexpr int kThreads = 256;  // threads of the per-token kernels (one block per token)
 // Channel steps per batch of the per-token kernels' loops (channels c, c + kThreads, ... of one
-// thread): every load of a batch is issued before its first store, which the compiler cannot do
-// itself (the pointers may alias), so a block keeps kSteps steps of loads in flight. Results do not
-// depend on it (same expressions, channels in the same order). Fewer at n = 8, where the
+// thread, batched_strided_loop of cuda/common.cuh: every load of a batch before its first store),
+// so a block keeps kSteps steps of loads in flight. Results do not depend on it (same expressions,
+// channels in the same order). Fewer at n = 8, where the
 // per-step registers are 2-4x larger (doc/cuda.md "HC/mHC/AttnRes kernels").
 template <int NS>
 constexpr int kSteps = NS <= 4 ? 2 : 1;
@@ -180,19 +180,14 @@ __global__ void premix_norm_kernel(T* x, T* xn, float* rstd, const T* H, const f
     T* xt = x + t * d;
     float ss[1] = {0.f};
     constexpr int U = kSteps<NS>;
-    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
-        float h[U][NS];
-#pragma unroll
-        for (int u = 0; u < U; u++) {  // loads of the batch first
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+    float h[U][NS];
+    batched_strided_loop<U>(
+        threadIdx.x, d, blockDim.x,
+        [&](int u, int c) {
 #pragma unroll
             for (int i = 0; i < NS; i++) h[u][i] = to_f(Ht[(int64_t)i * d + c]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+        },
+        [&](int u, int c) {
             float v = 0.f;  // explicit FMAs: the same rounding whatever the compiler contracts
 #pragma unroll
             for (int i = 0; i < NS; i++) v = fmaf(a[i], h[u][i], v);
@@ -200,8 +195,7 @@ __global__ void premix_norm_kernel(T* x, T* xn, float* rstd, const T* H, const f
             xt[c] = xv;
             const float f = to_f(xv);
             ss[0] += f * f;
-        }
-    }
+        });
     if (xn == nullptr) return;
     block_sums<1>(ss, smem);
     const float s = rms_scale(ss[0], d, eps);
@@ -230,21 +224,16 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
     const T* Ht = H + t * NS * d;
     T* Hnt = Hn + t * NS * d;
     constexpr int U = kSteps<NS>;
-    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
-        T ov[U];
-        float h[U][NS];
-#pragma unroll
-        for (int u = 0; u < U; u++) {  // loads of the batch first
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+    T ov[U];
+    float h[U][NS];
+    batched_strided_loop<U>(
+        threadIdx.x, d, blockDim.x,
+        [&](int u, int c) {
             ov[u] = o[t * d + c];
 #pragma unroll
             for (int i = 0; i < NS; i++) h[u][i] = to_f(Ht[(int64_t)i * d + c]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+        },
+        [&](int u, int c) {
             ocopy[t * d + c] = ov[u];
             const float of = to_f(ov[u]);
 #pragma unroll
@@ -257,8 +246,7 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
                 const float f = to_f(hv);
                 ss[k] += f * f;
             }
-        }
-    }
+        });
     block_sums<NS>(ss, smem);
     if (threadIdx.x == 0) {
         if (per_row) {
@@ -327,23 +315,18 @@ __global__ void post_backward_kernel(T* d_o, float* dcoef, const float* G, const
     const float* Gt = G + t * NS * d;
     const T* Ht = H + t * NS * d;
     constexpr int U = kSteps<NS>;
-    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
-        float g[U][NS], h[U][NS], of[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {  // loads of the batch first
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+    float g[U][NS], h[U][NS], of[U];
+    batched_strided_loop<U>(
+        threadIdx.x, d, blockDim.x,
+        [&](int u, int c) {
 #pragma unroll
             for (int i = 0; i < NS; i++) {
                 g[u][i] = Gt[(int64_t)i * d + c];
                 h[u][i] = to_f(Ht[(int64_t)i * d + c]);
             }
             of[u] = to_f(O[t * d + c]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+        },
+        [&](int u, int c) {
             float v = 0.f;
 #pragma unroll
             for (int k = 0; k < NS; k++) {
@@ -353,8 +336,7 @@ __global__ void post_backward_kernel(T* d_o, float* dcoef, const float* G, const
                 acc[NS * NS + k] += g[u][k] * of[u];
             }
             d_o[t * d + c] = from_f<T>(v);
-        }
-    }
+        });
     block_sums<V>(acc, smem);
     for (int e = threadIdx.x; e < V; e += blockDim.x) dcoef[t * CW + NS + e] = acc[e];
 }
@@ -514,12 +496,10 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T*
     // Every load of a batch (G, dx, dZ or W, H) before its first store: the stores of stream i
     // would otherwise hold back the loads of stream i + 1 (one round trip per stream).
     constexpr int U = kSteps<NS>;
-    for (int c0 = threadIdx.x; c0 < d; c0 += U * blockDim.x) {
-        float g[U][NS], dxv[U], zl[U][NS], hl[U][NS], wl[U][m];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+    float g[U][NS], dxv[U], zl[U][NS], hl[U][NS], wl[U][m];
+    batched_strided_loop<U>(
+        threadIdx.x, d, blockDim.x,
+        [&](int u, int c) {
 #pragma unroll
             for (int k = 0; k < NS; k++) g[u][k] = G[base + (int64_t)k * d + c];
             dxv[u] = to_f(dx[t * d + c]);
@@ -533,11 +513,8 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T*
 #pragma unroll
                 for (int e = 0; e < m; e++) wl[u][e] = to_f(W[(int64_t)e * d + c]);
             }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * blockDim.x;
-            if (c >= d) break;
+        },
+        [&](int u, int c) {
 #pragma unroll
             for (int i = 0; i < NS; i++) {
                 const int64_t idx = base + (int64_t)i * d + c;
@@ -554,8 +531,7 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T*
                 v += z - bt[i] * hl[u][i];
                 dHp[idx] = v;
             }
-        }
-    }
+        });
 }
 
 // Calls f(std::integral_constant<int, n>) for the supported stream counts.

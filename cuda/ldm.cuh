@@ -674,21 +674,16 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
     }
     const float lm = lam[h], gamma = lm + kv, ig = 1.f / gamma, il = 1.f / lm;
     const float* v = v32 + vo;
-    for (int r0 = lane; r0 < D.dv; r0 += 32 * ROWS) {  // ROWS rows of this lane per step (kFwdRows)
-        float row[ROWS][DK], vr[ROWS], xs[ROWS], xa[ROWS];
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {  // every load of the step before its first store
-            const int r = r0 + 32 * i;
-            if (r >= D.dv) break;
+    float row[ROWS][DK], vr[ROWS], xs[ROWS], xa[ROWS];
+    batched_strided_loop<ROWS>(  // ROWS rows of this lane per step (kFwdRows)
+        lane, D.dv, 32,
+        [&](int i, int r) {
             load_row<DK>(Si + (int64_t)r * dk, row[i], dk);
             vr[i] = v[r];
             xs[i] = READ && fr.a ? fr.src32[vo + r] : 0.f;
             xa[i] = READ && fr.a ? fr.a[h * D.dv + r] : 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-            const int r = r0 + 32 * i;
-            if (r >= D.dv) break;
+        },
+        [&](int i, int r) {
             float s = 0.f;
 #pragma unroll
             for (int b = 0; b < DK; b++) s += row[i][b] * k[b];
@@ -702,8 +697,7 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
                 for (int b = 0; b < DK; b++) rr += row[i][b] * q[b];
                 fr.x[vo + r] = from_f<T>(fr.a ? xs[i] + xa[i] * rr : rr);
             }
-        }
-    }
+        });
     Pl.update(u, u, lane, [&](float pv, float ua, float ub) { return (pv - ua * ub * ig) * il; });
     __syncwarp();
     Pl.store(P, dk, lane);
@@ -787,23 +781,18 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         dg[b] = 0.f;
         dkk[b] = 0.f;
     }
-    for (int r0 = lane; r0 < D.dv; r0 += 32 * ROWS) {  // ROWS rows of this lane per step (kBwdRows)
-        float row[ROWS][DK], drow[ROWS][DK], vr[ROWS], dsr[ROWS], dxr[ROWS], ar[ROWS];
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {  // every load of the step before its first store
-            const int r = r0 + 32 * i;
-            if (r >= D.dv) break;
+    float row[ROWS][DK], drow[ROWS][DK], vr[ROWS], dsr[ROWS], dxr[ROWS], ar[ROWS];
+    batched_strided_loop<ROWS>(  // ROWS rows of this lane per step (kBwdRows)
+        lane, D.dv, 32,
+        [&](int i, int r) {
             load_row<DK>(S + (int64_t)r * dk, row[i], dk);
             load_row<DK>(dSs + (int64_t)r * dk, drow[i], dk);
             vr[i] = v[r];
             dsr[i] = dsrc32 ? dsrc32[vo + r] : 0.f;
             dxr[i] = ar[i] = 0.f;
             if (READ) fused_read_bwd_in<T>(fr, D, h, vo, r, dxr[i], ar[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-            const int r = r0 + 32 * i;
-            if (r >= D.dv) break;
+        },
+        [&](int i, int r) {
             if (READ) fused_read_bwd_row<T, DK>(fr, vo, r, dxr[i], ar[i], row[i], drow[i], q, dq);  // state after the write
             if (UNWIND) {  // S_prev = S - (gamma/lam)(v - S k) gu^T
                 float s = 0.f;
@@ -830,8 +819,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
             }
             store_row<DK>(dSs + (int64_t)r * dk, drow[i], dk);
             dvacc[vo + r] = dsr[i] + t;
-        }
-    }
+        });
     if (READ) fused_read_bwd_finish<T, DK>(fr, D, n, h, lane, q, dq);
 #pragma unroll
     for (int b = 0; b < DK; b++) {
