@@ -138,6 +138,25 @@ $(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev
 	$(call say,CXX,$<)
 	$(Q)$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
+# Race detection (doc/cuda.md "Emulating kernels on the CPU", "Race detection"): the kernel-level
+# emulation tests built again with ThreadSanitizer into $(BUILD)/tsan (every emulated thread a
+# fiber, the barriers CUDA defines the only order between them), plus test/tsan_emu_race.cpp (the
+# detector's own checks). Left out, with a note, where g++ cannot build -fsanitize=thread.
+TSAN_DIR   := $(BUILD)/tsan
+TSAN_NAMES := adamw attention attnres classifier embedding gpt_infer graph hc infer ldm matmul preln rmsnorm \
+              rope swiglu
+TSAN_OK    := $(if $(EMU_PROGS),$(shell echo 'int main(){}' | $(CXX) -x c++ -fsanitize=thread - -o /dev/null 2>/dev/null && echo yes))
+TSAN_TESTS := $(if $(TSAN_OK),$(TSAN_NAMES:%=$(TSAN_DIR)/test_emu_%) $(TSAN_DIR)/tsan_emu_race)
+TSAN_CXXFLAGS = $(filter-out -O% -march=% -fsanitize=%,$(EMU_CXXFLAGS)) -O1 -fsanitize=thread
+tests: $(TSAN_TESTS)
+$(TSAN_DIR)/%.o: test/%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+	@mkdir -p $(dir $@)
+	$(call say,CXX,$< (ThreadSanitizer))
+	$(Q)$(CXX) $(TSAN_CXXFLAGS) -c $< -o $@
+$(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(TEST_COMMON) $(LIB)
+	$(call say,LD,$@)
+	$(Q)$(CXX) $(filter-out -fsanitize=%,$(LDFLAGS)) -fsanitize=thread $^ $(LDLIBS) -o $@
+
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)
 	@mkdir -p $(dir $@)
@@ -156,7 +175,8 @@ deps:
 # tokenizer cross-check against independent JavaScript encoders, test/js).
 test: deps
 	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests $(if $(NVCC),cuda)
-	@bash scripts/run_tests.sh $(TESTS)
+	@$(if $(EMU_PROGS),$(if $(TSAN_OK),,echo "note: $(CXX) cannot build -fsanitize=thread: the race-detection tests ($(TSAN_DIR)) are left out"))
+	@bash scripts/run_tests.sh $(TESTS) $(TSAN_TESTS)
 
 # The demo needs no network: Debian packages only (no npm), the CPU tools, the local data. Its
 # output (build time included) goes to demo_out/ (git-ignored); DEMO_* variables: scripts/demo.sh.

@@ -212,6 +212,7 @@ TEST_CASE("emu: cp.async lands only at its wait (commit groups, wait_group N, wa
             CHECK((*o)[12 * 32 + t] == 0.f);
         }
     }
+#if !EMU_TSAN  // a read of another lane's copy without a barrier is a data race under ThreadSanitizer
     // Fault injection: wait_group 0 with slack 1 leaves the newest group pending.
     emu::set_cp_async_wait_slack(1);
     const auto shallow = probe(2);
@@ -229,6 +230,7 @@ TEST_CASE("emu: cp.async lands only at its wait (commit groups, wait_group N, wa
         for (int i = 0; i < 4; i++) CHECK(std::isnan(nobar[(size_t)(12 * t + i)]));
     }
     for (int i = 0; i < 4; i++) CHECK(nobar[(size_t)(12 * 31 + i)] == in[(size_t)i]);  // lane 0 already waited
+#endif
 }
 
 TEST_CASE("emu: attention mma-pipe (cp.async pipelines, diagonal-only mask, 128-row tiles)", "[emu][attention]") {
@@ -238,9 +240,11 @@ TEST_CASE("emu: attention mma-pipe (cp.async pipelines, diagonal-only mask, 128-
                             {1, 70, 4, 2, 128}, {1, 150, 4, 1, 128}};
     uint64_t seed = 77;
     for (const Shape& sh : shapes) run<bf16>(sh, kMmaPipe, seed += 7);
+#if !EMU_TSAN  // under ThreadSanitizer these are data races: test/tsan_emu_race.cpp expects them reported
     // A pipeline whose waits are one group short reads stages before they land: caught.
     run<bf16>(shapes[2], kMmaPipe, 1, 1);
     run<bf16>(shapes[5], kMmaPipe, 2, 1);
+#endif
 }
 
 TEST_CASE("emu: attention mma kernels (bf16 mma.sync; ldmatrix and plain fragment loads; the dispatch)",

@@ -61,7 +61,10 @@ TEST_CASE("emu: GPU inference (prefill + KV-cache decode) equals the GPU full fo
         std::vector<int32_t> pre((size_t)B * P);
         for (int b = 0; b < B; b++)
             for (int t = 0; t < P; t++) pre[(size_t)(b * P + t)] = tok[(size_t)(b * T + t)];
-        const float* lp = inf.prefill(pre.data(), P, true);  // [B*P, Vp]
+        const float* lp = inf.prefill(pre.data(), P, true);  // [B*P, Vp], valid until the next call
+        // padded columns are zero
+        for (int r = 0; r < B * P; r++)
+            for (int c = V; c < Vp; c++) CHECK(lp[(int64_t)r * Vp + c] == 0.0f);
         double worst = 0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < P; t++)
@@ -70,14 +73,13 @@ TEST_CASE("emu: GPU inference (prefill + KV-cache decode) equals the GPU full fo
             std::vector<int32_t> next((size_t)B);
             for (int b = 0; b < B; b++) next[(size_t)b] = tok[(size_t)(b * T + t)];
             const float* ld = inf.decode_step(next.data());  // [B, Vp]
-            for (int b = 0; b < B; b++)
+            for (int b = 0; b < B; b++) {
                 worst = std::max(worst, rel_l2(ld + (int64_t)b * Vp, full.data() + (int64_t)(b * T + t) * Vp, V));
+                for (int c = V; c < Vp; c++) CHECK(ld[(int64_t)b * Vp + c] == 0.0f);
+            }
         }
         INFO("scheme " << scheme << ": worst relative L2 difference of the logits " << worst);
         std::printf("emu gpt+infer %s: worst relative L2 difference %.3e\n", scheme, worst);
         CHECK(worst < 1e-4);
-        // padded columns are zero
-        for (int b = 0; b < B; b++)
-            for (int c = V; c < Vp; c++) CHECK(lp[(int64_t)b * Vp + c] == 0.0f);
     }
 }

@@ -852,8 +852,8 @@ TEST_CASE("emu: the emulator itself (shuffles, ballot, barriers, shared-memory p
     // A kernel written here: per warp, __shfl_*_sync variants and a block reduction via shared.
     struct K {
         static void kern(int* out) {
-            __shared__ int sh[64];
-            emu::shared_init(&sh, sizeof(sh));
+            __shared__ int sh__emu[64];  // as gen.py writes a __shared__ declaration
+            auto& sh = emu::block_shared(sh__emu);
             const int t = threadIdx.x, lane = t & 31, w = t / 32;
             int x = t;
             for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);

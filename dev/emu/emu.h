@@ -48,6 +48,35 @@
 #include <type_traits>
 #include <vector>
 
+// Race detection (g++/clang -fsanitize=thread): every emulated thread is a ThreadSanitizer
+// fiber, switched without implied synchronisation, and the only happens-before edges between
+// threads of a launch are the ones CUDA guarantees (see "ThreadSanitizer" below).
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#include <sanitizer/tsan_interface.h>
+#include <sys/mman.h>
+// Exported by the ThreadSanitizer runtime (libtsan) but not declared in its public header.
+extern "C" {
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
+void __tsan_read_range(void* addr, unsigned long size);
+void __tsan_write_range(void* addr, unsigned long size);
+// Defaults for every emulation binary built with ThreadSanitizer (TSAN_OPTIONS overrides): stop
+// at the first report with exit status 66, so a race fails the test that ran into it.
+__attribute__((weak)) const char* __tsan_default_options() { return "halt_on_error=1:exitcode=66"; }
+}
+#if defined(_OPENMP)
+#include <omp.h>
+namespace emu {
+// The CPU references' OpenMP threads synchronise inside libgomp, which ThreadSanitizer does not
+// see: one OpenMP thread in race-detection builds.
+inline const bool tsan_single_omp_thread = (omp_set_num_threads(1), true);
+}  // namespace emu
+#endif
+#else
+#define EMU_TSAN 0
+#endif
+
 #if defined(__x86_64__) && !defined(EMU_USE_UCONTEXT) && !defined(__SANITIZE_ADDRESS__)
 #define EMU_ASM_SWITCH 1
 #else
@@ -85,6 +114,36 @@ enum class Order { kForward, kReverse, kRandom };
 
 namespace detail {
 
+// ---- ThreadSanitizer mode (EMU_TSAN) ----------------------------------------------------------
+// The emulator's own bookkeeping (thread slots, collective arguments, cp.async lists) is touched
+// by fibers and by the scheduler without CUDA-level synchronisation, so it must stay invisible to
+// the race detector: fiber-side entry points are EMU_NOTSAN (not instrumented) and run their
+// bookkeeping inside a Quiet scope (the runtime ignores every access, libc's included). What a
+// kernel itself reads and writes stays instrumented; the emulator reports the memory accesses of
+// its instruction emulations (cp.async, ldmatrix) explicitly with emu_read / emu_write.
+#if EMU_TSAN
+#define EMU_NOTSAN __attribute__((no_sanitize_thread, noinline))
+struct Quiet {
+    Quiet() { __tsan_ignore_thread_begin(); }
+    ~Quiet() { __tsan_ignore_thread_end(); }
+    Quiet(const Quiet&) = delete;
+    Quiet& operator=(const Quiet&) = delete;
+};
+inline void emu_read(const void* p, size_t n) {
+    if (n) __tsan_read_range(const_cast<void*>(p), n);
+}
+inline void emu_write(void* p, size_t n) {
+    if (n) __tsan_write_range(p, n);
+}
+#else
+#define EMU_NOTSAN
+struct Quiet {
+    Quiet() {}
+};
+inline void emu_read(const void*, size_t) {}
+inline void emu_write(void*, size_t) {}
+#endif
+
 enum State { kReady, kAtWarp, kAtBlock, kDone };
 constexpr int kWarp = 32;
 constexpr size_t kStackBytes = 256 * 1024;
@@ -115,6 +174,10 @@ struct Thread {
     };
     std::vector<PendingCopy> cp_pending;
     int cp_groups = 0;
+    // ThreadSanitizer mode: this thread's fiber, and how many block barriers / __syncwarps it has
+    // passed (selects the synchronisation object of the current barrier generation).
+    void* fiber = nullptr;
+    unsigned bar_gen = 0, warp_gen = 0;
 #if EMU_ASM_SWITCH
     void* sp = nullptr;
 #else
@@ -144,19 +207,50 @@ struct Emu {
     std::mt19937_64 rng{1};
     bool in_kernel = false;
     uint64_t launches = 0, blocks = 0, yields = 0;
+    // ThreadSanitizer mode: the scheduler's fiber; the launch's synchronisation objects (the
+    // host releases into launch_sync before the first block, every emulated thread acquires it
+    // when it starts and releases into exit_sync when it exits, the host acquires exit_sync after
+    // the last block); the running block's private region, mapped afresh for each block (so no
+    // shadow state, i.e. no access history, carries over from one block to the next): its
+    // barrier objects, dynamic shared memory and static __shared__ arena. Fibers (and their
+    // stacks) come from two pools used by alternate blocks: creating a ThreadSanitizer fiber
+    // costs about 0.3 ms, and a reused fiber orders its new thread after its previous one, so
+    // with two pools block b is ordered after block b - 2 but never after block b - 1.
+    void* host_fiber = nullptr;
+    std::vector<void*> fiber_pool[2];
+    std::vector<std::unique_ptr<char[]>> fiber_stack_pool[2];
+    char launch_sync = 0, exit_sync = 0;
+    char* region = nullptr;
+    size_t region_bytes = 0;
+    char* dyn_ptr = nullptr;
+    char* arena = nullptr;
+    size_t arena_used = 0;
+    std::vector<std::pair<const void*, void*>> arena_map;  // static __shared__ object -> its copy
 };
 inline Emu g;
+// Layout of a block's region in ThreadSanitizer mode: barrier objects (block: 2 generations;
+// warp w: 2 generations each) in the first page, then dynamic shared memory, the static arena and
+// one stack per thread.
+constexpr size_t kSyncBytes = 4096, kArenaBytes = 64 * 1024;
+inline void* block_sync_obj(unsigned gen) { return g.region + 8 * (gen & 1); }
+inline void* warp_sync_obj(int warp, unsigned gen) { return g.region + 64 + 16 * warp + 8 * (gen & 1); }
 
-inline void to_scheduler() {
+EMU_NOTSAN inline void to_scheduler() {
     g.yields++;
+#if EMU_TSAN
+    __tsan_switch_to_fiber(g.host_fiber, __tsan_switch_to_fiber_no_sync);
+#endif
 #if EMU_ASM_SWITCH
     emu_switch_ctx(&g.cur->sp, g.sched_sp);
 #else
     swapcontext(&g.cur->ctx, &g.sched_ctx);
 #endif
 }
-inline void run_thread(Thread* t) {
+EMU_NOTSAN inline void run_thread(Thread* t) {
     g.cur = t;
+#if EMU_TSAN
+    __tsan_switch_to_fiber(t->fiber, __tsan_switch_to_fiber_no_sync);
+#endif
 #if EMU_ASM_SWITCH
     emu_switch_ctx(&g.sched_sp, t->sp);
 #else
@@ -164,12 +258,18 @@ inline void run_thread(Thread* t) {
 #endif
     g.cur = nullptr;
 }
-inline void thread_main() {
+EMU_NOTSAN inline void thread_main() {
+#if EMU_TSAN
+    __tsan_acquire(&g.launch_sync);  // what the host wrote before the launch
+#endif
     try {
         g.body(g.body_arg);
     } catch (...) {
         fail("exception thrown inside an emulated kernel");
     }
+#if EMU_TSAN
+    __tsan_release(&g.exit_sync);  // what this thread wrote, for the host after the launch
+#endif
     g.cur->state = kDone;
     to_scheduler();
     fail("finished fiber resumed");
@@ -203,16 +303,46 @@ inline void perm(std::vector<int>& idx, int n) {
 inline void run_block() {
     const int nt = (int)g.th.size();
     const int nw = (nt + kWarp - 1) / kWarp;
+#if EMU_TSAN
+    // A fresh mapping per block: its shadow starts empty, so what this block's threads do to
+    // shared memory, barrier objects and stacks is never compared with another block's.
+    const size_t dyn_round = (g.dyn_bytes + 4095) & ~(size_t)4095;
+    g.region_bytes = kSyncBytes + dyn_round + kArenaBytes;
+    const int pool = (int)(g.blocks & 1);
+    while (g.fiber_pool[pool].size() < (size_t)nt) {
+        g.fiber_pool[pool].push_back(__tsan_create_fiber(0));
+        Quiet q;
+        g.fiber_stack_pool[pool].emplace_back(new char[kStackBytes]);
+    }
+    {
+        Quiet q;
+        void* r = mmap(nullptr, g.region_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        if (r == MAP_FAILED) fail("mmap of a block's region failed");
+        g.region = static_cast<char*>(r);
+        g.dyn_ptr = g.region + kSyncBytes;
+        g.arena = g.dyn_ptr + dyn_round;
+        g.arena_used = 0;
+        g.arena_map.clear();
+        if (g.dyn_bytes) std::memset(g.dyn_ptr, 0xff, g.dyn_bytes);
+    }
+    g.host_fiber = __tsan_get_current_fiber();
+#endif
     for (int i = 0; i < nt; i++) {
         Thread& t = g.th[i];
         t.state = kReady;
         t.op = nullptr;
         t.cp_pending.clear();  // copies a thread never waited for die with its block
         t.cp_groups = 0;
+#if EMU_TSAN
+        t.stack = g.fiber_stack_pool[pool][(size_t)i].get();
+        t.fiber = g.fiber_pool[pool][(size_t)i];
+        t.bar_gen = t.warp_gen = 0;
+#endif
         init_thread_stack(&t);
     }
     g.shared_seen.clear();
-    if (g.dyn_bytes) std::memset(g.dyn_smem.data(), 0xff, g.dyn_bytes);
+    if (!EMU_TSAN && g.dyn_bytes) std::memset(g.dyn_smem.data(), 0xff, g.dyn_bytes);
     std::vector<int> worder, lorder;
     Thread* lanes[kWarp];
     char msg[256];
@@ -267,7 +397,10 @@ inline void run_block() {
                         fail(msg);
                     }
                 }
-                fn(lanes);
+                {
+                    Quiet q;  // an instruction's memory accesses are reported by its lanes (ldmatrix_x4)
+                    fn(lanes);
+                }
                 for (int l = 0; l < kWarp; l++)
                     if (lanes[l]) lanes[l]->state = kReady;
             }
@@ -280,9 +413,17 @@ inline void run_block() {
             }
         if (!any) break;
     }
+#if EMU_TSAN
+    {
+        Quiet q;
+        munmap(g.region, g.region_bytes);
+        g.region = g.dyn_ptr = g.arena = nullptr;
+    }
+#endif
 }
 
-inline void yield_warp(CollectiveFn fn, const char* name, unsigned mask) {
+EMU_NOTSAN inline void yield_warp(CollectiveFn fn, const char* name, unsigned mask) {
+    Quiet q;
     if (!g.cur) fail("warp collective outside an emulated kernel");
     g.cur->op = fn;
     g.cur->op_name = name;
@@ -325,7 +466,8 @@ inline void op_ballot(Thread* const* lanes) {
 }
 
 template <int K, typename T>
-inline T shfl(unsigned mask, T v, int arg, int width, const char* name) {
+EMU_NOTSAN inline T shfl(unsigned mask, T v, int arg, int width, const char* name) {
+    Quiet q;
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a value > 8 bytes");
     if (width <= 0 || width > 32 || (width & (width - 1))) fail("shuffle width must be a power of 2 <= 32");
     Thread* t = g.cur;
@@ -411,8 +553,9 @@ void call_with(K kernel, Tup& a, std::index_sequence<I...>) {
 // Warp-level tensor-core and ldmatrix emulations (all 32 lanes must take part). A header's
 // `__trap();  // host: KEY` fallback becomes EMU_HOST_KEY (gen.py); a harness maps those to these,
 // e.g. #define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b).
-inline void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+EMU_NOTSAN inline void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     using namespace detail;
+    Quiet q;
     Thread* t = g.cur;
     for (int i = 0; i < 4; i++) t->win[i] = a[i];
     t->win[4] = b[0];
@@ -421,9 +564,11 @@ inline void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[
     yield_warp(&op_mma16816, "mma.m16n8k16", 0xffffffffu);
     for (int i = 0; i < 4; i++) std::memcpy(&c[i], &g.cur->wout[i], 4);
 }
-inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
+EMU_NOTSAN inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
     using namespace detail;
     if ((uintptr_t)p & 15) fail("ldmatrix: row address not 16-byte aligned");
+    emu_read(p, 16);  // the row this lane addresses (the scheduler's copy of it is not reported)
+    Quiet q;
     g.cur->ptr = p;
     yield_warp(trans ? &op_ldmatrix_x4<true> : &op_ldmatrix_x4<false>, trans ? "ldmatrix.trans" : "ldmatrix",
                0xffffffffu);
@@ -437,19 +582,25 @@ inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
 // before waiting for it, reads another thread's copies without a barrier after that thread's
 // wait, or overwrites a stage other warps are still reading, sees poison. The source is read at
 // completion (a legal point of the copy's lifetime; the kernels here never write their sources).
-inline void cp_async(void* dst, const void* src, int size, int src_size) {
+// Race detection: the copy counts as a write of the destination and a read of the source both
+// when it is issued and when it completes, i.e. over its whole lifetime.
+EMU_NOTSAN inline void cp_async(void* dst, const void* src, int size, int src_size) {
     using namespace detail;
-    if (!g.cur) fail("cp.async outside an emulated kernel");
     if (size != 4 && size != 8 && size != 16) fail("cp.async: size must be 4, 8 or 16 bytes");
     if (src_size < 0 || src_size > size) fail("cp.async: src-size must be in [0, size]");
     if ((uintptr_t)dst % (uintptr_t)size) fail("cp.async: shared address not aligned to the copy size");
     if (src_size > 0 && (uintptr_t)src % (uintptr_t)size) fail("cp.async: global address not aligned to the copy size");
+    emu_write(dst, (size_t)size);
+    emu_read(src, (size_t)src_size);
+    Quiet q;
+    if (!g.cur) fail("cp.async outside an emulated kernel");
     std::memset(dst, 0xff, (size_t)size);
     g.cur->cp_pending.push_back({dst, src, size, src_size, -1});
 }
 // cp.async.commit_group: the copies issued since the last commit form this thread's next group.
-inline void cp_async_commit() {
+EMU_NOTSAN inline void cp_async_commit() {
     using namespace detail;
+    Quiet q;
     if (!g.cur) fail("cp.async.commit_group outside an emulated kernel");
     Thread* t = g.cur;
     for (auto& c : t->cp_pending)
@@ -459,23 +610,40 @@ inline void cp_async_commit() {
 // cp.async.wait_group n: completes (performs) every copy of this thread's committed groups except
 // the n most recent; copies not yet committed stay pending. Not a yield point (it orders nothing
 // between threads: that takes a barrier).
-inline void cp_async_wait(int n) {
+EMU_NOTSAN inline void cp_async_wait(int n) {
     using namespace detail;
-    if (!g.cur) fail("cp.async.wait_group outside an emulated kernel");
     if (n < 0) fail("cp.async.wait_group with a negative count");
-    Thread* t = g.cur;
-    const int done_below = t->cp_groups - (n + g.cp_wait_slack);  // groups [0, done_below) complete
-    size_t keep = 0;
-    for (size_t i = 0; i < t->cp_pending.size(); i++) {
-        Thread::PendingCopy c = t->cp_pending[i];
-        if (c.group >= 0 && c.group < done_below) {
-            if (c.src_size) std::memcpy(c.dst, c.src, (size_t)c.src_size);
-            if (c.size > c.src_size) std::memset((char*)c.dst + c.src_size, 0, (size_t)(c.size - c.src_size));
-        } else {
-            t->cp_pending[keep++] = c;
+    for (bool more = true; more;) {
+        // Completes the copies in batches: performed quietly, then reported as this thread's
+        // accesses (outside the Quiet scope).
+        constexpr int kBatch = 64;
+        Thread::PendingCopy done[kBatch];
+        int nd = 0;
+        {
+            Quiet q;
+            if (!g.cur) fail("cp.async.wait_group outside an emulated kernel");
+            Thread* t = g.cur;
+            const int done_below = t->cp_groups - (n + g.cp_wait_slack);  // groups [0, done_below) complete
+            size_t keep = 0;
+            more = false;
+            for (size_t i = 0; i < t->cp_pending.size(); i++) {
+                Thread::PendingCopy c = t->cp_pending[i];
+                if (c.group >= 0 && c.group < done_below && nd < kBatch) {
+                    if (c.src_size) std::memcpy(c.dst, c.src, (size_t)c.src_size);
+                    if (c.size > c.src_size) std::memset((char*)c.dst + c.src_size, 0, (size_t)(c.size - c.src_size));
+                    done[nd++] = c;
+                } else {
+                    more |= c.group >= 0 && c.group < done_below;
+                    t->cp_pending[keep++] = c;
+                }
+            }
+            t->cp_pending.resize(keep);
+        }
+        for (int i = 0; i < nd; i++) {
+            emu_read(done[i].src, (size_t)done[i].src_size);
+            emu_write(done[i].dst, (size_t)done[i].size);
         }
     }
-    t->cp_pending.resize(keep);
 }
 // cp.async.wait_all = commit_group; wait_group 0.
 inline void cp_async_wait_all() {
@@ -487,7 +655,10 @@ inline void cp_async_wait_all() {
 // waits would; such a kernel must then fail its checks. 0 (the default) is the PTX semantics.
 inline void set_cp_async_wait_slack(int s) { detail::g.cp_wait_slack = s; }
 // Copies issued by the running thread and not yet completed (for the emulator's self-test).
-inline int cp_async_pending() { return detail::g.cur ? (int)detail::g.cur->cp_pending.size() : 0; }
+EMU_NOTSAN inline int cp_async_pending() {
+    detail::Quiet q;
+    return detail::g.cur ? (int)detail::g.cur->cp_pending.size() : 0;
+}
 
 // Scheduling order of warps and lanes for the following launches (see the header comment).
 inline void set_order(Order o, uint64_t seed = 1) {
@@ -499,15 +670,41 @@ inline const char* order_name(Order o) {
 }
 
 // Pointer to the dynamic shared memory of the running block (extern __shared__).
-inline void* dyn_smem() { return detail::g.dyn_smem.data(); }
+EMU_NOTSAN inline void* dyn_smem() {
+    return EMU_TSAN ? (void*)detail::g.dyn_ptr : (void*)detail::g.dyn_smem.data();
+}
 
 // First execution of a static __shared__ declaration in a block poisons it with 0xff bytes
 // (NaN floats, -1 integers): a kernel that reads shared memory it did not write sees garbage.
-inline void shared_init(void* p, size_t bytes) {
+EMU_NOTSAN inline void shared_init(void* p, size_t bytes) {
+    detail::Quiet q;
     auto& s = detail::g.shared_seen;
     if (std::find(s.begin(), s.end(), (const void*)p) != s.end()) return;
     s.push_back(p);
     std::memset(p, 0xff, bytes);
+}
+// A static __shared__ object as the running block sees it (gen.py: `__shared__ T a[N];` ->
+// `static T a__emu[N]; auto& a = ::emu::block_shared(a__emu);`): the object itself, poisoned
+// once per block (shared_init); in ThreadSanitizer mode a poisoned copy in the block's own
+// region instead, so that no block's accesses are compared with another block's.
+template <typename T>
+EMU_NOTSAN T& block_shared(T& proto) {
+#if EMU_TSAN
+    using namespace detail;
+    Quiet q;
+    for (const auto& e : g.arena_map)
+        if (e.first == (const void*)&proto) return *static_cast<T*>(e.second);
+    const size_t at = (g.arena_used + 255) & ~(size_t)255;
+    if (at + sizeof(T) > kArenaBytes) fail("static __shared__ objects of a block above the emulator's 64 KiB arena");
+    g.arena_used = at + sizeof(T);
+    void* p = g.arena + at;
+    std::memset(p, 0xff, sizeof(T));
+    g.arena_map.push_back({(const void*)&proto, p});
+    return *static_cast<T*>(p);
+#else
+    shared_init(&proto, sizeof(T));
+    return proto;
+#endif
 }
 
 // Statistics for tests and logs.
@@ -602,6 +799,9 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     g.body = &Call::run;
     g.body_arg = &call;
     g.in_kernel = true;
+#if EMU_TSAN
+    __tsan_release(&g.launch_sync);  // the host's work so far happens before every emulated thread
+#endif
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
@@ -609,6 +809,9 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
                 g.blocks++;
                 run_block();
             }
+#if EMU_TSAN
+    __tsan_acquire(&g.exit_sync);  // every emulated thread's work happens before what follows
+#endif
     g.in_kernel = false;
 }
 
@@ -843,20 +1046,64 @@ inline const void* sym_(const void* p) { return p; }
 #define __shared__ static
 #define __constant__ static
 
+#if EMU_TSAN
+namespace emu::detail {
+EMU_NOTSAN inline uint3 q_tid() { return g.cur->tid; }
+EMU_NOTSAN inline uint3 q_bidx() { return g.bidx; }
+EMU_NOTSAN inline dim3 q_block() { return g.block; }
+EMU_NOTSAN inline dim3 q_grid() { return g.grid; }
+}  // namespace emu::detail
+#define threadIdx (::emu::detail::q_tid())
+#define blockIdx (::emu::detail::q_bidx())
+#define blockDim (::emu::detail::q_block())
+#define gridDim (::emu::detail::q_grid())
+#else
 #define threadIdx (::emu::detail::g.cur->tid)
 #define blockIdx (::emu::detail::g.bidx)
 #define blockDim (::emu::detail::g.block)
 #define gridDim (::emu::detail::g.grid)
+#endif
 constexpr int warpSize = 32;
 
-inline void __syncthreads() {
+// In ThreadSanitizer mode the two barriers are the happens-before edges CUDA defines between the
+// threads of a block: __syncthreads among all of them, __syncwarp among the lanes of a warp
+// (release by every arriving thread, acquire by every leaving one, on an object of the barrier's
+// generation). Shuffles, votes, mma and ldmatrix exchange values but order no memory accesses.
+EMU_NOTSAN inline void __syncthreads() {
     using namespace emu::detail;
-    if (!g.cur) emu::fail("__syncthreads outside an emulated kernel");
-    g.cur->state = kAtBlock;
-    to_scheduler();
+    Thread* t;
+    {
+        Quiet q;
+        t = g.cur;
+        if (!t) emu::fail("__syncthreads outside an emulated kernel");
+    }
+#if EMU_TSAN
+    void* obj = block_sync_obj(t->bar_gen);
+    __tsan_release(obj);
+#endif
+    {
+        Quiet q;
+        t->state = kAtBlock;
+        to_scheduler();
+    }
+#if EMU_TSAN
+    __tsan_acquire(obj);
+    t->bar_gen++;
+#endif
 }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-    emu::detail::yield_warp(&emu::detail::op_sync, "__syncwarp", mask);
+EMU_NOTSAN inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    using namespace emu::detail;
+#if EMU_TSAN
+    Thread* t = g.cur;
+    if (!t) emu::fail("__syncwarp outside an emulated kernel");
+    void* obj = warp_sync_obj(t->lin / kWarp, t->warp_gen);
+    __tsan_release(obj);
+#endif
+    yield_warp(&op_sync, "__syncwarp", mask);
+#if EMU_TSAN
+    __tsan_acquire(obj);
+    t->warp_gen++;
+#endif
 }
 [[noreturn]] inline void __trap() { emu::fail("__trap() in an emulated kernel"); }
 
@@ -876,8 +1123,9 @@ template <typename T>
 inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
     return emu::detail::shfl<emu::detail::kDown>(mask, v, (int)delta, width, "__shfl_down_sync");
 }
-inline unsigned __ballot_sync(unsigned mask, int pred) {
+EMU_NOTSAN inline unsigned __ballot_sync(unsigned mask, int pred) {
     using namespace emu::detail;
+    Quiet q;
     g.cur->in = pred != 0;
     yield_warp(&op_ballot, "__ballot_sync", mask);
     return (unsigned)g.cur->out;
@@ -885,19 +1133,38 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == (mask & __ballot_sync(mask, 1)); }
 
-// Atomics: plain read-modify-write (only one fiber runs at a time); return the old value.
+// Atomics: one relaxed compare-and-swap on the 4- or 8-byte word (only one fiber runs at a time,
+// so it succeeds at once); return the old value. Being real atomics, they never race with each
+// other under ThreadSanitizer, and order nothing else (CUDA's atomic* are relaxed).
+namespace emu::detail {
+template <typename T, typename F>
+inline T atomic_rmw(T* p, F f) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "atomics on 4- or 8-byte values");
+    using U = typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type;
+    U* w = reinterpret_cast<U*>(p);
+    U old = __atomic_load_n(w, __ATOMIC_RELAXED);
+    for (;;) {
+        T o, n;
+        std::memcpy(&o, &old, sizeof o);
+        n = f(o);
+        U nw;
+        std::memcpy(&nw, &n, sizeof nw);
+        if (__atomic_compare_exchange_n(w, &old, nw, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return o;
+    }
+}
+}  // namespace emu::detail
 template <typename T>
-inline T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
+inline T atomicAdd(T* p, T v) { return emu::detail::atomic_rmw(p, [v](T o) { return o + v; }); }
 template <typename T>
-inline T atomicSub(T* p, T v) { T o = *p; *p = o - v; return o; }
+inline T atomicSub(T* p, T v) { return emu::detail::atomic_rmw(p, [v](T o) { return o - v; }); }
 template <typename T>
-inline T atomicMax(T* p, T v) { T o = *p; *p = o > v ? o : v; return o; }
+inline T atomicMax(T* p, T v) { return emu::detail::atomic_rmw(p, [v](T o) { return o > v ? o : v; }); }
 template <typename T>
-inline T atomicMin(T* p, T v) { T o = *p; *p = o < v ? o : v; return o; }
+inline T atomicMin(T* p, T v) { return emu::detail::atomic_rmw(p, [v](T o) { return o < v ? o : v; }); }
 template <typename T>
-inline T atomicExch(T* p, T v) { T o = *p; *p = v; return o; }
+inline T atomicExch(T* p, T v) { return emu::detail::atomic_rmw(p, [v](T) { return v; }); }
 template <typename T>
-inline T atomicCAS(T* p, T cmp, T v) { T o = *p; if (o == cmp) *p = v; return o; }
+inline T atomicCAS(T* p, T cmp, T v) { return emu::detail::atomic_rmw(p, [cmp, v](T o) { return o == cmp ? v : o; }); }
 
 template <typename T>
 inline T __ldg(const T* p) { return *p; }

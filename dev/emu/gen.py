@@ -13,8 +13,9 @@ cuda/*.cuh or dev/cuda/*.cuh they include. Rewrites:
   * `kernel<<<grid, block[, smem[, stream]]>>>(args)` -> `::emu::launch(grid, block, smem,
     stream, kernel, args)`;
   * `extern __shared__ [__align__(n)] T name[];` -> `T* name = (T*)::emu::dyn_smem();`;
-  * `__shared__ T a[..], b;` inside a function -> `static T a[..], b;` plus
-    `::emu::shared_init(&a, sizeof(a));` for each declarator (poisoned once per block);
+  * `__shared__ T a[..], b;` inside a function -> `static T a__emu[..], b__emu;` plus
+    `auto& a = ::emu::block_shared(a__emu);` for each declarator (the object poisoned once per
+    block; under ThreadSanitizer a fresh copy per block);
   * `__trap();  // host: KEY` -> `EMU_HOST_KEY;` (lets a harness define emulations of inline-asm
     paths, e.g. `#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)`);
   * `struct Matmul {...};` (cuBLASLt, matmul.cuh) -> dev/emu/matmul_host.h (host loops);
@@ -86,8 +87,12 @@ def rewrite_shared(m):
         raise SystemExit('gen.py: no type in __shared__ declaration: %s' % decl)
     if not indent:  # namespace scope (no statement possible): a static, not poisoned per block
         return 'static %s;' % decl
-    inits = ' '.join('::emu::shared_init(&%s, sizeof(%s));' % (n, n) for n in names)
-    return '%sstatic %s; %s' % (indent, decl, inits)
+    # each declarator's object becomes NAME__emu; NAME is a reference to what the running block
+    # sees (emu::block_shared: NAME__emu poisoned once per block, or a per-block copy under
+    # ThreadSanitizer)
+    renamed = [re.sub(r'\b%s\b' % re.escape(n), n + '__emu', p, count=1) for n, p in zip(names, parts)]
+    refs = ' '.join('auto& %s = ::emu::block_shared(%s__emu);' % (n, n) for n in names)
+    return '%sstatic %s; %s' % (indent, ', '.join(renamed), refs)
 
 
 def emu_name(rel):
