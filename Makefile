@@ -153,6 +153,18 @@ $(TSAN_DIR)/%.o: test/%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$< (ThreadSanitizer))
 	$(Q)$(CXX) $(TSAN_CXXFLAGS) -c $< -o $@
+# The emulated trainers under ThreadSanitizer (by hand, not part of `make test`: ~20x slower than
+# build/emu/train_*): make tsan-trainers, then run build/tsan/train_* like build/emu/train_*.
+TSAN_PROGS := $(EMU_PROGS:$(BUILD)/emu/%=$(TSAN_DIR)/%)
+.PHONY: tsan-trainers
+tsan-trainers: $(TSAN_PROGS)
+$(TSAN_PROGS:%=%.o): $(TSAN_DIR)/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+	@mkdir -p $(dir $@)
+	$(call say,CXX,$*.cu (emulated, ThreadSanitizer))
+	$(Q)$(CXX) $(TSAN_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
+$(TSAN_PROGS): $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(LIB)
+	$(call say,LD,$@)
+	$(Q)$(CXX) $(filter-out -fsanitize=%,$(LDFLAGS)) -fsanitize=thread $^ $(LDLIBS) -o $@
 $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(TEST_COMMON) $(LIB)
 	$(call say,LD,$@)
 	$(Q)$(CXX) $(filter-out -fsanitize=%,$(LDFLAGS)) -fsanitize=thread $^ $(LDLIBS) -o $@

@@ -20,7 +20,10 @@
 // memcpy/memset (async ones complete at once); events hold the host time of their record;
 // stream capture records work into a graph that cudaGraphLaunch replays, and refuses what CUDA
 // refuses inside a capture (see "stream capture" below). cp.async copies complete only at the issuing thread's
-// cp.async.wait_group / wait_all (see cp_async below).
+// cp.async.wait_group / wait_all (see cp_async below). Built with -fsanitize=thread (EMU_TSAN),
+// every emulated thread is a ThreadSanitizer fiber and the only happens-before edges are CUDA's
+// (__syncthreads, __syncwarp, launch boundaries): data races are reported (doc/cuda.md "Race
+// detection").
 #pragma once
 
 // Code that must behave differently under the emulation (e.g. not time an 8192³ GEMM) tests this.
