@@ -87,9 +87,12 @@ void neighbour_kernel(float* out, int across_warps, int sync) {
     out[blockIdx.x * n + t] = sh[src] + v;
 }
 
-// Every block writes out[blockIdx.x] (clean) or out[0] (a write-write race between blocks).
+// Every block writes out[blockIdx.x] (clean) or out[0] (a write-write race between blocks),
+// then passes a barrier (blocks' barriers must not order one block after another).
 void block_write_kernel(float* out, int same) {
     if (threadIdx.x == 0) out[same ? 0 : blockIdx.x] = (float)blockIdx.x;
+    __syncthreads();
+    __syncwarp();
 }
 
 // Every thread of every block adds to one counter: atomics never race with each other.

@@ -232,8 +232,7 @@ struct Emu {
 };
 inline Emu g;
 // Layout of a block's region in ThreadSanitizer mode: barrier objects (block: 2 generations;
-// warp w: 2 generations each) in the first page, then dynamic shared memory, the static arena and
-// one stack per thread.
+// warp w: 2 generations each) in the first page, then dynamic shared memory and the static arena.
 constexpr size_t kSyncBytes = 4096, kArenaBytes = 64 * 1024;
 inline void* block_sync_obj(unsigned gen) { return g.region + 8 * (gen & 1); }
 inline void* warp_sync_obj(int warp, unsigned gen) { return g.region + 64 + 16 * warp + 8 * (gen & 1); }
