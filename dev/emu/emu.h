@@ -72,9 +72,11 @@ __attribute__((weak)) const char* __tsan_default_options() { return "halt_on_err
 #include <omp.h>
 namespace emu {
 // The CPU references' OpenMP threads synchronise inside libgomp, which ThreadSanitizer does not
-// see: one OpenMP thread in race-detection builds.
+// see: one OpenMP thread in race-detection builds, also where the program sets its own count
+// (the trainers' --threads).
 inline const bool tsan_single_omp_thread = (omp_set_num_threads(1), true);
 }  // namespace emu
+#define omp_set_num_threads(n) ((void)(n), omp_set_num_threads(1))
 #endif
 #else
 #define EMU_TSAN 0
