@@ -148,6 +148,7 @@ TSAN_NAMES := adamw attention attnres classifier embedding gpt_infer graph hc in
 TSAN_OK    := $(if $(EMU_PROGS),$(shell echo 'int main(){}' | $(CXX) -x c++ -fsanitize=thread - -o /dev/null 2>/dev/null && echo yes))
 TSAN_TESTS := $(if $(TSAN_OK),$(TSAN_NAMES:%=$(TSAN_DIR)/test_emu_%) $(TSAN_DIR)/tsan_emu_race)
 TSAN_CXXFLAGS = $(filter-out -O% -march=% -fsanitize=%,$(EMU_CXXFLAGS)) -O1 -fsanitize=thread
+TSAN_LINK = $(CXX) $(filter-out -fsanitize=%,$(LDFLAGS)) -fsanitize=thread $^ $(LDLIBS) -o $@
 tests: $(TSAN_TESTS)
 $(TSAN_DIR)/%.o: test/%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 	@mkdir -p $(dir $@)
@@ -164,10 +165,10 @@ $(TSAN_PROGS:%=%.o): $(TSAN_DIR)/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wi
 	$(Q)$(CXX) $(TSAN_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
 $(TSAN_PROGS): $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(LIB)
 	$(call say,LD,$@)
-	$(Q)$(CXX) $(filter-out -fsanitize=%,$(LDFLAGS)) -fsanitize=thread $^ $(LDLIBS) -o $@
+	$(Q)$(TSAN_LINK)
 $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(TEST_COMMON) $(LIB)
 	$(call say,LD,$@)
-	$(Q)$(CXX) $(filter-out -fsanitize=%,$(LDFLAGS)) -fsanitize=thread $^ $(LDLIBS) -o $@
+	$(Q)$(TSAN_LINK)
 
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)
