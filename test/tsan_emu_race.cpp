@@ -58,18 +58,15 @@ Outcome in_child(F f) {
     return o;
 }
 
-#define EXPECT_RACE(o)                                   \
-    do {                                                 \
-        const Outcome oc_ = (o);                         \
-        INFO("exit " << oc_.code << ", stderr:\n" << oc_.err.substr(0, 3000)); \
-        CHECK(oc_.race());                               \
+// CHECK(o.what()) with the child's exit status and stderr as context (what: race or clean).
+#define EXPECT_OUTCOME(o, what)                                                    \
+    do {                                                                           \
+        const Outcome oc_ = (o);                                                   \
+        INFO("exit " << oc_.code << ", stderr:\n" << oc_.err.substr(0, 3000));     \
+        CHECK(oc_.what());                                                         \
     } while (0)
-#define EXPECT_CLEAN(o)                                  \
-    do {                                                 \
-        const Outcome oc_ = (o);                         \
-        INFO("exit " << oc_.code << ", stderr:\n" << oc_.err.substr(0, 3000)); \
-        CHECK(oc_.clean());                              \
-    } while (0)
+#define EXPECT_RACE(o) EXPECT_OUTCOME(o, race)
+#define EXPECT_CLEAN(o) EXPECT_OUTCOME(o, clean)
 
 // Thread t writes sh[t] and reads its neighbour's slot, across the block (stride 33: another
 // warp for t < 224 at 256 threads) or within its warp (lane + 1); `sync` says what separates

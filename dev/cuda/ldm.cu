@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #define TESTING  // the trainer file without its main()
@@ -329,22 +330,6 @@ void bench(bool quick) {
         fr.src32 = src32.ptr;
         fr.a = a.ptr;
         fr.x = x.ptr;
-        ms = time_median_ms([&] {
-            write_read_rls_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
-        }, 2, reps, s);
-        line("write-read-rls-warp-fused", ms, 2 * SP);
-        ms = time_median_ms([&] {
-            write_read_rls_warp_kernel<T, 8, 8, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
-        }, 2, reps, s);
-        line("write-read-rls-warp-fused-regP", ms, 2 * SP);
-        ms = time_median_ms([&] {  // one row per step (ROWS = 1; production: kFwdRows<8>)
-            write_read_rls_warp_kernel<T, 8, kRegPMax, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
-        }, 2, reps, s);
-        line("write-read-rls-warp-fused-rows1", ms, 2 * SP);
-        ms = time_median_ms([&] {
-            write_read_rls_warp_kernel<T, 8, kRegPMax, 2><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
-        }, 2, reps, s);
-        line("write-read-rls-warp-fused-rows2", ms, 2 * SP);
         FusedRead<T> fb;
         fb.Qn = Kn.ptr;
         fb.Qnrm = Knrm.ptr;
@@ -352,18 +337,34 @@ void bench(bool quick) {
         fb.dx = dx.ptr;
         fb.draw = draw.ptr;
         fb.prod32 = prod.ptr;
-        ms = time_median_ms([&] {
-            read_bwd_unwind_vjp_rls_warp_kernel<T, 8><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
-        }, 2, reps, s);
-        line("read-bwd-unwind-vjp-rls-warp-fused", ms, 4 * SP);
-        ms = time_median_ms([&] {
-            read_bwd_unwind_vjp_rls_warp_kernel<T, 8, 8, 1><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
-        }, 2, reps, s);
-        line("read-bwd-unwind-vjp-rls-warp-fused-regP", ms, 4 * SP);
-        ms = time_median_ms([&] {  // two rows per step (production: kBwdRows<8> = 1; 168 registers)
-            read_bwd_unwind_vjp_rls_warp_kernel<T, 8, kRegPMax, 2><<<warp_blocks(Dm), 32 * kWarpsPerBlock, 0, s>>>(Dm, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
-        }, 2, reps, s);
-        line("read-bwd-unwind-vjp-rls-warp-fused-rows2", ms, 4 * SP);
+        // one BENCH line per layout: template arguments DK, PREG, ROWS as integral_constants
+        auto fused_fwd = [&](auto dk, auto preg, auto rows, const Dims& D, const char* name, double bytes) {
+            ms = time_median_ms([&] {
+                write_read_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+            }, 2, reps, s);
+            line(name, ms, bytes);
+        };
+        auto fused_bwd = [&](auto dk, auto preg, auto rows, const Dims& D, const char* name, double bytes) {
+            ms = time_median_ms([&] {
+                read_bwd_unwind_vjp_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+            }, 2, reps, s);
+            line(name, ms, bytes);
+        };
+        using I8 = std::integral_constant<int, 8>;
+        using I4 = std::integral_constant<int, 4>;
+        using I2 = std::integral_constant<int, 2>;
+        using I1 = std::integral_constant<int, 1>;
+        using RegP = std::integral_constant<int, kRegPMax>;  // production P placement
+        using Fwd8 = std::integral_constant<int, kFwdRows<8>>;  // production rows per step
+        using Bwd8 = std::integral_constant<int, kBwdRows<8>>;
+        fused_fwd(I8{}, RegP{}, Fwd8{}, Dm, "write-read-rls-warp-fused", 2 * SP);
+        fused_fwd(I8{}, I8{}, I1{}, Dm, "write-read-rls-warp-fused-regP", 2 * SP);
+        fused_fwd(I8{}, RegP{}, I1{}, Dm, "write-read-rls-warp-fused-rows1", 2 * SP);
+        fused_fwd(I8{}, RegP{}, I2{}, Dm, "write-read-rls-warp-fused-rows2", 2 * SP);
+        fused_bwd(I8{}, RegP{}, Bwd8{}, Dm, "read-bwd-unwind-vjp-rls-warp-fused", 4 * SP);
+        fused_bwd(I8{}, I8{}, I1{}, Dm, "read-bwd-unwind-vjp-rls-warp-fused-regP", 4 * SP);
+        // two rows per step (production: kBwdRows<8> = 1; 168 registers)
+        fused_bwd(I8{}, RegP{}, I2{}, Dm, "read-bwd-unwind-vjp-rls-warp-fused-rows2", 4 * SP);
         // the same fused passes at d_k 4 (the paper's named ablation; spec: the 400M LDM runs
         // d_k 4), on the same buffers (smaller state), production rows and one row per step
         Case k4 = k;
@@ -371,22 +372,12 @@ void bench(bool quick) {
         const Dims D4 = make_dims(make_cfg(k4), k.N);
         const double SP4 = (double)N * D4.ST * 4;
         init_state(D4, cur.ptr, 0.1f, s);
-        ms = time_median_ms([&] {
-            write_read_rls_warp_kernel<T, 4><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
-        }, 2, reps, s);
-        line("write-read-rls-warp-fused-dk4", ms, 2 * SP4);
-        ms = time_median_ms([&] {
-            write_read_rls_warp_kernel<T, 4, kRegPMax, 1><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
-        }, 2, reps, s);
-        line("write-read-rls-warp-fused-dk4-rows1", ms, 2 * SP4);
-        ms = time_median_ms([&] {
-            read_bwd_unwind_vjp_rls_warp_kernel<T, 4><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
-        }, 2, reps, s);
-        line("read-bwd-unwind-vjp-rls-warp-fused-dk4", ms, 4 * SP4);
-        ms = time_median_ms([&] {
-            read_bwd_unwind_vjp_rls_warp_kernel<T, 4, kRegPMax, 1><<<warp_blocks(D4), 32 * kWarpsPerBlock, 0, s>>>(D4, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
-        }, 2, reps, s);
-        line("read-bwd-unwind-vjp-rls-warp-fused-dk4-rows1", ms, 4 * SP4);
+        using Fwd4 = std::integral_constant<int, kFwdRows<4>>;
+        using Bwd4 = std::integral_constant<int, kBwdRows<4>>;
+        fused_fwd(I4{}, RegP{}, Fwd4{}, D4, "write-read-rls-warp-fused-dk4", 2 * SP4);
+        fused_fwd(I4{}, RegP{}, I1{}, D4, "write-read-rls-warp-fused-dk4-rows1", 2 * SP4);
+        fused_bwd(I4{}, RegP{}, Bwd4{}, D4, "read-bwd-unwind-vjp-rls-warp-fused-dk4", 4 * SP4);
+        fused_bwd(I4{}, RegP{}, I1{}, D4, "read-bwd-unwind-vjp-rls-warp-fused-dk4-rows1", 4 * SP4);
         init_state(Dm, cur.ptr, 0.1f, s);
     }
     // windowed: w = 4 writes applied sequentially (the GPU window mode; no Woodbury yet):

@@ -780,13 +780,13 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     g.grid = grid;
     g.block = block;
     g.th.assign((size_t)nt, Thread());
-    while (g.stacks.size() < (size_t)nt) g.stacks.emplace_back(new char[kStackBytes]);
+    while (!EMU_TSAN && g.stacks.size() < (size_t)nt) g.stacks.emplace_back(new char[kStackBytes]);  // (TSan: per-pool stacks)
     for (int64_t i = 0; i < nt; i++) {
         Thread& t = g.th[(size_t)i];
         t.lin = (int)i;
         t.tid = make_uint3((unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
                            (unsigned)(i / ((int64_t)block.x * block.y)));
-        t.stack = g.stacks[(size_t)i].get();
+        if (!EMU_TSAN) t.stack = g.stacks[(size_t)i].get();
     }
     g.dyn_smem.assign(std::max<size_t>(smem, 16), 0xff);
     g.dyn_bytes = smem;
