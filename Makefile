@@ -19,7 +19,9 @@ OPT      ?= -O2 -march=native
 ifeq ($(DEBUG),1)
 OPT      := -O0 -g -fsanitize=address,undefined
 endif
-CXXFLAGS += -std=c++17 $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -MMD -MP \
+# -fno-math-errno -fno-trapping-math change no value (nothing reads errno or FP exception flags):
+# they let g++ vectorise loops with sqrtf and with compare-and-clamp (exp_fast, AdamW).
+CXXFLAGS += -std=c++17 $(OPT) -g -fopenmp -fno-math-errno -fno-trapping-math -Wall -Wextra -Wno-unused-parameter -I. -MMD -MP \
             -DLDM_SOURCE_DIR=\"$(CURDIR)\"
 LDFLAGS  += -fopenmp $(filter -fsanitize=%,$(OPT))
 LDLIBS   += -lpcre2-8 -lutf8proc -lopenblas -lbz2 -lpthread

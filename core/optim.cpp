@@ -96,7 +96,7 @@ void AdamW<T>::update(T* p, const T* g, double lr, double norm) {
     T* m = m_.data();
     T* v = v_.data();
     const uint8_t* dk = decay_.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n_; i++) adamw_element(p[i], m[i], v[i], g[i], sc, dk[i] != 0);
 }
 

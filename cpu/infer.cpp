@@ -91,8 +91,7 @@ const R* Inference<R>::step(const int32_t* tokens, int n, bool all_logits) {
     fit(kn_, (size_t)N * kvd);
     fit(v_, (size_t)N * kvd);
     fit(rstd_, (size_t)N * std::max(nh, 1));
-    fit(h1_, (size_t)N * F);
-    fit(h3_, (size_t)N * F);
+    fit(h13_, (size_t)N * 2 * F);
     fit(a_, (size_t)N * F);
     const int rows_out = all_logits ? N : B;
     fit(ysel_, (size_t)rows_out * d);
@@ -174,9 +173,9 @@ const R* Inference<R>::step(const int32_t* tokens, int n, bool all_logits) {
         // ---- MLP sublayer j = 2l+2
         S.input(2 * l + 2, x_.data());
         rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), at(p + "mlp_norm.w"), N, d, eps);
-        matmul_forward(h1_.data(), ln_.data(), at(p + "mlp.w1"), (const R*)nullptr, N, d, F);
-        matmul_forward(h3_.data(), ln_.data(), at(p + "mlp.w3"), (const R*)nullptr, N, d, F);
-        swiglu_forward(a_.data(), h1_.data(), h3_.data(), (int64_t)N * F);
+        // W1, W3 adjacent in param_specs: one GEMM into h13 [N, 2F] (as cpu/model.cpp).
+        matmul_forward(h13_.data(), ln_.data(), at(p + "mlp.w1"), (const R*)nullptr, N, d, 2 * F);
+        swiglu_forward(a_.data(), h13_.data(), N, F);
         matmul_forward(o_.data(), a_.data(), at(p + "mlp.w2"), (const R*)nullptr, N, F, d);
         S.output(2 * l + 2, o_.data());
     }

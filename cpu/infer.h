@@ -82,7 +82,7 @@ class Inference {
     std::vector<R> scheme_grads_;  // unused gradient block the scheme binds to
     std::vector<R> cos_t_, sin_t_;  // RoPE tables [max_T, hd/2]
     // per-step buffers (sized for the largest n seen)
-    std::vector<R> emb_, x_, ln_, q_, k_, v_, qn_, kn_, rstd_, ao_, o_, h1_, h3_, a_, y_, yn_,
+    std::vector<R> emb_, x_, ln_, q_, k_, v_, qn_, kn_, rstd_, ao_, o_, h13_, a_, y_, yn_,
         ysel_, logits_, scores_;
 };
 

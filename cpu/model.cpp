@@ -33,7 +33,7 @@ struct LayerAct {
     // attention sublayer (j = 2l+1)
     std::vector<R> x_att, rstd_att, ln_att, q, k, v, rstd_q, rstd_k, qr, kr, att, ao;
     // MLP sublayer (j = 2l+2)
-    std::vector<R> x_mlp, rstd_mlp, ln_mlp, h1, h3, a;
+    std::vector<R> x_mlp, rstd_mlp, ln_mlp, h13, a;  // h13 [N, 2F]: [W1 ln | W3 ln]
 };
 
 template <typename R>
@@ -49,7 +49,7 @@ struct Model<R>::Impl {
     std::vector<LayerAct<R>> L;
     std::vector<R> emb, o, y, rstd_f, yn, logits, lse;
     // backward scratch
-    std::vector<R> dlogits, dyn, dy, d_o, dln, dx, dao, dq, dk, dv, dqr, dkr, dh1, dh3, da;
+    std::vector<R> dlogits, dyn, dy, d_o, dln, dx, dao, dq, dk, dv, dqr, dkr, dh13, da;
 };
 
 template <typename R>
@@ -82,6 +82,8 @@ Model<R>::Model(const ModelConfig& c) : cfg(c), specs(param_specs(c)), impl_(new
             v.mlp_norm = at("mlp_norm.w");
             v.w1 = at("mlp.w1");
             v.w3 = at("mlp.w3");
+            if (v.w3 != v.w1 + (size_t)cfg.ffn * cfg.d_model)
+                throw Error("model: mlp.w1 and mlp.w3 must be adjacent in param_specs");
             v.w2 = at("mlp.w2");
         }
     };
@@ -171,11 +173,11 @@ int64_t Model<R>::activation_values() const {
     for (const auto& a : I.L)
         for (const std::vector<R>* v :
              {&a.x_att, &a.rstd_att, &a.ln_att, &a.q, &a.k, &a.v, &a.rstd_q, &a.rstd_k, &a.qr, &a.kr,
-              &a.att, &a.ao, &a.x_mlp, &a.rstd_mlp, &a.ln_mlp, &a.h1, &a.h3, &a.a})
+              &a.att, &a.ao, &a.x_mlp, &a.rstd_mlp, &a.ln_mlp, &a.h13, &a.a})
             n += (int64_t)v->size();
     for (const std::vector<R>* v :
          {&I.emb, &I.o, &I.y, &I.rstd_f, &I.yn, &I.logits, &I.lse, &I.dlogits, &I.dyn, &I.dy, &I.d_o,
-          &I.dln, &I.dx, &I.dao, &I.dq, &I.dk, &I.dv, &I.dqr, &I.dkr, &I.dh1, &I.dh3, &I.da})
+          &I.dln, &I.dx, &I.dao, &I.dq, &I.dk, &I.dv, &I.dqr, &I.dkr, &I.dh13, &I.da})
         n += (int64_t)v->size();
     return n + (int64_t)I.N * I.scheme->state_values_per_token();
 }
@@ -226,8 +228,7 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
             a.x_mlp.resize((size_t)N * d);
             a.rstd_mlp.resize(N);
             a.ln_mlp.resize((size_t)N * d);
-            a.h1.resize((size_t)N * F);
-            a.h3.resize((size_t)N * F);
+            a.h13.resize((size_t)N * 2 * F);
             a.a.resize((size_t)N * F);
         }
         I.emb.resize((size_t)N * d);
@@ -241,7 +242,8 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
         for (auto* v : {&I.dyn, &I.dy, &I.d_o, &I.dln, &I.dx}) v->assign((size_t)N * d, R(0));
         for (auto* v : {&I.dao, &I.dq, &I.dqr}) v->assign((size_t)N * qd, R(0));
         for (auto* v : {&I.dk, &I.dv, &I.dkr}) v->assign((size_t)N * kvd, R(0));
-        for (auto* v : {&I.dh1, &I.dh3, &I.da}) v->assign((size_t)N * F, R(0));
+        I.dh13.assign((size_t)N * 2 * F, R(0));
+        I.da.assign((size_t)N * F, R(0));
     }
     I.tokens.assign(tokens, tokens + N);
     I.have_targets = targets != nullptr;
@@ -281,9 +283,9 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
         // ---- MLP sublayer j = 2l+2
         S.input(2 * l + 2, a.x_mlp.data());
         rmsnorm_forward(a.ln_mlp.data(), a.rstd_mlp.data(), a.x_mlp.data(), p.mlp_norm, N, d, eps);
-        matmul_forward(a.h1.data(), a.ln_mlp.data(), p.w1, (const R*)nullptr, N, d, F);
-        matmul_forward(a.h3.data(), a.ln_mlp.data(), p.w3, (const R*)nullptr, N, d, F);
-        swiglu_forward(a.a.data(), a.h1.data(), a.h3.data(), (int64_t)N * F);
+        // W1 and W3 are adjacent rows of one [2F, d] matrix (param_specs order): one GEMM.
+        matmul_forward(a.h13.data(), a.ln_mlp.data(), p.w1, (const R*)nullptr, N, d, 2 * F);
+        swiglu_forward(a.a.data(), a.h13.data(), N, F);
         matmul_forward(I.o.data(), a.a.data(), p.w2, (const R*)nullptr, N, F, d);
         S.output(2 * l + 2, I.o.data());
     }
@@ -330,13 +332,10 @@ void Model<R>::backward(double scale) {
         S.output_backward(2 * l + 2, I.d_o.data());
         zero(I.da);
         matmul_backward(I.da.data(), g.w2, (R*)nullptr, I.d_o.data(), a.a.data(), p.w2, N, F, d);
-        zero(I.dh1);
-        zero(I.dh3);
-        swiglu_backward(I.dh1.data(), I.dh3.data(), I.da.data(), a.h1.data(), a.h3.data(),
-                        (int64_t)N * F);
+        swiglu_backward(I.dh13.data(), I.da.data(), a.h13.data(), N, F);
         zero(I.dln);
-        matmul_backward(I.dln.data(), g.w1, (R*)nullptr, I.dh1.data(), a.ln_mlp.data(), p.w1, N, d, F);
-        matmul_backward(I.dln.data(), g.w3, (R*)nullptr, I.dh3.data(), a.ln_mlp.data(), p.w3, N, d, F);
+        matmul_backward(I.dln.data(), g.w1, (R*)nullptr, I.dh13.data(), a.ln_mlp.data(), p.w1, N,
+                        d, 2 * F);
         zero(I.dx);
         rmsnorm_backward(I.dx.data(), g.mlp_norm, I.dln.data(), a.x_mlp.data(), p.mlp_norm,
                          a.rstd_mlp.data(), N, d);

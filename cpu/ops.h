@@ -83,11 +83,14 @@ template <typename R>
 void attention_backward(R* dq, R* dk, R* dv, const R* dout, const R* att, const R* q, const R* k,
                         const R* v, int B, int T, int nh, int nkv, int hd);
 
-// ---- SwiGLU gate: a = silu(h1) * h3, elementwise over n values ----------------------------
+// ---- SwiGLU gate: a = silu(h1) * h3 on the packed h13 [N, 2F] (row n = [h1_n | h3_n]) -------
+// h13 is one GEMM's output with the adjacent W1, W3 rows ([2F, d], param_specs order), the GPU
+// trainers' layout too. a: [N, F]. The float sigmoid uses exp_fast (vectorised, ~2 ulp);
+// double uses exp. swiglu_backward writes (does not accumulate) dh13 [N, 2F].
 template <typename R>
-void swiglu_forward(R* a, const R* h1, const R* h3, int64_t n);
+void swiglu_forward(R* a, const R* h13, int N, int F);
 template <typename R>
-void swiglu_backward(R* dh1, R* dh3, const R* da, const R* h1, const R* h3, int64_t n);
+void swiglu_backward(R* dh13, const R* da, const R* h13, int N, int F);
 
 // ---- cross-entropy over the real V of padded logits [N, Vp] -----------------------------
 // lse[n] = log sum_{v<V} exp(logits[n, v]); returns mean_n (lse[n] - logits[n, targets[n]])

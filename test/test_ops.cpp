@@ -227,19 +227,47 @@ TEST_CASE("causal GQA attention: forward vs naive, backward vs finite difference
     }
 }
 
-TEST_CASE("SwiGLU gate backward", "[ops]") {
-    const int n = 37;
-    Vec h1 = randn(n, 50, 2.0), h3 = randn(n, 51), w = randn(n, 52), a(n);
+TEST_CASE("SwiGLU gate backward (packed h13)", "[ops]") {
+    const int N = 3, F = 13, n = N * F;
+    Vec h13 = randn(2 * n, 50, 2.0), w = randn(n, 52), a(n);
     auto f = [&]() {
-        swiglu_forward(a.data(), h1.data(), h3.data(), n);
+        swiglu_forward(a.data(), h13.data(), N, F);
         return dot(a, w);
     };
     f();
-    for (int i = 0; i < n; i++) CHECK(a[i] == Approx(h1[i] / (1 + std::exp(-h1[i])) * h3[i]).epsilon(1e-13));
-    Vec d1(n, 0.0), d3(n, 0.0);
-    swiglu_backward(d1.data(), d3.data(), w.data(), h1.data(), h3.data(), n);
-    CHECK_GRAD("h1", gradcheck::check(f, h1.data(), d1.data(), n, 1 << 30, 1));
-    CHECK_GRAD("h3", gradcheck::check(f, h3.data(), d3.data(), n, 1 << 30, 2));
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < F; c++) {
+            const double h1 = h13[r * 2 * F + c], h3 = h13[r * 2 * F + F + c];
+            CHECK(a[r * F + c] == Approx(h1 / (1 + std::exp(-h1)) * h3).epsilon(1e-13));
+        }
+    Vec d13(2 * n, 7.0);  // written, not accumulated
+    swiglu_backward(d13.data(), w.data(), h13.data(), N, F);
+    CHECK_GRAD("h13", gradcheck::check(f, h13.data(), d13.data(), 2 * n, 1 << 30, 1));
+}
+
+TEST_CASE("SwiGLU float path (exp_fast sigmoid) matches the float64 gate", "[ops]") {
+    // exp_fast is ~2 ulp; each output then carries a few float roundings (< 8 ulp ~ 5e-7 of
+    // the terms' magnitude): 1e-6 of it is the bound, at random z in about [-20, 20] plus the
+    // saturated tails (z = +-95) and z = 0.
+    const int N = 4, F = 257, n = N * F;
+    Vec h13d = randn(2 * n, 53, 6.0), wd = randn(n, 54);
+    h13d[0] = 95.0;
+    h13d[1] = -95.0;
+    h13d[2] = 0.0;
+    std::vector<float> h13(h13d.begin(), h13d.end()), w(wd.begin(), wd.end()), a(n), d13(2 * n);
+    swiglu_forward(a.data(), h13.data(), N, F);
+    swiglu_backward(d13.data(), w.data(), h13.data(), N, F);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < F; c++) {
+            const double z = h13[r * 2 * F + c], h3 = h13[r * 2 * F + F + c], g = w[r * F + c];
+            const double s = 1 / (1 + std::exp(-z));
+            const double ra = z * s * h3, rd1 = g * h3 * s * (1 + z * (1 - s)), rd3 = g * z * s;
+            CHECK(std::abs(a[r * F + c] - ra) <= 1e-6 * std::abs(ra) + 1e-30);
+            // 1 + z (1 - s) cancels near z = -1.28: bound by the terms' magnitudes instead
+            const double mag1 = std::abs(g * h3) * s * (1 + std::abs(z) * (1 - s));
+            CHECK(std::abs(d13[r * 2 * F + c] - rd1) <= 1e-6 * mag1 + 1e-30);
+            CHECK(std::abs(d13[r * 2 * F + F + c] - rd3) <= 1e-6 * std::abs(rd3) + 1e-30);
+        }
 }
 
 TEST_CASE("cross-entropy over the real V of padded logits", "[ops]") {
