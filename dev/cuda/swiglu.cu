@@ -1,7 +1,7 @@
 // dev/cuda/swiglu.cu — workbench for cuda/swiglu.cuh: swiglu_forward / swiglu_backward on the
 // packed h13 layout, both production kernels (v1 thread per element: the fallback for any F;
 // v2 thread per 16-byte pack: where F and the alignment allow it) against
-// cpu::swiglu_forward / swiglu_backward on the split h1 / h3; then timing at N = 8·2048,
+// cpu::swiglu_forward / swiglu_backward on the same packed h13; then timing at N = 8·2048,
 // F = 2816 (llama-400m). Usage: build/cuda/swiglu [--quick]. Output format: doc/cuda.md.
 #include "cuda/swiglu.cuh"
 #include "cpu/ops.h"
