@@ -173,7 +173,7 @@ const R* Inference<R>::step(const int32_t* tokens, int n, bool all_logits) {
         // ---- MLP sublayer j = 2l+2
         S.input(2 * l + 2, x_.data());
         rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), at(p + "mlp_norm.w"), N, d, eps);
-        // W1, W3 adjacent in param_specs: one GEMM into h13 [N, 2F] (as cpu/model.cpp).
+        // W1, W3 adjacent in param_specs (checked by the Model): one GEMM into h13 [N, 2F].
         matmul_forward(h13_.data(), ln_.data(), at(p + "mlp.w1"), (const R*)nullptr, N, d, 2 * F);
         swiglu_forward(a_.data(), h13_.data(), N, F);
         matmul_forward(o_.data(), a_.data(), at(p + "mlp.w2"), (const R*)nullptr, N, F, d);
