@@ -2,6 +2,7 @@
 # Runs each Catch2 test binary given on the command line (from the repository root), shows its
 # output, and adds up the test cases. Ends with the suite's closing line
 #   tests: N passed, N failed
+# (after a list of the failed test cases and crashed binaries, so that the end of a log names them)
 # and exits non-zero when any test failed or any binary crashed.
 # Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s').
 # The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
@@ -13,7 +14,7 @@
 set -u
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
-passed=0; failed=0; crashed=(); gpu_skipped=()
+passed=0; failed=0; crashed=(); gpu_skipped=(); failed_cases=()
 start=$(date +%s)
 for t in "$@"; do
   echo "=== $t"
@@ -23,8 +24,9 @@ for t in "$@"; do
   # runtime cannot map its shadow around on kernels with vm.mmap_rnd_bits > 28.
   case "$t" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$t") ;; esac
   out=$("${run[@]}" ${TEST_ARGS:-} 2>&1); rc=$?
-  echo "$out" | grep -v '^LDM_TEST_TOTALS'
+  echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
   line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
+  while IFS= read -r c; do failed_cases+=("$t: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
   if [ -z "$line" ]; then
     crashed+=("$t (exit $rc)"); failed=$((failed + 1))
   else
@@ -65,7 +67,8 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
       p=0; f=0
       [ -n "$line" ] && read -r _ p f <<< "$line"
       if [ -z "$line" ] || [ "$f" != 0 ] || [ "$rc" != 0 ]; then
-        echo "$out" | grep -v '^LDM_TEST_TOTALS'
+        echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
+        while IFS= read -r c; do failed_cases+=("$t [blas] $v: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
         if [ "$core" = native ]; then env=""; else env="OPENBLAS_CORETYPE=$core "; fi
         blas_failed+=("${env}OMP_NUM_THREADS=$nt $t '[blas]'")
       fi
@@ -76,6 +79,7 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
   done
   echo "=== [blas] variants: $(( $(date +%s) - v0 )) s"
 fi
+for c in "${failed_cases[@]+"${failed_cases[@]}"}"; do echo "FAILED test case: $c"; done
 for c in "${crashed[@]+"${crashed[@]}"}"; do echo "CRASHED or failed without a report: $c"; done
 for s in "${blas_skipped[@]+"${blas_skipped[@]}"}"; do echo "skipped (BLAS variant): $s"; done
 for s in "${blas_failed[@]+"${blas_failed[@]}"}"; do echo "FAILED under a BLAS variant (rerun: $s)"; done

@@ -1,6 +1,7 @@
 // Catch2 v2 runner shared by every test binary in test/. Besides Catch2's own summary it
 // prints one machine-readable line "LDM_TEST_TOTALS <passed> <failed> <skipped>" (test cases)
-// that scripts/run_tests.sh adds up into the suite's closing line.
+// that scripts/run_tests.sh adds up into the suite's closing line, and one line
+// "LDM_TEST_FAILED <test case name>" per failed test case, which it repeats at the suite's end.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -15,7 +16,12 @@ struct TotalsListener : Catch::TestEventListenerBase {
     using TestEventListenerBase::TestEventListenerBase;
     // Scratch directories of a passed test case are deleted (see register_scratch_dir).
     void testCaseEnded(Catch::TestCaseStats const& s) override {
-        end_scratch_dirs(s.totals.assertions.failed == 0 && s.totals.testCases.failed == 0);
+        const bool ok = s.totals.assertions.failed == 0 && s.totals.testCases.failed == 0;
+        end_scratch_dirs(ok);
+        if (!ok) {
+            std::printf("LDM_TEST_FAILED %s\n", s.testInfo.name.c_str());
+            std::fflush(stdout);
+        }
         TestEventListenerBase::testCaseEnded(s);
     }
     void testRunEnded(Catch::TestRunStats const& s) override {

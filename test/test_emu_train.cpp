@@ -8,10 +8,11 @@
 //     (--dump-debug-state) with the tolerances of the real GPU tests (test/gpu_compare.h
 //     DebugTolerances: fp32 loss 1e-5, logits 1e-4, gradients 1e-4; bf16 1e-2 / 3e-2 / 3e-2, 1-D 5e-2,
 //     scheme tensors 5e-2);
-//   two optimizer steps (fp32; clipping active with --grad-clip 0.5): the first step's gradient
-//     norm and the second step's loss (it depends on the first AdamW update) within 1e-4
-//     relative, the parameters after them within 1e-3 of the CPU's update (relative L2 of the
-//     difference over the size of the update); bf16 for PreLN, mHC and LDM: 2e-2 on the loss;
+//   two optimizer steps (fp32; clipping active with --grad-clip 0.5): both steps' losses and
+//     gradient norms (the second depends on the first AdamW update) within 1e-4 relative, or 3x
+//     the reference's own spread under two other OpenBLAS kernels where that is larger (LDM
+//     without the residual amplifies rounding), the parameters after them within 1e-3 of the
+//     CPU's update (relative L2 of the difference over the size of the update); bf16 for PreLN, mHC and LDM: 2e-2 on the loss;
 //   save -> resume: 2 steps + checkpoint + 2 resumed == 4 straight, byte-identical .model / .state
 //     (fp32 LDM unwind, bf16 PreLN with validation and samples: the bf16 run's fp32 master is what
 //     the checkpoint holds, else the resumed run could not be bit-exact);
@@ -26,6 +27,7 @@
 // A missing emulated trainer (no CUDA headers at build time) prints a visible skip.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -191,6 +193,19 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
                                   ldm::strprintf(" --total-batch-tokens %d", 2 * kB * kT) +
                                   " --steps 2 --lr 3e-3 --grad-clip 0.5 --sample-every -1 --quiet";
         run_ok(trainer_path() + flags + " --out-dir " + dir + "/cpu --log " + dir + "/cpu.jsonl");
+        // The reference's own rounding sensitivity: the same two steps under two other OpenBLAS kernel
+        // families (SSE3 and SSE4.2 code, runnable on any x86-64 CPU this project builds for). Where
+        // the model amplifies rounding (LDM without the residual: chaotic at init) the second step's
+        // gradient norm moves by ~3e-4 between kernels, more than the 1e-4 below; the fp32 bound is
+        // then 3x the spread of the three reference runs (emulated vs native measured at 0.8x it).
+        std::vector<std::vector<json>> spread_runs;
+        for (const char* core : {"Prescott", "Nehalem"}) {
+            const std::string log = dir + "/cpu_" + core + ".jsonl";
+            run_ok(std::string("OPENBLAS_CORETYPE=") + core + " " + trainer_path() + flags + " --out-dir " + dir +
+                   "/cpu_" + core + " --log " + log);
+            spread_runs.push_back(records(log, "step"));
+            REQUIRE(spread_runs.back().size() == 2);
+        }
         run_ok(trainer_path() + data_flags(shards) + (c.ldm ? "--scheme ldm " : "") + c.flags +
                " --dump-debug-state " + dir + "/init.dbg");
         const std::vector<float> p0 = load_debug_state(dir + "/init.dbg").params;
@@ -210,10 +225,24 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
             for (size_t i = 0; i < 2; i++) {
                 const double lg = gs[i]["loss"].get<double>(), lc = cs[i]["loss"].get<double>();
                 const double ng = gs[i]["grad_norm"].get<double>(), nc = cs[i]["grad_norm"].get<double>();
-                INFO(c.name << " " << dtype << " step " << i + 1 << ": loss emu " << lg << " cpu " << lc << ", grad norm emu "
-                            << ng << " cpu " << nc);
-                CHECK(std::fabs(lg - lc) <= tol * std::fabs(lc));
-                CHECK(std::fabs(ng - nc) <= (dtype == "fp32" ? 1e-4 : 5e-2) * nc);
+                double spread_loss = 0, spread_norm = 0;  // largest difference between two reference runs
+                for (const auto& a : spread_runs) {
+                    spread_loss = std::max(spread_loss, std::fabs(a[i]["loss"].get<double>() - lc));
+                    spread_norm = std::max(spread_norm, std::fabs(a[i]["grad_norm"].get<double>() - nc));
+                    for (const auto& b : spread_runs) {
+                        spread_loss = std::max(spread_loss, std::fabs(a[i]["loss"].get<double>() - b[i]["loss"].get<double>()));
+                        spread_norm = std::max(spread_norm,
+                                               std::fabs(a[i]["grad_norm"].get<double>() - b[i]["grad_norm"].get<double>()));
+                    }
+                }
+                INFO(c.name << " " << dtype << " step " << i + 1 << ": loss emu " << lg << " cpu " << lc << " (spread "
+                            << spread_loss << "), grad norm emu " << ng << " cpu " << nc << " (spread " << spread_norm << ")");
+                const std::string label = std::string(c.name) + " " + dtype + " step " + std::to_string(i + 1);
+                const double k = dtype == "fp32" ? 3 : 0;  // bf16's bounds are far above any fp32 reference spread
+                // a reference that depends on the BLAS kernel beyond rounding cannot loosen the check
+                CHECK_TOL(label + " reference spread, grad norm", spread_norm, 1e-3 * nc);
+                CHECK_TOL(label + " loss", std::fabs(lg - lc), std::max(tol * std::fabs(lc), k * spread_loss));
+                CHECK_TOL(label + " grad norm", std::fabs(ng - nc), std::max((dtype == "fp32" ? 1e-4 : 5e-2) * nc, k * spread_norm));
             }
             if (dtype != "fp32") continue;
             {  // --cuda-graph 1: the same run bit for bit. The whole step is one graph (captured at step 1,
