@@ -358,7 +358,10 @@ int main_body(int argc, char** argv) {
     ModelConfig cfg = model_config_from_flags(o, V);
     const int64_t bt = int64_t(o.B) * o.T, np = count_params(cfg);
     const double es = o.dtype == "fp64" ? 8 : 4;
-    const double state = 4.0 * double(np) * es, act = double(activation_values_per_token(cfg, o.T)) * es * double(bt);
+    // activations per token, plus the LM head's fixed gradient tile (cpu/ops.h lm_head_ce_backward)
+    const double state = 4.0 * double(np) * es,
+                 act = double(activation_values_per_token(cfg, o.T)) * es * double(bt) +
+                       double(std::min<int64_t>(bt, cpu::kLmRowTile) * std::min(V, cpu::kLmColTile)) * es;
     if (o.dry_run) {
         std::printf("%s", describe(cfg, o.T).c_str());
         std::printf("training memory (%s): params+grads+AdamW m,v = %.3f GiB; activations %.1f KiB/token "

@@ -261,8 +261,9 @@ int64_t activation_values_per_token(const ModelConfig& c, int T) {
     if (c.qk_norm) attn += nh + nkv;
     // Saved per MLP sublayer: x, rstd, ln, h1 = W1 ln, h3 = W3 ln, a = silu(h1)*h3.
     int64_t mlp = d + 1 + d + 3 * F;
-    // Head: readout y, rstd, normalised y, logits, probs/dlogits, log-sum-exp.
-    int64_t head = d + 1 + d + 2 * Vp + 1;
+    // Head: readout y, rstd, normalised y, logits, log-sum-exp, the softmax's row maximum and
+    // inverse sum (the LM head's gradient goes through a fixed-size tile, cpu/ops.h lm_head_ce_*).
+    int64_t head = d + 1 + d + Vp + 3;
     // Buffers shared by all layers: emb, o and the backward scratch (dyn, dy, d_o, dln, dx,
     // dao, dq, dqr, dk, dv, dkr, dh1, dh3, da).
     int64_t scratch = 7 * d + 3 * qd + 3 * kvd + 3 * F;

@@ -47,9 +47,10 @@ struct Model<R>::Impl {
     std::vector<int32_t> tokens, targets;
     std::vector<R> cos_t, sin_t;
     std::vector<LayerAct<R>> L;
-    std::vector<R> emb, o, y, rstd_f, yn, logits, lse;
-    // backward scratch
-    std::vector<R> dlogits, dyn, dy, d_o, dln, dx, dao, dq, dk, dv, dqr, dkr, dh13, da;
+    std::vector<R> emb, o, y, rstd_f, yn, logits, lse, row_max, row_inv;
+    // backward scratch; lm_tile: one tile of the LM head's logit gradient (cpu/ops.h lm_head_ce_*),
+    // a fixed size not counted in activation_values()
+    std::vector<R> lm_tile, dyn, dy, d_o, dln, dx, dao, dq, dk, dv, dqr, dkr, dh13, da;
 };
 
 template <typename R>
@@ -176,7 +177,7 @@ int64_t Model<R>::activation_values() const {
               &a.att, &a.ao, &a.x_mlp, &a.rstd_mlp, &a.ln_mlp, &a.h13, &a.a})
             n += (int64_t)v->size();
     for (const std::vector<R>* v :
-         {&I.emb, &I.o, &I.y, &I.rstd_f, &I.yn, &I.logits, &I.lse, &I.dlogits, &I.dyn, &I.dy, &I.d_o,
+         {&I.emb, &I.o, &I.y, &I.rstd_f, &I.yn, &I.logits, &I.lse, &I.row_max, &I.row_inv, &I.dyn, &I.dy, &I.d_o,
           &I.dln, &I.dx, &I.dao, &I.dq, &I.dk, &I.dv, &I.dqr, &I.dkr, &I.dh13, &I.da})
         n += (int64_t)v->size();
     return n + (int64_t)I.N * I.scheme->state_values_per_token();
@@ -238,7 +239,9 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
         I.yn.resize((size_t)N * d);
         I.logits.resize((size_t)N * Vp);  // columns >= V stay 0 forever
         I.lse.resize(N);
-        I.dlogits.resize((size_t)N * Vp);
+        I.row_max.resize(N);
+        I.row_inv.resize(N);
+        I.lm_tile.resize((size_t)std::min(N, kLmRowTile) * std::min(c.vocab_size, kLmColTile));
         for (auto* v : {&I.dyn, &I.dy, &I.d_o, &I.dln, &I.dx}) v->assign((size_t)N * d, R(0));
         for (auto* v : {&I.dao, &I.dq, &I.dqr}) v->assign((size_t)N * qd, R(0));
         for (auto* v : {&I.dk, &I.dv, &I.dkr}) v->assign((size_t)N * kvd, R(0));
@@ -291,11 +294,10 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
     }
     S.readout(I.y.data());
     rmsnorm_forward(I.yn.data(), I.rstd_f.data(), I.y.data(), I.final_norm, N, d, eps);
-    // LM head over the real V rows only (ld = Vp); columns >= V are never written.
-    matmul_forward(I.logits.data(), I.yn.data(), I.lm_head, (const R*)nullptr, N, d, V, Vp);
-    // Softmax probabilities go straight into the dlogits buffer; backward turns them into dlogits.
-    double loss = cross_entropy_forward(I.lse.data(), I.logits.data(), targets, N, V, Vp,
-                                        targets ? I.dlogits.data() : (R*)nullptr);
+    // LM head over the real V rows only (ld = Vp; columns >= V are never written) and the softmax
+    // statistics, tile by tile while each tile of logits is in cache.
+    double loss = lm_head_ce_forward(I.logits.data(), I.lse.data(), I.row_max.data(), I.row_inv.data(),
+                                     I.yn.data(), I.lm_head, targets, N, d, V, Vp);
     return targets ? loss : std::numeric_limits<double>::quiet_NaN();
 }
 
@@ -311,14 +313,14 @@ void Model<R>::backward(double scale) {
     Scheme<R>& S = *I.scheme;
     const int32_t* tokens = I.tokens.data();
 
-    // Head: dlogits = scale/N (softmax - onehot) over the real V; then the LM head and RMSNorm_f.
+    // Head: dlogits = scale/N (softmax - onehot) over the real V, a tile at a time into the LM
+    // head's two GEMMs; then RMSNorm_f.
     if (I.backward_done)
         throw Error("Model::backward: called twice after one forward (run forward again)");
     I.backward_done = true;
-    cross_entropy_backward_inplace(I.dlogits.data(), I.targets.data(), N, V, Vp, (R)(scale / N));
     zero(I.dyn);
-    matmul_backward(I.dyn.data(), I.g_lm_head, (R*)nullptr, I.dlogits.data(), I.yn.data(),
-                    I.lm_head, N, d, V, Vp);
+    lm_head_ce_backward(I.dyn.data(), I.g_lm_head, I.logits.data(), I.row_max.data(), I.row_inv.data(),
+                        I.yn.data(), I.lm_head, I.targets.data(), N, d, V, Vp, (R)(scale / N), I.lm_tile.data());
     zero(I.dy);
     rmsnorm_backward(I.dy.data(), I.g_final_norm, I.dyn.data(), I.y.data(), I.final_norm,
                      I.rstd_f.data(), N, d);

@@ -381,6 +381,33 @@ void swiglu_backward(R* dh13, const R* da, const R* h13, int N, int F) {
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------------
+// Softmax statistics of one row, online over blocks of kCeBlock columns (each block's maximum
+// first, the running sum rescaled when the maximum grows; a block is re-read from L1): updates
+// (mx, sum) with columns [0, n) of l, sum = sum_v exp(l_v - mx). `first` starts a row.
+constexpr int kCeBlock = 512;
+
+template <typename R>
+inline void softmax_stats_update(const R* l, int n, bool first, R& mx, double& sum) {
+    for (int v0 = 0; v0 < n; v0 += kCeBlock) {
+        const int v1 = std::min(n, v0 + kCeBlock);
+        R bm = l[v0];
+#pragma omp simd reduction(max : bm)
+        for (int v = v0 + 1; v < v1; v++) bm = l[v] > bm ? l[v] : bm;  // (std::max does not vectorise)
+        if (first && v0 == 0) {
+            mx = bm;
+            sum = 0;
+        } else if (bm > mx) {
+            sum *= std::exp((double)mx - (double)bm);
+            mx = bm;
+        }
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int v = v0; v < v1; v++) s += (double)exp_fast(l[v] - mx);
+        sum += s;
+    }
+}
+
+// Rows are read once for max and sum together, then once more to write the probabilities.
 template <typename R>
 double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, int N, int V, int Vp,
                              R* probs) {
@@ -388,23 +415,14 @@ double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, in
 #pragma omp parallel for schedule(static) LDM_PAR((int64_t)N * V)
     for (int n = 0; n < N; n++) {
         const R* l = logits + (size_t)n * Vp;
-        R mx = l[0];
-#pragma omp simd reduction(max : mx)
-        for (int v = 1; v < V; v++) mx = std::max(mx, l[v]);
+        R mx = 0;
         double sum = 0;
+        softmax_stats_update(l, V, true, mx, sum);
         if (probs) {
             R* p = probs + (size_t)n * Vp;
-#pragma omp simd reduction(+ : sum)
-            for (int v = 0; v < V; v++) {
-                p[v] = exp_fast(l[v] - mx);
-                sum += (double)p[v];
-            }
             const R inv = (R)(1.0 / sum);
 #pragma omp simd
-            for (int v = 0; v < V; v++) p[v] *= inv;
-        } else {
-#pragma omp simd reduction(+ : sum)
-            for (int v = 0; v < V; v++) sum += (double)exp_fast(l[v] - mx);
+            for (int v = 0; v < V; v++) p[v] = exp_fast(l[v] - mx) * inv;
         }
         double ls = (double)mx + std::log(sum);
         lse[n] = (R)ls;
@@ -413,6 +431,57 @@ double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, in
     double total = 0;
     for (int n = 0; n < N; n++) total += loss[n];
     return total / N;
+}
+
+// ---- LM head + cross-entropy, tiled -----------------------------------------------------------
+template <typename R>
+double lm_head_ce_forward(R* logits, R* lse, R* row_max, R* row_inv, const R* x, const R* W,
+                          const int32_t* targets, int N, int d, int V, int Vp) {
+    std::vector<double> sum(N, 0.0), loss(N, 0.0);
+    for (int r0 = 0; r0 < N; r0 += kLmRowTile) {
+        const int rows = std::min(kLmRowTile, N - r0);
+        for (int c0 = 0; c0 < V; c0 += kLmColTile) {
+            const int cols = std::min(kLmColTile, V - c0);
+            R* tile = logits + (size_t)r0 * Vp + c0;
+            gemm<R>(false, true, rows, cols, d, R(1), x + (size_t)r0 * d, d, W + (size_t)c0 * d, d, R(0), tile, Vp);
+#pragma omp parallel for schedule(static) LDM_PAR((int64_t)rows * cols)
+            for (int i = 0; i < rows; i++)
+                softmax_stats_update(tile + (size_t)i * Vp, cols, c0 == 0, row_max[r0 + i], sum[r0 + i]);
+        }
+    }
+    double total = 0;
+    for (int n = 0; n < N; n++) {
+        const double ls = (double)row_max[n] + std::log(sum[n]);
+        lse[n] = (R)ls;
+        row_inv[n] = (R)(1.0 / sum[n]);
+        if (targets) total += ls - (double)logits[(size_t)n * Vp + targets[n]];
+    }
+    return total / N;
+}
+
+template <typename R>
+void lm_head_ce_backward(R* dx, R* dW, const R* logits, const R* row_max, const R* row_inv, const R* x,
+                         const R* W, const int32_t* targets, int N, int d, int V, int Vp, R scale, R* scratch) {
+    for (int r0 = 0; r0 < N; r0 += kLmRowTile) {
+        const int rows = std::min(kLmRowTile, N - r0);
+        for (int c0 = 0; c0 < V; c0 += kLmColTile) {
+            const int cols = std::min(kLmColTile, V - c0);
+            // scratch [rows, cols] = softmax - onehot of this tile (scale goes into the GEMMs)
+#pragma omp parallel for schedule(static) LDM_PAR((int64_t)rows * cols)
+            for (int i = 0; i < rows; i++) {
+                const int n = r0 + i;
+                const R* l = logits + (size_t)n * Vp + c0;
+                R* p = scratch + (size_t)i * cols;
+                const R m = row_max[n], inv = row_inv[n];
+#pragma omp simd
+                for (int v = 0; v < cols; v++) p[v] = exp_fast(l[v] - m) * inv;
+                const int t = targets[n] - c0;
+                if (t >= 0 && t < cols) p[t] -= R(1);
+            }
+            gemm<R>(false, false, rows, d, cols, scale, scratch, cols, W + (size_t)c0 * d, d, R(1), dx + (size_t)r0 * d, d);
+            gemm<R>(true, false, cols, d, rows, scale, scratch, cols, x + (size_t)r0 * d, d, R(1), dW + (size_t)c0 * d, d);
+        }
+    }
 }
 
 template <typename R>
@@ -457,6 +526,9 @@ void cross_entropy_backward(R* dlogits, const R* logits, const R* lse, const int
     template void swiglu_forward<R>(R*, const R*, int, int);                                     \
     template void swiglu_backward<R>(R*, const R*, const R*, int, int);                          \
     template double cross_entropy_forward<R>(R*, const R*, const int32_t*, int, int, int, R*);   \
+    template double lm_head_ce_forward<R>(R*, R*, R*, R*, const R*, const R*, const int32_t*, int, int, int, int); \
+    template void lm_head_ce_backward<R>(R*, R*, const R*, const R*, const R*, const R*, const R*, const int32_t*, \
+                                         int, int, int, int, R, R*);                                \
     template void cross_entropy_backward_inplace<R>(R*, const int32_t*, int, int, int, R);       \
     template void cross_entropy_backward<R>(R*, const R*, const R*, const int32_t*, int, int, int, R);
 LDM_INSTANTIATE(float)

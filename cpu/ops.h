@@ -99,11 +99,27 @@ void swiglu_backward(R* dh13, const R* da, const R* h13, int N, int F);
 template <typename R>
 double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, int N, int V, int Vp,
                              R* probs = nullptr);
-// The fused form used by the model: turns the probs of cross_entropy_forward into
-// dlogits = scale * (probs - onehot(target)) IN PLACE (an exception to the += convention;
-// saves a second exp pass and a zero-fill of the [N, Vp] buffer).
+// Turns the probs of cross_entropy_forward into dlogits = scale * (probs - onehot(target)) IN
+// PLACE (an exception to the += convention; saves a second exp pass and a zero-fill of the [N, Vp]
+// buffer). The reference of the GPU classifier kernels; the model uses lm_head_ce_* below.
 template <typename R>
 void cross_entropy_backward_inplace(R* probs, const int32_t* targets, int N, int V, int Vp, R scale);
+// LM head + cross-entropy in tiles of kLmRowTile rows x kLmColTile columns, so that each tile of
+// logits is still in cache when the next step reads it (spec §1: logits = RMSNorm_f(y) W_lm^T).
+// Forward: logits [N, Vp] = x [N, d] W^T (W [V, d]; columns >= V untouched), and per row lse, the
+// maximum row_max and row_inv = 1 / sum_v exp(logits - row_max) (online over the column tiles);
+// returns mean_n (lse[n] - logits[n, targets[n]]) in double (0 when targets is nullptr).
+// Backward: dx [N, d] += scale G W and dW [V, d] += scale G^T x with G = softmax - onehot(target),
+// built a tile at a time in scratch [kLmRowTile * kLmColTile] from the forward's logits: no
+// [N, V] gradient buffer and no extra pass over one. Same values as cross_entropy_forward /
+// cross_entropy_backward_inplace + matmul_backward up to rounding.
+constexpr int kLmRowTile = 1024, kLmColTile = 1024;
+template <typename R>
+double lm_head_ce_forward(R* logits, R* lse, R* row_max, R* row_inv, const R* x, const R* W,
+                          const int32_t* targets, int N, int d, int V, int Vp);
+template <typename R>
+void lm_head_ce_backward(R* dx, R* dW, const R* logits, const R* row_max, const R* row_inv, const R* x,
+                         const R* W, const int32_t* targets, int N, int d, int V, int Vp, R scale, R* scratch);
 // dlogits[n, v] += scale * (softmax(logits[n])_v - [v == targets[n]]) for v < V; columns >= V
 // untouched. `scale` is the per-token weight (e.g. loss scale / N).
 template <typename R>
