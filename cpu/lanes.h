@@ -1,5 +1,5 @@
-// cpu/lanes.h — Lane<R>: W values of R in one SIMD register (GCC vector extension, 64 bytes:
-// 16 floats or 8 doubles) that can stand in for the scalar type R of the per-element templates
+// cpu/lanes.h — Lane<R>: W values of R in one SIMD register (GCC vector extension, 64 bytes
+// with AVX-512: 16 floats or 8 doubles; else 32 bytes: 8 floats or 4 doubles) that can stand in for the scalar type R of the per-element templates
 // of math/ldm_math.h. Instantiated with Lane<R>, such a function processes W tokens at once (one
 // per lane); every lane performs exactly the scalar function's operations in the same order
 // (+, -, *, / and sqrt are lane-wise IEEE operations, like the scalar ones), so the results are
@@ -11,13 +11,22 @@
 
 #define LDM_LANE_INLINE __attribute__((always_inline))
 
+// Bytes per Lane: one register of the widest vector unit the build targets (AVX-512: 64, else 32,
+// i.e. two AVX2 registers would otherwise stand for each Lane and spill). Results do not depend on
+// it: each lane computes the scalar function.
+#ifdef __AVX512F__
+#define LDM_LANE_BYTES 64
+#else
+#define LDM_LANE_BYTES 32
+#endif
+
 namespace ldm {
 namespace cpu {
 
 template <typename R>
 struct Lane {
-    static constexpr int W = 64 / (int)sizeof(R);
-    typedef R V __attribute__((vector_size(64)));
+    static constexpr int W = LDM_LANE_BYTES / (int)sizeof(R);
+    typedef R V __attribute__((vector_size(LDM_LANE_BYTES)));
     V v;
 
     Lane() = default;
@@ -60,10 +69,19 @@ inline Lane<R> ldm_sqrt(Lane<R> x) {
 // exp: x > 88.73 -> inf, x < -103.98 -> 0, subnormal results rounded once; log: +-0 -> -inf,
 // x < 0 -> NaN, inf -> inf, subnormal inputs exact in the exponent.
 namespace lanes_detail {
-typedef float F16 __attribute__((vector_size(64)));
-typedef int I16 __attribute__((vector_size(64)));
-inline F16 splat(float x) { return F16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-inline I16 splat_i(int x) { return I16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+typedef float F16 __attribute__((vector_size(LDM_LANE_BYTES)));  // (16 floats on AVX-512, else 8)
+typedef int I16 __attribute__((vector_size(LDM_LANE_BYTES)));
+constexpr int kLanesF = LDM_LANE_BYTES / 4;
+LDM_LANE_INLINE inline F16 splat(float x) {
+    F16 r;
+    for (int i = 0; i < kLanesF; i++) r[i] = x;
+    return r;
+}
+LDM_LANE_INLINE inline I16 splat_i(int x) {
+    I16 r;
+    for (int i = 0; i < kLanesF; i++) r[i] = x;
+    return r;
+}
 
 inline F16 exp16(F16 x) {
     x = x < splat(-104.0f) ? splat(-104.0f) : x;  // e^-104 < half the smallest subnormal; NaN stays

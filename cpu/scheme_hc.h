@@ -81,7 +81,8 @@ struct HC final : Scheme<R> {
 // cfg.sinkhorn_iters), H_j[k] = Σ_i H_res[k,i] H_i + H_post[k] o. readout: mean of rows.
 // Stores p per token (which holds Rt) and recomputes the Sinkhorn iterates in backward.
 // zh is never materialised: p = rstd (z Φ_jᵀ), and backward uses dΦ += (rstd dp)ᵀ z. The
-// Sinkhorn runs on SIMD lanes, 16 (fp32) / 8 (fp64) tokens per call (cpu/lanes.h).
+// Sinkhorn runs on SIMD lanes, Lane<R>::W tokens per call (cpu/lanes.h: 16 fp32 / 8 fp64 with
+// AVX-512, 8 / 4 otherwise).
 // Init: Φ ~ N(0, 0.02) (stream of its param_specs index), a = 0.01, b = 0.
 template <typename R>
 struct MHC final : Scheme<R> {
