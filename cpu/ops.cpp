@@ -437,7 +437,7 @@ double cross_entropy_forward(R* lse, const R* logits, const int32_t* targets, in
 template <typename R>
 double lm_head_ce_forward(R* logits, R* lse, R* row_max, R* row_inv, const R* x, const R* W,
                           const int32_t* targets, int N, int d, int V, int Vp) {
-    std::vector<double> sum(N, 0.0), loss(N, 0.0);
+    std::vector<double> sum(N, 0.0);
     for (int r0 = 0; r0 < N; r0 += kLmRowTile) {
         const int rows = std::min(kLmRowTile, N - r0);
         for (int c0 = 0; c0 < V; c0 += kLmColTile) {
