@@ -361,7 +361,7 @@ int main_body(int argc, char** argv) {
     // activations per token, plus the LM head's fixed gradient tile (cpu/ops.h lm_head_ce_backward)
     const double state = 4.0 * double(np) * es,
                  act = double(activation_values_per_token(cfg, o.T)) * es * double(bt) +
-                       double(std::min<int64_t>(bt, cpu::kLmRowTile) * std::min(V, cpu::kLmColTile)) * es;
+                       double(cpu::lm_head_ce_scratch_values(bt, V)) * es;
     if (o.dry_run) {
         std::printf("%s", describe(cfg, o.T).c_str());
         std::printf("training memory (%s): params+grads+AdamW m,v = %.3f GiB; activations %.1f KiB/token "

@@ -241,7 +241,7 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
         I.lse.resize(N);
         I.row_max.resize(N);
         I.row_inv.resize(N);
-        I.lm_tile.resize((size_t)std::min(N, kLmRowTile) * std::min(c.vocab_size, kLmColTile));
+        I.lm_tile.resize((size_t)lm_head_ce_scratch_values(N, c.vocab_size));
         for (auto* v : {&I.dyn, &I.dy, &I.d_o, &I.dln, &I.dx}) v->assign((size_t)N * d, R(0));
         for (auto* v : {&I.dao, &I.dq, &I.dqr}) v->assign((size_t)N * qd, R(0));
         for (auto* v : {&I.dk, &I.dv, &I.dkr}) v->assign((size_t)N * kvd, R(0));

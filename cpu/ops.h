@@ -110,10 +110,14 @@ void cross_entropy_backward_inplace(R* probs, const int32_t* targets, int N, int
 // maximum row_max and row_inv = 1 / sum_v exp(logits - row_max) (online over the column tiles);
 // returns mean_n (lse[n] - logits[n, targets[n]]) in double (0 when targets is nullptr).
 // Backward: dx [N, d] += scale G W and dW [V, d] += scale G^T x with G = softmax - onehot(target),
-// built a tile at a time in scratch [kLmRowTile * kLmColTile] from the forward's logits: no
+// built a tile at a time in scratch [lm_head_ce_scratch_values(N, V)] from the forward's logits: no
 // [N, V] gradient buffer and no extra pass over one. Same values as cross_entropy_forward /
 // cross_entropy_backward_inplace + matmul_backward up to rounding.
 constexpr int kLmRowTile = 1024, kLmColTile = 1024;
+// Values of lm_head_ce_backward's scratch tile for N rows over V columns.
+inline int64_t lm_head_ce_scratch_values(int64_t N, int V) {
+    return (N < kLmRowTile ? N : kLmRowTile) * (V < kLmColTile ? V : kLmColTile);
+}
 template <typename R>
 double lm_head_ce_forward(R* logits, R* lse, R* row_max, R* row_inv, const R* x, const R* W,
                           const int32_t* targets, int N, int d, int V, int Vp);
