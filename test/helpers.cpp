@@ -1,5 +1,10 @@
 #include "test/helpers.h"
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -76,6 +81,37 @@ std::string binary_scratch_dir(const std::string& name) {
     std::lock_guard<std::mutex> lk(g_scratch_mu);
     g_binary_scratch_dirs.push_back(d);
     return d;
+}
+
+ChildResult run_child(const std::function<void()>& f) {
+    const std::string dir = scratch_dir("child_stderr");  // (of the running test case)
+    static int children = 0;
+    const std::string path = dir + "/stderr_" + std::to_string(++children);
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        std::signal(SIGABRT, SIG_DFL);
+        const int null_fd = open("/dev/null", O_WRONLY);
+        if (null_fd >= 0) dup2(null_fd, 1);
+        dup2(fd, 2);
+        f();
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ChildResult r;
+    r.aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+    std::FILE* fp = fdopen(fd, "r");
+    std::rewind(fp);
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, fp)) r.err += buf;
+    std::fclose(fp);
+    std::remove(path.c_str());
+    return r;
 }
 
 namespace {

@@ -2,6 +2,7 @@
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,17 @@ void register_scratch_dir(const std::string& dir);
 // A scratch directory like scratch_dir, for files that several test cases of one binary share
 // (made once, e.g. in a function-local static): removed when the whole binary's run passed.
 std::string binary_scratch_dir(const std::string& name);
+
+// What a child process made by run_child did: died of SIGABRT, and its stderr.
+struct ChildResult {
+    bool aborted = false;
+    std::string err;
+};
+// Runs f in a forked child (stdout discarded, stderr captured into a numbered file of the running
+// test case's scratch directory, SIGABRT at its default action so that Catch's handler does not
+// report from the child) and waits for it: for checks that code aborts (the emulator's fail()).
+// The child exits with status 0 when f returns.
+ChildResult run_child(const std::function<void()>& f);
 
 // A numeric tolerance check (doc/testing.md): CHECK(err <= bound) with label, err and bound in
 // the failure message (a NaN err fails). With $LDM_TOL_REPORT naming a file, every call also

@@ -3,15 +3,19 @@
 // and its bit-identical repeat, also with the bucket count read on the device; both production
 // kernels: v1 at every C, v2 16-byte packs where C allows it; fp32 and bf16; vs
 // cpu::embedding_*) at its two small shapes (C = 37: v1 only), requiring every CHECK to PASS;
-// and the host bucket build against a comparison sort.
+// and the host bucket build against a comparison sort. Also the emulation's alignment check
+// (dev/emu/gen.py rewrites every pointer reinterpret_cast into emu::aligned_cast): a misaligned
+// vector access, which faults on a GPU, aborts the emulated kernel.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "cuda_emu/dev_cuda/embedding.cu.h"
 #include "dev/emu/harness.h"
+#include "test/helpers.h"
 
 TEST_CASE("emu: embedding workbench checks (v1, v2)", "[emu][embedding]") {
     Report R;
@@ -63,4 +67,66 @@ TEST_CASE("emu: EmbeddingBuckets::build == a stable comparison sort", "[emu][emb
     }
     const int32_t bad[3] = {4, -1, 2};
     CHECK_THROWS_WITH(EmbeddingBuckets::build(bad, 3), Catch::Contains("token id -1 < 0"));
+}
+
+TEST_CASE("emu: a misaligned vector access aborts the kernel, as it faults on a GPU", "[emu][embedding]") {
+    // The packed forward kernel (generated code: its reinterpret_cast<int4*> became
+    // emu::aligned_cast) copies rows as 16-byte int4. Aligned bases: the rows arrive. The same
+    // launch with the output one float past a 16-byte boundary (what a launcher that skipped
+    // packed_ok would do) must abort with the emulator's message.
+    const int N = 3, C = 8, V = 4;
+    std::vector<float> h_wte((size_t)V * C);
+    std::mt19937 gen(3);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (float& x : h_wte) x = u(gen);
+    const std::vector<int32_t> h_tok = {2, 0, 3};
+    float *wte = nullptr, *out = nullptr;
+    int32_t* tok = nullptr;
+    REQUIRE(cudaMalloc(&wte, h_wte.size() * 4) == cudaSuccess);
+    REQUIRE(cudaMalloc(&out, (size_t)(N * C + 4) * 4) == cudaSuccess);
+    REQUIRE(cudaMalloc(&tok, N * 4) == cudaSuccess);
+    REQUIRE(cudaMemcpy(wte, h_wte.data(), h_wte.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(tok, h_tok.data(), N * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    const auto launch = [&](float* dst) {
+        emu::launch(dim3(1), dim3(96), 0, nullptr, embedding_detail::forward_packed_kernel<float>, dst,
+                    (const int32_t*)tok, (const float*)wte, (int64_t)N, C);
+    };
+    launch(out);
+    std::vector<float> h_out((size_t)N * C);
+    REQUIRE(cudaMemcpy(h_out.data(), out, h_out.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) CHECK(h_out[(size_t)n * C + c] == h_wte[(size_t)h_tok[n] * C + c]);
+    const ChildResult bad = run_child([&] { launch(out + 1); });
+    INFO("child stderr: " << bad.err);
+    CHECK(bad.aborted);
+    CHECK_THAT(bad.err, Catch::Contains("misaligned address") && Catch::Contains("16-byte aligned type of 16 bytes"));
+
+    // emu::aligned_cast itself: each vector type at its own alignment, scalars at theirs, bytes
+    // and nullptr never checked
+    alignas(16) static unsigned char buf[64];
+    CHECK(emu::aligned_cast<const float4*>(buf + 16) == (const float4*)(buf + 16));
+    CHECK(emu::aligned_cast<const float*>(buf + 4) == (const float*)(buf + 4));
+    CHECK(emu::aligned_cast<const char*>(buf + 3) == (const char*)(buf + 3));
+    CHECK(emu::aligned_cast<const float4*>((const float*)nullptr) == nullptr);
+    CHECK(emu::aligned_cast<uint2*>(buf + 8) == (uint2*)(buf + 8));
+    const struct {
+        const char* what;
+        std::function<void()> f;
+        const char* message;
+    } cases[] = {
+        {"float4 at +4", [] { (void)emu::aligned_cast<const float4*>(buf + 4); }, "16-byte aligned type of 16 bytes"},
+        {"uint2 at +4", [] { (void)emu::aligned_cast<uint2*>(buf + 4); }, "8-byte aligned type of 8 bytes"},
+        {"bf16x2 at +2", [] { (void)emu::aligned_cast<__nv_bfloat162*>((bf16*)buf + 1); }, "4-byte aligned type of 4 bytes"},
+        {"uint32 over bf16 at +2", [] { (void)emu::aligned_cast<const uint32_t*>((const bf16*)buf + 1); },
+         "4-byte aligned type of 4 bytes"},
+    };
+    for (const auto& c : cases) {
+        const ChildResult r = run_child(c.f);
+        INFO(c.what << ": child stderr: " << r.err);
+        CHECK(r.aborted);
+        CHECK_THAT(r.err, Catch::Contains("misaligned address") && Catch::Contains(c.message));
+    }
+    cudaFree(wte);
+    cudaFree(out);
+    cudaFree(tok);
 }

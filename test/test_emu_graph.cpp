@@ -1,16 +1,10 @@
 // Stream capture and CUDA graphs under the CPU emulation (dev/emu/emu.h): what a capture records
 // and what a replay does (kernel arguments copied at capture time, copies and memsets in order,
 // nothing run during the capture), and the operations CUDA refuses inside a capture, which the
-// emulator must refuse too (they abort the process: each runs in a forked child whose exit signal
-// and message are checked). The trainers' --cuda-graph path is checked end to end in
-// test_emu_train.cpp.
+// emulator must refuse too (they abort the process: each runs in a forked child, run_child of
+// test/helpers.h, whose exit signal and message are checked). The trainers' --cuda-graph path is
+// checked end to end in test_emu_train.cpp.
 #include <catch2/catch.hpp>
-
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <csignal>
 
 #include <cstdio>
 #include <functional>
@@ -26,46 +20,6 @@ namespace {
 __global__ void affine_kernel(float* y, float scale, float add, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = y[i] * scale + add;
-}
-
-struct Died {
-    bool aborted = false;
-    std::string err;
-};
-
-// Runs f in a forked child with stderr captured; reports whether it died of SIGABRT.
-Died run_child(const std::function<void()>& f) {
-    // the child's stderr goes to a new file (one per child, numbered) in this test's scratch directory
-    const std::string dir = scratch_dir("emu_graph_child");  // (of the running test case)
-    static int children = 0;
-    const std::string path = dir + "/stderr_" + std::to_string(++children);
-    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-    REQUIRE(fd >= 0);
-    std::fflush(stdout);
-    std::fflush(stderr);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        // the child dies of the abort itself: without Catch's handler (which would print a test
-        // report from the child) and with its stdout discarded
-        std::signal(SIGABRT, SIG_DFL);
-        const int null_fd = open("/dev/null", O_WRONLY);
-        if (null_fd >= 0) dup2(null_fd, 1);
-        dup2(fd, 2);
-        f();
-        _exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    Died d;
-    d.aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
-    std::FILE* fp = fdopen(fd, "r");
-    std::rewind(fp);
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, fp)) d.err += buf;
-    std::fclose(fp);
-    std::remove(path.c_str());
-    return d;
 }
 
 }  // namespace
@@ -165,7 +119,7 @@ TEST_CASE("emu graph: what CUDA refuses during a capture aborts with a message",
          }},
     };
     for (const Case& c : cases) {
-        const Died d = run_child([&] {
+        const ChildResult d = run_child([&] {
             float *x = nullptr, *y = nullptr;
             (void)cudaMalloc(&x, 64);
             (void)cudaMalloc(&y, 64);
@@ -179,11 +133,11 @@ TEST_CASE("emu graph: what CUDA refuses during a capture aborts with a message",
         CHECK_THAT(d.err, Catch::Contains(c.message));
     }
     // the legacy stream cannot be captured
-    const Died d0 = run_child([] { (void)cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeThreadLocal); });
+    const ChildResult d0 = run_child([] { (void)cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeThreadLocal); });
     CHECK(d0.aborted);
     CHECK_THAT(d0.err, Catch::Contains("legacy default stream"));
     // and the allowed operations do not abort: async device copies, pinned host copies, a kernel
-    const Died ok = run_child([] {
+    const ChildResult ok = run_child([] {
         float *x = nullptr, *y = nullptr, *h = nullptr;
         (void)cudaMalloc(&x, 64);
         (void)cudaMalloc(&y, 64);

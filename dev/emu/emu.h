@@ -115,6 +115,28 @@ namespace emu {
     std::abort();
 }
 
+// reinterpret_cast<P>(q) for a pointer type P = E* (gen.py rewrites every reinterpret_cast to a
+// pointer type into this), aborting when q is not aligned to alignof(E). A GPU faults
+// ("misaligned address") on a vector access below its natural alignment (float4, int4: 16 bytes;
+// uint2, float2: 8; a uint32_t or __nv_bfloat162 over bf16 data: 4), where x86 would silently
+// load it; the kernels cast right before the access (or cast an array base they then index
+// from), so the cast is where the emulation checks. nullptr and integer sources are not checked.
+template <typename P, typename Q>
+inline P aligned_cast(Q q) {
+    static_assert(std::is_pointer<P>::value, "aligned_cast: the target type must be a pointer");
+    using E = typename std::remove_cv<typename std::remove_pointer<P>::type>::type;
+    if constexpr (std::is_pointer<Q>::value && !std::is_void<E>::value && !std::is_function<E>::value) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(q);
+        if (a % alignof(E) != 0) {
+            char msg[160];
+            std::snprintf(msg, sizeof msg, "misaligned address: %p cast to a %zu-byte aligned type of %zu bytes",
+                          (const void*)q, alignof(E), sizeof(E));
+            fail(msg);
+        }
+    }
+    return reinterpret_cast<P>(q);
+}
+
 enum class Order { kForward, kReverse, kRandom };
 
 namespace detail {

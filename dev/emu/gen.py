@@ -18,6 +18,8 @@ cuda/*.cuh or dev/cuda/*.cuh they include. Rewrites:
     block; under ThreadSanitizer a fresh copy per block);
   * `__trap();  // host: KEY` -> `EMU_HOST_KEY;` (lets a harness define emulations of inline-asm
     paths, e.g. `#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)`);
+  * `reinterpret_cast<E*>(p)` -> `::emu::aligned_cast<E*>(p)` (aborts when p is not aligned to
+    alignof(E): a misaligned vector access faults on a GPU, not on x86);
   * `struct Matmul {...};` (cuBLASLt, matmul.cuh) -> dev/emu/matmul_host.h (host loops);
   * `#include <nccl.h>` -> dev/emu/nccl_emu.h (NCCL on host memory; MPI between ranks);
   * in a workbench, `int main(` -> `int workbench_main(` (a harness calls its static check
@@ -39,6 +41,8 @@ EXTERN_SHARED_RE = re.compile(
     r'extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?([A-Za-z_][A-Za-z_0-9:<>\s]*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;')
 SHARED_RE = re.compile(r'^([ \t]*)__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s+)?[^;]*);', re.M)
 TRAP_RE = re.compile(r'__trap\(\);\s*//\s*host:\s*([A-Za-z_0-9]+)')
+# reinterpret_cast<TYPE*>( with TYPE possibly one level templated (Vec4<T>*, const float4*)
+PTR_CAST_RE = re.compile(r'\breinterpret_cast\s*<((?:[^<>;(){}]|<[^<>;(){}]*>)*\*)\s*>\s*\(')
 
 
 def split_top(s, sep=','):
@@ -143,6 +147,7 @@ def convert(rel, root, out_dir, done, log):
         lambda m: '%s* %s = reinterpret_cast<%s*>(::emu::dyn_smem());' % (m.group(1).strip(), m.group(2), m.group(1).strip()), s)
     s, n_sh = SHARED_RE.subn(rewrite_shared, s)
     s, n_trap = TRAP_RE.subn(lambda m: 'EMU_HOST_%s;' % m.group(1), s)
+    s, n_cast = PTR_CAST_RE.subn(lambda m: '::emu::aligned_cast<%s>(' % m.group(1).strip(), s)
     s, n_mm = replace_matmul(s)
     s, n_nccl = NCCL_RE.subn('#include "dev/emu/nccl_emu.h"  // NCCL on host memory (MPI for several ranks)', s)
     n_main = 0
@@ -160,8 +165,8 @@ def convert(rel, root, out_dir, done, log):
     with open(tmp, 'w') as f:
         f.write(s)
     os.replace(tmp, dst)
-    log.append('%s -> %s: %d launches, %d extern shared, %d shared, %d host traps%s%s' % (
-        rel, emu_name(rel), n_launch, n_ext, n_sh, n_trap, ', Matmul -> host GEMM' if n_mm else '',
+    log.append('%s -> %s: %d launches, %d extern shared, %d shared, %d host traps, %d pointer casts%s%s' % (
+        rel, emu_name(rel), n_launch, n_ext, n_sh, n_trap, n_cast, ', Matmul -> host GEMM' if n_mm else '',
         ', main -> workbench_main' if n_main else '') + (', NCCL -> dev/emu/nccl_emu.h' if n_nccl else ''))
     for d in deps:
         convert(d, root, out_dir, done, log)
