@@ -96,10 +96,16 @@ TEST_CASE("emu: a misaligned vector access aborts the kernel, as it faults on a 
     REQUIRE(cudaMemcpy(h_out.data(), out, h_out.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) CHECK(h_out[(size_t)n * C + c] == h_wte[(size_t)h_tok[n] * C + c]);
-    const ChildResult bad = run_child([&] { launch(out + 1); });
-    INFO("child stderr: " << bad.err);
-    CHECK(bad.aborted);
-    CHECK_THAT(bad.err, Catch::Contains("misaligned address") && Catch::Contains("16-byte aligned type of 16 bytes"));
+    if (EMU_TSAN) {
+        // ThreadSanitizer does not follow the emulator's fibers into a forked child (it reports
+        // the launch's argument copy as a race there and exits 66): the plain build checks this.
+        WARN("SKIP the misaligned launch in a forked child under ThreadSanitizer");
+    } else {
+        const ChildResult bad = run_child([&] { launch(out + 1); });
+        INFO("child stderr: " << bad.err);
+        CHECK(bad.aborted);
+        CHECK_THAT(bad.err, Catch::Contains("misaligned address") && Catch::Contains("16-byte aligned type of 16 bytes"));
+    }
 
     // emu::aligned_cast itself: each vector type at its own alignment, scalars at theirs, bytes
     // and nullptr never checked
