@@ -229,6 +229,11 @@ struct Emu {
     std::vector<unsigned char> dyn_smem;
     size_t dyn_bytes = 0;
     std::vector<const void*> shared_seen;  // static __shared__ objects poisoned in this block
+    // Shared-memory limits of the running launch (launch(), note_static_shared): the bytes of
+    // static __shared__ objects this block has declared so far, and the kernel's
+    // cudaFuncAttributeMaxDynamicSharedMemorySize (-1: never set, i.e. the 48 KiB default).
+    size_t static_bytes = 0;
+    long dyn_optin = -1;
     Order order = Order::kForward;
     int cp_wait_slack = 0;  // fault injection: cp.async.wait_group N waits as if N + slack
     std::mt19937_64 rng{1};
@@ -368,6 +373,7 @@ inline void run_block() {
         init_thread_stack(&t);
     }
     g.shared_seen.clear();
+    g.static_bytes = 0;
     if (!EMU_TSAN && g.dyn_bytes) std::memset(g.dyn_smem.data(), 0xff, g.dyn_bytes);
     std::vector<int> worder, lorder;
     Thread* lanes[kWarp];
@@ -700,6 +706,35 @@ EMU_NOTSAN inline void* dyn_smem() {
     return EMU_TSAN ? (void*)detail::g.dyn_ptr : (void*)detail::g.dyn_smem.data();
 }
 
+// Shared memory per block on sm_90: static __shared__ objects at most 48 KiB (ptxas refuses
+// more); static + dynamic at most 48 KiB unless the kernel opted in with cudaFuncSetAttribute(f,
+// cudaFuncAttributeMaxDynamicSharedMemorySize, n), which allows dynamic <= n and n + static <=
+// 227 KiB. A launch beyond these fails on a GPU; the emulation aborts instead.
+constexpr size_t kSmemDefault = 48 * 1024, kSmemOptin = 227 * 1024;
+
+namespace detail {
+// A static __shared__ object of `bytes` first declared in the running block: adds it to the
+// block's static total and aborts when the total breaks a limit above. The emulation only sees
+// the declarations a thread reaches, so it can undercount a kernel whose declarations sit in
+// branches not taken (ptxas counts them all).
+EMU_NOTSAN inline void note_static_shared(size_t bytes) {
+    g.static_bytes += bytes;
+    const size_t st = g.static_bytes;
+    const char* why = nullptr;
+    if (st > kSmemDefault)
+        why = "static __shared__ memory of a kernel above 48 KiB (ptxas refuses it)";
+    else if (g.dyn_optin < 0 && st + g.dyn_bytes > kSmemDefault)
+        why = "static + dynamic shared memory above 48 KiB without cudaFuncSetAttribute("
+              "cudaFuncAttributeMaxDynamicSharedMemorySize)";
+    else if (g.dyn_optin >= 0 && st + (size_t)g.dyn_optin > kSmemOptin)
+        why = "static shared memory + cudaFuncAttributeMaxDynamicSharedMemorySize above 227 KiB";
+    if (!why) return;
+    std::fprintf(stderr, "emu: %zu bytes static __shared__, %zu bytes dynamic, opt-in %ld\n", st, g.dyn_bytes,
+                 g.dyn_optin);
+    fail(why);
+}
+}  // namespace detail
+
 // First execution of a static __shared__ declaration in a block poisons it with 0xff bytes
 // (NaN floats, -1 integers): a kernel that reads shared memory it did not write sees garbage.
 EMU_NOTSAN inline void shared_init(void* p, size_t bytes) {
@@ -708,6 +743,17 @@ EMU_NOTSAN inline void shared_init(void* p, size_t bytes) {
     if (std::find(s.begin(), s.end(), (const void*)p) != s.end()) return;
     s.push_back(p);
     std::memset(p, 0xff, bytes);
+    detail::note_static_shared(bytes);
+}
+
+// First statement of a kernel declared `__launch_bounds__(max_threads, ...)` (gen.py inserts
+// it): aborts when the block has more threads than max_threads, a launch a GPU refuses.
+EMU_NOTSAN inline void check_launch_bounds(long max_threads) {
+    const dim3 b = detail::g.block;
+    const long nt = (long)b.x * b.y * b.z;
+    if (nt <= max_threads) return;
+    std::fprintf(stderr, "emu: block of %ld threads, kernel declared __launch_bounds__(%ld)\n", nt, max_threads);
+    fail("block size above the kernel's __launch_bounds__ (the launch fails on a GPU)");
 }
 // A static __shared__ object as the running block sees it (gen.py: `__shared__ T a[N];` ->
 // `static T a__emu[N]; auto& a = ::emu::block_shared(a__emu);`): the object itself, poisoned
@@ -726,6 +772,7 @@ EMU_NOTSAN T& block_shared(T& proto) {
     void* p = g.arena + at;
     std::memset(p, 0xff, sizeof(T));
     g.arena_map.push_back({(const void*)&proto, p});
+    note_static_shared(sizeof(T));
     return *static_cast<T*>(p);
 #else
     shared_init(&proto, sizeof(T));
@@ -786,6 +833,46 @@ inline bool record(cudaStream_t s, const char* what, std::function<void()> op) {
     return true;
 }
 
+// cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, n) per kernel: the
+// kernel's address -> n (the other attributes are accepted and ignored).
+namespace detail {
+inline std::vector<std::pair<const void*, int>>& dyn_smem_optin() {
+    static std::vector<std::pair<const void*, int>> a;
+    return a;
+}
+template <typename K>
+inline const void* kernel_key(K k) {
+    if constexpr (std::is_pointer<K>::value && std::is_function<std::remove_pointer_t<K>>::value)
+        return reinterpret_cast<const void*>(k);
+    else if constexpr (std::is_convertible<K, const void*>::value)
+        return k;  // cudaFuncSetAttribute((const void*)f, ...)
+    else
+        return nullptr;  // a functor: no attributes
+}
+// The recorded opt-in of kernel key, or -1.
+inline long optin_of(const void* key) {
+    if (!key) return -1;
+    for (const auto& e : dyn_smem_optin())
+        if (e.first == key) return e.second;
+    return -1;
+}
+}  // namespace detail
+// cudaFuncSetAttribute: cudaErrorInvalidValue for a MaxDynamicSharedMemorySize outside
+// [0, 227 KiB] (as CUDA; the static part is checked at launch, note_static_shared).
+template <typename F>
+inline cudaError_t func_set_attribute_(F* f, cudaFuncAttribute attr, int value) {
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+    if (value < 0 || (size_t)value > kSmemOptin) return cudaErrorInvalidValue;
+    const void* key = detail::kernel_key(f);
+    for (auto& e : detail::dyn_smem_optin())
+        if (e.first == key) {
+            e.second = value;
+            return cudaSuccess;
+        }
+    detail::dyn_smem_optin().push_back({key, value});
+    return cudaSuccess;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...): runs every block, one after the other, to
 // completion before returning (so launches are synchronous). Arguments are copied as in CUDA.
 // During a stream capture the launch is recorded (arguments copied now) and runs at replay.
@@ -797,7 +884,16 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     const int64_t nt = (int64_t)block.x * block.y * block.z;
     if (nt <= 0 || nt > 1024) fail("block size must be 1..1024 threads");
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) fail("empty grid");
-    if (smem > 227 * 1024) fail("dynamic shared memory above 227 KiB");
+    const long optin = optin_of(kernel_key(kernel));
+    if (smem > kSmemOptin) fail("dynamic shared memory above 227 KiB");
+    if (optin < 0 && smem > kSmemDefault) {
+        std::fprintf(stderr, "emu: launch with %zu bytes of dynamic shared memory\n", smem);
+        fail("dynamic shared memory above 48 KiB without cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize)");
+    }
+    if (optin >= 0 && smem > (size_t)optin) {
+        std::fprintf(stderr, "emu: launch with %zu bytes of dynamic shared memory, opt-in %ld\n", smem, optin);
+        fail("dynamic shared memory above the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize");
+    }
     g.launches++;
     g.grid = grid;
     g.block = block;
@@ -812,6 +908,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     }
     g.dyn_smem.assign(std::max<size_t>(smem, 16), 0xff);
     g.dyn_bytes = smem;
+    g.dyn_optin = optin;
     auto tup = std::make_tuple(args...);
     struct Call {
         K kernel;
@@ -1237,7 +1334,7 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaGraphDestroy(g) ::emu::graph_destroy_(g)
 #define cudaGraph_t ::emu::Graph*
 #define cudaGraphExec_t ::emu::Graph*
-#define cudaFuncSetAttribute(...) cudaSuccess
+#define cudaFuncSetAttribute(...) ::emu::func_set_attribute_(__VA_ARGS__)
 #define cudaGetDeviceCount(n) (*(n) = 1, cudaSuccess)
 #define cudaMemGetInfo(f, t) ::emu::mem_get_info_(f, t)
 #define cudaSetDevice(d) ((void)(d), cudaSuccess)

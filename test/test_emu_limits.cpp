@@ -1,0 +1,189 @@
+// Launch limits under the CPU emulation (dev/emu/emu.h): the launches a GPU refuses but a host
+// loop would run must abort in the emulator too. Dynamic shared memory above 48 KiB needs the
+// kernel's cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) opt-in and stays
+// within it; static __shared__ at most 48 KiB, static + dynamic at most 48 KiB without the
+// opt-in and opt-in + static at most 227 KiB; a block no larger than the kernel's
+// __launch_bounds__ (gen.py inserts the check into every such kernel: checked on the generated
+// classifier kernel). Each refused launch runs in a forked child (run_child, test/helpers.h).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_emu/classifier.cuh"
+#include "dev/emu/emu.h"
+#include "test/helpers.h"
+
+namespace {
+
+// out[i] = sum of the first `n` floats of dynamic shared memory after each thread fills its
+// strided share with (k + 1) * 0.5: out[blockIdx.x] = 0.25 n (n + 1). Each kernel below is a
+// distinct function (the opt-in is per kernel) with the same body.
+__device__ void fill_and_sum(float* out, int n) {
+    float* sm = (float*)::emu::dyn_smem();
+    for (int k = threadIdx.x; k < n; k += blockDim.x) sm[k] = 0.5f * (float)(k + 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int k = 0; k < n; k++) s += sm[k];
+        out[blockIdx.x] = (float)s;
+    }
+}
+__global__ void dyn_kernel_a(float* out, int n) { fill_and_sum(out, n); }
+__global__ void dyn_kernel_b(float* out, int n) { fill_and_sum(out, n); }
+__global__ void dyn_kernel_c(float* out, int n) { fill_and_sum(out, n); }
+
+// A kernel with a static __shared__ array of NB bytes, declared as gen.py writes it, plus the
+// dynamic part: out[blockIdx.x] = sum of both after every thread wrote its share.
+template <int NB>
+__global__ void static_kernel(float* out, int ndyn) {
+    static float st__emu[NB / 4];
+    auto& st = ::emu::block_shared(st__emu);
+    for (int k = threadIdx.x; k < NB / 4; k += blockDim.x) st[k] = 1.0f;
+    __syncthreads();
+    fill_and_sum(out, ndyn);
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int k = 0; k < NB / 4; k++) s += st[k];
+        out[blockIdx.x] += (float)s;
+    }
+}
+
+float expect_sum(int n) { return (float)(0.25 * (double)n * (double)(n + 1)); }
+
+}  // namespace
+
+TEST_CASE("emu limits: dynamic shared memory above 48 KiB needs the kernel's opt-in and stays within it",
+          "[emu][limits]") {
+    float* out = nullptr;
+    REQUIRE(cudaMalloc(&out, 2 * sizeof(float)) == cudaSuccess);
+    const size_t k48 = 48 * 1024, k64 = 64 * 1024;
+
+    // at the default limit: runs without an opt-in
+    emu::launch(dim3(2), dim3(96), k48, nullptr, dyn_kernel_a, out, (int)(k48 / 4));
+    CHECK(out[0] == expect_sum((int)(k48 / 4)));
+    CHECK(out[1] == expect_sum((int)(k48 / 4)));
+
+    // 64 KiB without the opt-in: refused
+    ChildResult r = run_child([&] { emu::launch(dim3(1), dim3(64), k64, nullptr, dyn_kernel_a, out, 16); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("above 48 KiB without cudaFuncSetAttribute"));
+
+    // opted in to 64 KiB: runs, and reads back all of it
+    REQUIRE(cudaFuncSetAttribute(dyn_kernel_a, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k64) == cudaSuccess);
+    emu::launch(dim3(2), dim3(128), k64, nullptr, dyn_kernel_a, out, (int)(k64 / 4));
+    CHECK(out[0] == expect_sum((int)(k64 / 4)));
+    CHECK(out[1] == expect_sum((int)(k64 / 4)));
+
+    // beyond its own opt-in: refused
+    r = run_child([&] { emu::launch(dim3(1), dim3(64), k64 + 16, nullptr, dyn_kernel_a, out, 16); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("above the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize"));
+
+    // the opt-in belongs to one kernel: another with the same body is still refused
+    r = run_child([&] { emu::launch(dim3(1), dim3(64), k64, nullptr, dyn_kernel_b, out, 16); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("above 48 KiB without cudaFuncSetAttribute"));
+
+    // a later, smaller setting replaces the earlier one; through a void pointer too
+    REQUIRE(cudaFuncSetAttribute(dyn_kernel_c, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) ==
+            cudaSuccess);
+    REQUIRE(cudaFuncSetAttribute((const void*)dyn_kernel_c, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)k64) == cudaSuccess);
+    r = run_child([&] { emu::launch(dim3(1), dim3(64), 100 * 1024, nullptr, dyn_kernel_c, out, 16); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("above the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize"));
+
+    // the sm_90 maximum: 227 KiB (the launch itself refuses more, opt-in or not)
+    CHECK(cudaFuncSetAttribute(dyn_kernel_b, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 + 4) ==
+          cudaErrorInvalidValue);
+    CHECK(cudaFuncSetAttribute(dyn_kernel_b, cudaFuncAttributeMaxDynamicSharedMemorySize, -1) ==
+          cudaErrorInvalidValue);
+    REQUIRE(cudaFuncSetAttribute(dyn_kernel_b, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024) ==
+            cudaSuccess);
+    emu::launch(dim3(1), dim3(256), 227 * 1024, nullptr, dyn_kernel_b, out, 227 * 256);
+    CHECK(out[0] == expect_sum(227 * 256));
+    // other attributes are accepted and change nothing
+    CHECK(cudaFuncSetAttribute(dyn_kernel_b, cudaFuncAttributePreferredSharedMemoryCarveout, 100) == cudaSuccess);
+    cudaFree(out);
+}
+
+TEST_CASE("emu limits: static __shared__ counts toward the shared-memory limits", "[emu][limits]") {
+    float* out = nullptr;
+    REQUIRE(cudaMalloc(&out, sizeof(float)) == cudaSuccess);
+    constexpr int k32 = 32 * 1024;
+
+    // 32 KiB static + 16 KiB dynamic = 48 KiB: runs without an opt-in (both parts read back)
+    emu::launch(dim3(1), dim3(128), 16 * 1024, nullptr, static_kernel<k32>, out, 4096);
+    CHECK(out[0] == expect_sum(4096) + (float)(k32 / 4));
+
+    // 32 KiB static + 20 KiB dynamic without an opt-in: refused (the dynamic part alone is fine)
+    ChildResult r = run_child([&] { emu::launch(dim3(1), dim3(64), 20 * 1024, nullptr, static_kernel<k32>, out, 16); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("static + dynamic shared memory above 48 KiB"));
+
+    // more than 48 KiB of static __shared__: refused (ptxas would not build it)
+    r = run_child([&] { emu::launch(dim3(1), dim3(64), 0, nullptr, static_kernel<52 * 1024>, out, 0); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("static __shared__ memory of a kernel above 48 KiB"));
+
+    // opted in: 32 KiB static + 100 KiB dynamic runs; an opt-in of 200 KiB + 32 KiB static is
+    // above 227 KiB and refused even when the launch itself asks for less
+    REQUIRE(cudaFuncSetAttribute(static_kernel<k32>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024) ==
+            cudaSuccess);
+    emu::launch(dim3(1), dim3(128), 100 * 1024, nullptr, static_kernel<k32>, out, 25600);
+    CHECK(out[0] == expect_sum(25600) + (float)(k32 / 4));
+    REQUIRE(cudaFuncSetAttribute(static_kernel<k32>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) ==
+            cudaSuccess);
+    r = run_child([&] { emu::launch(dim3(1), dim3(64), 1024, nullptr, static_kernel<k32>, out, 16); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("static shared memory + cudaFuncAttributeMaxDynamicSharedMemorySize above 227 KiB"));
+    cudaFree(out);
+}
+
+TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (generated classifier kernel)",
+          "[emu][limits]") {
+    using namespace ldm::gpu;
+    using classifier_detail::classifier_kernel;
+    // one row of V = 7 logits (random, non-zero) and its target; the kernel turns the row into
+    // dlogits = (softmax - onehot) * dscale and writes the row's loss
+    const int V = 7;
+    float *logits = nullptr, *losses = nullptr;
+    int32_t* targets = nullptr;
+    REQUIRE(cudaMalloc(&logits, V * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&losses, sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&targets, sizeof(int32_t)) == cudaSuccess);
+    const float x[V] = {0.31f, -1.2f, 2.05f, 0.77f, -0.4f, 1.1f, -2.3f};
+    for (int i = 0; i < V; i++) logits[i] = x[i];
+    targets[0] = 3;
+    const int kThreads = classifier_detail::kThreads;
+
+    // at the bound: runs, with the closed-form loss log(sum exp x) - x_t
+    emu::launch(dim3(1), dim3(kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets, V, V,
+                1.0f, true);
+    double z = 0.0;
+    for (int i = 0; i < V; i++) z += std::exp((double)x[i]);
+    CHECK(std::fabs((double)losses[0] - (std::log(z) - (double)x[3])) <= 1e-5);
+
+    // twice the bound: refused
+    const ChildResult r = run_child([&] {
+        emu::launch(dim3(1), dim3(2 * kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets,
+                    V, V, 1.0f, true);
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("above the kernel's __launch_bounds__") &&
+                          Catch::Contains("block of " + std::to_string(2 * kThreads) + " threads"));
+    cudaFree(logits);
+    cudaFree(losses);
+    cudaFree(targets);
+}
