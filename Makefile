@@ -132,9 +132,11 @@ EMU_CXXFLAGS = $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragma
 $(EMU_PROGS:%=%.o): $(BUILD)/emu/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 	$(call say,CXX,$*.cu (emulated))
 	$(Q)$(CXX) $(EMU_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
+# -rdynamic: kernels keep their symbols in the dynamic table, so that $EMU_LAUNCH_LOG names them
+# (dladdr; scripts/launch_check.py joins the log with ptxas's registers per kernel).
 $(EMU_PROGS): $(BUILD)/emu/%: $(BUILD)/emu/%.o $(LIB)
 	$(call say,LD,$@)
-	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(Q)$(CXX) $(LDFLAGS) -rdynamic $^ $(LDLIBS) -o $@
 $(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$<)

@@ -3,13 +3,14 @@
 trainers compile (ptxas -v on sm_90 at the Makefile's -O3; its -lineinfo and compute_80 PTX do
 not change the sm_90 code), as a markdown table. No GPU needed.
 
-    scripts/ptxas_report.py [--out FILE.md] [--arch 90] [--nvcc PATH] [SRC.cu ...]
+    scripts/ptxas_report.py [--out FILE.md] [--tsv FILE.tsv] [--arch 90] [--nvcc PATH] [SRC.cu ...]
 
 Default sources: train_gpt_baselines.cu and train_ldm.cu (every production kernel is instantiated
 there). One row per kernel (demangled, template arguments included; overloads merged, the worst
 of each column), with the sources that compile it; the summary line counts kernels with spills.
 Exit status: 0, or 1 when nvcc fails or its output has no kernel entries (the report would be
-empty).
+empty). --tsv also writes one line per mangled kernel name, "name<TAB>registers<TAB>static smem B"
+(the worst over sources), for scripts/launch_check.py.
 """
 import argparse
 import os
@@ -84,6 +85,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sources", nargs="*", default=["train_gpt_baselines.cu", "train_ldm.cu"])
     ap.add_argument("--out", help="write the markdown here (atomically) instead of stdout")
+    ap.add_argument("--tsv", help="also write mangled name, registers, static smem per kernel here (atomically)")
     ap.add_argument("--arch", default="90", help="SM version to compile for (default 90: Hopper)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc",
                     help="the nvcc to use (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)")
@@ -92,6 +94,7 @@ def main():
         print("error: no nvcc (tried %s); pass --nvcc" % a.nvcc, file=sys.stderr)
         return 1
     merged = {}  # kernel name -> worst resources over instantiations and sources
+    by_mangled = {}  # mangled name -> (registers, static smem), worst over sources
     for src in a.sources:
         path = os.path.join(ROOT, src) if not os.path.isabs(src) else src
         if not os.path.exists(path):
@@ -111,6 +114,8 @@ def main():
             return 1
         names = demangle(sorted(k))
         for mangled, v in k.items():
+            r0, s0 = by_mangled.get(mangled, (0, 0))
+            by_mangled[mangled] = (max(r0, v["regs"]), max(s0, v["smem"]))
             key = short(names[mangled])
             w = merged.setdefault(key, dict(v, srcs=[]))
             if os.path.basename(src) not in w["srcs"]:
@@ -136,6 +141,12 @@ def main():
         L.append("| %s | `%s` | %d | %d | %d | %d | %d |" % (
             src, key.replace("|", "\\|"), v["regs"], v["smem"], v["stack"], v["spill_st"], v["spill_ld"]))
     text = "\n".join(L) + "\n"
+    if a.tsv:
+        tmp = a.tsv + ".tmp"
+        with open(tmp, "w") as f:
+            for mangled in sorted(by_mangled):
+                f.write("%s\t%d\t%d\n" % (mangled, by_mangled[mangled][0], by_mangled[mangled][1]))
+        os.replace(tmp, a.tsv)
     if a.out:
         tmp = a.out + ".tmp"
         with open(tmp, "w") as f:

@@ -1,9 +1,15 @@
 // ptxas resources of the GPU trainers' kernels (scripts/ptxas_report.py: nvcc -Xptxas -v on sm_90,
-// no GPU needed): no kernel spills registers to local memory beyond a few bytes. The bound (64
-// bytes of spill stores or loads per thread) leaves room for the few bytes that ptxas versions
-// move around in two rarely-hot kernels (the scalar bf16 attention forward and the hd-64 dQ
-// kernel: 4-8 bytes with nvcc 13.0) and catches what matters: the rls warp kernels at d_k 16 once
-// kept P and dP in registers and spilled 1.5-17 KB per thread. Skips visibly without nvcc.
+// no GPU needed), checked two ways:
+//   no kernel spills registers to local memory beyond a few bytes. The bound (64 bytes of spill
+//   stores or loads per thread) leaves room for the few bytes that ptxas versions move around in
+//   two rarely-hot kernels (the scalar bf16 attention forward and the hd-64 dQ kernel: 4-8 bytes
+//   with nvcc 13.0) and catches what matters: the rls warp kernels at d_k 16 once kept P and dP in
+//   registers and spilled 1.5-17 KB per thread;
+//   every launch configuration the emulated trainers make (build/emu/train_*, $EMU_LAUNCH_LOG,
+//   every scheme and LDM path, fp32 and bf16, with validation and sampling) fits sm_90's
+//   registers per block and shared memory with ptxas's numbers (scripts/launch_check.py), which
+//   the emulation alone cannot see; the checker itself is checked on a made-up log.
+// Skips visibly without nvcc (or without the emulated trainers / data for the second).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -13,20 +19,54 @@
 #include "test/helpers.h"
 #include "test/test_train_shards.h"
 
-TEST_CASE("ptxas: no trainer kernel spills more than 64 bytes per thread (sm_90)", "[ptxas][cuda]") {
+namespace {
+
+// The ptxas report of both trainers, made once per test binary: {markdown, tsv} paths, or empty
+// (with a SKIP) without nvcc.
+struct Report {
+    std::string md, tsv;
+};
+Report ptxas_report() {
+    static Report rep;
+    static bool done = false;
+    if (done) return rep;
     const std::string nvcc = std::getenv("NVCC") ? std::getenv("NVCC") : "/usr/local/cuda/bin/nvcc";
     if (std::system(("test -x '" + nvcc + "' || command -v nvcc >/dev/null 2>&1").c_str()) != 0) {
         WARN("SKIP ptxas report: no nvcc");
-        return;
+        done = true;
+        return rep;
     }
-    const std::string dir = scratch_dir("ptxas");
-    const std::string out = dir + "/ptxas.md";
-    const std::string cmd = "cd '" LDM_SOURCE_DIR "' && python3 scripts/ptxas_report.py --out '" + out + "'" +
+    const std::string dir = binary_scratch_dir("ptxas");
+    const Report out{dir + "/ptxas.md", dir + "/ptxas.tsv"};
+    const std::string cmd = "cd '" LDM_SOURCE_DIR "' && python3 scripts/ptxas_report.py --out '" + out.md +
+                            "' --tsv '" + out.tsv + "'" +
                             (std::getenv("NVCC") ? " --nvcc '" + nvcc + "'" : std::string()) + " 2>&1";
     RunResult r = run_cmd(cmd);
     INFO(cmd << "\n" << r.out);
+    done = true;
     REQUIRE(r.status == 0);
-    const std::string md = slurp(out);
+    rep = out;
+    return rep;
+}
+
+RunResult launch_check(const std::string& tsv, const std::string& log, int min_matched) {
+    return run_cmd("python3 '" LDM_SOURCE_DIR "/scripts/launch_check.py' --ptxas '" + tsv + "' --launches '" + log +
+                   "' --min-matched " + std::to_string(min_matched) + " 2>&1");
+}
+
+void write_file(const std::string& path, const std::string& text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f);
+    REQUIRE(std::fwrite(text.data(), 1, text.size(), f) == text.size());
+    REQUIRE(std::fclose(f) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("ptxas: no trainer kernel spills more than 64 bytes per thread (sm_90)", "[ptxas][cuda]") {
+    const Report rep = ptxas_report();
+    if (rep.md.empty()) return;
+    const std::string md = slurp(rep.md);
     int kernels = 0, ldm_kernels = 0;
     for (const std::string& line : split(md, '\n')) {
         if (line.rfind("| train_", 0) != 0) continue;
@@ -43,4 +83,93 @@ TEST_CASE("ptxas: no trainer kernel spills more than 64 bytes per thread (sm_90)
     }
     CHECK(kernels > 100);  // every production kernel of both trainers (368 with nvcc 13.0)
     CHECK(ldm_kernels > 20);
+}
+
+TEST_CASE("ptxas: launch_check.py flags the launches sm_90 refuses (made-up kernels)", "[ptxas][cuda]") {
+    const std::string dir = scratch_dir("launch_check");
+    // kernel a: 128 registers; b: 64 registers and 40 KiB static shared memory; c: 255 registers
+    write_file(dir + "/k.tsv", "a\t128\t0\nb\t64\t40960\nc\t255\t0\n");
+    struct Case {
+        const char* log;
+        bool ok;
+        const char* message;
+    };
+    const Case cases[] = {
+        {"a\t512\t0\t-1\t0\n", true, "1 matched"},  // 16 warps x 128 x 32 = 65536: exactly the limit
+        {"a\t513\t0\t-1\t0\n", false, "513 threads x 128 registers need 69632 registers per block"},
+        {"b\t1024\t0\t-1\t40960\n", true, "0 violations"},  // 64 registers: 1024 threads fit
+        {"c\t256\t0\t-1\t0\n", true, "0 violations"},       // 8 warps x 256 x 32 = 65536
+        {"c\t257\t0\t-1\t0\n", false, "need 73728 registers per block"},  // 9 warps x 8192
+        {"b\t64\t8192\t-1\t0\n", true, "0 violations"},  // 40 + 8 KiB: exactly 48 KiB
+        {"b\t64\t8196\t-1\t0\n", false, "40960 B static + 8196 B dynamic shared memory above 48 KiB"},
+        {"b\t64\t8192\t8192\t0\n", true, "0 violations"},
+        {"b\t64\t8196\t8192\t0\n", false, "8196 B dynamic shared memory above the opt-in of 8192 B"},
+        {"b\t64\t1024\t192512\t0\n", false, "static + opt-in 192512 B above 227 KiB"},
+        {"b\t64\t0\t-1\t45000\n", false, "the emulation saw 45000 B static shared memory, ptxas 40960 B"},
+        {"?\t64\t0\t-1\t0\nzz\t64\t0\t-1\t0\n", false, "only 0 launch configurations matched"},
+        {"a\t64\t0\n", false, "expected 5 tab-separated fields"},
+    };
+    for (const Case& c : cases) {
+        write_file(dir + "/l.log", c.log);
+        const RunResult r = launch_check(dir + "/k.tsv", dir + "/l.log", 1);
+        INFO(c.log << "-> " << r.out);
+        CHECK((r.status == 0) == c.ok);
+        CHECK_THAT(r.out, Catch::Contains(c.message));
+    }
+}
+
+TEST_CASE("ptxas: every launch of the emulated trainers fits sm_90's registers and shared memory",
+          "[ptxas][cuda][emu]") {
+    const std::string emu = build_dir_of_test() + "/emu/";
+    if (!ldm::file_exists(emu + "train_ldm") || !ldm::file_exists(emu + "train_gpt_baselines")) {
+        WARN("SKIP launch check: the emulated trainers are not built (no CUDA headers at build time?)");
+        return;
+    }
+    const std::string dd = data_dir_or_skip("the launch check trains on tiny Shakespeare");
+    if (dd.empty()) return;
+    const Report rep = ptxas_report();
+    if (rep.tsv.empty()) return;
+    const std::string dir = scratch_dir("launches");
+    RunResult r = run_cmd(build_dir_of_test() + "/ldm_data shards --tokenizer bytes --input '" + dd +
+                          "/tinyshakespeare/input.txt' --format text --text-split blank --out-dir '" + dir +
+                          "' --name sh --val-tokens 20000 --quiet 2>&1");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    const std::string log = dir + "/launches.tsv";
+    const std::string common = " --preset tiny -B 3 -T 13 --seed 7 --tokenizer bytes --steps 1 --total-batch-tokens 78"
+                               " --train-data '" + dir + "/sh_train_*.bin' --val-data '" + dir +
+                               "/sh_val_*.bin' --val-batches 1 --val-every 1 --sample-every 1 --sample-tokens 4"
+                               " --quiet --out-dir '" + dir + "/run'";
+    // every scheme and LDM kernel path (the configurations of test_emu_train)
+    const char* baselines[] = {"--scheme preln", "--scheme preln --n-head 2 --n-kv-head 1 --head-dim 64",
+                               "--scheme hc --hc-streams 3", "--scheme mhc --hc-streams 4", "--scheme attnres-full",
+                               "--scheme attnres-block --attnres-blocks 2"};
+    const char* ldm_paths[] = {"--ldm-mode store", "--ldm-mode unwind", "--ldm-mode window --ldm-window 2",
+                               "--ldm-mode window --ldm-window 9", "--ldm-mode unwind --ldm-heads 2 --ldm-dk 16",
+                               "--ldm-mode unwind --ldm-heads 2 --ldm-dk 24", "--ldm-rule delta --ldm-mode store",
+                               "--ldm-rule outer --ldm-mode unwind"};
+    int runs = 0;
+    for (const char* dtype : {"fp32", "bf16"}) {
+        for (const char* f : baselines) {
+            r = run_cmd("EMU_LAUNCH_LOG='" + log + "' " + emu + "train_gpt_baselines" + common + " " + f + " --dtype " +
+                        dtype + " 2>&1");
+            INFO(f << " " << dtype << ": " << r.out);
+            REQUIRE(r.status == 0);
+            runs++;
+        }
+        for (const char* f : ldm_paths) {
+            r = run_cmd("EMU_LAUNCH_LOG='" + log + "' " + emu + "train_ldm --scheme ldm" + common + " " + f +
+                        " --dtype " + dtype + " 2>&1");
+            INFO(f << " " << dtype << ": " << r.out);
+            REQUIRE(r.status == 0);
+            runs++;
+        }
+    }
+    REQUIRE(runs == 28);
+    // more than 100 distinct configurations, each resolved to a kernel ptxas compiled
+    r = launch_check(rep.tsv, log, 100);
+    INFO(r.out);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains(" 0 unresolved symbols, 0 kernels ptxas did not report, 0 violations"));
+    WARN(r.out.substr(0, r.out.find('\n')));
 }

@@ -30,6 +30,9 @@
 #define LDM_EMULATED 1
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <cuda_bf16.h>
 #if __has_include(<cublasLt.h>)
 #include <cublasLt.h>
@@ -873,6 +876,41 @@ inline cudaError_t func_set_attribute_(F* f, cudaFuncAttribute attr, int value) 
     return cudaSuccess;
 }
 
+// $EMU_LAUNCH_LOG naming a file: every distinct launch configuration (kernel, threads per block,
+// dynamic shared memory, opt-in) of the process is appended to it as one line
+// "symbol<TAB>threads<TAB>dynamic smem B<TAB>opt-in B or -1<TAB>static smem B seen", the symbol
+// the kernel's mangled name (dladdr: the program must export it, i.e. link with -rdynamic; "?"
+// when it cannot be resolved, e.g. internal linkage). scripts/launch_check.py joins the log with
+// ptxas's registers and static shared memory per kernel (the limits the emulation cannot see).
+namespace detail {
+inline void log_launch(const void* key, int64_t threads, size_t smem, long optin) {
+    static const char* path = std::getenv("EMU_LAUNCH_LOG");
+    if (!path || !*path || !key) return;
+    struct Seen {
+        const void* key;
+        int64_t threads;
+        size_t smem;
+        long optin;
+    };
+    static std::vector<Seen> seen;
+    for (const Seen& e : seen)
+        if (e.key == key && e.threads == threads && e.smem == smem && e.optin == optin) return;
+    seen.push_back({key, threads, smem, optin});
+    Dl_info info{};
+    const char* name = dladdr(const_cast<void*>(key), &info) && info.dli_sname && info.dli_saddr == key
+                           ? info.dli_sname : "?";
+    char line[4096];
+    const int n = std::snprintf(line, sizeof line, "%s\t%lld\t%zu\t%ld\t%zu\n", name, (long long)threads, smem,
+                                optin, g.static_bytes);
+    if (n <= 0 || (size_t)n >= sizeof line) return;  // (a symbol longer than the line: left out)
+    const int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);  // one write per line: processes may share it
+    if (fd < 0) fail("cannot open $EMU_LAUNCH_LOG");
+    const bool ok = write(fd, line, (size_t)n) == n;
+    close(fd);
+    if (!ok) fail("cannot write $EMU_LAUNCH_LOG");
+}
+}  // namespace detail
+
 // kernel<<<grid, block, smem, stream>>>(args...): runs every block, one after the other, to
 // completion before returning (so launches are synchronous). Arguments are copied as in CUDA.
 // During a stream capture the launch is recorded (arguments copied now) and runs at replay.
@@ -936,6 +974,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     __tsan_acquire(&g.exit_sync);  // every emulated thread's work happens before what follows
 #endif
     g.in_kernel = false;
+    log_launch(kernel_key(kernel), nt, smem, optin);
 }
 
 // ---- runtime API on host memory -------------------------------------------------------------
