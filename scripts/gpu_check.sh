@@ -27,7 +27,9 @@
 #   LDM_BENCH (1, the default: also bench train_ldm rls unwind at d_k 8 and 4, and window 4; 0: skip;
 #   doc/cuda.md "LDM kernels"),
 #   TORCH_PEER (1, the default: the PyTorch peer of the preln benchmark, eager and torch.compile,
-#   scripts/torch_bench.py; BENCH_PYTHON names its Python, PEER_TIMEOUT 240 s each; 0: skip),
+#   scripts/torch_bench.py; BENCH_PYTHON names its Python, PEER_TIMEOUT 240 s each; 0: skip;
+#   PEER_MODES, default "eager compile"; PEER_DEVICE, default cuda: cpu runs the peer on the host,
+#   for test_bench_script's dry run of this script on the emulated trainers),
 #   LDM_DATA_DIR (data; else ../shared/data).
 # Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -213,9 +215,9 @@ bench() {  # bench <label> <extra flags...>
     row "$(printf 'bench %-20s PASS  %s' "$label" "$(python3 -c '
 import json, sys
 j = json.loads(sys.argv[1][6:])
-print("%.0f tok/s, %.1f ms/step, MFU %.1f%% (peak %.0f TFLOP/s), peak mem %.1f GiB, scheme %d B/token" % (
-    j["tokens_per_s"], j["step_ms"], 100 * j["mfu"], j["peak_bf16_tflops"], j["peak_mem_gib"],
-    j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
+mfu = "MFU %.1f%% (peak %.0f TFLOP/s)" % (100 * j["mfu"], j["peak_bf16_tflops"]) if j.get("mfu") else "MFU n/a (peak unknown)"
+print("%.0f tok/s, %.1f ms/step, %s, peak mem %.1f GiB, scheme %d B/token" % (
+    j["tokens_per_s"], j["step_ms"], mfu, j["peak_mem_gib"], j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
     printf '%s\t%s\n' "$label" "${line#BENCH }" >> "$OUTDIR/bench_lines.txt"
     # --profile-stages: its per-stage table goes into the summary too
     sed -n '/^stage breakdown/,/^  sum of the stages/p' "$log" | sed 's/^/    /' >> "$TABLE"
@@ -243,13 +245,13 @@ if [ -x "$TRAINER" ]; then
     bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
     bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1
   fi
-  # inference (cuda/infer.cuh): prefill of T/2 tokens, then 128 decode steps, B sequences
+  # inference (cuda/infer.cuh): prefill of T/2 tokens, then min(128, T/2) decode steps, B sequences
   if [ "${INFER_BENCH:-1}" = 1 ] && ! over_budget "bench infer-preln"; then
     ilog="$OUTDIR/bench_infer_preln.log"
     echo "== bench infer-preln"
     t0=$(date +%s)
     timeout -k 5 "$BENCH_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
-      --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):128" > "$ilog" 2>&1
+      --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" > "$ilog" 2>&1
     rc=$? dt=$(( $(date +%s) - t0 ))
     iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
     if [ "$rc" = 0 ] && [ -n "$iline" ]; then
@@ -277,18 +279,21 @@ fi
 # SDPA; eager and torch.compile), in the same run; rows "torch-<mode>" of the table (MFU against the
 # C++ run's FLOPs per token and measured peak)
 PEER_PY=""
+PEER_DEVICE=${PEER_DEVICE:-cuda}
+PEER_PROBE='import torch; assert torch.cuda.is_available()'
+[ "$PEER_DEVICE" = cpu ] && PEER_PROBE='import torch'
 for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
-  if command -v "$p" > /dev/null && "$p" -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then PEER_PY=$p; break; fi
+  if command -v "$p" > /dev/null && "$p" -c "$PEER_PROBE" 2> /dev/null; then PEER_PY=$p; break; fi
 done
 if [ "${TORCH_PEER:-1}" = 1 ] && [ -z "$PEER_PY" ]; then
-  row "peer torch                 n/a   (no Python with CUDA PyTorch)"
+  row "peer torch                 n/a   (no Python with $([ "$PEER_DEVICE" = cpu ] || echo 'CUDA ')PyTorch)"
 elif [ "${TORCH_PEER:-1}" = 1 ]; then
-  for mode in eager compile; do
+  for mode in ${PEER_MODES:-eager compile}; do
     over_budget "peer torch-$mode" && continue
     plog="$OUTDIR/peer_torch_$mode.log"
     echo "== peer torch-$mode"
     t0=$(date +%s)
-    timeout -k 5 "${PEER_TIMEOUT:-240}" "$PEER_PY" scripts/torch_bench.py bench --device cuda --mode "$mode" --dtype bf16 \
+    timeout -k 5 "${PEER_TIMEOUT:-240}" "$PEER_PY" scripts/torch_bench.py bench --device "$PEER_DEVICE" --mode "$mode" --dtype bf16 \
       --preset "$BENCH_PRESET" --scheme preln -B "$BENCH_B" -T "$BENCH_T" --steps "$BENCH_STEPS" --warmup 2 \
       --spec-bin "$BUILD/generate_cpu" > "$plog" 2>&1
     rc=$? dt=$(( $(date +%s) - t0 ))
@@ -305,7 +310,7 @@ try:
             base = json.loads(v)
 except OSError:
     pass
-j["mfu"] = (base["model_flops_per_token"] * j["tokens_per_s"] / 1e12 / base["peak_bf16_tflops"]) if base else 0.0
+j["mfu"] = (base["model_flops_per_token"] * j["tokens_per_s"] / 1e12 / base["peak_bf16_tflops"]) if base and base.get("peak_bf16_tflops") else None
 with open(sys.argv[2], "a") as f:
     f.write("torch-%s\t%s\n" % (sys.argv[3], json.dumps(j)))
 ratio = ("C++ preln / this %.2fx" % (base["tokens_per_s"] / j["tokens_per_s"])) if base else "no C++ preln row"
@@ -335,8 +340,9 @@ print("%-22s %10s %9s %6s %9s %12s %12s" % ("benchmark", "tok/s", "ms/step", "MF
 for k, j in rows:
     rel_t = "%.3f" % (j["tokens_per_s"] / base["tokens_per_s"]) if base else "-"
     rel_m = "%.3f" % (j["peak_mem_gib"] / base["peak_mem_gib"]) if base else "-"
-    print("%-22s %10.0f %9.1f %5.1f%% %9.1f %12s %12s" % (k, j["tokens_per_s"], j["step_ms"], 100 * j["mfu"],
-                                                        j["peak_mem_gib"], rel_t, rel_m))
+    mfu = "%5.1f%%" % (100 * j["mfu"]) if j.get("mfu") else "%6s" % "-"
+    print("%-22s %10.0f %9.1f %s %9.1f %12s %12s" % (k, j["tokens_per_s"], j["step_ms"], mfu, j["peak_mem_gib"],
+                                                    rel_t, rel_m))
 EOF
 fi
 echo "total $(( $(date +%s) - T0 )) s; logs in $OUTDIR; $([ "$FAILS" = 0 ] && echo 'ALL PASS' || echo "$FAILS FAILED")$([ "$SKIPPED" != 0 ] && echo ", $SKIPPED SKIPPED (time budget)")"

@@ -2,6 +2,11 @@
 // LDM rls, C++ and PyTorch eager): the report files exist, the CSV has one ok row per (scheme,
 // implementation) with positive, sane values, the markdown has the tables and targets, the PNGs
 // are PNGs. Needs the tokenizer in the data dir (SKIP otherwise) and /usr/bin/python3 with torch.
+// scripts/gpu_check.sh (the one GPU check, never run on a GPU so far) dry-runs here on the emulated
+// trainers (build/emu/train_*) in a made-up build directory, workbenches replaced by stubs that
+// print CHECK lines, the PyTorch peer on the CPU: every row, the summary table and the exit status
+// (a failing workbench CHECK, the time budget) are checked, so a GPU session does not find the
+// script's own bugs.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -150,4 +155,101 @@ TEST_CASE("bench_cpu_schemes.sh --bytes --d-model: both sides run the overridden
     const size_t p = rj.find("\"param_count\":");
     REQUIRE(p != std::string::npos);
     CHECK(std::stoll(rj.substr(p + 14)) > n_cpp);
+}
+
+namespace {
+
+// A build directory for gpu_check.sh --prebuilt under dir: cuda/train_* are the emulated
+// trainers, cuda/<workbench> a stub printing one passing CHECK (fail_wb: a failing one too), the
+// CPU tools and the GPU tests (which skip without a GPU) from this build.
+std::string fake_gpu_build(const std::string& dir, const std::string& fail_wb) {
+    const std::string bin = build_dir_of_test(), fb = dir + "/build";
+    std::string cmd = "set -e; mkdir -p '" + fb + "/cuda' '" + fb + "/test'";
+    for (const char* t : {"train_gpt_baselines", "train_ldm"})
+        cmd += std::string("; ln -s '") + bin + "/emu/" + t + "' '" + fb + "/cuda/" + t + "'";
+    for (const char* t : {"ldm_data", "generate_cpu"})
+        cmd += std::string("; ln -s '") + bin + "/" + t + "' '" + fb + "/" + t + "'";
+    for (const char* t : {"test_gpu_infer", "test_dist"})
+        cmd += std::string("; ln -s '") + bin + "/test/" + t + "' '" + fb + "/test/" + t + "'";
+    cmd += "; for s in '" LDM_SOURCE_DIR "'/dev/cuda/*.cu; do n=$(basename \"$s\" .cu); f='" + fb +
+           "/cuda/'$n; printf '#!/bin/sh\\necho \"CHECK %s stub PASS\"\\necho \"BENCH %s stub 1.0 ms\"\\n' $n $n > $f;"
+           " chmod +x $f; done";
+    if (!fail_wb.empty())
+        cmd += "; printf 'echo \"CHECK " + fail_wb + " bf16 err 0.5 > 0.01 FAIL\"\\n' >> '" + fb + "/cuda/" + fail_wb + "'";
+    const RunResult r = run_cmd(cmd + " 2>&1");
+    INFO(cmd << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    return fb;
+}
+
+RunResult gpu_check(const std::string& build, const std::string& out, const std::string& env) {
+    return run_cmd("cd '" LDM_SOURCE_DIR "' && BUILD='" + build + "' OUT='" + out +
+                   "' BENCH_PRESET=tiny BENCH_T=16 BENCH_B=1 BENCH_STEPS=2 BENCH_PYTHON=/usr/bin/python3 " + env +
+                   " bash scripts/gpu_check.sh --prebuilt 2>&1");
+}
+
+}  // namespace
+
+TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary, the exit status",
+          "[bench][script][emu]") {
+    if (!ldm::file_exists(build_dir_of_test() + "/emu/train_gpt_baselines") ||
+        !ldm::file_exists(build_dir_of_test() + "/emu/train_ldm")) {
+        WARN("SKIP gpu_check.sh dry run: the emulated trainers are not built (no CUDA headers at build time?)");
+        return;
+    }
+    const std::string dir = train_scratch("gpu_check_dry");
+
+    // everything on: each scheme, graph, profile, NCCL, inference, LDM benches, the peer (eager, CPU)
+    {
+        const std::string fb = fake_gpu_build(dir + "/ok", "");
+        const RunResult r = gpu_check(fb, dir + "/ok/out", "PEER_DEVICE=cpu PEER_MODES=eager");
+        INFO(r.out);
+        CHECK(r.status == 0);
+        CHECK_THAT(r.out, Catch::Contains("================ gpu_check: host emulation (dev/emu)"));
+        CHECK_THAT(r.out, Catch::Contains("ALL PASS"));
+        CHECK_THAT(r.out, !Catch::Contains("Traceback"));
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*workbench attention +PASS  checks 1, failed 0, exit 0[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*test test_gpu_infer +PASS[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*test test_dist\\[gpu\\] +PASS[\\s\\S]*"));
+        for (const char* b : {"preln", "hc", "mhc", "attnres-full", "attnres-block", "preln-graph", "preln-profile",
+                              "preln-nccl-z1-flat", "preln-nccl-z1-overlap", "ldm-rls-unwind", "ldm-rls-unwind-dk4",
+                              "ldm-rls-window4"}) {
+            INFO(b);
+            // the bench row, formatted (tok/s, ms/step; MFU n/a: the emulated device has no peak)
+            CHECK_THAT(r.out, Catch::Matches(std::string("[\\s\\S]*\\nbench ") + b +
+                                             " +PASS  [0-9]+ tok/s, [0-9.]+ ms/step, MFU n/a \\(peak unknown\\), "
+                                             "peak mem [0-9.]+ GiB, scheme [0-9]+ B/token\\n[\\s\\S]*"));
+            // and its line in the summary table (ratios to preln)
+            CHECK_THAT(r.out, Catch::Matches(std::string("[\\s\\S]*\\n") + b +
+                                             " +[0-9]+ +[0-9.]+ +- +[0-9.]+ +[0-9.]+ +[0-9.]+\\n[\\s\\S]*"));
+        }
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*bench infer-preln +PASS  prefill [0-9]+ tok/s \\(B=1, P=8\\), "
+                                         "decode [0-9.]+ ms/token[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Contains("stage breakdown (--profile-stages") && Catch::Contains("sum of the stages"));
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*peer torch-eager +PASS  [0-9]+ tok/s, [0-9.]+ ms/step, .*"
+                                         "C\\+\\+ preln / this [0-9.]+x[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Contains("tok/s/preln") && Catch::Contains("\ntorch-eager "));
+    }
+    // a failing workbench CHECK: a FAIL row with the CHECK line, exit 1 (the rest still runs)
+    {
+        const std::string fb = fake_gpu_build(dir + "/fail", "matmul");
+        const RunResult r = gpu_check(fb, dir + "/fail/out",
+                                      "SCHEMES=preln GRAPH_BENCH=0 PROFILE_BENCH=0 NCCL_BENCH=0 INFER_BENCH=0 "
+                                      "LDM_BENCH=0 TORCH_PEER=0");
+        INFO(r.out);
+        CHECK(r.status == 1);
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*workbench matmul +FAIL  checks 2, failed 1, exit 0[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Contains("    CHECK matmul bf16 err 0.5 > 0.01 FAIL"));
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*\\nbench preln +PASS[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Contains("1 FAILED"));
+    }
+    // no time budget left: every item after the device probe is listed as SKIP, nothing fails
+    {
+        const RunResult r = gpu_check(dir + "/ok/build", dir + "/budget/out", "BUDGET=0 TORCH_PEER=0");
+        INFO(r.out);
+        CHECK(r.status == 0);
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*workbench attention +SKIP  \\(time budget 0 s spent\\)[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*bench preln +SKIP  \\(time budget 0 s spent\\)[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Contains("ALL PASS, ") && Catch::Contains("SKIPPED (time budget)"));
+    }
 }
