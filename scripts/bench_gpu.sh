@@ -31,7 +31,8 @@
 # Data: random token ids in a synthetic shard (timing does not depend on them); the GPT-2
 # tokenizer (only its vocabulary size is used) from $LDM_DATA_DIR, ../shared/data or
 # ./shared/data. Builds the binaries it needs when missing (BUILD=dir, default build; --prebuilt:
-# never run make). BENCH_PYTHON names the Python with torch (default: python3, /usr/bin/python3).
+# never run make). BENCH_PYTHON names the Python with torch (default: python3, /usr/bin/python3);
+# PEER_DEVICE (default cuda; cpu: the PyTorch peer on the host, for test_bench_script's dry run).
 # Without a GPU it prints "skipped: no GPU" and exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -156,9 +157,9 @@ for shape in $SHAPES; do
       $PY - "$OUT/infer_rows.jsonl" "$s" "$label" "$irc" "${iline#BENCH_INFER }" "$(grep -m1 'error' "$ilog")" <<'PY'
 import json, sys
 path, scheme, shape, rc, line, err = sys.argv[1:7]
-row = {"scheme": scheme, "shape": shape, "status": "ok" if rc == "0" and line else "fail (exit %s) %s" % (rc, err)}
-if line:
-    row.update(json.loads(line))
+row = json.loads(line) if line else {}
+row["trainer_scheme"] = row.pop("scheme", None)  # the trainer's own name ("ldm" for every LDM rule)
+row.update({"scheme": scheme, "shape": shape, "status": "ok" if rc == "0" and line else "fail (exit %s) %s" % (rc, err)})
 with open(path, "a") as f:
     f.write(json.dumps(row) + "\n")
 PY
@@ -169,7 +170,7 @@ PY
         # shellcheck disable=SC2086
         $PY scripts/torch_bench.py run --rows "$OUT/rows.jsonl" --impl "torch-$m" --label "$s" --shape "$label" \
           --n-layer "$nl_run" --timeout "$TIMEOUT" --log "$OUT/logs/torch_${m}_${preset}_${T}_${s}.txt" -- \
-          $PY scripts/torch_bench.py bench --device cuda --mode "$m" --dtype "$DTYPE" --preset "$preset" \
+          $PY scripts/torch_bench.py bench --device "${PEER_DEVICE:-cuda}" --mode "$m" --dtype "$DTYPE" --preset "$preset" \
           "${tl[@]}" $tflags -B "$B" -T "$T" --steps "$STEPS" --warmup "$TORCH_WARMUP" --spec-bin "$BUILD/generate_cpu"
       done
     fi

@@ -253,3 +253,41 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         CHECK_THAT(r.out, Catch::Contains("ALL PASS, ") && Catch::Contains("SKIPPED (time budget)"));
     }
 }
+
+TEST_CASE("bench_gpu.sh dry run on the emulated trainers: bench.md rows, ratios to PyTorch, inference labels",
+          "[bench][script][emu]") {
+    if (!ldm::file_exists(build_dir_of_test() + "/emu/train_gpt_baselines") ||
+        !ldm::file_exists(build_dir_of_test() + "/emu/train_ldm")) {
+        WARN("SKIP bench_gpu.sh dry run: the emulated trainers are not built (no CUDA headers at build time?)");
+        return;
+    }
+    if (data_dir_or_skip("bench_gpu.sh needs the GPT-2 tokenizer").empty()) return;
+    const std::string dir = train_scratch("bench_gpu_dry");
+    const std::string fb = fake_gpu_build(dir, "");
+    // bench_gpu.sh finds a GPU through nvidia-smi: a stand-in on PATH names the emulated device
+    RunResult r = run_cmd("mkdir -p '" + dir + "/bin' && printf '#!/bin/sh\\ncase \"$1\" in -L) echo \"GPU 0: "
+                          "emulated (stand-in nvidia-smi)\";; *) echo \"emulated\";; esac\\n' > '" + dir +
+                          "/bin/nvidia-smi' && chmod +x '" + dir + "/bin/nvidia-smi' 2>&1");
+    REQUIRE(r.status == 0);
+    r = run_cmd("cd '" LDM_SOURCE_DIR "' && PATH='" + dir + "/bin':$PATH BUILD='" + fb +
+                "' PEER_DEVICE=cpu BENCH_PYTHON=/usr/bin/python3 bash scripts/bench_gpu.sh --prebuilt --out '" + dir +
+                "/out' --shapes tiny:16:1 --schemes 'preln ldm-rls ldm-delta' --steps 2 --no-compile --timeout 120 2>&1");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("(6 rows, 0 not ok)"));
+    const std::string md = slurp(dir + "/out/bench.md");
+    INFO(md);
+    // one row per scheme: C++ tokens/s, vs PreLN, eager tokens/s and the C++ / eager ratio
+    for (const char* s : {"preln", "ldm-rls", "ldm-delta"})
+        CHECK_THAT(md, Catch::Matches(std::string("[\\s\\S]*\\n\\| ") + s +
+                                      " \\| [0-9]+ \\| [0-9.]+ \\| [0-9]+ \\| [0-9.]+x \\| - \\| - \\|[\\s\\S]*"));
+    CHECK_THAT(md, Catch::Contains("| preln | ") && Catch::Contains(" | 1.000 | "));
+    CHECK_THAT(md, Catch::Contains("## Targets") && Catch::Contains("preln >= 1.3x torch-eager"));
+    // the inference rows keep the benchmark's labels (the trainer reports "ldm" for every rule)
+    for (const char* s : {"preln", "ldm-rls", "ldm-delta"})
+        CHECK_THAT(md, Catch::Matches(std::string("[\\s\\S]*\\n\\| tiny T=16 B=1 \\| ") + s +
+                                      " \\| 1 \\| 8 \\| 8 \\| [0-9]+ \\| [0-9.]+ \\| [0-9]+ \\| [\\s\\S]*"));
+    CHECK(ldm::file_exists(dir + "/out/bench.csv"));
+    CHECK(ldm::file_exists(dir + "/out/infer.csv"));
+    CHECK(slurp(dir + "/out/infer.csv").find("ldm-delta") != std::string::npos);
+}
