@@ -50,6 +50,18 @@ def violations(name, regs, static, threads, dyn, optin, emu_static):
     return out
 
 
+def read_tsv(path, nfields):
+    """The lines of a tab-separated file, each split into its nfields fields (ValueError otherwise)."""
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            c = line.rstrip("\n").split("\t")
+            if len(c) != nfields:
+                raise ValueError("%s:%d: expected %d tab-separated fields" % (path, i, nfields))
+            rows.append(c)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ptxas", required=True, help="scripts/ptxas_report.py --tsv output")
@@ -57,23 +69,9 @@ def main():
     ap.add_argument("--min-matched", type=int, default=1,
                     help="fail when fewer launch configurations than this match a ptxas kernel (default 1)")
     a = ap.parse_args()
-    kernels = {}
     try:
-        with open(a.ptxas) as f:
-            for i, line in enumerate(f, 1):
-                c = line.rstrip("\n").split("\t")
-                if len(c) != 3:
-                    print("error: %s:%d: expected 3 tab-separated fields" % (a.ptxas, i), file=sys.stderr)
-                    return 1
-                kernels[c[0]] = (int(c[1]), int(c[2]))
-        configs = set()
-        with open(a.launches) as f:
-            for i, line in enumerate(f, 1):
-                c = line.rstrip("\n").split("\t")
-                if len(c) != 5:
-                    print("error: %s:%d: expected 5 tab-separated fields" % (a.launches, i), file=sys.stderr)
-                    return 1
-                configs.add((c[0], int(c[1]), int(c[2]), int(c[3]), int(c[4])))
+        kernels = {c[0]: (int(c[1]), int(c[2])) for c in read_tsv(a.ptxas, 3)}
+        configs = {(c[0], int(c[1]), int(c[2]), int(c[3]), int(c[4])) for c in read_tsv(a.launches, 5)}
     except (OSError, ValueError) as e:
         print("error: %s" % e, file=sys.stderr)
         return 1

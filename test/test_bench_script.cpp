@@ -192,11 +192,7 @@ RunResult gpu_check(const std::string& build, const std::string& out, const std:
 
 TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary, the exit status",
           "[bench][script][emu]") {
-    if (!ldm::file_exists(build_dir_of_test() + "/emu/train_gpt_baselines") ||
-        !ldm::file_exists(build_dir_of_test() + "/emu/train_ldm")) {
-        WARN("SKIP gpu_check.sh dry run: the emulated trainers are not built (no CUDA headers at build time?)");
-        return;
-    }
+    if (!emu_trainers_built("gpu_check.sh dry run")) return;
     const std::string dir = train_scratch("gpu_check_dry");
 
     // everything on: each scheme, graph, profile, NCCL, inference, LDM benches, the peer (eager, CPU)
@@ -256,11 +252,7 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
 
 TEST_CASE("bench_gpu.sh dry run on the emulated trainers: bench.md rows, ratios to PyTorch, inference labels",
           "[bench][script][emu]") {
-    if (!ldm::file_exists(build_dir_of_test() + "/emu/train_gpt_baselines") ||
-        !ldm::file_exists(build_dir_of_test() + "/emu/train_ldm")) {
-        WARN("SKIP bench_gpu.sh dry run: the emulated trainers are not built (no CUDA headers at build time?)");
-        return;
-    }
+    if (!emu_trainers_built("bench_gpu.sh dry run")) return;
     if (data_dir_or_skip("bench_gpu.sh needs the GPT-2 tokenizer").empty()) return;
     const std::string dir = train_scratch("bench_gpu_dry");
     const std::string fb = fake_gpu_build(dir, "");

@@ -56,22 +56,7 @@ std::string emu_trainer_or_skip(const std::string& name) {
     return p;
 }
 
-// Byte-level shards of tiny Shakespeare (train + 20k-token val), made once per test binary.
-std::string byte_shards() {
-    static std::string dir;
-    if (!dir.empty()) return dir;
-    const std::string dd = data_dir_or_skip("the emulated training tests need tiny Shakespeare");
-    if (dd.empty()) return "";
-    const std::string d = binary_scratch_dir("emu_train_shards");
-    const std::string cmd = build_dir_of_test() + "/ldm_data shards --tokenizer bytes --input '" + dd +
-                            "/tinyshakespeare/input.txt' --format text --text-split blank --out-dir '" + d +
-                            "' --name sh --val-tokens 20000 --quiet";
-    RunResult r = run_cmd(cmd);
-    INFO(cmd << "\n" << r.out);
-    REQUIRE(r.status == 0);
-    dir = d;
-    return dir;
-}
+std::string byte_shards() { return tiny_shakespeare_byte_shards("the emulated training tests need tiny Shakespeare"); }
 
 void run_ok(const std::string& cmd) {
     RunResult r = run_cmd(cmd);

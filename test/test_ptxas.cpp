@@ -120,24 +120,17 @@ TEST_CASE("ptxas: launch_check.py flags the launches sm_90 refuses (made-up kern
 
 TEST_CASE("ptxas: every launch of the emulated trainers fits sm_90's registers and shared memory",
           "[ptxas][cuda][emu]") {
-    const std::string emu = build_dir_of_test() + "/emu/";
-    if (!ldm::file_exists(emu + "train_ldm") || !ldm::file_exists(emu + "train_gpt_baselines")) {
-        WARN("SKIP launch check: the emulated trainers are not built (no CUDA headers at build time?)");
-        return;
-    }
-    const std::string dd = data_dir_or_skip("the launch check trains on tiny Shakespeare");
-    if (dd.empty()) return;
+    if (!emu_trainers_built("launch check")) return;
+    const std::string shards = tiny_shakespeare_byte_shards("the launch check trains on tiny Shakespeare");
+    if (shards.empty()) return;
     const Report rep = ptxas_report();
     if (rep.tsv.empty()) return;
+    const std::string emu = build_dir_of_test() + "/emu/";
     const std::string dir = scratch_dir("launches");
-    RunResult r = run_cmd(build_dir_of_test() + "/ldm_data shards --tokenizer bytes --input '" + dd +
-                          "/tinyshakespeare/input.txt' --format text --text-split blank --out-dir '" + dir +
-                          "' --name sh --val-tokens 20000 --quiet 2>&1");
-    INFO(r.out);
-    REQUIRE(r.status == 0);
+    RunResult r;
     const std::string log = dir + "/launches.tsv";
     const std::string common = " --preset tiny -B 3 -T 13 --seed 7 --tokenizer bytes --steps 1 --total-batch-tokens 78"
-                               " --train-data '" + dir + "/sh_train_*.bin' --val-data '" + dir +
+                               " --train-data '" + shards + "/sh_train_*.bin' --val-data '" + shards +
                                "/sh_val_*.bin' --val-batches 1 --val-every 1 --sample-every 1 --sample-tokens 4"
                                " --quiet --out-dir '" + dir + "/run'";
     // every scheme and LDM kernel path (the configurations of test_emu_train)

@@ -25,20 +25,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string byte_shards() {
-    static std::string dir;
-    if (!dir.empty()) return dir;
-    const std::string dd = data_dir_or_skip("the trainer robustness tests need tiny Shakespeare");
-    if (dd.empty()) return "";
-    const std::string d = binary_scratch_dir("robust_shards");
-    RunResult r = run_cmd(build_dir_of_test() + "/ldm_data shards --tokenizer bytes --input '" + dd +
-                          "/tinyshakespeare/input.txt' --format text --text-split blank --out-dir '" + d +
-                          "' --name sh --val-tokens 20000 --quiet");
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    dir = d;
-    return dir;
-}
+std::string byte_shards() { return tiny_shakespeare_byte_shards("the trainer robustness tests need tiny Shakespeare"); }
 
 std::string cmd(const std::string& shards, const std::string& extra) {
     return trainer_path() + " --preset tiny -B 2 -T 32 --tokenizer bytes --seed 3 --train-data '" + shards +

@@ -94,3 +94,31 @@ inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
         if (!line.empty()) out.push_back(nlohmann::json::parse(line));
     return out;
 }
+
+// Byte-level shards of tiny Shakespeare (--tokenizer bytes: sh_train_*.bin, a 20k-token
+// sh_val_*.bin) in a scratch directory of this test binary, made once per binary; "" (with a
+// SKIP naming `what`) when the data directory is absent.
+inline std::string tiny_shakespeare_byte_shards(const char* what) {
+    static std::string dir;
+    if (!dir.empty()) return dir;
+    const std::string dd = data_dir_or_skip(what);
+    if (dd.empty()) return "";
+    const std::string d = binary_scratch_dir("byte_shards");
+    const std::string cmd = build_dir_of_test() + "/ldm_data shards --tokenizer bytes --input '" + dd +
+                            "/tinyshakespeare/input.txt' --format text --text-split blank --out-dir '" + d +
+                            "' --name sh --val-tokens 20000 --quiet 2>&1";
+    RunResult r = run_cmd(cmd);
+    INFO(cmd << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    dir = d;
+    return dir;
+}
+
+// True when both emulated trainers (build/emu/train_*) are built; else false with a SKIP naming
+// `what` (no CUDA headers at build time).
+inline bool emu_trainers_built(const char* what) {
+    const std::string e = build_dir_of_test() + "/emu/";
+    if (ldm::file_exists(e + "train_gpt_baselines") && ldm::file_exists(e + "train_ldm")) return true;
+    WARN("SKIP " << what << ": the emulated trainers are not built (no CUDA headers at build time?)");
+    return false;
+}
