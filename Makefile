@@ -174,6 +174,13 @@ $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(TEST_COMMON) $(LIB)
 	$(call say,LD,$@)
 	$(Q)$(TSAN_LINK)
 
+# wgmma (dev/cuda/wgmma.cuh, the attention workbench's wgmma variant) exists only on the
+# arch-specific target sm_90a: the attention workbench's CUDA_ARCH=90 cubin is built as sm_90a
+# (the same H100/H200 run it; the compute_80 PTX stays portable and traps in the wgmma kernel,
+# which the workbench runs only on compute capability 9.0).
+comma := ,
+WGMMA_BINS := $(BUILD)/cuda/attention
+$(WGMMA_BINS): NVCCFLAGS := $(subst arch=compute_90$(comma)code=sm_90 ,arch=compute_90a$(comma)code=sm_90a ,$(NVCCFLAGS))
 cuda: $(CU_BINS)
 $(BUILD)/cuda/%: %.cu $(LIB)
 	@mkdir -p $(dir $@)

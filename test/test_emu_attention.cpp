@@ -3,8 +3,9 @@
 // kernel_backward (row-dot, then dK/dV and dQ): the scalar kernels (fp32 and bf16, one warp per
 // row), the mma kernels (bf16 mma.sync m16n8k16 with ldmatrix fragments, production), the
 // workbench's mma-plain variant (plain shared-memory fragment loads) and mma-pipe variant
-// (dev/cuda/attention_pipelined.cuh: cp.async pipelines), with mma.sync and ldmatrix emulated as
-// warp collectives per the PTX ISA fragment tables and cp.async completing only at its wait,
+// (dev/cuda/attention_pipelined.cuh: cp.async pipelines) and wgmma forward
+// (dev/cuda/attention_wgmma.cuh), with mma.sync, ldmatrix and wgmma emulated as warp collectives
+// per the PTX ISA fragment and descriptor tables and cp.async completing only at its wait,
 // against cpu/ops.h attention in double (out, lse, dqkv). Outputs are poisoned with NaN; each case
 // runs under the three scheduling orders and must give bit-identical results. Also: the
 // emulator's cp.async semantics, and that the pipelined kernels fail when a wait is too shallow.
@@ -244,6 +245,22 @@ TEST_CASE("emu: attention mma-pipe (cp.async pipelines, diagonal-only mask, 128-
     // A pipeline whose waits are one group short reads stages before they land: caught.
     run<bf16>(shapes[2], kMmaPipe, 1, 1);
     run<bf16>(shapes[5], kMmaPipe, 2, 1);
+#endif
+}
+
+TEST_CASE("emu: attention wgmma forward (sm_90a warpgroup MMA from swizzled shared tiles, cp.async pipeline)",
+          "[emu][attention]") {
+    // T = 1; partial tiles with GQA 2 (hd 64: 128-row blocks of two warpgroups, 128-key tiles);
+    // several key tiles so the stage ring wraps (T = 300: the last block's second warpgroup is all
+    // padding and skips every tile);
+    // hd 128 with GQA 2 and 4. The backward is mma-pipe's, from the wgmma forward's out and lse.
+    REQUIRE(attn_wgmma::wgmma_supported(64));  // the emulated device is compute capability 9.0
+    const Shape shapes[] = {{1, 1, 2, 1, 64},  {2, 37, 4, 2, 64},   {1, 300, 2, 1, 64},
+                            {1, 1, 4, 2, 128}, {1, 150, 4, 2, 128}, {1, 270, 4, 1, 128}};
+    uint64_t seed = 301;
+    for (const Shape& sh : shapes) run<bf16>(sh, kWgmma, seed += 7);
+#if !EMU_TSAN
+    run<bf16>(shapes[2], kWgmma, 3, 1);  // cp.async waits one group short: caught
 #endif
 }
 

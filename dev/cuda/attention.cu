@@ -2,7 +2,9 @@
 // Kernels (Kernel below): scalar and mma (the two production families, attention_forward picks by
 // dtype and head_dim), mma-plain (the mma kernels with fragments read by plain shared-memory
 // loads instead of ldmatrix: the previous production path, kept here to compare) and mma-pipe
-// (dev/cuda/attention_pipelined.cuh: cp.async pipelines, diagonal-only masking, larger tiles).
+// (dev/cuda/attention_pipelined.cuh: cp.async pipelines, diagonal-only masking, larger tiles) and
+// wgmma (dev/cuda/attention_wgmma.cuh: an sm_90a warpgroup-MMA forward, paired with the mma-pipe
+// backward; compute capability 9.0 only, the workbench built for sm_90a).
 // The mma kernels are bf16 only (fp32 runs skip them).
 // Checks each kernel's forward (out, lse) and backward (dqkv), and the production dispatch, against the
 // CPU reference cpu::attention_forward / attention_backward in double (q, k, v split from the
@@ -15,6 +17,7 @@
 
 #include "cuda/attention.cuh"
 #include "dev/cuda/attention_pipelined.cuh"
+#include "dev/cuda/attention_wgmma.cuh"
 #include "dev/cuda/attention_plain_frags.cuh"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
@@ -36,15 +39,16 @@ struct Shape {
 int g_failures = 0;
 
 // The kernel families of the workbench; kAuto = the production dispatch (attention_forward).
-enum Kernel { kAuto = 0, kScalar = 1, kMmaPlain = 2, kMma = 3, kMmaPipe = 4 };
+enum Kernel { kAuto = 0, kScalar = 1, kMmaPlain = 2, kMma = 3, kMmaPipe = 4, kWgmma = 5 };
 const char* kernel_name(Kernel k) {
-    return k == kAuto ? "auto" : k == kScalar ? "scalar" : k == kMmaPlain ? "mma-plain" : k == kMma ? "mma" : "mma-pipe";
+    return k == kAuto ? "auto" : k == kScalar ? "scalar" : k == kMmaPlain ? "mma-plain" : k == kMma ? "mma" : k == kMmaPipe ? "mma-pipe" : "wgmma";
 }
 template <typename T>
 bool kernel_supported(Kernel k, int hd) {
     if (k == kAuto) return true;
     if (k == kScalar) return attn_detail::scalar_supported<T>(hd);
     if (k == kMmaPipe) return std::is_same<T, bf16>::value && attn_pipe::pipe_supported(hd);
+    if (k == kWgmma) return std::is_same<T, bf16>::value && attn_wgmma::wgmma_supported(hd);
     return attn_detail::mma_supported<T>(hd);
 }
 template <typename T>
@@ -61,6 +65,8 @@ void kernel_forward(Kernel k, T* out, float* lse, const T* qkv, int B, int T_, i
         if (k == kMmaPlain && hd == 128) mma_forward<128, PlainFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPipe && hd == 64) attn_pipe::pipe_forward<64>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPipe && hd == 128) attn_pipe::pipe_forward<128>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kWgmma && hd == 64) attn_wgmma::wgmma_forward<64>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kWgmma && hd == 128) attn_wgmma::wgmma_forward<128>(out, lse, qkv, B, T_, nh, nkv, scale, s);
     }
 }
 template <typename T>
@@ -76,8 +82,11 @@ void kernel_backward(Kernel k, T* dqkv, float* scratch, const T* dout, const T* 
         if (k == kMma && hd == 128) mma_backward<128, LdsmFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 64) mma_backward<64, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 128) mma_backward<128, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-        if (k == kMmaPipe && hd == 64) attn_pipe::pipe_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-        if (k == kMmaPipe && hd == 128) attn_pipe::pipe_backward<128>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        // wgmma: the forward only; its backward is mma-pipe's
+        if ((k == kMmaPipe || k == kWgmma) && hd == 64)
+            attn_pipe::pipe_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if ((k == kMmaPipe || k == kWgmma) && hd == 128)
+            attn_pipe::pipe_backward<128>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
     }
 }
 
@@ -250,7 +259,7 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        const std::vector<Kernel> variants = {kAuto, kScalar, kMmaPlain, kMma, kMmaPipe};
+        const std::vector<Kernel> variants = {kAuto, kScalar, kMmaPlain, kMma, kMmaPipe, kWgmma};
         std::printf("production kernels: fp32 hd=64 %s, bf16 hd=64 %s, bf16 hd=128 %s, bf16 hd=16 %s\n",
                     attention_uses_mma<float>(64) ? "mma" : "scalar", attention_uses_mma<bf16>(64) ? "mma" : "scalar",
                     attention_uses_mma<bf16>(128) ? "mma" : "scalar", attention_uses_mma<bf16>(16) ? "mma" : "scalar");
@@ -260,6 +269,9 @@ int main(int argc, char** argv) {
                         "dkdv hd64 %d hd128 %d\n",
                         pipe_fwd_smem<64>(), pipe_fwd_smem<128>(), pipe_dq_smem<64>(), pipe_dq_smem<128>(),
                         pipe_dkdv_smem<64>(), pipe_dkdv_smem<128>());
+            std::printf("wgmma forward shared memory per block (bytes): hd64 %d hd128 %d; wgmma %s on this device\n",
+                        attn_wgmma::wgmma_fwd_smem<64>(), attn_wgmma::wgmma_fwd_smem<128>(),
+                        attn_wgmma::wgmma_supported(64) ? "runs" : "does not run (needs compute capability 9.0)");
         }
         std::vector<Shape> shapes = {
             {1, 1, 2, 1, 64},    {2, 37, 4, 2, 16},    {1, 130, 4, 4, 64},  {2, 257, 8, 2, 128},
@@ -277,7 +289,7 @@ int main(int argc, char** argv) {
             const Shape llama{8, 2048, 16, 16, 64}, qwen{2, 8192, 16, 8, 128};
             bench<float>(llama, kScalar, 1, 3);
             bench<bf16>(llama, kScalar, 1, 3);
-            for (Kernel v : {kMmaPlain, kMma, kMmaPipe}) {
+            for (Kernel v : {kMmaPlain, kMma, kMmaPipe, kWgmma}) {
                 bench<bf16>(llama, v, 3, 20);
                 bench<bf16>(qwen, v, 3, 20);
             }

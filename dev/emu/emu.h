@@ -47,6 +47,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -216,6 +217,19 @@ struct Thread {
     char* stack = nullptr;
 };
 
+// One warp's part of a wgmma.mma_async (m64nNk16, bf16 inputs, fp32 accumulators) between its
+// issue and its completion by wgmma.wait_group: the operands as the instruction saw them at issue
+// (A fragments when A comes from registers, the accumulator input when scale-d is 1, the shared
+// memory descriptors) and where each lane's N/2 accumulators go.
+struct WgmmaOp {
+    int n = 0, scale_d = 0, tnsp_a = 0, tnsp_b = 0, group = -1;
+    bool a_regs = false, chained = false;  // chained: accumulates onto a pending wgmma's result
+    uint64_t desc_a = 0, desc_b = 0;
+    uint32_t a[32][4] = {};
+    float* d[32] = {};
+    std::vector<float> d_in;  // [32][n/2]
+};
+
 struct Emu {
     dim3 grid{1, 1, 1}, block{1, 1, 1};
     uint3 bidx{0, 0, 0};
@@ -232,6 +246,10 @@ struct Emu {
     std::vector<unsigned char> dyn_smem;
     size_t dyn_bytes = 0;
     std::vector<const void*> shared_seen;  // static __shared__ objects poisoned in this block
+    // wgmma: per warp of the running block, the issued and not yet completed wgmma.mma_async
+    // operations (in issue order) and the number of wgmma groups the warp has committed.
+    std::vector<std::vector<WgmmaOp>> wg_ops;
+    std::vector<int> wg_groups;
     // Shared-memory limits of the running launch (launch(), note_static_shared): the bytes of
     // static __shared__ objects this block has declared so far, and the kernel's
     // cudaFuncAttributeMaxDynamicSharedMemorySize (-1: never set, i.e. the 48 KiB default).
@@ -376,6 +394,8 @@ inline void run_block() {
         init_thread_stack(&t);
     }
     g.shared_seen.clear();
+    g.wg_ops.assign((size_t)nw, {});  // wgmma operations never waited for die with their block
+    g.wg_groups.assign((size_t)nw, 0);
     g.static_bytes = 0;
     if (!EMU_TSAN && g.dyn_bytes) std::memset(g.dyn_smem.data(), 0xff, g.dyn_bytes);
     std::vector<int> worder, lorder;
@@ -707,6 +727,249 @@ inline const char* order_name(Order o) {
 // Pointer to the dynamic shared memory of the running block (extern __shared__).
 EMU_NOTSAN inline void* dyn_smem() {
     return EMU_TSAN ? (void*)detail::g.dyn_ptr : (void*)detail::g.dyn_smem.data();
+}
+
+// ---- wgmma (sm_90a warpgroup MMA), PTX ISA "Asynchronous Warpgroup Level Matrix Multiply" ------
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16: a warpgroup (4 consecutive warps, the
+// block a multiple of 128 threads) computes D[64][N] (+)= A[64][16] B[16][N]; warp w of the group
+// owns rows 16(w%4) .. 16(w%4)+15, so each warp's part depends only on its own rows of A and on
+// B, and the emulation runs it as a warp collective. Accumulators: lane l holds d[4i + e] =
+// D[16(w%4) + l/4 + 8(e/2)][8i + 2(l%4) + (e%2)], i < N/8 (the m16n8 C layout repeated over N).
+// A from registers: the mma.sync m16n8k16 A fragment of the warp's 16 rows. A and B from shared
+// memory: a 64-bit matrix descriptor (start address, leading / stride byte offsets LBO / SBO, all
+// >> 4 in 14-bit fields at bits 0, 16, 32; base offset at bits 49-51; swizzle at bits 62-63: 0
+// none, 1 128B, 2 64B, 3 32B) over the canonical layouts of the PTX ISA, T = 8 bf16 per 16 bytes:
+//   K-major  none: ((8,m),(T,2k)):((1T,SBO),(1,LBO))     MN-major none: ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))
+//   K-major  XB:   ((8,m),(T,2k)):((xT,SBO),(1,T))       MN-major XB:   ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO))
+// (x = 2, 4, 8 for 32B, 64B, 128B), then Swizzle<log2 x, 4, 3> on the byte address (address bits
+// 4.. XOR bits 7..). A's K-major is row-major A[m][k]; B's K-major is B[k][n] stored n-major
+// rows of k (imm-trans-b = 1 selects MN-major B, imm-trans-a = 1 MN-major A).
+// Asynchrony: at issue the accumulators become NaN (reading them before wgmma.wait_group covers
+// the operation is undefined on a GPU) and the A registers and accumulator inputs are captured;
+// shared memory is read when the operation completes (wgmma.wait_group), the latest point the
+// hardware may read it, so overwriting an operand before the wait shows. Not emulated (abort): a
+// descriptor base offset other than 0, a swizzled operand whose start is not at row 0 of its
+// swizzle pattern (1024 / 512 / 256 bytes for 128B / 64B / 32B: the only case where the
+// hardware's swizzle phase is not simply the address bits), operands outside dynamic shared
+// memory, scale-a / scale-b of -1. The async proxy is not modelled: fence.proxy.async is a no-op,
+// and the shared-memory reads of a completing wgmma are not reported to ThreadSanitizer.
+
+// Shared-window address of a dynamic shared memory location (__cvta_generic_to_shared): its
+// offset from the block's dynamic shared memory, which the emulation places at shared address 0.
+EMU_NOTSAN inline uint32_t cvta_shared(const void* p) {
+    using namespace detail;
+    Quiet q;
+    const char* base = (const char*)dyn_smem();
+    if (!g.cur || !base || (const char*)p < base || (const char*)p > base + g.dyn_bytes)
+        fail("shared address of a pointer outside the block's dynamic shared memory (the emulation's "
+             "__cvta_generic_to_shared covers dynamic shared memory only)");
+    return (uint32_t)((const char*)p - base);
+}
+
+namespace detail {
+// Byte address in shared memory of element (mn, k) of a wgmma operand (mn < 64 for A, < N for B;
+// k < 16) given its descriptor and major-ness.
+inline uint32_t wgmma_elem_addr(uint64_t desc, int mn, int k, bool mn_major) {
+    const uint32_t start = (uint32_t)(desc & 0x3fff) << 4;
+    const uint32_t lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4;
+    const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
+    const int swz = (int)((desc >> 62) & 3);
+    const int x = swz == 0 ? 1 : swz == 1 ? 8 : swz == 2 ? 4 : 2;  // 16-byte chunks per swizzle row
+    const int row_bytes = 16 * x;
+    uint32_t off;
+    if (!mn_major) {
+        if (swz == 0) off = (uint32_t)((mn % 8) * 16 + (k % 8) * 2) + (uint32_t)(mn / 8) * sbo + (uint32_t)(k / 8) * lbo;
+        else off = (uint32_t)((mn % 8) * row_bytes + k * 2) + (uint32_t)(mn / 8) * sbo;
+    } else {
+        if (swz == 0) off = (uint32_t)((mn % 8) * 2 + (k % 8) * 16) + (uint32_t)(mn / 8) * sbo + (uint32_t)(k / 8) * lbo;
+        else {
+            const int per_row = row_bytes / 2;  // MN elements per swizzle row
+            off = (uint32_t)((mn % per_row) * 2 + (k % 8) * row_bytes) + (uint32_t)(mn / per_row) * lbo +
+                  (uint32_t)(k / 8) * sbo;
+        }
+    }
+    uint32_t a = start + off;
+    if (swz) a ^= ((a >> 7) & (uint32_t)(x - 1)) << 4;
+    return a;
+}
+inline void wgmma_check_desc(uint64_t desc, const char* which) {
+    char msg[200];
+    const uint32_t start = (uint32_t)(desc & 0x3fff) << 4;
+    const int swz = (int)((desc >> 62) & 3);
+    if ((desc >> 49) & 7) {
+        std::snprintf(msg, sizeof msg, "wgmma: %s descriptor has a base offset (not emulated)", which);
+        fail(msg);
+    }
+    const uint32_t pattern = swz == 1 ? 1024 : swz == 2 ? 512 : swz == 3 ? 256 : 16;
+    if (swz && (start % pattern) >= 128) {
+        std::snprintf(msg, sizeof msg,
+                      "wgmma: %s descriptor start 0x%x is not in row 0 of its %u-byte swizzle pattern (not emulated)",
+                      which, start, pattern);
+        fail(msg);
+    }
+}
+inline float wgmma_load_bf16(uint32_t addr) {
+    if ((size_t)addr + 2 > g.dyn_bytes) {
+        char msg[160];
+        std::snprintf(msg, sizeof msg, "wgmma: operand address 0x%x outside the block's %zu bytes of dynamic shared memory",
+                      addr, g.dyn_bytes);
+        fail(msg);
+    }
+    uint16_t v;
+    std::memcpy(&v, (const char*)dyn_smem() + addr, 2);
+    return bf16_bits_to_f(v);
+}
+inline int warp_of(Thread* const* lanes) {
+    for (int l = 0; l < kWarp; l++)
+        if (!lanes[l]) fail("wgmma with exited lanes (all 128 threads of the warpgroup must take part)");
+    if (g.th.size() % 128) fail("wgmma in a block whose size is not a multiple of 128 threads (a warpgroup)");
+    return lanes[0]->lin / kWarp;
+}
+// Performs one warp's part of a wgmma (at its completion).
+inline void wgmma_complete(WgmmaOp& op, int warp) {
+    const int r0 = 16 * (warp % 4), n = op.n;
+    float A[16][16];
+    std::vector<float> B((size_t)16 * n);
+    if (op.a_regs) {
+        for (int l = 0; l < kWarp; l++) {
+            const int gr = l >> 2, tg = l & 3;
+            for (int r = 0; r < 4; r++)
+                for (int h = 0; h < 2; h++)
+                    A[gr + ((r & 1) ? 8 : 0)][2 * tg + h + ((r & 2) ? 8 : 0)] =
+                        bf16_bits_to_f(h ? op.a[l][r] >> 16 : op.a[l][r] & 0xffffu);
+        }
+    } else {
+        for (int r = 0; r < 16; r++)
+            for (int k = 0; k < 16; k++) A[r][k] = wgmma_load_bf16(wgmma_elem_addr(op.desc_a, r0 + r, k, op.tnsp_a));
+    }
+    for (int k = 0; k < 16; k++)
+        for (int c = 0; c < n; c++) B[(size_t)k * n + c] = wgmma_load_bf16(wgmma_elem_addr(op.desc_b, c, k, op.tnsp_b));
+    for (int l = 0; l < kWarp; l++)
+        for (int j = 0; j < n / 2; j++) {
+            const int i = j / 4, e = j % 4;
+            const int row = (l >> 2) + ((e >> 1) ? 8 : 0), col = 8 * i + 2 * (l & 3) + (e & 1);
+            float acc = op.chained ? op.d[l][j] : op.scale_d ? op.d_in[(size_t)l * (n / 2) + j] : 0.f;
+            for (int k = 0; k < 16; k++) acc += A[row][k] * B[(size_t)k * n + col];
+            op.d[l][j] = acc;
+        }
+}
+// Collective arguments of wgmma.mma_async (one per lane, on the lane's stack).
+struct WgmmaArgs {
+    int n, scale_d, tnsp_a, tnsp_b;
+    bool a_regs;
+    uint64_t desc_a, desc_b;
+    const uint32_t* a;
+    float* d;
+};
+inline void op_wgmma_issue(Thread* const* lanes) {
+    const int warp = warp_of(lanes);
+    const WgmmaArgs& a0 = *(const WgmmaArgs*)lanes[0]->ptr;
+    WgmmaOp op;
+    op.n = a0.n;
+    op.scale_d = a0.scale_d;
+    op.tnsp_a = a0.tnsp_a;
+    op.tnsp_b = a0.tnsp_b;
+    op.a_regs = a0.a_regs;
+    op.desc_a = a0.desc_a;
+    op.desc_b = a0.desc_b;
+    if (!op.a_regs) wgmma_check_desc(op.desc_a, "A");
+    wgmma_check_desc(op.desc_b, "B");
+    op.d_in.assign((size_t)kWarp * (op.n / 2), 0.f);
+    // A wgmma accumulating into the registers of a pending one (the usual chain over K) takes
+    // that one's result as its input: the hardware orders them; completion runs in issue order.
+    for (const auto& prev : g.wg_ops[(size_t)warp])
+        for (int l = 0; l < kWarp; l++) {
+            const float* pd = prev.d[l];
+            const float* nd = ((const WgmmaArgs*)lanes[l]->ptr)->d;
+            const bool overlap = pd < nd + op.n / 2 && nd < pd + prev.n / 2;
+            if (!overlap) continue;
+            if (pd != nd || prev.n != op.n) fail("wgmma: accumulators partly overlap those of a pending wgmma");
+            op.chained = true;
+        }
+    if (op.chained && !op.scale_d) fail("wgmma: scale-d 0 into the accumulators of a pending wgmma");
+    for (int l = 0; l < kWarp; l++) {
+        const WgmmaArgs& al = *(const WgmmaArgs*)lanes[l]->ptr;
+        if (al.n != a0.n || al.scale_d != a0.scale_d || al.tnsp_a != a0.tnsp_a || al.tnsp_b != a0.tnsp_b ||
+            al.a_regs != a0.a_regs || al.desc_b != a0.desc_b || (!al.a_regs && al.desc_a != a0.desc_a))
+            fail("wgmma: lanes of a warp issue different shapes, flags or descriptors");
+        if (op.a_regs)
+            for (int r = 0; r < 4; r++) op.a[l][r] = al.a[r];
+        op.d[l] = al.d;
+        for (int j = 0; j < op.n / 2; j++) {
+            if (op.chained) continue;  // already poisoned; the input comes at completion
+            if (op.scale_d) op.d_in[(size_t)l * (op.n / 2) + j] = al.d[j];
+            al.d[j] = std::numeric_limits<float>::quiet_NaN();  // undefined until the wait
+        }
+    }
+    g.wg_ops[(size_t)warp].push_back(std::move(op));
+}
+inline void op_wgmma_commit(Thread* const* lanes) {
+    const int warp = warp_of(lanes);
+    for (auto& op : g.wg_ops[(size_t)warp])
+        if (op.group < 0) op.group = g.wg_groups[(size_t)warp];
+    g.wg_groups[(size_t)warp]++;
+}
+inline void op_wgmma_wait(Thread* const* lanes) {
+    const int warp = warp_of(lanes);
+    const int n = lanes[0]->arg;
+    for (int l = 1; l < kWarp; l++)
+        if (lanes[l]->arg != n) fail("wgmma.wait_group: lanes of a warp wait for different counts");
+    const int done_below = g.wg_groups[(size_t)warp] - n;
+    auto& ops = g.wg_ops[(size_t)warp];
+    size_t keep = 0;
+    for (size_t i = 0; i < ops.size(); i++) {
+        if (ops[i].group >= 0 && ops[i].group < done_below) wgmma_complete(ops[i], warp);
+        else ops[keep++] = std::move(ops[i]);
+    }
+    ops.resize(keep);
+}
+inline void wgmma_issue(WgmmaArgs& a) {
+    Quiet q;
+    if (!g.cur) fail("wgmma outside an emulated kernel");
+    if (a.n < 8 || a.n > 256 || a.n % 8) fail("wgmma: N must be a multiple of 8 in [8, 256]");
+    g.cur->ptr = &a;
+    yield_warp(&op_wgmma_issue, "wgmma.mma_async", 0xffffffffu);
+}
+}  // namespace detail
+
+// wgmma.mma_async m64nNk16 f32.bf16.bf16 with A and B in shared memory (descriptors) and with A
+// in registers (a[4]); d[N/2] the lane's accumulators, scale_d 0: D = A·B, 1: D += A·B.
+EMU_NOTSAN inline void wgmma_ss(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, int tnsp_a,
+                                int tnsp_b) {
+    detail::WgmmaArgs a{n, scale_d, tnsp_a, tnsp_b, false, desc_a, desc_b, nullptr, d};
+    detail::wgmma_issue(a);
+}
+EMU_NOTSAN inline void wgmma_rs(float* d, int n, const uint32_t a_frag[4], uint64_t desc_b, int scale_d, int tnsp_b) {
+    detail::WgmmaArgs a{n, scale_d, 0, tnsp_b, true, 0, desc_b, a_frag, d};
+    detail::wgmma_issue(a);
+}
+// wgmma.fence.sync.aligned (orders this warp's register accesses before later wgmma; here a warp
+// collective that checks every lane takes part), wgmma.commit_group.sync.aligned (the warp's
+// uncommitted wgmma form its next group), wgmma.wait_group.sync.aligned n (completes all but the
+// n most recent groups, in issue order).
+EMU_NOTSAN inline void wgmma_fence() {
+    using namespace detail;
+    Quiet q;
+    if (!g.cur) fail("wgmma.fence outside an emulated kernel");
+    yield_warp(&op_sync, "wgmma.fence", 0xffffffffu);
+}
+EMU_NOTSAN inline void wgmma_commit() {
+    using namespace detail;
+    Quiet q;
+    if (!g.cur) fail("wgmma.commit_group outside an emulated kernel");
+    yield_warp(&op_wgmma_commit, "wgmma.commit_group", 0xffffffffu);
+}
+EMU_NOTSAN inline void wgmma_wait(int n) {
+    using namespace detail;
+    Quiet q;
+    if (!g.cur) fail("wgmma.wait_group outside an emulated kernel");
+    if (n < 0) fail("wgmma.wait_group with a negative count");
+    g.cur->arg = n;
+    yield_warp(&op_wgmma_wait, "wgmma.wait_group", 0xffffffffu);
+}
+// wgmma operations a warp has issued and not yet completed (for the emulator's self-test).
+inline int wgmma_pending(int warp) {
+    return warp < (int)detail::g.wg_ops.size() ? (int)detail::g.wg_ops[(size_t)warp].size() : 0;
 }
 
 // Shared memory per block on sm_90: static __shared__ objects at most 48 KiB (ptxas refuses
@@ -1430,4 +1693,23 @@ inline cudaError_t device_props_(cudaDeviceProp* p, int) {
 #endif
 #ifndef EMU_HOST_cp_async_wait_all
 #define EMU_HOST_cp_async_wait_all ::emu::cp_async_wait_all()
+#endif
+// dev/cuda/wgmma.cuh
+#ifndef EMU_HOST_smem_u32
+#define EMU_HOST_smem_u32 return ::emu::cvta_shared(p)
+#endif
+#ifndef EMU_HOST_wgmma_fence
+#define EMU_HOST_wgmma_fence ::emu::wgmma_fence()
+#endif
+#ifndef EMU_HOST_wgmma_commit
+#define EMU_HOST_wgmma_commit ::emu::wgmma_commit()
+#endif
+#ifndef EMU_HOST_wgmma_wait
+#define EMU_HOST_wgmma_wait ::emu::wgmma_wait(N)
+#endif
+#ifndef EMU_HOST_wgmma_ss
+#define EMU_HOST_wgmma_ss ::emu::wgmma_ss(d, N, desc_a, desc_b, scale_d, TA, TB)
+#endif
+#ifndef EMU_HOST_wgmma_rs
+#define EMU_HOST_wgmma_rs ::emu::wgmma_rs(d, N, a, desc_b, scale_d, TB)
 #endif

@@ -1,0 +1,226 @@
+// dev/cuda/attention_wgmma.cuh — workbench variant "wgmma" of the bf16 causal GQA attention forward
+// of cuda/attention.cuh (same contract: out, lse; doc/cuda.md "The wgmma variant"): sm_90a warpgroup
+// MMA (dev/cuda/wgmma.cuh) with Q, K and V read by the tensor cores straight from 128-byte-swizzled
+// shared tiles (S = Q·Kᵀ with both operands through descriptors, O += P·V with P from registers
+// and V as an MN-major operand), K/V tiles brought in by a cp.async pipeline (dev/cuda/cp_async.cuh)
+// as in mma-pipe, online softmax in log2 units with exp2 on unscaled logits, the causal mask only
+// on tiles that cross the diagonal, tiles above a warpgroup's rows skipped. Backward: the mma-pipe
+// kernels (the workbench pairs them). hd 64 / 128, bf16, compute capability 9.0 built for sm_90a.
+// Checked by dev/cuda/attention.cu and, under dev/emu, by test/test_emu_attention.cpp.
+#pragma once
+#include "cuda/attention.cuh"
+#include "dev/cuda/cp_async.cuh"
+#include "dev/cuda/wgmma.cuh"
+
+namespace ldm {
+namespace gpu {
+namespace attn_wgmma {
+
+using attn_detail::frag_a_from_c;
+using attn_detail::kLn2;
+using attn_detail::kLog2e;
+
+// Tile shapes per head dim: WG warpgroups of 64 query rows per block, BN keys per K/V tile,
+// STAGES K/V stages.
+template <int HD>
+struct WgConfig;
+template <>
+struct WgConfig<64> {
+    static constexpr int wg = 2, bn = 128, stages = 2;
+};
+template <>
+struct WgConfig<128> {
+    static constexpr int wg = 2, bn = 128, stages = 2;
+};
+
+// Dynamic shared memory: 1 KiB of slack to put the tiles on a 1024-byte boundary, the Q tile
+// (BM x HD), then STAGES x (K tile, V tile) of BN x HD, all in the swizzled layout of wgmma.cuh.
+template <int HD, int WG, int BN, int STAGES>
+__host__ __device__ constexpr int fwd_smem() {
+    return 1024 + (64 * WG * HD + STAGES * 2 * BN * HD) * 2;
+}
+
+// Issues (does not wait for) the copies of rows [r0, r0 + ROWS) x [0, HD) of a strided global bf16
+// matrix (row stride ld elements, base at column 0 of the head) into a swizzled tile of ROWS rows
+// (wgmma::sw128_offset), 16 bytes per copy, by the NTH threads of the block; rows >= T_ are
+// zero-filled (nothing read; the source address clamped to row 0).
+template <int HD, int ROWS, int NTH>
+__device__ __forceinline__ void cp_async_tile_sw128(unsigned char* tile, const bf16* src, int r0, int T_, int64_t ld) {
+    constexpr int CH = HD / 8;
+    static_assert((ROWS * CH) % NTH == 0, "tile copies must divide evenly among the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CH / NTH; i++) {
+        const int idx = (int)threadIdx.x + i * NTH;
+        const int r = idx / CH, c = idx % CH;
+        const bool ok = r0 + r < T_;
+        cp_async_16(tile + wgmma::sw128_offset(ROWS, r, c), src + (ok ? (int64_t)(r0 + r) * ld : 0) + c * 8, ok);
+    }
+}
+
+// Forward. Grid (ceil(T/BM), nh, B), BM = 64·WG query rows of head h per block (longest rows
+// first), 128·WG threads; warpgroup wg owns rows [64·wg, 64·wg + 64) of the block, warp w of it
+// rows 16(w%4).. of those (the wgmma accumulator layout). Per K/V tile kt (after the block waits
+// for it and passes one barrier, which also frees tile kt-1's stage for tile kt+STAGES-1): S =
+// Q·Kᵀ as HD/16 wgmma m64nBNk16 (Q and K through descriptors), keys > query set to -inf on a
+// tile crossing the warpgroup's diagonal, online softmax (m = running max of S·scale·log2e, P =
+// exp2(S·scale·log2e − m)), O·α, then O += P·V as BN/16 wgmma m64nHDk16 with P's bf16 fragments
+// from registers. Each batch of wgmma is committed and waited for before its accumulators are
+// read. A tile whose keys all follow the warpgroup's rows is skipped by that warpgroup.
+template <int HD, int WG, int BN, int STAGES>
+__global__ void __launch_bounds__(WG * 128)
+attn_fwd_wgmma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, float scale_log2) {
+    constexpr int NTH = WG * 128, BM = 64 * WG, KT = HD / 16;
+    constexpr int SN = BN / 2, ON = HD / 2;  // accumulators per thread: S tile, O tile
+    constexpr int QBYTES = BM * HD * 2, TBYTES = BN * HD * 2;
+    static_assert(STAGES >= 2, "a pipeline needs two stages");
+    static_assert(HD % 64 == 0 && BN % 16 == 0 && (BN == 64 || BN == 128) && (HD == 64 || HD == 128),
+                  "tile shapes the wgmma wrappers provide");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // the tiles start at the first 1024-byte boundary of the shared window (128B swizzle atoms)
+    const uint32_t raw_s = wgmma::smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw_s + 1023u) & ~1023u) - raw_s);
+    const uint32_t q_s = wgmma::smem_u32(smem);
+    unsigned char* Qs = smem;
+    unsigned char* kv = smem + QBYTES;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int g = h / (nh / nkv);
+    const int64_t C3 = (int64_t)(nh + 2 * nkv) * HD;
+    const bf16* base = qkv + (int64_t)b * T_ * C3;
+    const bf16* kg = base + (int64_t)(nh + g) * HD;
+    const bf16* vg = base + (int64_t)(nh + nkv + g) * HD;
+    const int q0 = qt * BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+    const int wg = warp >> 2, wr = 16 * (warp & 3);
+    const int rg = q0 + 64 * wg;  // the warpgroup's first query
+    const int rw = rg + wr;       // the warp's first query
+    const int n_kt = (min(q0 + BM, T_) - 1) / BN + 1;
+    auto issue = [&](int kt) {  // tile kt into stage kt % STAGES, then close the group (maybe empty)
+        if (kt < n_kt) {
+            unsigned char* st = kv + (kt % STAGES) * 2 * TBYTES;
+            cp_async_tile_sw128<HD, BN, NTH>(st, kg, kt * BN, T_, C3);
+            cp_async_tile_sw128<HD, BN, NTH>(st + TBYTES, vg, kt * BN, T_, C3);
+        }
+        cp_async_commit();
+    };
+    cp_async_tile_sw128<HD, BM, NTH>(Qs, base + (int64_t)h * HD, q0, T_, C3);  // joins tile 0's group
+    for (int s = 0; s < STAGES - 1; s++) issue(s);
+
+    float o[ON];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows gr, gr + 8; m in log2 units
+#pragma unroll
+    for (int i = 0; i < ON; i++) o[i] = 0.f;
+    for (int kt = 0; kt < n_kt; kt++) {
+        cp_async_wait<STAGES - 2>();   // this thread's copies of tile kt have landed
+        wgmma::fence_proxy_async();    // ... and are visible to the tensor cores' reads
+        __syncthreads();               // everyone's; and every warpgroup is done with tile kt-1's stage
+        issue(kt + STAGES - 1);
+        const int k0 = kt * BN;
+        if (k0 > rg + 63 || rg >= T_) continue;  // all keys after the warpgroup's rows / rows all padding
+        const uint32_t k_s = q_s + (uint32_t)(QBYTES + (kt % STAGES) * 2 * TBYTES), v_s = k_s + (uint32_t)TBYTES;
+        float s[SN];
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+            wgmma::mma_ss<BN, 0, 0>(s, wgmma::desc_kmajor(q_s, BM, 64 * wg, 16 * kk),
+                                    wgmma::desc_kmajor(k_s, BN, 0, 16 * kk), kk > 0);
+        wgmma::commit();
+        wgmma::wait<0>();
+#pragma unroll
+        for (int i = 0; i < SN; i++) wgmma::fence_operand(s[i]);
+        if (k0 + BN - 1 > rg) {  // the tile crosses the warpgroup's diagonal: mask key > query
+#pragma unroll
+            for (int i = 0; i < SN / 4; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = rw + gr + ((e >> 1) << 3), col = k0 + 8 * i + 2 * tg + (e & 1);
+                    if (col > row) s[4 * i + e] = -INFINITY;
+                }
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < SN; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float m_new = fmaxf(m[r], mx[r] * scale_log2);  // finite from tile 0 on
+            alpha[r] = exp2f(m[r] - m_new);                       // 0 on tile 0 (m = -inf)
+            m[r] = m_new;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int i = 0; i < SN; i++) {
+            const float p = exp2f(fmaf(s[i], scale_log2, -m[(i >> 1) & 1]));
+            s[i] = p;
+            l[(i >> 1) & 1] += p;  // this thread's columns only
+        }
+#pragma unroll
+        for (int i = 0; i < ON; i++) o[i] *= alpha[(i >> 1) & 1];
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) frag_a_from_c(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
+#pragma unroll
+        for (int i = 0; i < ON; i++) wgmma::fence_operand(o[i]);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) wgmma::mma_rs<HD, 1>(o, pa[kk], wgmma::desc_mnmajor(v_s, BN, 16 * kk), 1);
+        wgmma::commit();
+        wgmma::wait<0>();
+#pragma unroll
+        for (int i = 0; i < ON; i++) wgmma::fence_operand(o[i]);
+    }
+    // Row sums over the quad (the 4 threads sharing a row), then write out and lse.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const int row = rw + gr + 8 * r;
+        if (row >= T_) continue;
+        const float inv = 1.f / lr;
+        bf16* orow = out + ((int64_t)b * T_ + row) * nh * HD + (int64_t)h * HD;
+#pragma unroll
+        for (int i = 0; i < ON / 4; i++)
+            *reinterpret_cast<__nv_bfloat162*>(orow + 8 * i + 2 * tg) =
+                __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+        if (tg == 0) lse[((int64_t)b * nh + h) * T_ + row] = (m[r] + log2f(lr)) * kLn2;
+    }
+}
+
+// Whether this variant can run: bf16 at hd 64 / 128 on a compute capability 9.0 device (the
+// workbench is built for sm_90a there; elsewhere the kernel is a trap).
+inline bool wgmma_supported(int hd) {
+    if (hd != 64 && hd != 128) return false;
+    static const int cc = [] {
+        int dev = 0;
+        cudaDeviceProp p;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return 0;
+        return p.major * 10 + p.minor;
+    }();
+    return cc == 90;
+}
+
+template <int HD>
+constexpr int wgmma_fwd_smem() {
+    using C = WgConfig<HD>;
+    return fwd_smem<HD, C::wg, C::bn, C::stages>();
+}
+
+// out, lse as attention_forward (bf16, hd = HD); scale = 1/sqrt(HD). Only where wgmma_supported.
+template <int HD>
+inline void wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_, int nh, int nkv, float scale,
+                          cudaStream_t s) {
+    using C = WgConfig<HD>;
+    constexpr int smem = wgmma_fwd_smem<HD>();
+    static_assert(smem <= 227 * 1024, "forward shared memory above 227 KiB");
+    auto kern = attn_fwd_wgmma<HD, C::wg, C::bn, C::stages>;
+    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dim3 grid((unsigned)ceil_div(T_, 64 * C::wg), (unsigned)nh, (unsigned)B);
+    kern<<<grid, C::wg * 128, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
+    LDM_LAUNCH_CHECK();
+}
+
+}  // namespace attn_wgmma
+}  // namespace gpu
+}  // namespace ldm
