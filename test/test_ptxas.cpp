@@ -166,3 +166,34 @@ TEST_CASE("ptxas: every launch of the emulated trainers fits sm_90's registers a
     CHECK_THAT(r.out, Catch::Contains(" 0 unresolved symbols, 0 kernels ptxas did not report, 0 violations"));
     WARN(r.out.substr(0, r.out.find('\n')));
 }
+
+// The attention workbench's wgmma forward (dev/cuda/attention_wgmma.cuh) on sm_90a, the only target
+// with wgmma: both head-dim instantiations assemble, with no spills and no stack.
+TEST_CASE("ptxas: the sm_90a wgmma attention forward assembles without spills", "[ptxas][cuda]") {
+    const std::string nvcc = std::getenv("NVCC") ? std::getenv("NVCC") : "/usr/local/cuda/bin/nvcc";
+    if (std::system(("test -x '" + nvcc + "' || command -v nvcc >/dev/null 2>&1").c_str()) != 0) {
+        WARN("SKIP ptxas wgmma: no nvcc");
+        return;
+    }
+    const std::string md = binary_scratch_dir("ptxas_wgmma") + "/ptxas.md";
+    const std::string cmd = "cd '" LDM_SOURCE_DIR "' && python3 scripts/ptxas_report.py --arch 90a --out '" + md +
+                            "'" + (std::getenv("NVCC") ? " --nvcc '" + nvcc + "'" : std::string()) +
+                            " dev/cuda/attention.cu 2>&1";
+    RunResult r = run_cmd(cmd);
+    INFO(cmd << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    int found = 0;
+    for (const std::string& line : split(slurp(md), '\n')) {
+        if (line.find("attn_fwd_wgmma") == std::string::npos) continue;
+        const std::vector<std::string> c = split(line, '|');  // "", source, kernel, regs, smem, stack, st, ld, ""
+        REQUIRE(c.size() == 9);
+        INFO(line);
+        found++;
+        CHECK(std::atol(c[3].c_str()) > 0);
+        CHECK(std::atol(c[3].c_str()) <= 255);
+        CHECK(std::atol(c[5].c_str()) == 0);
+        CHECK(std::atol(c[6].c_str()) == 0);
+        CHECK(std::atol(c[7].c_str()) == 0);
+    }
+    CHECK(found == 2);  // hd 64 and hd 128
+}
