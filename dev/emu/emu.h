@@ -748,9 +748,10 @@ EMU_NOTSAN inline void* dyn_smem() {
 // the operation is undefined on a GPU) and the A registers and accumulator inputs are captured;
 // shared memory is read when the operation completes (wgmma.wait_group), the latest point the
 // hardware may read it, so overwriting an operand before the wait shows. Not emulated (abort): a
-// descriptor base offset other than 0, a swizzled operand whose start is not at row 0 of its
-// swizzle pattern (1024 / 512 / 256 bytes for 128B / 64B / 32B: the only case where the
-// hardware's swizzle phase is not simply the address bits), operands outside dynamic shared
+// descriptor base offset other than 0, a swizzled operand whose start is not in the first 128
+// bytes of its swizzle pattern (1024 / 512 / 256 bytes for 128B / 64B / 32B; i.e. the address
+// bits the XOR takes are 0 at the start: where the ISA's base offset would matter, and the
+// emulation's plain address-bit swizzle might differ from the hardware), operands outside dynamic shared
 // memory, scale-a / scale-b of -1. The async proxy is not modelled: fence.proxy.async is a no-op,
 // and the shared-memory reads of a completing wgmma are not reported to ThreadSanitizer.
 
@@ -803,7 +804,8 @@ inline void wgmma_check_desc(uint64_t desc, const char* which) {
     const uint32_t pattern = swz == 1 ? 1024 : swz == 2 ? 512 : swz == 3 ? 256 : 16;
     if (swz && (start % pattern) >= 128) {
         std::snprintf(msg, sizeof msg,
-                      "wgmma: %s descriptor start 0x%x is not in row 0 of its %u-byte swizzle pattern (not emulated)",
+                      "wgmma: %s descriptor start 0x%x is not in the first 128 bytes of its %u-byte swizzle pattern "
+                      "(not emulated)",
                       which, start, pattern);
         fail(msg);
     }
