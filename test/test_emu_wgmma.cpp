@@ -100,12 +100,6 @@ uint16_t bf16_bits(float f) {
     std::memcpy(&u, &f, 4);
     return (uint16_t)(u >> 16);  // the test's values are exact in bf16
 }
-float bits_to_float(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
 
 // Random values with 8 significant bits (exact in bf16), in [-2, 2).
 std::vector<float> random_bf16(size_t n, uint64_t seed) {
