@@ -193,6 +193,8 @@ RunResult gpu_check(const std::string& build, const std::string& out, const std:
 TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary, the exit status",
           "[bench][script][emu]") {
     if (!emu_trainers_built("gpu_check.sh dry run")) return;
+    // the trainers' benches take the GPT-2 tokenizer from the data directory (as bench_gpu.sh's)
+    if (data_dir_or_skip("gpu_check.sh needs the GPT-2 tokenizer").empty()) return;
     const std::string dir = train_scratch("gpu_check_dry");
 
     // everything on: each scheme, graph, profile, NCCL, inference, LDM benches, the peer (eager, CPU)
