@@ -199,6 +199,26 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
         REQUIRE(cs.size() == 2);
         CHECK(cs[0]["grad_norm"].get<double>() > 0.5);  // the clip is active
         const ldm::ModelCheckpoint pc = ldm::load_model(dir + "/cpu/ckpt_000002.model");
+        // the parameters' spread over the three reference runs, relative to the update |p_cpu - p_0|
+        // (the same rounding sensitivity as the grad norm's: ldm-rls-nores measured 1.0e-3 emulated
+        // vs native on one AVX2 machine, above a fixed 1e-3 bound)
+        double spread_params = 0, den_params = 0;
+        {
+            std::vector<std::vector<float>> ps{pc.params};
+            for (const char* core : {"Prescott", "Nehalem"})
+                ps.push_back(ldm::load_model(dir + "/cpu_" + core + "/ckpt_000002.model").params);
+            for (size_t i = 0; i < pc.params.size(); i++)
+                den_params += double(pc.params[i] - p0[i]) * double(pc.params[i] - p0[i]);
+            for (size_t a = 0; a < ps.size(); a++)
+                for (size_t b = a + 1; b < ps.size(); b++) {
+                    REQUIRE(ps[b].size() == ps[a].size());
+                    double n = 0;
+                    for (size_t i = 0; i < ps[a].size(); i++) n += double(ps[a][i] - ps[b][i]) * double(ps[a][i] - ps[b][i]);
+                    spread_params = std::max(spread_params, std::sqrt(n / den_params));
+                }
+            // a reference that depends on the BLAS kernel beyond rounding cannot loosen the check
+            CHECK_TOL(std::string(c.name) + " reference spread, parameters", spread_params, 1e-2);
+        }
         const bool bf16_too = std::string(c.name) == "preln" || std::string(c.name) == "mhc" ||
                               std::string(c.name) == "ldm-rls-unwind";
         for (std::string dtype : {"fp32", "bf16"}) {
@@ -259,9 +279,12 @@ TEST_CASE("emu train: two AdamW steps with clipping == train_cpu (loss, grad nor
                 num += double(pg.params[i] - pc.params[i]) * double(pg.params[i] - pc.params[i]);
                 den += double(pc.params[i] - p0[i]) * double(pc.params[i] - p0[i]);
             }
-            INFO(c.name << ": |p_emu - p_cpu| / |p_cpu - p_0| = " << std::sqrt(num / den));
+            INFO(c.name << ": |p_emu - p_cpu| / |p_cpu - p_0| = " << std::sqrt(num / den) << " (reference spread "
+                        << spread_params << ")");
             CHECK(den > 0);
-            CHECK(std::sqrt(num) <= 1e-3 * std::sqrt(den));
+            // fp32: max(1e-3, 3x the reference's own spread), as for the loss and grad norm above
+            CHECK_TOL(std::string(c.name) + " " + dtype + " parameters after two steps", std::sqrt(num / den),
+                      std::max(1e-3, (dtype == "fp32" ? 3 : 0) * spread_params));
         }
     }
 }
