@@ -96,11 +96,11 @@ class Scorer:
             for b, (inp, _) in enumerate(part):
                 tokens[b, :len(inp)] = torch.tensor(inp, dtype=torch.int64)
             with torch.no_grad():
-                _, lv = torch_ref.forward(self.cfg, self.P, tokens, torch.zeros_like(tokens))
-                lp = torch.log_softmax(lv, dim=-1)
+                _, lv = torch_ref.forward(self.cfg, self.P, tokens, None)
             for b, (inp, continuation) in enumerate(part):
                 n = len(continuation)
-                cont_lp = lp[b, len(inp) - n:len(inp)]
+                # log-softmax of the scored positions only (a row's other positions are not used)
+                cont_lp = torch.log_softmax(lv[b, len(inp) - n:len(inp)], dim=-1)
                 tgt = torch.tensor(continuation, dtype=torch.int64)
                 ll = float(cont_lp.gather(1, tgt[:, None]).sum())
                 greedy = bool((cont_lp.argmax(dim=-1) == tgt).all())

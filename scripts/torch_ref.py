@@ -233,6 +233,7 @@ class AttnResidual:
 
 
 def forward(cfg, P, tokens, targets):
+    """(loss, logits over the real V) of tokens [B, T]; targets None: (None, logits)."""
     B, T = tokens.shape
     d, nh, nkv, hd = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
     V, eps, theta = cfg["vocab_size"], cfg["norm_eps"], cfg["rope_theta"]
@@ -287,6 +288,8 @@ def forward(cfg, P, tokens, targets):
     W = P["wte"] if cfg["tied"] else P["lm_head"]
     logits = y @ W.T  # [B, T, Vp]
     lv = logits[..., :V]  # softmax and loss over the real V only
+    if targets is None:  # logits only (scripts/torch_eval_ref.py)
+        return None, lv
     loss = torch.nn.functional.cross_entropy(lv.reshape(B * T, V), targets.reshape(B * T).long())
     return loss, lv
 
