@@ -347,13 +347,19 @@ struct GpuHC final : GpuScheme<T> {
 // (core/config.cpp): per sublayer j = 1..D: w [d], g [d]; then w_f [d], g_f [d] (readout, j = D+1).
 // Buffers (resize): sources src [K, N, d] (T; Full K = D+1: v_0..v_D, Block K = N_b+1:
 // b_0..b_N), their r [K, N] and fp32 gradients [K, N, d]; Block also pv [D, N, d] (T) and r [D, N].
-// Backward: Full (and Block where the deferred flush does not fit in shared memory) adds each
-// sublayer's gradient into each of its sources' fp32 rows (aggregate_backward: read-modify-write
-// of K·d fp32 per sublayer and token). Block defers the block sources' gradients: each sublayer
-// stores 3 scalars per source and stashes dx_j (T); once per block one flush kernel adds
-// Σ_j (α dx_j + β q_j − γ u_k) into each block source (one read-modify-write per block instead of
-// per sublayer; doc/cuda.md "AttnRes"). The flush keeps the block's S dx rows' scalars and q rows
-// in shared memory (S·d + 3S floats: 24 KiB at llama-400m, 200 KiB at qwen3-14b with N = 8).
+// Full (and Block where the two-phase path does not apply) aggregates per sublayer over all of its
+// sources and adds its gradient into each source's fp32 row (aggregate_backward: read-modify-write
+// of K·d fp32 per sublayer and token). Block runs two-phase (cuda/attnres.cuh, doc/cuda.md
+// "AttnRes-Block, two-phase"): at a block's first sublayer one pass over the block sources
+// b_0..b_{n-1} serves all of its sublayers (their pseudo-queries are parameters), each later
+// sublayer only merges in the partial sum p; in backward each sublayer touches only dx, its
+// inter-block aggregate a_j and p, and once per block one flush reads every block source,
+// recomputes the block's scores and adds the block's gradient into it.
+// Extra buffers: a_j for every sublayer not first in its block [D - N_b, N, d] (T; each row turns
+// into that sublayer's dx stash in the backward), the block sources' log-sum-exp [D - N_b, N], and
+// p's weight α_p and e = α_p dx·p [2, S_max - 1, N] (fp32). Applies where d <= 8192 (values
+// per thread in registers) and the flush's dq rows fit in shared memory (about S_max·d floats: 25 KiB
+// at llama-400m, 201 KiB at qwen3-14b with N = 8).
 template <typename T>
 struct GpuAttnRes : GpuScheme<T> {
     GpuAttnRes(const ModelConfig& cfg, bool block)
@@ -368,10 +374,11 @@ struct GpuAttnRes : GpuScheme<T> {
             S_ = 1;
         }
         smax_ = block_ ? std::max(S_, D_ - (nb_ - 1) * S_) : 1;
-        deferred_ = block_ && flush_smem() <= kMaxDynamicSmem;
+        two_phase_ = block_ && d_ <= ar_detail::kThreads * ar_detail::kOnePassMaxVpt &&
+                     ar_detail::flush2_smem_floats(smax_, d_, nb_) * sizeof(float) <= kMaxDynamicSmem;
     }
-    // Block with the deferred backward (false: Full, or a block too large for the flush kernel).
-    bool deferred_backward() const { return deferred_; }
+    // Block on the two-phase path (false: Full, or a Block shape it does not apply to).
+    bool two_phase() const { return two_phase_; }
 
     void bind(const T* params, const float* master, float* grads) override {
         P_ = params;
@@ -390,9 +397,10 @@ struct GpuAttnRes : GpuScheme<T> {
             grow(rp_, (int64_t)D_ * N);
         }
         grow(dq_part_, (int64_t)bwd_blocks() * d);
-        if (deferred_) {
-            grow(co_, 3 * (int64_t)smax_ * N * nb_);
-            grow(stash_, (int64_t)smax_ * N * d);
+        if (two_phase_) {
+            grow(rows_, (int64_t)(D_ - nb_) * N * d);
+            grow(lse_, (int64_t)(D_ - nb_) * N);
+            grow(co_, 2 * (int64_t)(smax_ - 1) * N);
             grow(dq2_part_, (int64_t)bwd_blocks() * smax_ * d);
         }
     }
@@ -403,7 +411,8 @@ struct GpuAttnRes : GpuScheme<T> {
     }
 
     void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
-        aggregate(j, x, xn, rstd, w, eps, s);
+        if (two_phase_) block_forward_2p(j, x, xn, rstd, w, eps, s);
+        else aggregate(j, x, xn, rstd, w, eps, s);
     }
 
     void output(int j, const T* o, cudaStream_t s) override {
@@ -434,19 +443,20 @@ struct GpuAttnRes : GpuScheme<T> {
     }
 
     void input_backward(int j, const T* dx, cudaStream_t s) override {
-        if (deferred_) block_backward_deferred(j, dx, s);
+        if (two_phase_) block_backward_2p(j, dx, s);
         else aggregate_backward(j, dx, false, s);
     }
 
     void begin_backward(T* de, cudaStream_t s) override { to_act(de, DU(0), s); }
 
     // Every byte per token allocated in resize(): sources (T) + r + fp32 gradients; Block also the
-    // partial-sum snapshots pv (T) + r. (The dq partials are per block, not per token.)
+    // partial-sum snapshots pv (T) + r; two-phase also the aggregates a_j (T), the log-sum-exps and
+    // e. (The dq partials are per thread block, not per token.)
     int64_t extra_bytes_per_token() const override {
         const int64_t d = d_, K = nb_ + 1, tb = sizeof(T);
         int64_t v = K * d * tb + K * 4 + K * d * 4;
         if (block_) v += (int64_t)D_ * d * tb + (int64_t)D_ * 4;
-        if (deferred_) v += 3 * (int64_t)smax_ * nb_ * 4 + (int64_t)smax_ * d * tb;  // scalars + dx stash
+        if (two_phase_) v += (int64_t)(D_ - nb_) * (d * tb + 4) + 2 * (int64_t)(smax_ - 1) * 4;
         return v;
     }
     int n_blocks() const { return nb_; }
@@ -458,10 +468,10 @@ struct GpuAttnRes : GpuScheme<T> {
         *i = j - (b - 1) * S_;
     }
 
-   protected:  // (dev/cuda/attnres.cu derives the direct Block backward to compare)
+   protected:  // (dev/cuda/attnres.cu derives the workbench's other Block paths to compare)
     int d_, D_, nb_ = 0, S_ = 1;
     bool block_;
-    bool deferred_ = false;
+    bool two_phase_ = false;
     static constexpr size_t kMaxDynamicSmem = 227 * 1024;  // per block, sm_90 (cudaFuncSetAttribute)
     int smax_ = 1;  // most sublayers in one block (the last block takes the remainder)
     float eps_;
@@ -471,8 +481,12 @@ struct GpuAttnRes : GpuScheme<T> {
     float* G_ = nullptr;
     DeviceBuffer<T> src_, pv_;
     DeviceBuffer<float> rsrc_, dsrc_, rp_, dq_part_;
-    DeviceBuffer<T> stash_;                 // deferred: dx_j of the current block [smax, N, d]
-    DeviceBuffer<float> co_, dq2_part_;     // deferred: α, β, γ [3][smax][N][nb]; flush dq partials
+    // two-phase, per sublayer j at position >= 2 of block n at row j - n - 1: rows [D - nb, N, d]
+    // (its inter-block aggregate a_j, then its dx stash in the backward), lse [D - nb, N] (its block
+    // sources' log-sum-exp); per position i >= 2 of the current block at row i - 2: co [2][smax-1, N]
+    // (α_p, e = α_p dx·p); flush dq partials [blocks, smax, d]
+    DeviceBuffer<T> rows_;
+    DeviceBuffer<float> lse_, co_, dq2_part_;
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
@@ -484,7 +498,10 @@ struct GpuAttnRes : GpuScheme<T> {
     T* PV(int j) const { return pv_.ptr + (int64_t)(j - 1) * N_ * d_; }
     float* RP(int j) const { return rp_.ptr + (int64_t)(j - 1) * N_; }
     bool block_end(int j, int n) const { return (n < nb_) ? (j == n * S_) : (j == D_); }
+    int block_len(int n) const { return n < nb_ ? S_ : D_ - (nb_ - 1) * S_; }
     int bwd_blocks() const { return std::max(1, std::min(N_, ar_detail::kBackwardBlocks)); }
+    const float* Wj(int j) const { return M_ + (int64_t)(j - 1) * 2 * d_; }  // w_j; g_j = Wj(j) + d
+    float* GWj(int j) const { return G_ + (int64_t)(j - 1) * 2 * d_; }
 
     ar_detail::Sources sources(int j) const {
         ar_detail::Sources S{U(0), RU(0), 0, nullptr, nullptr, DU(0), nullptr};
@@ -507,7 +524,7 @@ struct GpuAttnRes : GpuScheme<T> {
 
     void aggregate(int j, T* x, T* xn, float* rstd, const T* wn, float eps_n, cudaStream_t s) {
         const ar_detail::Sources S = sources(j);
-        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
+        const float* w = Wj(j);
         const float* g = w + d_;
         const int nw = ar_detail::kThreads / 32;
         // one pass over the sources (registers hold the running sum) wherever d allows it
@@ -525,9 +542,9 @@ struct GpuAttnRes : GpuScheme<T> {
 
     void aggregate_backward(int j, const T* dx, bool overwrite, cudaStream_t s) {
         const ar_detail::Sources S = sources(j);
-        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
+        const float* w = Wj(j);
         const float* g = w + d_;
-        float* gw = G_ + (int64_t)(j - 1) * 2 * d_;
+        float* gw = GWj(j);
         float* gg = gw + d_;
         const int nw = ar_detail::kThreads / 32, nb = bwd_blocks();
         const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
@@ -541,48 +558,66 @@ struct GpuAttnRes : GpuScheme<T> {
         LDM_LAUNCH_CHECK();
     }
 
-    size_t flush_smem() const { return ((size_t)smax_ * d_ + 3 * (size_t)smax_) * sizeof(float); }
-
-    // Deferred backward of sublayer j (Block): scores + p-source update now, block sources at the
-    // block's first sublayer (the last one in backward order).
-    void block_backward_deferred(int j, const T* dx, cudaStream_t s) {
+    // Two-phase forward of Block sublayer j at position i of block n: i = 1 runs the block's
+    // inter-block pass (x_j itself and the aggregates of positions 2..ns), i >= 2 merges in p.
+    void block_forward_2p(int j, T* x, T* xn, float* rstd, const T* wn, float eps_n, cudaStream_t s) {
         int n, i;
         locate(j, &n, &i);
-        const ar_detail::Sources S = sources(j);
-        const float* w = M_ + (int64_t)(j - 1) * 2 * d_;
-        const float* g = w + d_;
-        float* gw = G_ + (int64_t)(j - 1) * 2 * d_;
-        float* gg = gw + d_;
-        const int nw = ar_detail::kThreads / 32, nbk = bwd_blocks();
-        const int64_t N = N_, plane = (int64_t)smax_ * N * nb_;
-        float* ca = co_.ptr + (int64_t)(i - 1) * N * nb_;
-        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_scores_backward_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ar_detail::block_scores_backward_kernel<T><<<nbk, ar_detail::kThreads, smem, s>>>(
-            dq_part_.ptr, ca, ca + plane, ca + 2 * plane, nb_, stash_.ptr + (int64_t)(i - 1) * N * d_, dx, S, w, g, N_,
-            d_);
+        const int j0 = j - i + 1, ns = block_len(n);
+        ar_detail::dispatch_vpt(d_, [&](auto c) {
+            constexpr int VPT = decltype(c)::value;
+            if (i == 1) {
+                const int nchunk = (int)ceil_div(ns, ar_detail::block_chunk<VPT>());
+                ar_detail::block_inter_kernel<T, VPT>
+                    <<<(unsigned)((int64_t)N_ * nchunk), ar_detail::kThreads, ar_detail::inter_smem<VPT>(), s>>>(
+                        x, xn, rstd, wn, eps_n, ns > 1 ? A(j0 + 1, n) : nullptr, ns > 1 ? LSEI(j0 + 1, n) : nullptr,
+                        U(0), RU(0), n, Wj(j0), ns, N_, d_);
+            } else {
+                ar_detail::block_merge_kernel<T, VPT>
+                    <<<N_, ar_detail::kThreads, 2 * (ar_detail::kThreads / 32) * sizeof(float), s>>>(
+                        x, xn, rstd, wn, eps_n, LSEI(j, n), A(j, n), PV(j), RP(j), Wj(j), Wj(j) + d_, N_, d_);
+            }
+        });
         LDM_LAUNCH_CHECK();
-        if (S.Ux) {
-            ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nbk,
-                                                                                            w, g, d_);
+    }
+    // Sublayer j's row (position >= 2 of block n) of the two-phase aggregates / dx stash.
+    T* A(int j, int n) const { return rows_.ptr + (int64_t)(j - n - 1) * N_ * d_; }
+    float* LSEI(int j, int n) const { return lse_.ptr + (int64_t)(j - n - 1) * N_; }
+    float* AP(int i) const { return co_.ptr + (int64_t)(i - 2) * N_; }  // position i >= 2 (E: the next plane)
+    float* E(int i) const { return co_.ptr + ((int64_t)(smax_ - 1) + i - 2) * N_; }
+
+    // Two-phase backward of Block sublayer j (position i of block n): i >= 2 updates p's gradient now
+    // and stashes dx_j, α_p and e_j; i = 1 (the last of the block in backward order) flushes the whole
+    // block into the block sources' gradients.
+    void block_backward_2p(int j, const T* dx, cudaStream_t s) {
+        int n, i;
+        locate(j, &n, &i);
+        const int j0 = j - i + 1, ns = block_len(n), nbk = bwd_blocks();
+        ar_detail::dispatch_vpt(d_, [&](auto c) {
+            constexpr int VPT = decltype(c)::value;
+            if (i >= 2) {
+                ar_detail::block_p_backward_kernel<T, VPT>
+                    <<<nbk, ar_detail::kThreads, 2 * 3 * (ar_detail::kThreads / 32) * sizeof(float), s>>>(
+                        dq_part_.ptr, AP(i), E(i), A(j, n), dx, PV(j), RP(j), DU(n), LSEI(j, n), Wj(j), Wj(j) + d_,
+                        N_, d_);
+                LDM_LAUNCH_CHECK();
+                ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(
+                    GWj(j), GWj(j) + d_, dq_part_.ptr, nbk, Wj(j), Wj(j) + d_, d_);
+                LDM_LAUNCH_CHECK();
+                return;
+            }
+            const size_t fsm = ar_detail::flush2_smem_floats(ns, d_, n) * sizeof(float);
+            if (fsm > 48 * 1024)
+                CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush2_kernel<T, VPT>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
+            ar_detail::block_flush2_kernel<T, VPT><<<nbk, ar_detail::kThreads, fsm, s>>>(
+                dq2_part_.ptr, ns > 1 ? AP(2) : nullptr, ns > 1 ? E(2) : nullptr, dx, ns > 1 ? A(j0 + 1, n) : nullptr,
+                U(0), RU(0), DU(0), n, Wj(j0), ns, N_, d_);
             LDM_LAUNCH_CHECK();
-        }
-        if (i != 1) return;
-        // Flush: the block's ns sublayers j .. j+ns-1 into the block sources b_0..b_{n-1}.
-        const int ns = n < nb_ ? S_ : D_ - (nb_ - 1) * S_;
-        const size_t fsm = ((size_t)ns * d_ + 3 * (size_t)ns) * sizeof(float);
-        if (fsm > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
-        ar_detail::block_flush_kernel<T><<<nbk, ar_detail::kThreads, fsm, s>>>(
-            dq2_part_.ptr, co_.ptr, co_.ptr + plane, co_.ptr + 2 * plane, nb_, stash_.ptr, U(0), DU(0), n, w, ns, N_,
-            d_);
-        LDM_LAUNCH_CHECK();
-        dim3 rg((unsigned)ceil_div(d_, 256), (unsigned)ns);
-        ar_detail::dq_reduce_multi_kernel<float><<<rg, 256, 0, s>>>(gw, dq2_part_.ptr, nbk, ns, w, d_);
-        LDM_LAUNCH_CHECK();
+            dim3 rg((unsigned)ceil_div(d_, 256), (unsigned)ns);
+            ar_detail::dq_reduce_multi_kernel<float><<<rg, 256, 0, s>>>(GWj(j0), dq2_part_.ptr, nbk, ns, Wj(j0), d_);
+            LDM_LAUNCH_CHECK();
+        });
     }
 
     void to_act(T* out, const float* in, cudaStream_t s) {

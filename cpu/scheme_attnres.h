@@ -38,6 +38,15 @@ LDM_HD inline void attnres_softmax_backward(R* da, const R* alpha, int K) {
     for (int k = 0; k < K; k++) da[k] = alpha[k] * (da[k] - m);
 }
 
+// Weight of one more source with score s in a softmax whose other sources have log-sum-exp lse:
+// e^s / (e^lse + e^s) = 1 / (1 + e^(lse − s)) (0 or 1, never NaN, for any finite or infinite
+// difference). The rest keep their weights times 1 − this. (Two-phase AttnRes-Block on the GPU,
+// cuda/attnres.cuh: the partial-sum source p merged into the block sources' softmax.)
+template <typename R>
+LDM_HD inline R attnres_merge_weight(R s, R lse) {
+    return R(1) / (R(1) + ldm_exp(lse - s));
+}
+
 // dL/du_c of the score s = r (q · u), r = (mean(u²) + eps)^-1/2, for one channel:
 // ds * (r q_c - s r² u_c / d).
 template <typename R>

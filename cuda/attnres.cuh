@@ -7,8 +7,10 @@
 // q = w_j ⊙ g_j and r_k = 1/sqrt(mean(u_k²) + eps) computed ONCE when the source is written
 // (cached fp32 [N] per source), α = softmax(s), agg = Σ_k α_k u_k.
 // Kernels (one block per token unless said otherwise):
-//   aggregate_kernel      scores (one pass over the sources, block-reduced), softmax, weighted sum
-//                         (second pass), fused with RMSNorm_j of the sublayer input (x, xn, rstd).
+//   aggregate_onepass     Full, the readout, and Block where the two-phase path does not apply:
+//                         one pass over the sources (online softmax, running sum in registers),
+//                         fused with RMSNorm_j of the sublayer input (x, xn, rstd); the two-pass
+//                         aggregate_kernel for d > 8192.
 //   aggregate_backward    persistent blocks over tokens: recomputes s and α from (u_k, r_k),
 //                         softmax backward, then dL/du_k = α_k dx + ds_k (r_k q − s_k r_k² u_k/d)
 //                         added straight into the source's fp32 gradient buffer (written, not
@@ -16,12 +18,11 @@
 //                         no memset), and dL/dq reduced per block in shared memory, then over
 //                         blocks in a fixed order (deterministic): no per-pair d-sized buffer.
 //   source_kernel         writes a new source (o_j, or p + o_j for Block) and its r in one pass.
+//   block_inter, block_merge, block_p_backward, block_flush2: Block, two-phase (section below).
 // Block: the partial sum p lives in place in the snapshot array pv (pv_j = p as sublayer j sees it,
 // needed for backward anyway): output(j) writes p + o_j straight into pv_{j+1}, or into the block
 // source b_n at the block end; no running copy. In backward dL/dp accumulates in place in
 // dL/db_n's buffer (final once the block's last sublayer is reached).
-// Block's deferred backward (block_scores_backward + block_flush): the block sources' gradients are
-// applied once per block from per-sublayer scalars and a dx stash instead of once per sublayer.
 // Parameters: w_j, g_j (and the readout's w_f, g_f, index D+1) are read from the fp32 master
 // array; gradients fp32, accumulated (+=). Activations T (float or bf16), arithmetic fp32.
 #pragma once
@@ -358,93 +359,442 @@ __global__ void to_act_kernel(T* out, const float* in, int64_t n) {
         out[i] = from_f<T>(in[i]);
 }
 
-// ---- Block backward, deferred (block-source gradients applied once per block) ------------------------------
-// Per sublayer j of block n (position i): like aggregate_backward_kernel for the scores, but the
-// block sources b_0..b_{n-1} (the first S.K0 sources) are NOT updated: their per-token scalars
-// α_k, β_k = ds_k r_k, γ_k = ds_k s_k r_k²/d are written to a[t·ldc + k], b[..], c[..] and dx is
-// stashed (stash [N, d]); only the partial-sum source p (S.Ux, when present) is updated now
-// (dL/dp is needed by output_backward(j-1)), with its dq contribution in dq_part [gridDim, d].
-// block_flush_kernel later applies, once per block, du_k += Σ_j (α_jk dx_j + β_jk q_j − γ_jk u_k).
-// Dynamic smem: (2·nwarps + 3)·K + d floats.
-template <typename T>
-__global__ void block_scores_backward_kernel(float* dq_part, float* ca, float* cb, float* cc, int ldc, T* stash,
-                                             const T* dx, Sources S, const float* w, const float* g, int N, int d) {
-    extern __shared__ float sm[];
-    const int K = S.K(), nw = (blockDim.x + 31) >> 5;
-    float* sc = sm + 2 * nw * K;  // layout of scores_backward_token
-    float* al = sc + K;
-    float* da = al + K;
-    float* dq = da + K;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] = 0.f;
-    for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
-        const T* dxt = dx + t * d;
-        scores_backward_token<T>(sm, t, dxt, S, w, g, N, d);
-        for (int k = threadIdx.x; k < S.K0; k += blockDim.x) {
-            const float r = src_r(S, k, t, N);
-            ca[t * ldc + k] = al[k];
-            cb[t * ldc + k] = da[k] * r;
-            cc[t * ldc + k] = da[k] * sc[k] * r * r / (float)d;
-        }
-        for (int c = threadIdx.x; c < d; c += blockDim.x) stash[t * d + c] = dxt[c];
-        if (S.Ux) {
-            const int k = S.K0;
-            const T* u = src_row<T>(S, k, t, N, d);
-            float* du = src_grad(S, k, t, N, d);
-            const float ak = al[k], ds = da[k], r = src_r(S, k, t, N), sk = sc[k];
-            for (int c = threadIdx.x; c < d; c += blockDim.x) {
-                const float uc = to_f(u[c]);
-                du[c] += ak * to_f(dxt[c]) + attnres_score_grad(ds, r, sk, w[c] * g[c], uc, d);
-                dq[c] += ds * r * uc;
-            }
-        }
-        __syncthreads();
-    }
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dq_part[(int64_t)blockIdx.x * d + c] = dq[c];
-}
+// ---- Block, two-phase (doc/cuda.md "AttnRes-Block, two-phase") -----------------------------------------
+// Every sublayer of block n attends to the same block sources b_0..b_{n-1} with its own pseudo-query
+// q_i = w_i ⊙ g_i (a parameter, not a function of the token), so one pass over those sources serves
+// the whole block:
+//   forward, at the block's first sublayer: block_inter_kernel reads b_0..b_{n-1} once and, for each
+//     of the block's ns sublayers i, keeps an online softmax over them; position 1 (no partial sum
+//     yet) gets its x, xn, rstd straight away, positions i >= 2 get the inter-block aggregate
+//     a_i = Σ_k α_ik u_k / Σ_k α_ik (T) and their log-sum-exp lse_i; at each sublayer i >= 2
+//     block_merge_kernel merges a_i with the partial-sum source p (one row): p's weight
+//     α_p = attnres_merge_weight(s_p, lse_i), x = (1 − α_p) a_i + α_p p, and x's RMSNorm.
+//   backward: at each sublayer i >= 2 block_p_backward_kernel reads dx, a_i and p (not the block
+//     sources): ds_p = α_p β (dx·p − dx·a_i) with β = 1 − α_p the block sources' share, p's
+//     gradient now (dL/dp must be complete before output_backward(j-1)), and α_p, e = α_p dx·p
+//     kept for the flush; dx_i overwrites a_i's row. At the block's first sublayer
+//     block_flush2_kernel reads every block source, recomputes the scores s_ik and the dots
+//     dx_i·u_k for all of the block's sublayers, the weights α_ik = β_i softmax_k(s_ik) (so that
+//     α_p + Σ_k α_ik = 1 up to rounding, as in the one-pass softmax), the softmax backward's mean
+//     c_i = e_i + Σ_k α_ik dx_i·u_k, ds_ik = α_ik (dx_i·u_k − c_i), and adds
+//     Σ_i (α_ik dx_i + ds_ik (r_k q_i − s_ik r_k² u_k/d)) into dL/du_k once per block.
+// Per block each block source is read once in the forward and once in the backward (+ one fp32
+// read-modify-write of its gradient); the per-sublayer path reads it ns times in the forward and
+// ns + 1 times in the backward. The cost:
+// a_i [N, d] (T) is kept from the forward to the backward for every sublayer at position >= 2.
 
-// Once per block (after its first sublayer's scores): for the K0 block sources u_k (U [K0, N, d],
-// gradients dU, fp32) and the block's ns sublayers (coefficients ca/cb/cc [ns][N, ldc], stashed dx
-// [ns][N, d], parameters wg = the first sublayer's (w, g) block, 2d floats per sublayer):
-// dU_k += Σ_s (α_sk dx_s + β_sk q_s) − (Σ_s γ_sk) u_k, and dq_part [gridDim, ns, d] = this grid
-// block's Σ_t Σ_k β_sk u_k. Dynamic smem: ns·d + 3·ns floats.
-template <typename T>
-__global__ void block_flush_kernel(float* dq_part, const float* ca, const float* cb, const float* cc, int ldc,
-                                   const T* stash, const T* U, float* dU, int K0, const float* wg, int ns, int N,
-                                   int d) {
-    extern __shared__ float sm[];
-    float* dq = sm;             // [ns, d]
-    float* co = sm + ns * d;    // [3, ns]: α, β, γ of the current (t, k)
-    const int64_t Nd = (int64_t)N * d;
-    for (int e = threadIdx.x; e < ns * d; e += blockDim.x) dq[e] = 0.f;
-    for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
-        for (int k = 0; k < K0; k++) {
-            __syncthreads();
-            for (int s = threadIdx.x; s < ns; s += blockDim.x) {
-                const int64_t o = (int64_t)s * N * ldc + t * ldc + k;
-                co[s] = ca[o];
-                co[ns + s] = cb[o];
-                co[2 * ns + s] = cc[o];
-            }
-            __syncthreads();
-            float gam = 0.f;
-            for (int s = 0; s < ns; s++) gam += co[2 * ns + s];
-            const T* u = U + (int64_t)k * Nd + t * d;
-            float* du = dU + (int64_t)k * Nd + t * d;
-            for (int c = threadIdx.x; c < d; c += blockDim.x) {
-                const float uc = to_f(u[c]);
-                float acc = 0.f;
-                for (int s = 0; s < ns; s++) {
-                    const float* ws = wg + (int64_t)s * 2 * d;
-                    const float bs = co[ns + s];
-                    acc += co[s] * to_f(stash[(int64_t)s * Nd + t * d + c]) + bs * (ws[c] * ws[d + c]);
-                    dq[s * d + c] += bs * uc;
-                }
-                du[c] += acc - gam * uc;
-            }
-        }
+// Block-wide sums of the first `live` of R per-thread values with ONE __syncthreads (kThreads
+// threads): every thread returns with v[i] = the block's total (warp sums, then a fixed-order sum
+// over the warps: deterministic). buf: R·(kThreads/32) floats of shared memory. Successive calls
+// must alternate between two such buffers (the caller passes half `parity` of a double buffer):
+// the barrier of call n+1 then separates call n's reads of a buffer from call n+2's writes.
+// `live` must be the same in every thread.
+template <int R>
+__device__ inline void block_sum_db(float (&v)[R], float* buf, int live = R) {
+    constexpr int nw = kThreads / 32;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (i >= live) break;
+        const float s = warp_sum(v[i]);
+        if (lane == 0) buf[i * nw + wid] = s;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < ns * d; e += blockDim.x) dq_part[(int64_t)blockIdx.x * ns * d + e] = dq[e];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (i >= live) break;
+        float s = 0.f;
+        for (int w = 0; w < nw; w++) s += buf[i * nw + w];
+        v[i] = s;
+    }
+}
+
+// Sublayers handled together by block_inter_kernel and block_flush2_kernel: each thread holds NC·VPT
+// fp32 values of the pseudo-queries q_i and as many of the running sums (forward) or of dx_i
+// (flush), at most 32 each. More sublayers per block than NC: the forward runs ceil(ns/NC) thread
+// blocks per token (adjacent, so the repeated source reads mostly hit L2), the flush repeats its
+// passes over the sources per chunk of NC.
+template <int VPT>
+__host__ __device__ constexpr int block_chunk() { return VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT); }
+// Block sources loaded per barrier in block_inter_kernel (rows in flight vs registers).
+template <int VPT>
+__host__ __device__ constexpr int inter_group() { return VPT <= 2 ? 4 : VPT <= 8 ? 2 : 1; }
+template <int VPT>
+__host__ __device__ constexpr size_t inter_smem() {
+    return 2 * (size_t)inter_group<VPT>() * block_chunk<VPT>() * (kThreads / 32) * sizeof(float);
+}
+
+// Phase 1 of block n's forward. Sources: the K0 block sources U [K0, N, d] (T) with r: R [K0, N];
+// the block's ns sublayers have their (w, g) at wg + i·2d (fp32 master, i = 0 .. ns-1). Position i
+// (0-based) gets
+//   i = 0: x[t] = Σ_k α_0k u_k (T) and, when xn != nullptr, rstd[t] and xn = wn ⊙ (x · rstd) of the
+//          rounded x (RMSNorm with eps_n);
+//   i >= 1: a[((i−1)·N + t)·d ..] = a_i = Σ_k α_ik u_k / Σ_k α_ik (T) and
+//          lsei[(i−1)·N + t] = log Σ_k exp(s_ik), for block_merge_kernel and the backward.
+// Grid N·ceil(ns/NC): thread block b handles token b / nchunk, sublayers NC·(b % nchunk) ...;
+// kThreads threads, channel c = threadIdx.x + v·kThreads (v < VPT, d <= kThreads·VPT); dynamic
+// smem inter_smem<VPT>(). Each group of G sources: its rows and r values loaded together, its G·nc
+// dots reduced with one barrier, then folded source by source into the online softmaxes.
+template <typename T, int VPT, int NC = block_chunk<VPT>(), int G = inter_group<VPT>()>
+__global__ void __launch_bounds__(kThreads)
+block_inter_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, T* a, float* lsei, const T* U,
+                   const float* R, int K0, const float* wg, int ns, int N, int d) {
+    extern __shared__ float sm[];
+    constexpr int HALF = G * NC * (kThreads / 32);
+    const int nchunk = (ns + NC - 1) / NC;
+    const int64_t t = blockIdx.x / nchunk;
+    const int i0 = (int)(blockIdx.x % nchunk) * NC, nc = min(NC, ns - i0);
+    float q[NC][VPT], acc[NC][VPT], m[NC], l[NC];
+#pragma unroll
+    for (int i = 0; i < NC; i++) {
+        const float* ws = wg + (int64_t)(i0 + (i < nc ? i : 0)) * 2 * d;
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            q[i][v] = (i < nc && c < d) ? ws[c] * ws[d + c] : 0.f;
+            acc[i][v] = 0.f;
+        }
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+    }
+    int parity = 0;
+    for (int k0 = 0; k0 < K0; k0 += G, parity ^= 1) {
+        const int gk = min(G, K0 - k0);
+        float uv[G][VPT], rk[G], dot[G * NC];
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {  // every load of the group first
+            rk[gi] = 0.f;
+#pragma unroll
+            for (int v = 0; v < VPT; v++) uv[gi][v] = 0.f;
+            if (gi >= gk) continue;
+            const T* u = U + ((int64_t)(k0 + gi) * N + t) * d;
+            rk[gi] = R[(int64_t)(k0 + gi) * N + t];
+#pragma unroll
+            for (int v = 0; v < VPT; v++) {
+                const int c = threadIdx.x + v * kThreads;
+                if (c < d) uv[gi][v] = to_f(u[c]);
+            }
+        }
+#pragma unroll
+        for (int gi = 0; gi < G; gi++)
+#pragma unroll
+            for (int i = 0; i < NC; i++) {
+                float p = 0.f;
+#pragma unroll
+                for (int v = 0; v < VPT; v++) p += q[i][v] * uv[gi][v];
+                dot[gi * NC + i] = p;
+            }
+        block_sum_db<G * NC>(dot, sm + parity * HALF, gk * NC);
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            if (gi >= gk) break;
+#pragma unroll
+            for (int i = 0; i < NC; i++) {
+                if (i >= nc) break;
+                const float s = dot[gi * NC + i] * rk[gi];
+                const float m_new = fmaxf(m[i], s);
+                const float scale = ldm_exp(m[i] - m_new), e = ldm_exp(s - m_new);  // exp(-inf) = 0 at k = 0
+                l[i] = l[i] * scale + e;
+#pragma unroll
+                for (int v = 0; v < VPT; v++) acc[i][v] = acc[i][v] * scale + e * uv[gi][v];
+                m[i] = m_new;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NC; i++) {
+        if (i >= nc) break;
+        const int ip = i0 + i;
+        if (ip == 0) continue;
+        if (threadIdx.x == 0) lsei[(int64_t)(ip - 1) * N + t] = m[i] + ldm_log(l[i]);
+        const float inv = 1.f / l[i];
+        T* at = a + ((int64_t)(ip - 1) * N + t) * d;
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            if (c < d) at[c] = from_f<T>(acc[i][v] * inv);
+        }
+    }
+    if (i0 != 0) return;  // uniform per thread block
+    const float inv = 1.f / l[0];
+    float ss[1] = {0.f};
+    T* xt = x + t * d;
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c >= d) continue;
+        const T xv = from_f<T>(acc[0][v] * inv);
+        xt[c] = xv;
+        acc[0][v] = to_f(xv);  // the rounded x, for the norm
+        ss[0] += acc[0][v] * acc[0][v];
+    }
+    if (xn == nullptr) return;
+    block_sum_db<1>(ss, sm + parity * HALF);
+    const float sc = rms_scale(ss[0], d, eps_n);
+    if (threadIdx.x == 0) rstd[t] = sc;
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c < d) xn[t * d + c] = from_f<T>(to_f(wn[c]) * (acc[0][v] * sc));
+    }
+}
+
+// Phase 2 of the forward of a Block sublayer at position >= 2: merges its inter-block aggregate
+// a [N, d] (T) and log-sum-exp lsei [N] (block_inter_kernel) with the partial-sum source p [N, d]
+// (r: rp [N]) under the pseudo-query q = w ⊙ g: s_p = r_p (q·p), α_p = attnres_merge_weight(s_p,
+// lsei), x = (1 − α_p) a + α_p p (T), rstd and xn = wn ⊙ (x · rstd) as in block_inter_kernel.
+// Grid N, kThreads threads, VPT values per thread; dynamic smem 2·(kThreads/32) floats.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kThreads)
+block_merge_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, const float* lsei, const T* a, const T* p,
+                   const float* rp, const float* w, const float* g, int N, int d) {
+    extern __shared__ float sm[];
+    constexpr int nw = kThreads / 32;
+    const int64_t t = blockIdx.x;
+    float av[VPT], pv[VPT], dot[1] = {0.f};
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {  // loads first
+        const int c = threadIdx.x + v * kThreads;
+        av[v] = c < d ? to_f(a[t * d + c]) : 0.f;
+        pv[v] = c < d ? to_f(p[t * d + c]) : 0.f;
+    }
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c < d) dot[0] += (w[c] * g[c]) * pv[v];
+    }
+    block_sum_db<1>(dot, sm);
+    const float alpha = attnres_merge_weight(dot[0] * rp[t], lsei[t]), beta = 1.f - alpha;
+    float ss[1] = {0.f};
+    T* xt = x + t * d;
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c >= d) continue;
+        const T xv = from_f<T>(beta * av[v] + alpha * pv[v]);
+        xt[c] = xv;
+        av[v] = to_f(xv);
+        ss[0] += av[v] * av[v];
+    }
+    if (xn == nullptr) return;
+    block_sum_db<1>(ss, sm + nw);
+    const float sc = rms_scale(ss[0], d, eps_n);
+    if (threadIdx.x == 0) rstd[t] = sc;
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c < d) xn[t * d + c] = from_f<T>(to_f(wn[c]) * (av[v] * sc));
+    }
+}
+
+// Per-sublayer part of the two-phase Block backward at position >= 2 (block_flush2_kernel does
+// the rest): dx = dL/dx [N, d]; a_stash [N, d] holds the sublayer's inter-block aggregate a on
+// entry and dx on return; p the partial-sum source [N, d] with r rp [N] and gradient dp [N, d]
+// (fp32, +=); lsei [N] the block sources' log-sum-exp. Per token: s_p = r_p (q·p),
+// α_p = attnres_merge_weight(s_p, lsei) (as in the forward), β = 1 − α_p,
+// ds_p = α_p β (dx·p − dx·a) (= α_p (dx·p − Σ_k α_k dx·u_k) with a in place of the block
+// sources), dp += α_p dx + attnres_score_grad(ds_p, ...), ap[t] = α_p and e[t] = α_p dx·p (for
+// the flush), and dq_part [gridDim, d] = this thread block's Σ_t ds_p r_p p. Grid: persistent blocks
+// (kBackwardBlocks or N), tokens strided; kThreads threads, VPT values per thread; dynamic smem
+// 2·3·(kThreads/32) floats.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kThreads)
+block_p_backward_kernel(float* dq_part, float* ap, float* e, T* a_stash, const T* dx, const T* p, const float* rp,
+                        float* dp, const float* lsei, const float* w, const float* g, int N, int d) {
+    extern __shared__ float sm[];
+    constexpr int HALF = 3 * (kThreads / 32);
+    float q[VPT], dq[VPT];
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        q[v] = c < d ? w[c] * g[c] : 0.f;
+        dq[v] = 0.f;
+    }
+    int parity = 0;
+    for (int64_t t = blockIdx.x; t < N; t += gridDim.x, parity ^= 1) {
+        float dxv[VPT], av[VPT], pv[VPT], dots[3] = {0.f, 0.f, 0.f};  // dx·p, dx·a, q·p
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {  // loads first
+            const int c = threadIdx.x + v * kThreads;
+            dxv[v] = c < d ? to_f(dx[t * d + c]) : 0.f;
+            av[v] = c < d ? to_f(a_stash[t * d + c]) : 0.f;
+            pv[v] = c < d ? to_f(p[t * d + c]) : 0.f;
+        }
+        const float r = rp[t], Li = lsei[t];
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            if (c >= d) continue;
+            dots[0] += dxv[v] * pv[v];
+            dots[1] += dxv[v] * av[v];
+            dots[2] += q[v] * pv[v];
+            a_stash[t * d + c] = from_f<T>(dxv[v]);  // exact (dxv holds a T value); this thread read a[c] above
+        }
+        block_sum_db<3>(dots, sm + parity * HALF);
+        const float s = r * dots[2], al = attnres_merge_weight(s, Li), ds = al * (1.f - al) * (dots[0] - dots[1]);
+        if (threadIdx.x == 0) {
+            ap[t] = al;
+            e[t] = al * dots[0];
+        }
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            if (c >= d) continue;
+            dp[t * d + c] += al * dxv[v] + attnres_score_grad(ds, r, s, q[v], pv[v], d);
+            dq[v] += ds * r * pv[v];
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c < d) dq_part[(int64_t)blockIdx.x * d + c] = dq[v];
+    }
+}
+
+// The two-phase Block backward's once-per-block pass, at the block's first sublayer (after every
+// other sublayer of the block ran block_p_backward_kernel). Block sources u_k: U [K0, N, d] (T),
+// r: R [K0, N], gradients dU [K0, N, d] (fp32, +=). The block's ns sublayers, position i
+// (0-based): (w, g) at wg + i·2d; dx_i from dx1 [N, d] for i = 0 (the caller's dx) and from
+// stash [((i−1)·N + t)·d] for i >= 1; p's weight α_p and e_i = α_p dx_i·p at ap / e[(i−1)·N + t]
+// for i >= 1 (both 0 for i = 0: no p). Per token and chunk of NC sublayers, two passes over the
+// sources: the first forms s_ik = r_k (q_i·u_k) and dx_i·u_k (kept in shared memory), then
+// α_ik = (1 − α_p) e^(s_ik − m_i) / Σ_k' e^(s_ik' − m_i) (m_i = max_k s_ik) and
+// c_i = e_i + Σ_k α_ik dx_i·u_k; the second (the rows again, from cache) adds Σ_i (α_ik dx_i + ds_ik r_k q_i) − (Σ_i ds_ik s_ik r_k²/d) u_k to dU_k with
+// ds_ik = α_ik (dx_i·u_k − c_i). dq_part [gridDim, ns, d] = this thread block's
+// Σ_t Σ_k ds_ik r_k u_k. Grid: persistent blocks (kBackwardBlocks or N), tokens strided;
+// kThreads threads, VPT values per thread; dynamic smem flush2_smem_floats(ns, d, K0) floats: ns·d
+// (dq, each thread touching only its own channels), the reductions' double buffer, 2·NC·K0 (s, dx·u).
+inline size_t flush2_smem_floats(int ns, int d, int K0) {
+    return (size_t)ns * d + 2 * 2 * 8 * (kThreads / 32) + 2 * 8 * (size_t)K0;
+}
+template <typename T, int VPT, int NC = block_chunk<VPT>()>
+__global__ void __launch_bounds__(kThreads, 1)
+block_flush2_kernel(float* dq_part, const float* ap, const float* e, const T* dx1, const T* stash, const T* U,
+                    const float* R, float* dU, int K0, const float* wg, int ns, int N, int d) {
+    extern __shared__ float sm[];
+    constexpr int HALF = 2 * NC * (kThreads / 32);
+    float* dqs = sm;                 // [ns, d]
+    float* part = sm + ns * d;       // 2 halves of HALF floats
+    float* ssc = part + 2 * HALF;    // [NC, K0] s_ik
+    float* sdu = ssc + NC * K0;      // [NC, K0] dx_i·u_k
+    const int64_t Nd = (int64_t)N * d;
+    for (int i = 0; i < ns; i++)
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            if (c < d) dqs[i * d + c] = 0.f;
+        }
+    int parity = 0;
+    for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
+        for (int i0 = 0; i0 < ns; i0 += NC) {
+            const int nc = min(NC, ns - i0);
+            float q[NC][VPT], dxv[NC][VPT], be[NC], cm[NC];
+#pragma unroll
+            for (int i = 0; i < NC; i++) {
+                const int ip = i0 + (i < nc ? i : 0);
+                const float* ws = wg + (int64_t)ip * 2 * d;
+                const T* dxi = ip == 0 ? dx1 + t * d : stash + (ip - 1) * Nd + t * d;
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const int c = threadIdx.x + v * kThreads;
+                    const bool in = i < nc && c < d;
+                    q[i][v] = in ? ws[c] * ws[d + c] : 0.f;
+                    dxv[i][v] = in ? to_f(dxi[c]) : 0.f;
+                }
+                be[i] = ip == 0 ? 1.f : 1.f - ap[(int64_t)(ip - 1) * N + t];  // the block sources' share
+                cm[i] = ip == 0 ? 0.f : e[(int64_t)(ip - 1) * N + t];
+            }
+            // pass 1: scores and dx·u of every (sublayer, source) pair
+            for (int k = 0; k < K0; k++, parity ^= 1) {
+                const T* u = U + (int64_t)k * Nd + t * d;
+                const float r = R[(int64_t)k * N + t];
+                float uv[VPT], dots[2 * NC];
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const int c = threadIdx.x + v * kThreads;
+                    uv[v] = c < d ? to_f(u[c]) : 0.f;
+                }
+#pragma unroll
+                for (int i = 0; i < NC; i++) {
+                    float qa = 0.f, da = 0.f;
+#pragma unroll
+                    for (int v = 0; v < VPT; v++) {
+                        qa += q[i][v] * uv[v];
+                        da += dxv[i][v] * uv[v];
+                    }
+                    dots[2 * i] = qa;
+                    dots[2 * i + 1] = da;
+                }
+                block_sum_db<2 * NC>(dots, part + parity * HALF, 2 * nc);
+                if (threadIdx.x == 0)
+                    for (int i = 0; i < nc; i++) {
+                        ssc[i * K0 + k] = r * dots[2 * i];
+                        sdu[i * K0 + k] = dots[2 * i + 1];
+                    }
+            }
+            __syncthreads();  // ssc, sdu written by thread 0
+            float mx[NC], sc[NC];  // per sublayer: max score, then (1 − α_p) / Σ_k e^(s_ik − max)
+#pragma unroll
+            for (int i = 0; i < NC; i++) {
+                mx[i] = sc[i] = 0.f;
+                if (i >= nc) continue;
+                float m = ssc[i * K0];
+                for (int k = 1; k < K0; k++) m = fmaxf(m, ssc[i * K0 + k]);
+                float z = 0.f, dz = 0.f;
+                for (int k = 0; k < K0; k++) {
+                    const float w = ldm_exp(ssc[i * K0 + k] - m);
+                    z += w;
+                    dz += w * sdu[i * K0 + k];
+                }
+                mx[i] = m;
+                sc[i] = be[i] / z;
+                cm[i] += sc[i] * dz;
+            }
+            // pass 2: the gradient rows (ssc and sdu stay until every thread passed the next
+            // chunk's first reduction barrier, after which thread 0 rewrites them)
+            for (int k = 0; k < K0; k++) {
+                const T* u = U + (int64_t)k * Nd + t * d;
+                float* du = dU + (int64_t)k * Nd + t * d;
+                const float r = R[(int64_t)k * N + t];
+                float uv[VPT];
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const int c = threadIdx.x + v * kThreads;
+                    uv[v] = c < d ? to_f(u[c]) : 0.f;
+                }
+                float al[NC], bq[NC], gam = 0.f;
+#pragma unroll
+                for (int i = 0; i < NC; i++) {
+                    al[i] = bq[i] = 0.f;
+                    if (i >= nc) continue;
+                    const float s = ssc[i * K0 + k];
+                    al[i] = sc[i] * ldm_exp(s - mx[i]);
+                    const float ds = al[i] * (sdu[i * K0 + k] - cm[i]);
+                    bq[i] = ds * r;
+                    gam += ds * s * r * r / (float)d;
+                }
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const int c = threadIdx.x + v * kThreads;
+                    if (c >= d) continue;
+                    float acc = 0.f;
+#pragma unroll
+                    for (int i = 0; i < NC; i++) {
+                        if (i >= nc) break;
+                        acc += al[i] * dxv[i][v] + bq[i] * q[i][v];
+                        dqs[(i0 + i) * d + c] += bq[i] * uv[v];
+                    }
+                    du[c] += acc - gam * uv[v];
+                }
+            }
+        }
+    }
+    for (int i = 0; i < ns; i++)
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            if (c < d) dq_part[((int64_t)blockIdx.x * ns + i) * d + c] = dqs[i * d + c];
+        }
 }
 
 // For each of ns sublayers (blockIdx.y = s; parameters wg + s·2d = (w, g), gradients gwg + s·2d):

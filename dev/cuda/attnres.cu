@@ -1,33 +1,46 @@
 // dev/cuda/attnres.cu — workbench of the AttnRes GPU schemes, Full and Block (GpuAttnRes of
 // train_gpt_baselines.cu over the kernels of cuda/attnres.cuh, spec §2.4), against the CPU
-// reference Scheme<double>
-// (cpu/scheme_attnres.*): every x_j, xn_j, y, d_o_j, de and every w/g gradient at several
-// shapes (odd N and d; Block with even blocks, with a remainder block, and N_b > D clamped),
-// fp32 (tight) and bf16 (loose); then forward+backward of all D sublayers at N = 16384, d = 1024,
-// D = 48 (Block: 8 blocks), Block with its deferred backward and with the direct one (the
-// backward production uses only when the deferred flush does not fit in shared memory, derived
-// here as AttnResDirectBackward). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK
-// fails.
+// reference Scheme<double> (cpu/scheme_attnres.*): every x_j, xn_j, y, d_o_j, de and every w/g
+// gradient at several shapes (odd N and d; Block with even blocks, with a remainder block, N_b > D
+// clamped, more sublayers per block than one pass of the two-phase kernels holds, source groups
+// with a remainder), fp32 (tight) and bf16 (loose); then forward+backward of all D sublayers at
+// N = 16384, d = 1024, D = 48 (Block: 8 blocks). Block runs three ways: production's two-phase
+// path, the per-sublayer path it replaced (dev/cuda/attnres_onephase.cuh) and the per-sublayer
+// forward with the direct backward (production's fallback where the two-phase path does not
+// apply, and Full's backward). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: attnres [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
 
 #define TESTING  // the trainer file without its main()
 #include "train_gpt_baselines.cu"
+#include "dev/cuda/attnres_onephase.cuh"
 #include "dev/cuda/scheme_check.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
 
-// Block with the direct backward (each sublayer updates its sources' gradients).
+enum class BlockPath { TwoPhase, OnePhase, Direct };
+inline const char* block_label(BlockPath p) {
+    return p == BlockPath::TwoPhase ? "attnres-block" : p == BlockPath::OnePhase ? "attnres-block-1phase"
+                                                                                : "attnres-block-direct";
+}
+
+// Block with the per-sublayer forward and the direct backward (each sublayer updates its sources'
+// gradients).
 template <typename T>
 struct AttnResDirectBackward : GpuAttnRes<T> {
-    explicit AttnResDirectBackward(const ModelConfig& c) : GpuAttnRes<T>(c, true) { this->deferred_ = false; }
+    explicit AttnResDirectBackward(const ModelConfig& c) : GpuAttnRes<T>(c, true) { this->two_phase_ = false; }
 };
 
 template <typename T>
-static wb::Factory<T> factory(bool block, bool direct = false) {
-    return [block, direct](const ModelConfig& c) {
-        return std::unique_ptr<GpuScheme<T>>(direct ? new AttnResDirectBackward<T>(c) : new GpuAttnRes<T>(c, block));
+static wb::Factory<T> factory(bool block, BlockPath path = BlockPath::TwoPhase) {
+    return [block, path](const ModelConfig& c) {
+        if (!block) return std::unique_ptr<GpuScheme<T>>(new GpuAttnRes<T>(c, false));
+        if (path == BlockPath::OnePhase) return std::unique_ptr<GpuScheme<T>>(new AttnResOnePhase<T>(c));
+        if (path == BlockPath::Direct) return std::unique_ptr<GpuScheme<T>>(new AttnResDirectBackward<T>(c));
+        auto s = std::make_unique<GpuAttnRes<T>>(c, true);
+        if (!s->two_phase()) throw Error("attnres-block: the two-phase path does not apply at this shape");
+        return std::unique_ptr<GpuScheme<T>>(std::move(s));
     };
 }
 
@@ -40,16 +53,25 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     ok &= wb::check_scheme<T>("attnres", "attnres-full", {1, 3, 2100, 3, 4, 8}, factory<T>(false), tol_act, tol_grad, 27, 0.3);
     if (!quick)
         ok &= wb::check_scheme<T>("attnres", "attnres-full", {3, 50, 1024, 2, 4, 8}, factory<T>(false), tol_act, tol_grad, 22, 0.3);
-    // Block, deferred and direct backward: D = 6 in 2 blocks of 3; D = 6 in 4 blocks (S = 1, the
-    // last takes 3); N_b > D (clamped); D = 8 in 3 blocks at d = 1024.
-    for (bool direct : {false, true}) {
-        const std::string name = direct ? "attnres-block-direct" : "attnres-block";
-        auto chk = [&](const wb::Shape& sh, uint64_t seed) {
-            return wb::check_scheme<T>("attnres", "attnres-block", sh, factory<T>(true, direct), tol_act, tol_grad,
-                                       seed, 0.3, name);
+    // Block: D = 6 in 2 blocks of 3; D = 6 in 4 blocks (S = 1, the last takes 3); N_b > D (clamped);
+    // D = 8 in 3 blocks at d = 1024. Two-phase only: d = 2100 with 4 sublayers per block (12 values
+    // per thread: 2 sublayers per pass, so two passes), d = 1100 with 5 (8 values per thread: passes
+    // of 4 and 1; block sources in groups of 2, one partial), both at a smaller parameter scale
+    // (at 0.3 the scores reach ±15 at this d and some pseudo-query gradients are cancellation
+    // remainders of 1e-3 of the largest, below fp32's resolution on every path), and D = 12 in 6
+    // blocks at d = 64 (up to 6 block sources in groups of 4: a partial group).
+    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct}) {
+        auto chk = [&](const wb::Shape& sh, uint64_t seed, double scale = 0.3) {
+            return wb::check_scheme<T>("attnres", "attnres-block", sh, factory<T>(true, path), tol_act, tol_grad,
+                                       seed, scale, block_label(path));
         };
         ok &= chk({2, 33, 67, 3, 4, 2}, 23);
         ok &= chk({1, 9, 96, 3, 4, 4}, 24);
+        if (path == BlockPath::TwoPhase) {
+            ok &= chk({1, 3, 2100, 4, 4, 2}, 28, 0.05);
+            ok &= chk({1, 3, 1100, 5, 4, 2}, 29, 0.05);
+            ok &= chk({1, 5, 64, 6, 4, 6}, 30);
+        }
         if (!quick) {
             ok &= chk({1, 5, 64, 2, 4, 9}, 25);
             ok &= chk({3, 50, 1024, 4, 4, 3}, 26);
@@ -58,12 +80,17 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     return ok;
 }
 
-// Estimated traffic per token of fwd+bwd: per aggregation over K sources K·d·tb (the one-pass
-// forward); direct backward: 2·K·d·tb + 8·K·d (fp32 gradient read-modify-write); deferred
-// backward (Block): K·d·tb per sublayer plus the p source's update, the dx stash, and once per block
-// (tb + 8)·d per block source; plus x/xn/dx/new-source rows.
+// Estimated traffic per token of fwd+bwd. Per sublayer, every path: x, xn written, the new source
+// (o read, p read, written) and the fp32 rows of the gradient plumbing (6·d·tb + 8·d). Aggregation
+// over K sources: the per-sublayer forward reads K·d·tb; the direct backward 2·K·d·tb + 8·K·d
+// (fp32 gradient read-modify-write). Block, one-phase deferred backward: K·d·tb per sublayer, p's
+// update d·(tb + 8), dx read + stash 2·d·tb, and once per block (tb + 8)·d per block source.
+// Block, two-phase: forward at position 1 the n block sources and the other positions' aggregates
+// written, (n + ns − 1)·d·tb, at i >= 2 the aggregate and p read, 2·d·tb; backward at i >= 2 dx, x
+// read and the stash written 3·d·tb plus p's update d·(tb + 8), at i = 1 dx_1, x_1 and the ns − 1
+// stashes read, (ns + 1)·d·tb, plus (tb + 8)·d per block source.
 template <typename T>
-static double traffic(bool block, int D, int nb, double d, bool deferred = false) {
+static double traffic(bool block, int D, int nb, double d, BlockPath path = BlockPath::Direct) {
     const double tb = sizeof(T);
     double b = 0;
     const int S = D / nb;
@@ -76,12 +103,17 @@ static double traffic(bool block, int D, int nb, double d, bool deferred = false
             i = j - (n - 1) * S;
             K = n + (i >= 2 ? 1 : 0);
         }
-        b += K * d * tb + 6 * d * tb + 8 * d;  // forward (one pass over the sources) + rows
-        if (!deferred || j == D + 1) {
-            b += K * d * (2 * tb + 8);
-        } else {
+        const int ns = n < nb ? S : D - (nb - 1) * S;
+        b += 6 * d * tb + 8 * d;
+        if (!block || j == D + 1 || path == BlockPath::Direct) {
+            b += K * d * tb + K * d * (2 * tb + 8);
+        } else if (path == BlockPath::OnePhase) {
+            b += K * d * tb;
             b += K * d * tb + (i >= 2 ? d * (tb + 8) : 0) + 2 * d * tb;
             if (i == 1) b += n * d * (tb + 8);
+        } else {
+            b += i == 1 ? (n + ns - 1) * d * tb : 2 * d * tb;
+            b += i == 1 ? (ns + 1) * d * tb + n * d * (tb + 8) : 3 * d * tb + d * (tb + 8);
         }
     }
     return b;
@@ -90,9 +122,9 @@ static double traffic(bool block, int D, int nb, double d, bool deferred = false
 template <typename T>
 static void run_bench() {
     const wb::Shape full{8, 2048, 1024, 24, 4, 8};
-    wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true), traffic<T>(true, 48, 8, 1024, true));
-    wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true, true), traffic<T>(true, 48, 8, 1024), 20,
-                        "attnres-block-direct");
+    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct})
+        wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true, path),
+                            traffic<T>(true, 48, 8, 1024, path), 20, block_label(path));
     wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false), traffic<T>(false, 48, 48, 1024));
 }
 
