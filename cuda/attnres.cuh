@@ -409,13 +409,18 @@ __device__ inline void block_sum_db(float (&v)[R], float* buf, int live = R) {
     }
 }
 
-// Sublayers handled together by block_inter_kernel and block_flush2_kernel: each thread holds NC·VPT
-// fp32 values of the pseudo-queries q_i and as many of the running sums (forward) or of dx_i
-// (flush), at most 32 each. More sublayers per block than NC: the forward runs ceil(ns/NC) thread
-// blocks per token (adjacent, so the repeated source reads mostly hit L2), the flush repeats its
-// passes over the sources per chunk of NC.
+// Sublayers handled together by block_inter_kernel (block_chunk) and block_flush2_kernel
+// (flush_chunk): each thread holds NC·VPT fp32 values of the pseudo-queries q_i and as many of the
+// running sums (forward) or of dx_i (flush), at most 32 each in the forward and 64 in the flush.
+// More sublayers per block than NC: the forward runs ceil(ns/NC) thread blocks per token
+// (adjacent, so the repeated source reads mostly hit L2); the flush repeats its passes over the
+// sources per chunk of NC, which repeats the fp32 read-modify-write of their gradients, hence its
+// larger budget (one pass for blocks of up to 8 sublayers at d <= 2048: llama-400m, the qwen
+// presets at N_b = 8).
 template <int VPT>
 __host__ __device__ constexpr int block_chunk() { return VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT); }
+template <int VPT>
+__host__ __device__ constexpr int flush_chunk() { return 64 / VPT > 8 ? 8 : 64 / VPT; }
 // Block sources loaded per barrier in block_inter_kernel (rows in flight vs registers).
 template <int VPT>
 __host__ __device__ constexpr int inter_group() { return VPT <= 2 ? 4 : VPT <= 8 ? 2 : 1; }
@@ -667,7 +672,7 @@ block_p_backward_kernel(float* dq_part, float* ap, float* e, T* a_stash, const T
 inline size_t flush2_smem_floats(int ns, int d, int K0) {
     return (size_t)ns * d + 2 * 2 * 8 * (kThreads / 32) + 2 * 8 * (size_t)K0;
 }
-template <typename T, int VPT, int NC = block_chunk<VPT>()>
+template <typename T, int VPT, int NC = flush_chunk<VPT>()>
 __global__ void __launch_bounds__(kThreads, 1)
 block_flush2_kernel(float* dq_part, const float* ap, const float* e, const T* dx1, const T* stash, const T* U,
                     const float* R, float* dU, int K0, const float* wg, int ns, int N, int d) {
