@@ -357,7 +357,7 @@ struct GpuHC final : GpuScheme<T> {
 // recomputes the block's scores and adds the block's gradient into it.
 // Extra buffers: a_j for every sublayer not first in its block [D - N_b, N, d] (T; each row turns
 // into that sublayer's dx stash in the backward), the block sources' log-sum-exp [D - N_b, N], and
-// p's weight α_p and e = α_p dx·p [2, S_max - 1, N] (fp32). Applies where d <= 8192 (values
+// their share β = 1 − α_p and e = α_p dx·p [2, S_max - 1, N] (fp32). Applies where d <= 8192 (values
 // per thread in registers) and the flush's dq rows fit in shared memory (about S_max·d floats: 25 KiB
 // at llama-400m, 201 KiB at qwen3-14b with N = 8).
 template <typename T>
@@ -375,7 +375,7 @@ struct GpuAttnRes : GpuScheme<T> {
         }
         smax_ = block_ ? std::max(S_, D_ - (nb_ - 1) * S_) : 1;
         two_phase_ = block_ && d_ <= ar_detail::kThreads * ar_detail::kOnePassMaxVpt &&
-                     ar_detail::flush2_smem_floats(smax_, d_, nb_) * sizeof(float) <= kMaxDynamicSmem;
+                     ar_detail::flush2_smem_floats(smax_, d_, nb_) * sizeof(float) <= smem_optin_;
     }
     // Block on the two-phase path (false: Full, or a Block shape it does not apply to).
     bool two_phase() const { return two_phase_; }
@@ -472,7 +472,7 @@ struct GpuAttnRes : GpuScheme<T> {
     int d_, D_, nb_ = 0, S_ = 1;
     bool block_;
     bool two_phase_ = false;
-    static constexpr size_t kMaxDynamicSmem = 227 * 1024;  // per block, sm_90 (cudaFuncSetAttribute)
+    size_t smem_optin_ = max_dynamic_smem_optin();  // per block, this device (cudaFuncSetAttribute)
     int smax_ = 1;  // most sublayers in one block (the last block takes the remainder)
     float eps_;
     int N_ = 0;
@@ -484,7 +484,7 @@ struct GpuAttnRes : GpuScheme<T> {
     // two-phase, per sublayer j at position >= 2 of block n at row j - n - 1: rows [D - nb, N, d]
     // (its inter-block aggregate a_j, then its dx stash in the backward), lse [D - nb, N] (its block
     // sources' log-sum-exp); per position i >= 2 of the current block at row i - 2: co [2][smax-1, N]
-    // (α_p, e = α_p dx·p); flush dq partials [blocks, smax, d]
+    // (β = 1 − α_p, e = α_p dx·p); flush dq partials [blocks, smax, d]
     DeviceBuffer<T> rows_;
     DeviceBuffer<float> lse_, co_, dq2_part_;
 
@@ -583,11 +583,11 @@ struct GpuAttnRes : GpuScheme<T> {
     // Sublayer j's row (position >= 2 of block n) of the two-phase aggregates / dx stash.
     T* A(int j, int n) const { return rows_.ptr + (int64_t)(j - n - 1) * N_ * d_; }
     float* LSEI(int j, int n) const { return lse_.ptr + (int64_t)(j - n - 1) * N_; }
-    float* AP(int i) const { return co_.ptr + (int64_t)(i - 2) * N_; }  // position i >= 2 (E: the next plane)
+    float* BP(int i) const { return co_.ptr + (int64_t)(i - 2) * N_; }  // position i >= 2 (E: the next plane)
     float* E(int i) const { return co_.ptr + ((int64_t)(smax_ - 1) + i - 2) * N_; }
 
     // Two-phase backward of Block sublayer j (position i of block n): i >= 2 updates p's gradient now
-    // and stashes dx_j, α_p and e_j; i = 1 (the last of the block in backward order) flushes the whole
+    // and stashes dx_j, β_j and e_j; i = 1 (the last of the block in backward order) flushes the whole
     // block into the block sources' gradients.
     void block_backward_2p(int j, const T* dx, cudaStream_t s) {
         int n, i;
@@ -598,7 +598,7 @@ struct GpuAttnRes : GpuScheme<T> {
             if (i >= 2) {
                 ar_detail::block_p_backward_kernel<T, VPT>
                     <<<nbk, ar_detail::kThreads, 2 * 3 * (ar_detail::kThreads / 32) * sizeof(float), s>>>(
-                        dq_part_.ptr, AP(i), E(i), A(j, n), dx, PV(j), RP(j), DU(n), LSEI(j, n), Wj(j), Wj(j) + d_,
+                        dq_part_.ptr, BP(i), E(i), A(j, n), dx, PV(j), RP(j), DU(n), LSEI(j, n), Wj(j), Wj(j) + d_,
                         N_, d_);
                 LDM_LAUNCH_CHECK();
                 ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(
@@ -611,7 +611,7 @@ struct GpuAttnRes : GpuScheme<T> {
                 CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush2_kernel<T, VPT>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
             ar_detail::block_flush2_kernel<T, VPT><<<nbk, ar_detail::kThreads, fsm, s>>>(
-                dq2_part_.ptr, ns > 1 ? AP(2) : nullptr, ns > 1 ? E(2) : nullptr, dx, ns > 1 ? A(j0 + 1, n) : nullptr,
+                dq2_part_.ptr, ns > 1 ? BP(2) : nullptr, ns > 1 ? E(2) : nullptr, dx, ns > 1 ? A(j0 + 1, n) : nullptr,
                 U(0), RU(0), DU(0), n, Wj(j0), ns, N_, d_);
             LDM_LAUNCH_CHECK();
             dim3 rg((unsigned)ceil_div(d_, 256), (unsigned)ns);

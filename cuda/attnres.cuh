@@ -235,8 +235,8 @@ inline bool dispatch_vpt(int d, F&& f) {
     return true;
 }
 
-// One token t of the AttnRes backward, shared by aggregate_backward_kernel and
-// block_scores_backward_kernel (whole block, ends with __syncthreads): recomputes the scores
+// One token t of the AttnRes backward, shared by aggregate_backward_kernel and the workbench's
+// block_scores_backward_kernel (dev/cuda/attnres_onephase.cuh) (whole block, ends with __syncthreads): recomputes the scores
 // s_k = r_k (w⊙g)·u_k and α = softmax(s), and turns dL/dα_k = dx·u_k into dL/ds_k. Shared memory
 // layout of those kernels: pq, pd [nwarps, K] partials, then sc, al, da [K] (s, α, dL/ds).
 template <typename T>
@@ -368,11 +368,13 @@ __global__ void to_act_kernel(T* out, const float* in, int64_t n) {
 //     yet) gets its x, xn, rstd straight away, positions i >= 2 get the inter-block aggregate
 //     a_i = Σ_k α_ik u_k / Σ_k α_ik (T) and their log-sum-exp lse_i; at each sublayer i >= 2
 //     block_merge_kernel merges a_i with the partial-sum source p (one row): p's weight
-//     α_p = attnres_merge_weight(s_p, lse_i), x = (1 − α_p) a_i + α_p p, and x's RMSNorm.
+//     α_p = attnres_merge_weight(s_p, lse_i), β = attnres_merge_weight(lse_i, s_p) (= 1 − α_p),
+//     x = β a_i + α_p p, and x's RMSNorm.
 //   backward: at each sublayer i >= 2 block_p_backward_kernel reads dx, a_i and p (not the block
-//     sources): ds_p = α_p β (dx·p − dx·a_i) with β = 1 − α_p the block sources' share, p's
-//     gradient now (dL/dp must be complete before output_backward(j-1)), and α_p, e = α_p dx·p
-//     kept for the flush; dx_i overwrites a_i's row. At the block's first sublayer
+//     sources): ds_p = α_p β (dx·p − dx·a_i) with β = 1 − α_p the block sources' share (both
+//     from attnres_merge_weight, so each keeps its relative accuracy when small), p's gradient now
+//     (dL/dp must be complete before output_backward(j-1)), and β, e = α_p dx·p kept for the
+//     flush; dx_i overwrites a_i's row. At the block's first sublayer
 //     block_flush2_kernel reads every block source, recomputes the scores s_ik and the dots
 //     dx_i·u_k for all of the block's sublayers, the weights α_ik = β_i softmax_k(s_ik) (so that
 //     α_p + Σ_k α_ik = 1 up to rounding, as in the one-pass softmax), the softmax backward's mean
@@ -547,7 +549,8 @@ block_inter_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, T* a, flo
 // Phase 2 of the forward of a Block sublayer at position >= 2: merges its inter-block aggregate
 // a [N, d] (T) and log-sum-exp lsei [N] (block_inter_kernel) with the partial-sum source p [N, d]
 // (r: rp [N]) under the pseudo-query q = w ⊙ g: s_p = r_p (q·p), α_p = attnres_merge_weight(s_p,
-// lsei), x = (1 − α_p) a + α_p p (T), rstd and xn = wn ⊙ (x · rstd) as in block_inter_kernel.
+// lsei), β = attnres_merge_weight(lsei, s_p), x = β a + α_p p (T), rstd and xn = wn ⊙ (x · rstd)
+// as in block_inter_kernel.
 // Grid N, kThreads threads, VPT values per thread; dynamic smem 2·(kThreads/32) floats.
 template <typename T, int VPT>
 __global__ void __launch_bounds__(kThreads)
@@ -569,7 +572,7 @@ block_merge_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, const flo
         if (c < d) dot[0] += (w[c] * g[c]) * pv[v];
     }
     block_sum_db<1>(dot, sm);
-    const float alpha = attnres_merge_weight(dot[0] * rp[t], lsei[t]), beta = 1.f - alpha;
+    const float s = dot[0] * rp[t], alpha = attnres_merge_weight(s, lsei[t]), beta = attnres_merge_weight(lsei[t], s);
     float ss[1] = {0.f};
     T* xt = x + t * d;
 #pragma unroll
@@ -596,15 +599,15 @@ block_merge_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, const flo
 // the rest): dx = dL/dx [N, d]; a_stash [N, d] holds the sublayer's inter-block aggregate a on
 // entry and dx on return; p the partial-sum source [N, d] with r rp [N] and gradient dp [N, d]
 // (fp32, +=); lsei [N] the block sources' log-sum-exp. Per token: s_p = r_p (q·p),
-// α_p = attnres_merge_weight(s_p, lsei) (as in the forward), β = 1 − α_p,
-// ds_p = α_p β (dx·p − dx·a) (= α_p (dx·p − Σ_k α_k dx·u_k) with a in place of the block
-// sources), dp += α_p dx + attnres_score_grad(ds_p, ...), ap[t] = α_p and e[t] = α_p dx·p (for
-// the flush), and dq_part [gridDim, d] = this thread block's Σ_t ds_p r_p p. Grid: persistent blocks
+// α_p = attnres_merge_weight(s_p, lsei) and β = attnres_merge_weight(lsei, s_p) (as in the
+// forward), ds_p = α_p β (dx·p − dx·a) (= α_p (dx·p − Σ_k α_k dx·u_k) with a in place of the
+// block sources), dp += α_p dx + attnres_score_grad(ds_p, ...), bp[t] = β and e[t] = α_p dx·p
+// (for the flush), and dq_part [gridDim, d] = this thread block's Σ_t ds_p r_p p. Grid: persistent blocks
 // (kBackwardBlocks or N), tokens strided; kThreads threads, VPT values per thread; dynamic smem
 // 2·3·(kThreads/32) floats.
 template <typename T, int VPT>
 __global__ void __launch_bounds__(kThreads)
-block_p_backward_kernel(float* dq_part, float* ap, float* e, T* a_stash, const T* dx, const T* p, const float* rp,
+block_p_backward_kernel(float* dq_part, float* bp, float* e, T* a_stash, const T* dx, const T* p, const float* rp,
                         float* dp, const float* lsei, const float* w, const float* g, int N, int d) {
     extern __shared__ float sm[];
     constexpr int HALF = 3 * (kThreads / 32);
@@ -636,9 +639,10 @@ block_p_backward_kernel(float* dq_part, float* ap, float* e, T* a_stash, const T
             a_stash[t * d + c] = from_f<T>(dxv[v]);  // exact (dxv holds a T value); this thread read a[c] above
         }
         block_sum_db<3>(dots, sm + parity * HALF);
-        const float s = r * dots[2], al = attnres_merge_weight(s, Li), ds = al * (1.f - al) * (dots[0] - dots[1]);
+        const float s = r * dots[2], al = attnres_merge_weight(s, Li), be = attnres_merge_weight(Li, s);
+        const float ds = al * be * (dots[0] - dots[1]);
         if (threadIdx.x == 0) {
-            ap[t] = al;
+            bp[t] = be;
             e[t] = al * dots[0];
         }
 #pragma unroll
@@ -660,10 +664,10 @@ block_p_backward_kernel(float* dq_part, float* ap, float* e, T* a_stash, const T
 // other sublayer of the block ran block_p_backward_kernel). Block sources u_k: U [K0, N, d] (T),
 // r: R [K0, N], gradients dU [K0, N, d] (fp32, +=). The block's ns sublayers, position i
 // (0-based): (w, g) at wg + i·2d; dx_i from dx1 [N, d] for i = 0 (the caller's dx) and from
-// stash [((i−1)·N + t)·d] for i >= 1; p's weight α_p and e_i = α_p dx_i·p at ap / e[(i−1)·N + t]
-// for i >= 1 (both 0 for i = 0: no p). Per token and chunk of NC sublayers, two passes over the
+// stash [((i−1)·N + t)·d] for i >= 1; the block sources' share β_i = 1 − α_p and
+// e_i = α_p dx_i·p at bp / e[(i−1)·N + t] for i >= 1 (1 and 0 for i = 0: no p). Per token and chunk of NC sublayers, two passes over the
 // sources: the first forms s_ik = r_k (q_i·u_k) and dx_i·u_k (kept in shared memory), then
-// α_ik = (1 − α_p) e^(s_ik − m_i) / Σ_k' e^(s_ik' − m_i) (m_i = max_k s_ik) and
+// α_ik = β_i e^(s_ik − m_i) / Σ_k' e^(s_ik' − m_i) (m_i = max_k s_ik) and
 // c_i = e_i + Σ_k α_ik dx_i·u_k; the second (the rows again, from cache) adds Σ_i (α_ik dx_i + ds_ik r_k q_i) − (Σ_i ds_ik s_ik r_k²/d) u_k to dU_k with
 // ds_ik = α_ik (dx_i·u_k − c_i). dq_part [gridDim, ns, d] = this thread block's
 // Σ_t Σ_k ds_ik r_k u_k. Grid: persistent blocks (kBackwardBlocks or N), tokens strided;
@@ -674,7 +678,7 @@ inline size_t flush2_smem_floats(int ns, int d, int K0) {
 }
 template <typename T, int VPT, int NC = flush_chunk<VPT>()>
 __global__ void __launch_bounds__(kThreads, 1)
-block_flush2_kernel(float* dq_part, const float* ap, const float* e, const T* dx1, const T* stash, const T* U,
+block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx1, const T* stash, const T* U,
                     const float* R, float* dU, int K0, const float* wg, int ns, int N, int d) {
     extern __shared__ float sm[];
     constexpr int HALF = 2 * NC * (kThreads / 32);
@@ -706,7 +710,7 @@ block_flush2_kernel(float* dq_part, const float* ap, const float* e, const T* dx
                     q[i][v] = in ? ws[c] * ws[d + c] : 0.f;
                     dxv[i][v] = in ? to_f(dxi[c]) : 0.f;
                 }
-                be[i] = ip == 0 ? 1.f : 1.f - ap[(int64_t)(ip - 1) * N + t];  // the block sources' share
+                be[i] = ip == 0 ? 1.f : bp[(int64_t)(ip - 1) * N + t];  // the block sources' share
                 cm[i] = ip == 0 ? 0.f : e[(int64_t)(ip - 1) * N + t];
             }
             // pass 1: scores and dx·u of every (sublayer, source) pair
@@ -738,7 +742,7 @@ block_flush2_kernel(float* dq_part, const float* ap, const float* e, const T* dx
                     }
             }
             __syncthreads();  // ssc, sdu written by thread 0
-            float mx[NC], sc[NC];  // per sublayer: max score, then (1 − α_p) / Σ_k e^(s_ik − max)
+            float mx[NC], sc[NC];  // per sublayer: max score, then β / Σ_k e^(s_ik − max)
 #pragma unroll
             for (int i = 0; i < NC; i++) {
                 mx[i] = sc[i] = 0.f;

@@ -112,6 +112,19 @@ inline void exit_if_no_gpu(const char* program) {
     }
 }
 
+// Dynamic shared memory one block of the current device may opt into (cudaFuncSetAttribute with
+// cudaFuncAttributeMaxDynamicSharedMemorySize): 227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on
+// sm_86/sm_89. Without a device (a host-side query such as --dry-run) the sm_90 value.
+inline size_t max_dynamic_smem_optin() {
+    int dev = 0;
+    cudaDeviceProp p{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 227 * 1024;
+    }
+    return p.sharedMemPerBlockOptin;
+}
+
 // One-line description of device 0: "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB".
 inline std::string device_description(int dev = 0) {
     cudaDeviceProp p{};

@@ -110,7 +110,7 @@ struct AttnResOnePhase : GpuAttnRes<T> {
     using Base = GpuAttnRes<T>;
     explicit AttnResOnePhase(const ModelConfig& c) : Base(c, true) {
         this->two_phase_ = false;
-        if ((size_t)(this->smax_ * this->d_ + 3 * this->smax_) * sizeof(float) > Base::kMaxDynamicSmem)
+        if ((size_t)(this->smax_ * this->d_ + 3 * this->smax_) * sizeof(float) > this->smem_optin_)
             throw Error("AttnResOnePhase: the flush does not fit in shared memory at this shape");
     }
     void resize(int B, int T_) override {
