@@ -3,7 +3,7 @@
 // kernel_backward (row-dot, then dK/dV and dQ): the scalar kernels (fp32 and bf16, one warp per
 // row), the mma kernels (bf16 mma.sync m16n8k16 with ldmatrix fragments, production), the
 // workbench's mma-plain variant (plain shared-memory fragment loads) and mma-pipe variant
-// (dev/cuda/attention_pipelined.cuh: cp.async pipelines) and wgmma forward
+// (dev/cuda/attention_pipelined.cuh: cp.async pipelines) and wgmma forward and backward
 // (dev/cuda/attention_wgmma.cuh), with mma.sync, ldmatrix and wgmma emulated as warp collectives
 // per the PTX ISA fragment and descriptor tables and cp.async completing only at its wait,
 // against cpu/ops.h attention in double (out, lse, dqkv). Outputs are poisoned with NaN; each case
@@ -248,12 +248,13 @@ TEST_CASE("emu: attention mma-pipe (cp.async pipelines, diagonal-only mask, 128-
 #endif
 }
 
-TEST_CASE("emu: attention wgmma forward (sm_90a warpgroup MMA from swizzled shared tiles, cp.async pipeline)",
+TEST_CASE("emu: attention wgmma forward and backward (sm_90a warpgroup MMA from swizzled shared tiles, cp.async "
+          "pipelines)",
           "[emu][attention]") {
-    // T = 1; partial tiles with GQA 2 (hd 64: 128-row blocks of two warpgroups, 128-key tiles);
-    // several key tiles so the stage ring wraps (T = 300: the last block's second warpgroup is all
-    // padding and skips every tile);
-    // hd 128 with GQA 2 and 4. The backward is mma-pipe's, from the wgmma forward's out and lse.
+    // T = 1; partial tiles with GQA 2 (hd 64: 128-row blocks of two warpgroups, 128-key tiles; dK/dV:
+    // 128-key blocks, 64-query steps across both heads of the group); several tiles so the stage
+    // rings wrap (T = 300: the last block's second warpgroup is all padding and skips every tile);
+    // hd 128 with GQA 2 and 4 (dQ: 64-key tiles).
     REQUIRE(attn_wgmma::wgmma_supported(64));  // the emulated device is compute capability 9.0
     const Shape shapes[] = {{1, 1, 2, 1, 64},  {2, 37, 4, 2, 64},   {1, 300, 2, 1, 64},
                             {1, 1, 4, 2, 128}, {1, 150, 4, 2, 128}, {1, 270, 4, 1, 128}};

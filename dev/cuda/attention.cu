@@ -3,8 +3,8 @@
 // dtype and head_dim), mma-plain (the mma kernels with fragments read by plain shared-memory
 // loads instead of ldmatrix: the previous production path, kept here to compare) and mma-pipe
 // (dev/cuda/attention_pipelined.cuh: cp.async pipelines, diagonal-only masking, larger tiles) and
-// wgmma (dev/cuda/attention_wgmma.cuh: an sm_90a warpgroup-MMA forward, paired with the mma-pipe
-// backward; compute capability 9.0 only, the workbench built for sm_90a).
+// wgmma (dev/cuda/attention_wgmma.cuh: sm_90a warpgroup-MMA forward and backward (dK/dV, dQ);
+// compute capability 9.0 only, the workbench built for sm_90a).
 // The mma kernels are bf16 only (fp32 runs skip them).
 // Checks each kernel's forward (out, lse) and backward (dqkv), and the production dispatch, against the
 // CPU reference cpu::attention_forward / attention_backward in double (q, k, v split from the
@@ -82,11 +82,10 @@ void kernel_backward(Kernel k, T* dqkv, float* scratch, const T* dout, const T* 
         if (k == kMma && hd == 128) mma_backward<128, LdsmFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 64) mma_backward<64, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 128) mma_backward<128, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-        // wgmma: the forward only; its backward is mma-pipe's
-        if ((k == kMmaPipe || k == kWgmma) && hd == 64)
-            attn_pipe::pipe_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
-        if ((k == kMmaPipe || k == kWgmma) && hd == 128)
-            attn_pipe::pipe_backward<128>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPipe && hd == 64) attn_pipe::pipe_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaPipe && hd == 128) attn_pipe::pipe_backward<128>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kWgmma && hd == 64) attn_wgmma::wgmma_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kWgmma && hd == 128) attn_wgmma::wgmma_backward<128>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
     }
 }
 
@@ -271,8 +270,11 @@ int main(int argc, char** argv) {
                         "dkdv hd64 %d hd128 %d\n",
                         pipe_fwd_smem<64>(), pipe_fwd_smem<128>(), pipe_dq_smem<64>(), pipe_dq_smem<128>(),
                         pipe_dkdv_smem<64>(), pipe_dkdv_smem<128>());
-            std::printf("wgmma forward shared memory per block (bytes): hd64 %d hd128 %d; wgmma %s on this device\n",
+            std::printf("wgmma shared memory per block (bytes): forward hd64 %d hd128 %d, dq hd64 %d hd128 %d, "
+                        "dkdv hd64 %d hd128 %d; wgmma %s on this device\n",
                         attn_wgmma::wgmma_fwd_smem<64>(), attn_wgmma::wgmma_fwd_smem<128>(),
+                        attn_wgmma::wgmma_dq_smem<64>(), attn_wgmma::wgmma_dq_smem<128>(),
+                        attn_wgmma::wgmma_dkdv_smem<64>(), attn_wgmma::wgmma_dkdv_smem<128>(),
                         attn_wgmma::wgmma_supported(64) ? "runs" : "does not run (needs compute capability 9.0)");
         }
         std::vector<Shape> shapes = {
