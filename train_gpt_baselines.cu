@@ -278,13 +278,12 @@ struct GpuHC final : GpuScheme<T> {
 
     // Every byte per token this scheme allocates in resize(): kept for backward (H_0..H_D, o_j,
     // P_j, inverse RMS) plus backward/scratch buffers (coefficients, dcoef, dP, β, partials,
-    // dZ, dH, dH_prev (fp32: the stream gradients stay fp32 in bf16 runs, like PreLN's dh), mHC
-    // Sinkhorn work).
+    // dZ, dH, dH_prev (type T like the streams themselves; see cuda/hc.cuh), mHC Sinkhorn work).
     int64_t extra_bytes_per_token() const override {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
         const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
         const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 +
-                                (mhc_ ? n * d * tb : 0) + 2 * n * d * 4;
+                                (mhc_ ? n * d * tb : 0) + 2 * n * d * tb;
         return kept + scratch;
     }
     // Only the part kept for backward (for documentation / tests).
@@ -304,8 +303,8 @@ struct GpuHC final : GpuScheme<T> {
     const T* P_ = nullptr;
     const float* M_ = nullptr;
     float* G_ = nullptr;
-    DeviceBuffer<T> Hs_, Os_, dPp_, dZ_;
-    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dH_, dHp_;
+    DeviceBuffer<T> Hs_, Os_, dPp_, dZ_, dH_, dHp_;
+    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_;
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)

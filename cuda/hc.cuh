@@ -32,7 +32,10 @@
 // A_m0, A_r0, B0; mHC a_*, b_*) from the fp32 master array, and all coefficient / Sinkhorn
 // arithmetic is fp32 (spec §2.3: "φ, a, b and the mixing arithmetic stay fp32" — φ's master and
 // its update are fp32; its GEMM operand is the T working copy, accumulation fp32).
-// Gradients are fp32 and accumulate (+=); no atomics anywhere (bit-identical run to run).
+// Parameter gradients are fp32 and accumulate (+=); no atomics anywhere (bit-identical run to run).
+// The stream gradients dL/dH_j [N, n, d] are type T like the streams (bf16 in bf16 runs: half the
+// bytes of the backward's widest tensors; every kernel does its arithmetic in fp32 and rounds once
+// per store), the per-token coefficient gradients fp32.
 // Supported stream counts: n ∈ {1, 2, 3, 4, 8} (ldm::Error otherwise).
 #pragma once
 #include <memory>
@@ -273,14 +276,14 @@ __global__ void mean_kernel(T* y, const T* H, int64_t N, int d) {
     }
 }
 
-// Readout backward: dH[t, i] = dy[t] / n (written).
+// Readout backward: dH[t, i] = dy[t] / n (written; type T like every stream gradient).
 template <typename T, int NS>
-__global__ void mean_backward_kernel(float* dH, const T* dy, int64_t N, int d) {
+__global__ void mean_backward_kernel(T* dH, const T* dy, int64_t N, int d) {
     const float inv = 1.f / (float)NS;
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < N * d;
          k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / d, c = k % d;
-        const float v = to_f(dy[k]) * inv;
+        const T v = from_f<T>(to_f(dy[k]) * inv);
 #pragma unroll
         for (int i = 0; i < NS; i++) dH[(t * NS + i) * d + c] = v;
     }
@@ -288,13 +291,13 @@ __global__ void mean_backward_kernel(float* dH, const T* dy, int64_t N, int d) {
 
 // begin_backward: de[t] = Σ_i dH[t, i] (written).
 template <typename T, int NS>
-__global__ void stream_sum_kernel(T* de, const float* dH, int64_t N, int d) {
+__global__ void stream_sum_kernel(T* de, const T* dH, int64_t N, int d) {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < N * d;
          k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / d, c = k % d;
         float v = 0.f;
 #pragma unroll
-        for (int i = 0; i < NS; i++) v += dH[(t * NS + i) * d + c];
+        for (int i = 0; i < NS; i++) v += to_f(dH[(t * NS + i) * d + c]);
         de[k] = from_f<T>(v);
     }
 }
@@ -302,7 +305,7 @@ __global__ void stream_sum_kernel(T* de, const float* dH, int64_t N, int d) {
 // Post-mix backward (output_backward): G = dL/dH_j. d_o[t] = Σ_k b_k G[t, k] (written);
 // dcoef[t] Mix part: <G_k, H_i> at [n + k·n + i], b part: <G_k, o> at [n + n² + k]. Grid N blocks.
 template <typename T, int NS>
-__global__ void post_backward_kernel(T* d_o, float* dcoef, const float* G, const T* O, const T* H,
+__global__ void post_backward_kernel(T* d_o, float* dcoef, const T* G, const T* O, const T* H,
                                      const float* coef, int d) {
     constexpr int CW = 2 * NS + NS * NS, V = NS * NS + NS;
     __shared__ float smem[32 * V];
@@ -312,7 +315,7 @@ __global__ void post_backward_kernel(T* d_o, float* dcoef, const float* G, const
     for (int k = 0; k < NS; k++) b[k] = coef[t * CW + NS + NS * NS + k];
 #pragma unroll
     for (int e = 0; e < V; e++) acc[e] = 0.f;
-    const float* Gt = G + t * NS * d;
+    const T* Gt = G + t * NS * d;
     const T* Ht = H + t * NS * d;
     constexpr int U = kSteps<NS>;
     float g[U][NS], h[U][NS], of[U];
@@ -321,7 +324,7 @@ __global__ void post_backward_kernel(T* d_o, float* dcoef, const float* G, const
         [&](int u, int c) {
 #pragma unroll
             for (int i = 0; i < NS; i++) {
-                g[u][i] = Gt[(int64_t)i * d + c];
+                g[u][i] = to_f(Gt[(int64_t)i * d + c]);
                 h[u][i] = to_f(Ht[(int64_t)i * d + c]);
             }
             of[u] = to_f(O[t * d + c]);
@@ -474,7 +477,7 @@ __global__ void column_sums_kernel(F* grads, const F* part, int N, int NP) {
 // (mHC, [N, n·d]); dZ == nullptr (HC): computed here from dPp [N, n, n+2] and W [(n+2), d]
 // (W is small and stays in cache: no dZ buffer written and read). Grid N blocks.
 template <typename T, int NS>
-__global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T* dZ, const T* dPp, const T* W,
+__global__ void combine_kernel(T* dHp, const T* G, const T* dx, const T* dZ, const T* dPp, const T* W,
                                const T* H, const float* coef, const float* beta, bool per_row, int d) {
     constexpr int CW = 2 * NS + NS * NS, m = NS + 2, L = proj_ld(NS + 2);
     const int64_t t = blockIdx.x;
@@ -501,7 +504,7 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T*
         threadIdx.x, d, blockDim.x,
         [&](int u, int c) {
 #pragma unroll
-            for (int k = 0; k < NS; k++) g[u][k] = G[base + (int64_t)k * d + c];
+            for (int k = 0; k < NS; k++) g[u][k] = to_f(G[base + (int64_t)k * d + c]);
             dxv[u] = to_f(dx[t * d + c]);
 #pragma unroll
             for (int i = 0; i < NS; i++) {
@@ -529,7 +532,7 @@ __global__ void combine_kernel(float* dHp, const float* G, const T* dx, const T*
                     for (int e = 0; e < m; e++) z += dp[i * m + e] * wl[u][e];
                 }
                 v += z - bt[i] * hl[u][i];
-                dHp[idx] = v;
+                dHp[idx] = from_f<T>(v);
             }
         });
 }

@@ -41,8 +41,9 @@ static void run_bench() {
     for (const char* sch : {"hc", "mhc"}) {
         const bool m = std::strcmp(sch, "mhc") == 0;
         // Estimated traffic per sublayer and token: forward (4n+4)·d·tb, backward (4n+4)·d·tb (HC)
-        // or (6n+4)·d·tb (mHC, dZ) + 12·n·d (fp32 stream gradients) — see doc/cuda.md.
-        const double bytes = D * ((m ? 10 * n + 8 : 8 * n + 8) * d * tb + 12 * n * d);
+        // or (6n+4)·d·tb (mHC, dZ) + 3·n·d·tb (stream gradients, type T: read twice, written once)
+        // — see doc/cuda.md.
+        const double bytes = D * ((m ? 10 * n + 8 : 8 * n + 8) * d * tb + 3 * n * d * tb);
         wb::Factory<T> f = [m](const ModelConfig& c) { return std::unique_ptr<GpuScheme<T>>(new GpuHC<T>(c, m)); };
         wb::bench_scheme<T>("hc", sch, big, f, bytes);
     }
