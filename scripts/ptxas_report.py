@@ -109,6 +109,11 @@ def main():
             print("error: nvcc failed on %s" % src, file=sys.stderr)
             return 1
         k = parse(p.stderr + p.stdout)
+        # ptxas's own notices (e.g. "Potential Performance Loss: wgmma.mma_async instructions are
+        # serialized ..."), echoed so that callers (test_ptxas) can refuse them
+        for line in (p.stderr + p.stdout).splitlines():
+            if "warning" in line.lower() or "performance loss" in line.lower():
+                print("ptxas_report: ptxas notice (%s): %s" % (src, line.strip()))
         if not k:
             print("error: no kernel entries in ptxas output for %s" % src, file=sys.stderr)
             return 1

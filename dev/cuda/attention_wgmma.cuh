@@ -161,7 +161,11 @@ attn_fwd_wgmma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, 
         for (int i = 0; i < ON; i++) o[i] *= alpha[(i >> 1) & 1];
         uint32_t pa[BN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) frag_a_from_c(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
+        for (int kk = 0; kk < BN / 16; kk++) {
+            frag_a_from_c(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) wgmma::fence_operand(pa[kk][e]);
+        }
 #pragma unroll
         for (int i = 0; i < ON; i++) wgmma::fence_operand(o[i]);
         wgmma::fence();
@@ -332,6 +336,11 @@ attn_bwd_dkdv_wgmma(bf16* dqkv, const bf16* dout, const float* lse, const float*
         for (int kk = 0; kk < QT; kk++) {
             frag_a_from_c(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
             frag_a_from_c(sa[kk], &dp[8 * kk], &dp[8 * kk + 4]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                wgmma::fence_operand(pa[kk][e]);
+                wgmma::fence_operand(sa[kk][e]);
+            }
         }
 #pragma unroll
         for (int i = 0; i < ON; i++) {
@@ -464,7 +473,11 @@ attn_bwd_dq_wgmma(bf16* dqkv, const bf16* dout, const float* lse, const float* D
         }
         uint32_t sa[NK][4];
 #pragma unroll
-        for (int kk = 0; kk < NK; kk++) frag_a_from_c(sa[kk], &s[8 * kk], &s[8 * kk + 4]);
+        for (int kk = 0; kk < NK; kk++) {
+            frag_a_from_c(sa[kk], &s[8 * kk], &s[8 * kk + 4]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) wgmma::fence_operand(sa[kk][e]);
+        }
 #pragma unroll
         for (int i = 0; i < ON; i++) wgmma::fence_operand(dq[i]);
         wgmma::fence();

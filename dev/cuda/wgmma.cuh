@@ -91,6 +91,12 @@ __device__ __forceinline__ void fence_operand(float& r) {
     asm volatile("" : "+f"(r)::"memory");
 #endif
 }
+// The same for a register A fragment (mma_rs): its packing must be complete before wgmma::fence().
+__device__ __forceinline__ void fence_operand(uint32_t& r) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("" : "+r"(r)::"memory");
+#endif
+}
 
 // D[64][N] (+)= A[64][16] B[16][N], A and B from shared memory (descriptors); d = this thread's
 // N/2 accumulators; scale_d 0: D = A·B, 1: D += A·B; TA / TB: imm-trans-a / -b (1 = MN-major).
