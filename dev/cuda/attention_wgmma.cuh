@@ -35,6 +35,16 @@ struct WgConfig<128> {
     static constexpr int wg = 2, bn = 128, stages = 2;
 };
 
+// bf16 A fragments (m16n8k16 layout, one per 16 columns) of a warpgroup's fp32 accumulator tile c
+// (the m64nNk16 accumulator layout, N = 16·K), pinned (wgmma::fence_operand) so that the packing
+// is complete before the wgmma.fence that precedes the wgmma reading them.
+template <int K>
+__device__ __forceinline__ void pack_a_frags(uint32_t (&a)[K][4], const float* c) {
+#pragma unroll
+    for (int kk = 0; kk < K; kk++) frag_a_from_c(a[kk], c + 8 * kk, c + 8 * kk + 4);
+    wgmma::fence_operands(a);
+}
+
 // Dynamic shared memory: 1 KiB of slack to put the tiles on a 1024-byte boundary, the Q tile
 // (BM x HD), then STAGES x (K tile, V tile) of BN x HD, all in the swizzled layout of wgmma.cuh.
 template <int HD, int WG, int BN, int STAGES>
@@ -121,14 +131,10 @@ attn_fwd_wgmma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, 
         const uint32_t k_s = q_s + (uint32_t)(QBYTES + (kt % STAGES) * 2 * TBYTES), v_s = k_s + (uint32_t)TBYTES;
         float s[SN];
         wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-            wgmma::mma_ss<BN, 0, 0>(s, wgmma::desc_kmajor(q_s, BM, 64 * wg, 16 * kk),
-                                    wgmma::desc_kmajor(k_s, BN, 0, 16 * kk), kk > 0);
+        wgmma::mma_chain_kk<BN, KT>(s, q_s, BM, 64 * wg, k_s, BN);
         wgmma::commit();
         wgmma::wait<0>();
-#pragma unroll
-        for (int i = 0; i < SN; i++) wgmma::fence_operand(s[i]);
+        wgmma::fence_operands(s);
         if (k0 + BN - 1 > rg) {  // the tile crosses the warpgroup's diagonal: mask key > query
 #pragma unroll
             for (int i = 0; i < SN / 4; i++)
@@ -160,21 +166,14 @@ attn_fwd_wgmma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, 
 #pragma unroll
         for (int i = 0; i < ON; i++) o[i] *= alpha[(i >> 1) & 1];
         uint32_t pa[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            frag_a_from_c(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
-#pragma unroll
-            for (int e = 0; e < 4; e++) wgmma::fence_operand(pa[kk][e]);
-        }
-#pragma unroll
-        for (int i = 0; i < ON; i++) wgmma::fence_operand(o[i]);
+        pack_a_frags(pa, s);
+        wgmma::fence_operands(o);
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) wgmma::mma_rs<HD, 1>(o, pa[kk], wgmma::desc_mnmajor(v_s, BN, 16 * kk), 1);
         wgmma::commit();
         wgmma::wait<0>();
-#pragma unroll
-        for (int i = 0; i < ON; i++) wgmma::fence_operand(o[i]);
+        wgmma::fence_operands(o);
     }
     // Row sums over the quad (the 4 threads sharing a row), then write out and lse.
 #pragma unroll
@@ -300,21 +299,12 @@ attn_bwd_dkdv_wgmma(bf16* dqkv, const bf16* dout, const float* lse, const float*
         const float* Ds = lses + BQ;
         float s[SN], dp[SN];
         wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-            wgmma::mma_ss<BQ, 0, 0>(s, wgmma::desc_kmajor(k_s, BKV, 64 * wg, 16 * kk),
-                                    wgmma::desc_kmajor(q_s, BQ, 0, 16 * kk), kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-            wgmma::mma_ss<BQ, 0, 0>(dp, wgmma::desc_kmajor(v_s, BKV, 64 * wg, 16 * kk),
-                                    wgmma::desc_kmajor(do_s, BQ, 0, 16 * kk), kk > 0);
+        wgmma::mma_chain_kk<BQ, KT>(s, k_s, BKV, 64 * wg, q_s, BQ);
+        wgmma::mma_chain_kk<BQ, KT>(dp, v_s, BKV, 64 * wg, do_s, BQ);
         wgmma::commit();
         wgmma::wait<0>();
-#pragma unroll
-        for (int i = 0; i < SN; i++) {
-            wgmma::fence_operand(s[i]);
-            wgmma::fence_operand(dp[i]);
-        }
+        wgmma::fence_operands(s);
+        wgmma::fence_operands(dp);
         if (q0 < kg0 + 63) {  // the step crosses the warpgroup's diagonal: mask query < key
 #pragma unroll
             for (int i = 0; i < SN / 4; i++)
@@ -332,21 +322,10 @@ attn_bwd_dkdv_wgmma(bf16* dqkv, const bf16* dout, const float* lse, const float*
             dp[i] = p * (dp[i] - Ds[qi]);
         }
         uint32_t pa[QT][4], sa[QT][4];
-#pragma unroll
-        for (int kk = 0; kk < QT; kk++) {
-            frag_a_from_c(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
-            frag_a_from_c(sa[kk], &dp[8 * kk], &dp[8 * kk + 4]);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                wgmma::fence_operand(pa[kk][e]);
-                wgmma::fence_operand(sa[kk][e]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < ON; i++) {
-            wgmma::fence_operand(dk[i]);
-            wgmma::fence_operand(dv[i]);
-        }
+        pack_a_frags(pa, s);
+        pack_a_frags(sa, dp);
+        wgmma::fence_operands(dk);
+        wgmma::fence_operands(dv);
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < QT; kk++) wgmma::mma_rs<HD, 1>(dv, pa[kk], wgmma::desc_mnmajor(do_s, BQ, 16 * kk), 1);
@@ -354,11 +333,8 @@ attn_bwd_dkdv_wgmma(bf16* dqkv, const bf16* dout, const float* lse, const float*
         for (int kk = 0; kk < QT; kk++) wgmma::mma_rs<HD, 1>(dk, sa[kk], wgmma::desc_mnmajor(q_s, BQ, 16 * kk), 1);
         wgmma::commit();
         wgmma::wait<0>();
-#pragma unroll
-        for (int i = 0; i < ON; i++) {
-            wgmma::fence_operand(dk[i]);
-            wgmma::fence_operand(dv[i]);
-        }
+        wgmma::fence_operands(dk);
+        wgmma::fence_operands(dv);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -441,21 +417,12 @@ attn_bwd_dq_wgmma(bf16* dqkv, const bf16* dout, const float* lse, const float* D
         const uint32_t k_s = wgmma::smem_u32(kv + (kt % STAGES) * 2 * TBYTES), v_s = k_s + (uint32_t)TBYTES;
         float s[SN], dp[SN];
         wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-            wgmma::mma_ss<BN, 0, 0>(s, wgmma::desc_kmajor(q_s, BM, 64 * wg, 16 * kk),
-                                    wgmma::desc_kmajor(k_s, BN, 0, 16 * kk), kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-            wgmma::mma_ss<BN, 0, 0>(dp, wgmma::desc_kmajor(do_s, BM, 64 * wg, 16 * kk),
-                                    wgmma::desc_kmajor(v_s, BN, 0, 16 * kk), kk > 0);
+        wgmma::mma_chain_kk<BN, KT>(s, q_s, BM, 64 * wg, k_s, BN);
+        wgmma::mma_chain_kk<BN, KT>(dp, do_s, BM, 64 * wg, v_s, BN);
         wgmma::commit();
         wgmma::wait<0>();
-#pragma unroll
-        for (int i = 0; i < SN; i++) {
-            wgmma::fence_operand(s[i]);
-            wgmma::fence_operand(dp[i]);
-        }
+        wgmma::fence_operands(s);
+        wgmma::fence_operands(dp);
         if (k0 + BN - 1 > rg) {  // the tile crosses the warpgroup's diagonal: mask key > query
 #pragma unroll
             for (int i = 0; i < SN / 4; i++)
@@ -472,21 +439,14 @@ attn_bwd_dq_wgmma(bf16* dqkv, const bf16* dout, const float* lse, const float* D
             s[i] = p * (dp[i] - Dr[r]);  // dS (unscaled)
         }
         uint32_t sa[NK][4];
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) {
-            frag_a_from_c(sa[kk], &s[8 * kk], &s[8 * kk + 4]);
-#pragma unroll
-            for (int e = 0; e < 4; e++) wgmma::fence_operand(sa[kk][e]);
-        }
-#pragma unroll
-        for (int i = 0; i < ON; i++) wgmma::fence_operand(dq[i]);
+        pack_a_frags(sa, s);
+        wgmma::fence_operands(dq);
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < NK; kk++) wgmma::mma_rs<HD, 1>(dq, sa[kk], wgmma::desc_mnmajor(k_s, BN, 16 * kk), 1);
         wgmma::commit();
         wgmma::wait<0>();
-#pragma unroll
-        for (int i = 0; i < ON; i++) wgmma::fence_operand(dq[i]);
+        wgmma::fence_operands(dq);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {

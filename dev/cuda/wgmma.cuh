@@ -98,6 +98,18 @@ __device__ __forceinline__ void fence_operand(uint32_t& r) {
 #endif
 }
 
+// fence_operand over every register of an accumulator or A-fragment array.
+template <typename R, int M>
+__device__ __forceinline__ void fence_operands(R (&r)[M]) {
+#pragma unroll
+    for (int i = 0; i < M; i++) fence_operand(r[i]);
+}
+template <int K>
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[K][4]) {
+#pragma unroll
+    for (int k = 0; k < K; k++) fence_operands(r[k]);
+}
+
 // D[64][N] (+)= A[64][16] B[16][N], A and B from shared memory (descriptors); d = this thread's
 // N/2 accumulators; scale_d 0: D = A·B, 1: D += A·B; TA / TB: imm-trans-a / -b (1 = MN-major).
 template <int N, int TA, int TB>
@@ -182,6 +194,16 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t a[4], u
 #else
     __trap();  // host: wgmma_rs
 #endif
+}
+
+// D[64][N] = A[64][16·KT] · B[16·KT][N] with both operands K-major in 128B-swizzled tiles
+// (sw128_offset): A = rows ra0.. of a tile of RA rows, B = a tile of RB rows (= N); KT chained
+// m64nNk16 issued (not committed, not waited for).
+template <int N, int KT>
+__device__ __forceinline__ void mma_chain_kk(float (&d)[N / 2], uint32_t a_tile, int RA, int ra0, uint32_t b_tile, int RB) {
+#pragma unroll
+    for (int kk = 0; kk < KT; kk++)
+        mma_ss<N, 0, 0>(d, desc_kmajor(a_tile, RA, ra0, 16 * kk), desc_kmajor(b_tile, RB, 0, 16 * kk), kk > 0);
 }
 
 }  // namespace wgmma
