@@ -126,7 +126,7 @@ struct GpuPreLN final : GpuScheme<T> {
 // b_pre [n], b_post [n], b_res [n,n]. Owns a Matmul (cuBLASLt handle, small workspace) and all
 // its device buffers (allocated in resize()).
 template <typename T>
-struct GpuHC final : GpuScheme<T> {
+struct GpuHC : GpuScheme<T> {
     GpuHC(const ModelConfig& cfg, bool manifold)
         : mhc_(manifold),
           d_(cfg.d_model),
@@ -167,7 +167,6 @@ struct GpuHC final : GpuScheme<T> {
         grow(dPp_, N * prow_ * ldp_);
         grow(beta_, N * n);
         grow(part_, N * np_);
-        grow(dZ_, mhc_ ? N * n * d : 0);
         grow(dH_, N * n * d);
         grow(dHp_, N * n * d);
     }
@@ -253,17 +252,7 @@ struct GpuHC final : GpuScheme<T> {
         // dW_j += dPpᵀ · H_{j-1}   ([wrows, rows] x [rows, kdim])
         mm_.gemm<T, float>(true, false, wrows_, kdim_, rows, 1.f, dPp_.ptr, ldp_, H(j - 1), kdim_, 1.f,
                            gW, kdim_, nullptr, s);
-        // mHC: dZ = dPp · Φ_j ([rows, wrows] x [wrows, kdim], type T); HC: fused into combine_kernel.
-        if (mhc_)
-            mm_.gemm<T, T>(false, false, rows, kdim_, wrows_, 1.f, dPp_.ptr, ldp_, W, kdim_, 0.f, dZ_.ptr, kdim_,
-                           nullptr, s);
-        dispatch([&](auto NSC) {
-            constexpr int NS = decltype(NSC)::value;
-            hc_detail::combine_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
-                dHp_.ptr, dH_.ptr, dx, mhc_ ? dZ_.ptr : nullptr, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, !mhc_,
-                d_);
-        });
-        LDM_LAUNCH_CHECK();
+        stream_gradient(j, dx, W, s);
         std::swap(dH_, dHp_);
     }
 
@@ -278,12 +267,12 @@ struct GpuHC final : GpuScheme<T> {
 
     // Every byte per token this scheme allocates in resize(): kept for backward (H_0..H_D, o_j,
     // P_j, inverse RMS) plus backward/scratch buffers (coefficients, dcoef, dP, β, partials,
-    // dZ, dH, dH_prev (type T like the streams themselves; see cuda/hc.cuh), mHC Sinkhorn work).
+    // dH, dH_prev (type T like the streams themselves; see cuda/hc.cuh), mHC Sinkhorn work).
     int64_t extra_bytes_per_token() const override {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
         const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
-        const int64_t scratch = 2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 +
-                                (mhc_ ? n * d * tb : 0) + 2 * n * d * tb;
+        const int64_t scratch =
+            2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 + 2 * n * d * tb;
         return kept + scratch;
     }
     // Only the part kept for backward (for documentation / tests).
@@ -292,7 +281,23 @@ struct GpuHC final : GpuScheme<T> {
         return (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
     }
 
-   private:
+   protected:  // (dev/cuda/hc.cu derives the workbench's GEMM-dZ path to compare)
+    // dL/dH_{j-1} into dHp_ from dH_ (= dL/dH_j), dx, dPp_, the coefficients and β of sublayer j
+    // (the last step of input_backward; W = W_j / Φ_j, the working copy).
+    virtual void stream_gradient(int j, const T* dx, const T* W, cudaStream_t s) {
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            if (mhc_)
+                hc_detail::mhc_combine_kernel<T, NS>
+                    <<<hc_detail::mhc_combine_grid<NS>(N_, d_), dim3(hc_detail::kMhcChannels<NS>, NS), 0, s>>>(
+                        dHp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, N_, d_);
+            else
+                hc_detail::combine_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                    dHp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, d_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+
     bool mhc_;
     int d_, n_, D_, iters_;
     float eps_;
@@ -303,7 +308,7 @@ struct GpuHC final : GpuScheme<T> {
     const T* P_ = nullptr;
     const float* M_ = nullptr;
     float* G_ = nullptr;
-    DeviceBuffer<T> Hs_, Os_, dPp_, dZ_, dH_, dHp_;
+    DeviceBuffer<T> Hs_, Os_, dPp_, dH_, dHp_;
     DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_;
 
     template <typename E>

@@ -22,10 +22,11 @@
 // Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products;
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
 // reduces the small parameter gradients deterministically (per-token partials, fixed-order column
-// sums), accumulates dW_j += dPᵀ·H_{j-1} (Matmul) and, for mHC, dZ = dP·Φ_j (Matmul, type T; HC
-// computes its dZ inside the combine kernel, W_j being only (n+2) rows), and one fused kernel writes
-// dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i (the RMS backward's projection term
-// β_i is a per-row scalar computed from dP and P, no d-sized pass).
+// sums), accumulates dW_j += dPᵀ·H_{j-1} (Matmul), and one fused kernel writes
+// dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i with dZ = dP·W_j formed inside it, never
+// stored (HC: per token, W_j being only (n+2) rows of d; mHC: mhc_combine_kernel, Φ_j's columns in
+// registers over tiles of tokens). The RMS backward's projection term β_i is a per-row scalar
+// computed from dP and P, no d-sized pass.
 //
 // Parameters: the GEMM matrices (HC W_j [(n+2), d], mHC Φ_j [(2n+n²), n·d]) are read from the
 // working copy (type T, like every backbone weight); the small controller parameters (HC s_a, s_b,
@@ -472,34 +473,32 @@ __global__ void column_sums_kernel(F* grads, const F* part, int N, int NP) {
     if (threadIdx.x == 0) grads[e] += s[0];
 }
 
-// Backward combine (input_backward): dHp[t, i] = Σ_k Mix[k,i] G[t, k] + a_i dx[t] + dZ[t, i]
-// − β_i H[t, i] (written). beta per row ([N, n]) or per token ([N]). dZ = dP·W from the GEMM
-// (mHC, [N, n·d]); dZ == nullptr (HC): computed here from dPp [N, n, n+2] and W [(n+2), d]
-// (W is small and stays in cache: no dZ buffer written and read). Grid N blocks.
+// HC backward combine (input_backward): dHp[t, i] = Σ_k Mix[k,i] G[t, k] + a_i dx[t] + dZ[t, i]
+// − β_i H[t, i] (written), with dZ[t, i] = Σ_e dPp[t, i, e] W[e] computed here from dPp [N, n, n+2]
+// and W [(n+2), d] (W is small and stays in cache: no dZ tensor written and read); β per row
+// [N, n]. Grid N blocks.
 template <typename T, int NS>
-__global__ void combine_kernel(T* dHp, const T* G, const T* dx, const T* dZ, const T* dPp, const T* W,
-                               const T* H, const float* coef, const float* beta, bool per_row, int d) {
+__global__ void combine_kernel(T* dHp, const T* G, const T* dx, const T* dPp, const T* W, const T* H,
+                               const float* coef, const float* beta, int d) {
     constexpr int CW = 2 * NS + NS * NS, m = NS + 2, L = proj_ld(NS + 2);
     const int64_t t = blockIdx.x;
     float a[NS], mix[NS * NS], bt[NS], dp[NS * m];
-    if (dZ == nullptr) {
 #pragma unroll
-        for (int i = 0; i < NS; i++)
+    for (int i = 0; i < NS; i++)
 #pragma unroll
-            for (int e = 0; e < m; e++) dp[i * m + e] = to_f(dPp[(t * NS + i) * L + e]);
-    }
+        for (int e = 0; e < m; e++) dp[i * m + e] = to_f(dPp[(t * NS + i) * L + e]);
 #pragma unroll
     for (int i = 0; i < NS; i++) {
         a[i] = coef[t * CW + i];
-        bt[i] = per_row ? beta[t * NS + i] : beta[t];
+        bt[i] = beta[t * NS + i];
     }
 #pragma unroll
     for (int e = 0; e < NS * NS; e++) mix[e] = coef[t * CW + NS + e];
     const int64_t base = t * NS * d;
-    // Every load of a batch (G, dx, dZ or W, H) before its first store: the stores of stream i
+    // Every load of a batch (G, dx, W, H) before its first store: the stores of stream i
     // would otherwise hold back the loads of stream i + 1 (one round trip per stream).
     constexpr int U = kSteps<NS>;
-    float g[U][NS], dxv[U], zl[U][NS], hl[U][NS], wl[U][m];
+    float g[U][NS], dxv[U], hl[U][NS], wl[U][m];
     batched_strided_loop<U>(
         threadIdx.x, d, blockDim.x,
         [&](int u, int c) {
@@ -507,34 +506,100 @@ __global__ void combine_kernel(T* dHp, const T* G, const T* dx, const T* dZ, con
             for (int k = 0; k < NS; k++) g[u][k] = to_f(G[base + (int64_t)k * d + c]);
             dxv[u] = to_f(dx[t * d + c]);
 #pragma unroll
-            for (int i = 0; i < NS; i++) {
-                const int64_t idx = base + (int64_t)i * d + c;
-                zl[u][i] = dZ ? to_f(dZ[idx]) : 0.f;
-                hl[u][i] = to_f(H[idx]);
-            }
-            if (!dZ) {
+            for (int i = 0; i < NS; i++) hl[u][i] = to_f(H[base + (int64_t)i * d + c]);
 #pragma unroll
-                for (int e = 0; e < m; e++) wl[u][e] = to_f(W[(int64_t)e * d + c]);
-            }
+            for (int e = 0; e < m; e++) wl[u][e] = to_f(W[(int64_t)e * d + c]);
         },
         [&](int u, int c) {
 #pragma unroll
             for (int i = 0; i < NS; i++) {
-                const int64_t idx = base + (int64_t)i * d + c;
                 float v = a[i] * dxv[u];
 #pragma unroll
                 for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[u][k];
                 float z = 0.f;
-                if (dZ) {
-                    z = zl[u][i];
-                } else {
 #pragma unroll
-                    for (int e = 0; e < m; e++) z += dp[i * m + e] * wl[u][e];
-                }
+                for (int e = 0; e < m; e++) z += dp[i * m + e] * wl[u][e];
                 v += z - bt[i] * hl[u][i];
-                dHp[idx] = from_f<T>(v);
+                dHp[base + (int64_t)i * d + c] = from_f<T>(v);
             }
         });
+}
+
+// mHC combine geometry: a block is kMhcChannels<NS> channels × NS streams of threads (256 at
+// n = 4 and 8, 192 at n = 3) and walks kMhcTokens tokens per step.
+template <int NS>
+constexpr int kMhcChannels = NS <= 4 ? 64 : 32;
+constexpr int kMhcTokens = 32;
+
+// mHC backward combine (input_backward) with the stream projection's input gradient formed in
+// the kernel: dHp[t, i, c] = Σ_k Mix[k,i] G[t, k, c] + a_i dx[t, c] + dZ[t, i, c] − β_t H[t, i, c]
+// (written, T), dZ[t, i, c] = Σ_r dPp[t, r] Φ[r, i·d + c] (R = 2n + n² rows, fp32 sum, never
+// stored: a GEMM writing dZ [N, n·d] and this kernel reading it back cost 4·n·d bytes per token).
+// dPp [N, proj_ld(R)] (T), Φ [R, n·d] (T), coef [N, 2n + n²], β [N] (fp32). Thread (c, i) keeps
+// its Φ column (R floats) in registers for the whole block, so Φ is read once per block and
+// kMhcTokens tokens, not once per token; the tokens' dP rows, a, Mix and β are staged in shared
+// memory (read as broadcasts). The NS threads of one channel share G and dx through L1.
+// Grid (ceil(d / kMhcChannels), ≤ ceil(N / kMhcTokens), grid.y strides over the token tiles);
+// block (kMhcChannels<NS>, NS).
+template <typename T, int NS>
+__global__ void __launch_bounds__(kMhcChannels<NS> * NS)
+    mhc_combine_kernel(T* dHp, const T* G, const T* dx, const T* dPp, const T* Phi, const T* H, const float* coef,
+                       const float* beta, int N, int d) {
+    constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
+    constexpr int CB = kMhcChannels<NS>, TB = kMhcTokens, U = 2;
+    __shared__ float dps[TB][R];
+    __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
+    __shared__ float bts[TB];
+    const int i = threadIdx.y, c = blockIdx.x * CB + threadIdx.x;
+    const int tid = threadIdx.y * CB + threadIdx.x, nthr = CB * NS;
+    const bool live = c < d;
+    const int64_t nd = (int64_t)NS * d;
+    float phi[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) phi[r] = live ? to_f(Phi[r * nd + (int64_t)i * d + c]) : 0.f;
+    for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB) {
+        const int nt = (int)(N - t0 < TB ? N - t0 : TB);
+        __syncthreads();  // the previous tile's readers are done with the staging arrays
+        for (int e = tid; e < nt * R; e += nthr) dps[e / R][e % R] = to_f(dPp[(t0 + e / R) * L + e % R]);
+        for (int e = tid; e < nt * NM; e += nthr) cfs[e / NM][e % NM] = coef[(t0 + e / NM) * CW + e % NM];
+        for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
+        __syncthreads();
+        if (!live) continue;
+        for (int u0 = 0; u0 < nt; u0 += U) {
+            // every load of U tokens before the first store (the pointers may alias as far as
+            // the compiler knows)
+            float g[U][NS], dxv[U], hl[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u0 + u >= nt) break;
+                const int64_t t = t0 + u0 + u;
+#pragma unroll
+                for (int k = 0; k < NS; k++) g[u][k] = to_f(G[t * nd + (int64_t)k * d + c]);
+                dxv[u] = to_f(dx[t * d + c]);
+                hl[u] = to_f(H[t * nd + (int64_t)i * d + c]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u0 + u >= nt) break;
+                const int tl = u0 + u;
+                float v = cfs[tl][i] * dxv[u];
+#pragma unroll
+                for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
+                float z = 0.f;
+#pragma unroll
+                for (int r = 0; r < R; r++) z += dps[tl][r] * phi[r];
+                v += z - bts[tl] * hl[u];
+                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = from_f<T>(v);
+            }
+        }
+    }
+}
+
+// Grid of mhc_combine_kernel for N tokens of d channels.
+template <int NS>
+inline dim3 mhc_combine_grid(int N, int d) {
+    const int64_t tiles = ceil_div(N, kMhcTokens);
+    return dim3((unsigned)ceil_div(d, kMhcChannels<NS>), (unsigned)std::min<int64_t>(std::max<int64_t>(tiles, 1), 65535));
 }
 
 // Calls f(std::integral_constant<int, n>) for the supported stream counts.
