@@ -351,9 +351,12 @@ struct GpuHC : GpuScheme<T> {
 // (core/config.cpp): per sublayer j = 1..D: w [d], g [d]; then w_f [d], g_f [d] (readout, j = D+1).
 // Buffers (resize): sources src [K, N, d] (T; Full K = D+1: v_0..v_D, Block K = N_b+1:
 // b_0..b_N), their r [K, N] and fp32 gradients [K, N, d]; Block also pv [D, N, d] (T) and r [D, N].
-// Full (and Block where the two-phase path does not apply) aggregates per sublayer over all of its
-// sources and adds its gradient into each source's fp32 row (aggregate_backward: read-modify-write
-// of K·d fp32 per sublayer and token). Block runs two-phase (cuda/attnres.cuh, doc/cuda.md
+// Full aggregates per sublayer over all of its sources; its backward is deferred (cuda/attnres.cuh,
+// doc/cuda.md "AttnRes-Full, deferred backward"): each sublayer keeps its per-source scalars
+// (α, dL/ds, s) and a copy of dx_j, and each source's gradient is summed in one pass when it is due
+// and written as T (no fp32 gradient rows). Block where the two-phase path does not apply (and Full
+// at d > 8192) adds each sublayer's gradient into every source's fp32 row (aggregate_backward:
+// read-modify-write of K·d fp32 per sublayer and token). Block runs two-phase (cuda/attnres.cuh, doc/cuda.md
 // "AttnRes-Block, two-phase"): at a block's first sublayer one pass over the block sources
 // b_0..b_{n-1} serves all of its sublayers (their pseudo-queries are parameters), each later
 // sublayer only merges in the partial sum p; in backward each sublayer touches only dx, its
@@ -380,9 +383,12 @@ struct GpuAttnRes : GpuScheme<T> {
         smax_ = block_ ? std::max(S_, D_ - (nb_ - 1) * S_) : 1;
         two_phase_ = block_ && d_ <= ar_detail::kThreads * ar_detail::kOnePassMaxVpt &&
                      ar_detail::flush2_smem_floats(smax_, d_, nb_) * sizeof(float) <= smem_optin_;
+        deferred_ = !block_ && d_ <= ar_detail::kThreads * ar_detail::kOnePassMaxVpt;
     }
     // Block on the two-phase path (false: Full, or a Block shape it does not apply to).
     bool two_phase() const { return two_phase_; }
+    // Full on the deferred backward (false: Block, or Full at d > 8192).
+    bool deferred() const { return deferred_; }
 
     void bind(const T* params, const float* master, float* grads) override {
         P_ = params;
@@ -395,7 +401,12 @@ struct GpuAttnRes : GpuScheme<T> {
         const int64_t N = N_, d = d_, K = nb_ + 1;
         grow(src_, K * N * d);
         grow(rsrc_, K * N);
-        grow(dsrc_, K * N * d);
+        if (deferred_) {
+            grow(stash_, (int64_t)(D_ + 1) * N * d);
+            grow(pairs_, 3 * ar_detail::full_pair(D_ + 2, 0) * N);
+        } else {
+            grow(dsrc_, K * N * d);
+        }
         if (block_) {
             grow(pv_, (int64_t)D_ * N * d);
             grow(rp_, (int64_t)D_ * N);
@@ -437,9 +448,13 @@ struct GpuAttnRes : GpuScheme<T> {
 
     void readout(T* y, cudaStream_t s) override { aggregate(D_ + 1, y, nullptr, nullptr, nullptr, 0.f, s); }
 
-    void readout_backward(const T* dy, cudaStream_t s) override { aggregate_backward(D_ + 1, dy, true, s); }
+    void readout_backward(const T* dy, cudaStream_t s) override {
+        if (deferred_) full_scores_backward(D_ + 1, dy, s);
+        else aggregate_backward(D_ + 1, dy, true, s);
+    }
 
     void output_backward(int j, T* d_o, cudaStream_t s) override {
+        if (deferred_) return full_flush(j, d_o, s);
         int n = j, i = 1;
         if (block_) locate(j, &n, &i);
         // Full: dL/dv_j. Block: dL/dp after sublayer j, kept in place in b_n's gradient buffer.
@@ -448,17 +463,24 @@ struct GpuAttnRes : GpuScheme<T> {
 
     void input_backward(int j, const T* dx, cudaStream_t s) override {
         if (two_phase_) block_backward_2p(j, dx, s);
+        else if (deferred_) full_scores_backward(j, dx, s);
         else aggregate_backward(j, dx, false, s);
     }
 
-    void begin_backward(T* de, cudaStream_t s) override { to_act(de, DU(0), s); }
+    void begin_backward(T* de, cudaStream_t s) override {
+        if (deferred_) full_flush(0, de, s);
+        else to_act(de, DU(0), s);
+    }
 
-    // Every byte per token allocated in resize(): sources (T) + r + fp32 gradients; Block also the
-    // partial-sum snapshots pv (T) + r; two-phase also the aggregates a_j (T), the log-sum-exps and
-    // e. (The dq partials are per thread block, not per token.)
+    // Every byte per token allocated in resize(): sources (T) + r + fp32 gradients (deferred Full:
+    // the dx stash (T) and the pair scalars instead of the gradients); Block also the partial-sum
+    // snapshots pv (T) + r; two-phase also the aggregates a_j (T), the log-sum-exps and e. (The dq
+    // partials are per thread block, not per token.)
     int64_t extra_bytes_per_token() const override {
         const int64_t d = d_, K = nb_ + 1, tb = sizeof(T);
-        int64_t v = K * d * tb + K * 4 + K * d * 4;
+        int64_t v = K * d * tb + K * 4;
+        if (deferred_) v += (int64_t)(D_ + 1) * d * tb + 3 * ar_detail::full_pair(D_ + 2, 0) * 4;
+        else v += K * d * 4;
         if (block_) v += (int64_t)D_ * d * tb + (int64_t)D_ * 4;
         if (two_phase_) v += (int64_t)(D_ - nb_) * (d * tb + 4) + 2 * (int64_t)(smax_ - 1) * 4;
         return v;
@@ -476,6 +498,7 @@ struct GpuAttnRes : GpuScheme<T> {
     int d_, D_, nb_ = 0, S_ = 1;
     bool block_;
     bool two_phase_ = false;
+    bool deferred_ = false;
     size_t smem_optin_ = max_dynamic_smem_optin();  // per block, this device (cudaFuncSetAttribute)
     int smax_ = 1;  // most sublayers in one block (the last block takes the remainder)
     float eps_;
@@ -491,6 +514,10 @@ struct GpuAttnRes : GpuScheme<T> {
     // (β = 1 − α_p, e = α_p dx·p); flush dq partials [blocks, smax, d]
     DeviceBuffer<T> rows_;
     DeviceBuffer<float> lse_, co_, dq2_part_;
+    // deferred Full: dx_j of sublayer j = 1..D+1 at row j - 1 [D + 1, N, d]; the pair scalars α, dL/ds,
+    // s as three planes [pairs, N] (pairs = full_pair(D + 2, 0), pair (j, k) at full_pair(j, k))
+    DeviceBuffer<T> stash_;
+    DeviceBuffer<float> pairs_;
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
@@ -508,7 +535,7 @@ struct GpuAttnRes : GpuScheme<T> {
     float* GWj(int j) const { return G_ + (int64_t)(j - 1) * 2 * d_; }
 
     ar_detail::Sources sources(int j) const {
-        ar_detail::Sources S{U(0), RU(0), 0, nullptr, nullptr, DU(0), nullptr};
+        ar_detail::Sources S{U(0), RU(0), 0, nullptr, nullptr, deferred_ ? nullptr : DU(0), nullptr};
         if (j == D_ + 1) {
             S.K0 = nb_ + 1;
         } else if (!block_) {
@@ -559,6 +586,39 @@ struct GpuAttnRes : GpuScheme<T> {
                                                                                        d_, overwrite);
         LDM_LAUNCH_CHECK();
         ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(gw, gg, dq_part_.ptr, nb, w, g, d_);
+        LDM_LAUNCH_CHECK();
+    }
+
+    // Deferred Full backward of sublayer j (the readout: j = D + 1): scores, dL/dq, the pair scalars
+    // of j's sources and dx_j's stash row.
+    void full_scores_backward(int j, const T* dx, cudaStream_t s) {
+        const ar_detail::Sources S = sources(j);
+        const float* w = Wj(j);
+        const float* g = w + d_;
+        const int nw = ar_detail::kThreads / 32, nb = bwd_blocks();
+        const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
+        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
+        if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::full_scores_backward_kernel<T>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ar_detail::full_scores_backward_kernel<T><<<nb, ar_detail::kThreads, smem, s>>>(
+            dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane, stash_.ptr + (int64_t)(j - 1) * N_ * d_,
+            dx, S, w, g, ar_detail::full_pair(j, 0), N_, d_);
+        LDM_LAUNCH_CHECK();
+        ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(GWj(j), GWj(j) + d_, dq_part_.ptr,
+                                                                                        nb, w, g, d_);
+        LDM_LAUNCH_CHECK();
+    }
+    // Deferred Full: source k's whole gradient (every consumer j > k has run its backward), as T.
+    void full_flush(int k, T* out, cudaStream_t s) {
+        const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
+        ar_detail::dispatch_vpt(d_, [&](auto c) {
+            constexpr int VPT = decltype(c)::value;
+            constexpr int TT = ar_detail::flush_tokens<VPT>();
+            ar_detail::full_flush_kernel<T, VPT><<<(unsigned)ceil_div(N_, TT), ar_detail::kThreads, 0, s>>>(
+                out, U(k), RU(k), stash_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane, M_, k, D_ + 1, N_,
+                d_);
+        });
         LDM_LAUNCH_CHECK();
     }
 

@@ -11,12 +11,15 @@
 //                         one pass over the sources (online softmax, running sum in registers),
 //                         fused with RMSNorm_j of the sublayer input (x, xn, rstd); the two-pass
 //                         aggregate_kernel for d > 8192.
-//   aggregate_backward    persistent blocks over tokens: recomputes s and α from (u_k, r_k),
+//   aggregate_backward    (the direct backward: Block's fallback, Full at d > 8192)
+//                         persistent blocks over tokens: recomputes s and α from (u_k, r_k),
 //                         softmax backward, then dL/du_k = α_k dx + ds_k (r_k q − s_k r_k² u_k/d)
 //                         added straight into the source's fp32 gradient buffer (written, not
 //                         added, by the readout's backward, the first consumer in backward order:
 //                         no memset), and dL/dq reduced per block in shared memory, then over
 //                         blocks in a fixed order (deterministic): no per-pair d-sized buffer.
+//   full_scores_backward, full_flush   Full, the deferred backward (section below): per sublayer
+//                         the pair scalars and a dx stash, per source one summing pass in T.
 //   source_kernel         writes a new source (o_j, or p + o_j for Block) and its r in one pass.
 //   block_inter, block_merge, block_p_backward, block_flush2: Block, two-phase (section below).
 // Block: the partial sum p lives in place in the snapshot array pv (pv_j = p as sublayer j sees it,
@@ -324,6 +327,128 @@ __global__ void dq_reduce_kernel(F* gw, F* gg, const F* dq_part, int nblocks, co
     for (int b = 0; b < nblocks; b++) s += dq_part[(int64_t)b * d + c];
     gw[c] += s * g[c];
     gg[c] += s * w[c];
+}
+
+// ---- Full, deferred backward (doc/cuda.md "AttnRes-Full, deferred backward") ------------------------
+// Full's sublayer j (1..D, the readout j = D+1) reads sources v_0..v_{j-1}, so the direct backward
+// above read-modify-writes j fp32 gradient rows per sublayer and token (8 bytes per source value,
+// two thirds of Full's backward traffic). Deferred: sublayer j's backward (full_scores_backward_
+// kernel) keeps only what source k's gradient needs from it, the pair's scalars α_jk, dL/ds_jk, s_jk
+// (fp32 planes [pairs, N], pair (j, k) at full_pair(j, k)) and a copy of dx_j (T, the stash row j-1
+// of [D+1, N, d]); when v_k's gradient is due (output_backward(k), begin_backward for k = 0) one
+// pass (full_flush_kernel) sums Σ_{j = D+1 .. k+1} α_jk dx_j + attnres_score_grad(ds_jk, r_k, s_jk,
+// q_j, v_k, d), in that order, and writes it straight in T. The arithmetic and its order are the
+// direct backward's (its first consumer writes, the later ones add), so the results are the same.
+// Per token and source pair: one read of dx_j in T instead of an fp32 read and write of v_k's row.
+
+// Index of the pair (sublayer j, source k), k < j <= D+1, in the planes [pairs, N].
+__host__ __device__ inline int64_t full_pair(int j, int k) { return (int64_t)j * (j - 1) / 2 + k; }
+
+// Sublayer j's backward: the direct kernel's scores, softmax backward and dL/dq (same dq_part
+// contract, tokens strided over a grid of kBackwardBlocks), plus, per token t and source k < K:
+// pa/pds/psc[(pair0 + k)·N + t] = α_k, dL/ds_k, s_k, and the stash row dx_j (stash[t·d ..] = dx[t]).
+// Sources S: the K = j sources of sublayer j (no gradient buffers). Dynamic smem: (2·nwarps + 3)·K + d floats.
+template <typename T>
+__global__ void full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T* stash,
+                                            const T* dx, Sources S, const float* w, const float* g, int64_t pair0,
+                                            int N, int d) {
+    extern __shared__ float sm[];
+    const int K = S.K(), nw = (blockDim.x + 31) >> 5;
+    float* sc = sm + 2 * nw * K;
+    float* al = sc + K;
+    float* da = al + K;
+    float* dq = da + K;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] = 0.f;
+    for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
+        const T* dxt = dx + t * d;
+        scores_backward_token<T>(sm, t, dxt, S, w, g, N, d);
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            const int64_t o = (pair0 + k) * N + t;
+            pa[o] = al[k];
+            pds[o] = da[k];
+            psc[o] = sc[k];
+        }
+        for (int c = threadIdx.x; c < d; c += blockDim.x) stash[t * d + c] = dxt[c];
+        for (int k = 0; k < K; k++) {
+            const T* u = src_row<T>(S, k, t, N, d);
+            const float ds = da[k], r = src_r(S, k, t, N);
+            for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] += ds * r * to_f(u[c]);
+        }
+        __syncthreads();  // smem reuse by the next token
+    }
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dq_part[(int64_t)blockIdx.x * d + c] = dq[c];
+}
+
+// Tokens per thread block of full_flush_kernel: TT·VPT <= 32 values of the gradient sums (and as
+// many of v_k and of dx_j) per thread; a block of TT tokens reads each q_j = w_j ⊙ g_j once for all.
+template <int VPT>
+__host__ __device__ constexpr int flush_tokens() { return VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT); }
+
+// dL/dv_k of every token, written as T: out[t] = Σ_{j = J .. k+1} (α_jk dx_j[t] +
+// attnres_score_grad(ds_jk, r_k, s_jk, w_j ⊙ g_j, v_k[t], d)) (fp32 sum in that order, rounded
+// once). u, r: source k [N, d] (T) and its r [N]; stash: dx_j at row j-1 of [J, N, d]; pa/pds/psc:
+// full_scores_backward_kernel's planes; wg: the fp32 master, (w_j, g_j) at (j-1)·2d; J = D+1 (the
+// readout). Grid ceil(N / TT), kThreads threads, channel c = threadIdx.x + v·kThreads (d <=
+// kThreads·VPT); no shared memory. Every load of a sublayer (TT rows) is issued before its sums.
+template <typename T, int VPT, int TT = flush_tokens<VPT>()>
+__global__ void __launch_bounds__(kThreads)
+full_flush_kernel(T* out, const T* u, const float* r, const T* stash, const float* pa, const float* pds,
+                  const float* psc, const float* wg, int k, int J, int N, int d) {
+    const int64_t t0 = (int64_t)blockIdx.x * TT;
+    const int nt = N - t0 < TT ? (int)(N - t0) : TT;  // the same in the whole block
+    float acc[TT][VPT], uk[TT][VPT], rk[TT];
+#pragma unroll
+    for (int i = 0; i < TT; i++) {
+        rk[i] = i < nt ? r[t0 + i] : 0.f;
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            uk[i][v] = i < nt && c < d ? to_f(u[(t0 + i) * d + c]) : 0.f;
+            acc[i][v] = 0.f;
+        }
+    }
+    for (int j = J; j > k; j--) {
+        const float* w = wg + (int64_t)(j - 1) * 2 * d;
+        const float* g = w + d;
+        const T* sx = stash + ((int64_t)(j - 1) * N + t0) * d;
+        const int64_t o = full_pair(j, k) * N + t0;
+        float q[VPT], x[TT][VPT], a[TT], ds[TT], sk[TT];
+#pragma unroll
+        for (int i = 0; i < TT; i++) {  // every load of this sublayer first
+            if (i >= nt) break;
+            a[i] = pa[o + i];
+            ds[i] = pds[o + i];
+            sk[i] = psc[o + i];
+#pragma unroll
+            for (int v = 0; v < VPT; v++) {
+                const int c = threadIdx.x + v * kThreads;
+                x[i][v] = c < d ? to_f(sx[(int64_t)i * d + c]) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            q[v] = c < d ? w[c] * g[c] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < TT; i++) {
+            if (i >= nt) break;
+#pragma unroll
+            for (int v = 0; v < VPT; v++) {
+                const float val = a[i] * x[i][v] + attnres_score_grad(ds[i], rk[i], sk[i], q[v], uk[i][v], d);
+                acc[i][v] = j == J ? val : acc[i][v] + val;  // the direct backward's first write, then adds
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < TT; i++) {
+        if (i >= nt) break;
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            if (c < d) out[(t0 + i) * d + c] = from_f<T>(acc[i][v]);
+        }
+    }
 }
 
 // New source: dst[t] = (p ? p[t] : 0) + o[t] (rounded to T) and rdst[t] = r of the rounded row.

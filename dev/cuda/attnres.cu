@@ -7,7 +7,8 @@
 // N = 16384, d = 1024, D = 48 (Block: 8 blocks). Block runs three ways: production's two-phase
 // path, the per-sublayer path it replaced (dev/cuda/attnres_onephase.cuh) and the per-sublayer
 // forward with the direct backward (production's fallback where the two-phase path does not
-// apply, and Full's backward). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
+// apply). Full runs two ways: production's deferred backward and the direct backward it replaced
+// (production's Full path at d > 8192). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: attnres [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
 
@@ -32,10 +33,22 @@ struct AttnResDirectBackward : GpuAttnRes<T> {
     explicit AttnResDirectBackward(const ModelConfig& c) : GpuAttnRes<T>(c, true) { this->two_phase_ = false; }
 };
 
+// Full with the direct backward (each sublayer read-modify-writes its sources' fp32 gradients).
+template <typename T>
+struct AttnResFullDirect : GpuAttnRes<T> {
+    explicit AttnResFullDirect(const ModelConfig& c) : GpuAttnRes<T>(c, false) { this->deferred_ = false; }
+};
+
+// Full: path TwoPhase means production (the deferred backward), Direct the direct backward.
 template <typename T>
 static wb::Factory<T> factory(bool block, BlockPath path = BlockPath::TwoPhase) {
     return [block, path](const ModelConfig& c) {
-        if (!block) return std::unique_ptr<GpuScheme<T>>(new GpuAttnRes<T>(c, false));
+        if (!block && path == BlockPath::Direct) return std::unique_ptr<GpuScheme<T>>(new AttnResFullDirect<T>(c));
+        if (!block) {
+            auto s = std::make_unique<GpuAttnRes<T>>(c, false);
+            if (!s->deferred()) throw Error("attnres-full: the deferred backward does not apply at this shape");
+            return std::unique_ptr<GpuScheme<T>>(std::move(s));
+        }
         if (path == BlockPath::OnePhase) return std::unique_ptr<GpuScheme<T>>(new AttnResOnePhase<T>(c));
         if (path == BlockPath::Direct) return std::unique_ptr<GpuScheme<T>>(new AttnResDirectBackward<T>(c));
         auto s = std::make_unique<GpuAttnRes<T>>(c, true);
@@ -47,12 +60,20 @@ static wb::Factory<T> factory(bool block, BlockPath path = BlockPath::TwoPhase) 
 template <typename T>
 static bool run_checks(bool quick, double tol_act, double tol_grad) {
     bool ok = true;
-    // Full.
-    ok &= wb::check_scheme<T>("attnres", "attnres-full", {2, 33, 67, 3, 4, 8}, factory<T>(false), tol_act, tol_grad, 21, 0.3);
-    // d = 2100: 9 values per thread, the forward's source groups of 2 (onepass_group) with a remainder
-    ok &= wb::check_scheme<T>("attnres", "attnres-full", {1, 3, 2100, 3, 4, 8}, factory<T>(false), tol_act, tol_grad, 27, 0.3);
-    if (!quick)
-        ok &= wb::check_scheme<T>("attnres", "attnres-full", {3, 50, 1024, 2, 4, 8}, factory<T>(false), tol_act, tol_grad, 22, 0.3);
+    // Full, deferred (production) and direct backward. N = 66: 9 flush tiles of 8 tokens, the last
+    // partial; d = 2100: 9 values per thread (the forward's source groups of 2 with a remainder,
+    // flush tiles of 2 tokens, N = 3: one partial); D = 10 at d = 40: 11 sources, readout included.
+    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::Direct}) {
+        const char* label = path == BlockPath::Direct ? "attnres-full-direct" : "attnres-full";
+        auto chk = [&](const wb::Shape& sh, uint64_t seed) {
+            return wb::check_scheme<T>("attnres", "attnres-full", sh, factory<T>(false, path), tol_act, tol_grad, seed,
+                                       0.3, label);
+        };
+        ok &= chk({2, 33, 67, 3, 4, 8}, 21);
+        ok &= chk({1, 3, 2100, 3, 4, 8}, 27);
+        ok &= chk({1, 7, 40, 5, 4, 8}, 31);
+        if (!quick) ok &= chk({3, 50, 1024, 2, 4, 8}, 22);
+    }
     // Block: D = 6 in 2 blocks of 3; D = 6 in 4 blocks (S = 1, the last takes 3); N_b > D (clamped);
     // D = 8 in 3 blocks at d = 1024. Two-phase only: d = 2100 with 6 sublayers per block (12 values
     // per thread: forward passes of 2 sublayers, 3 thread blocks per token; flush passes of 5 and 1),
@@ -85,7 +106,10 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
 // Estimated traffic per token of fwd+bwd. Per sublayer, every path: x, xn written, the new source
 // (o read, p read, written) and the fp32 rows of the gradient plumbing (6·d·tb + 8·d). Aggregation
 // over K sources: the per-sublayer forward reads K·d·tb; the direct backward 2·K·d·tb + 8·K·d
-// (fp32 gradient read-modify-write). Block, one-phase deferred backward: K·d·tb per sublayer, p's
+// (fp32 gradient read-modify-write). Full, deferred backward (path TwoPhase): no fp32 rows (8·d
+// less), the scores kernel reads the K sources twice (scores and dots, then dL/dq), dx and writes
+// the stash, 2·K·d·tb + 2·d·tb, and the flush of one source per sublayer reads the source and on
+// average K stash rows, (K + 1)·d·tb. Block, one-phase deferred backward: K·d·tb per sublayer, p's
 // update d·(tb + 8), dx read + stash 2·d·tb, and once per block (tb + 8)·d per block source.
 // Block, two-phase: forward at position 1 the n block sources and the other positions' aggregates
 // written, (n + ns − 1)·d·tb, at i >= 2 the aggregate and p read, 2·d·tb; backward at i >= 2 dx
@@ -106,6 +130,10 @@ static double traffic(bool block, int D, int nb, double d, BlockPath path = Bloc
             K = n + (i >= 2 ? 1 : 0);
         }
         const int ns = n < nb ? S : D - (nb - 1) * S;
+        if (!block && path != BlockPath::Direct) {
+            b += 6 * d * tb + K * d * tb + (2 * K + 2) * d * tb + (K + 1) * d * tb;
+            continue;
+        }
         b += 6 * d * tb + 8 * d;
         if (!block || j == D + 1 || path == BlockPath::Direct) {
             b += K * d * tb + K * d * (2 * tb + 8);
@@ -127,7 +155,9 @@ static void run_bench() {
     for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct})
         wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true, path),
                             traffic<T>(true, 48, 8, 1024, path), 20, block_label(path));
-    wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false), traffic<T>(false, 48, 48, 1024));
+    wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false), traffic<T>(false, 48, 48, 1024, BlockPath::TwoPhase));
+    wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false, BlockPath::Direct),
+                        traffic<T>(false, 48, 48, 1024), 20, "attnres-full-direct");
 }
 
 int main(int argc, char** argv) {
