@@ -590,20 +590,31 @@ struct GpuAttnRes : GpuScheme<T> {
     }
 
     // Deferred Full backward of sublayer j (the readout: j = D + 1): scores, dL/dq, the pair scalars
-    // of j's sources and dx_j's stash row.
-    void full_scores_backward(int j, const T* dx, cudaStream_t s) {
-        const ar_detail::Sources S = sources(j);
+    // of j's sources and dx_j's stash row. Sources in groups of full_group<VPT>() per barrier; the
+    // token's rows kept in shared memory for the dL/dq pass wherever they fit (STAGE), else read
+    // twice. (Virtual: the workbench also runs one source per barrier without staging.)
+    virtual void full_scores_backward(int j, const T* dx, cudaStream_t s) {
+        ar_detail::dispatch_vpt(d_, [&](auto c) {
+            constexpr int VPT = decltype(c)::value, G = ar_detail::full_group<VPT>();
+            if (ar_detail::full_scores_smem<T>(G, true, j, d_) <= smem_optin_)
+                launch_full_scores<VPT, G, true>(j, dx, s);
+            else
+                launch_full_scores<VPT, G, false>(j, dx, s);
+        });
+    }
+    template <int VPT, int G, bool STAGE>
+    void launch_full_scores(int j, const T* dx, cudaStream_t s) {
         const float* w = Wj(j);
         const float* g = w + d_;
-        const int nw = ar_detail::kThreads / 32, nb = bwd_blocks();
+        const int nb = bwd_blocks();
         const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
-        const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
+        const size_t smem = ar_detail::full_scores_smem<T>(G, STAGE, j, d_);
+        auto kern = ar_detail::full_scores_backward_kernel<T, VPT, G, STAGE>;
         if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::full_scores_backward_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ar_detail::full_scores_backward_kernel<T><<<nb, ar_detail::kThreads, smem, s>>>(
-            dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane, stash_.ptr + (int64_t)(j - 1) * N_ * d_,
-            dx, S, w, g, ar_detail::full_pair(j, 0), N_, d_);
+            CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kern<<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane,
+                                                   stash_.ptr + (int64_t)(j - 1) * N_ * d_, dx, U(0), RU(0), j, w, g,
+                                                   ar_detail::full_pair(j, 0), N_, d_);
         LDM_LAUNCH_CHECK();
         ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(GWj(j), GWj(j) + d_, dq_part_.ptr,
                                                                                         nb, w, g, d_);

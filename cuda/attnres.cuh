@@ -329,6 +329,32 @@ __global__ void dq_reduce_kernel(F* gw, F* gg, const F* dq_part, int nblocks, co
     gg[c] += s * w[c];
 }
 
+// Block-wide sums of the first `live` of R per-thread values with ONE __syncthreads (kThreads
+// threads): every thread returns with v[i] = the block's total (warp sums, then a fixed-order sum
+// over the warps: deterministic). buf: R·(kThreads/32) floats of shared memory. Successive calls
+// must alternate between two such buffers (the caller passes half `parity` of a double buffer):
+// the barrier of call n+1 then separates call n's reads of a buffer from call n+2's writes.
+// `live` must be the same in every thread.
+template <int R>
+__device__ inline void block_sum_db(float (&v)[R], float* buf, int live = R) {
+    constexpr int nw = kThreads / 32;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (i >= live) break;
+        const float s = warp_sum(v[i]);
+        if (lane == 0) buf[i * nw + wid] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (i >= live) break;
+        float s = 0.f;
+        for (int w = 0; w < nw; w++) s += buf[i * nw + w];
+        v[i] = s;
+    }
+}
+
 // ---- Full, deferred backward (doc/cuda.md "AttnRes-Full, deferred backward") ------------------------
 // Full's sublayer j (1..D, the readout j = D+1) reads sources v_0..v_{j-1}, so the direct backward
 // above read-modify-writes j fp32 gradient rows per sublayer and token (8 bytes per source value,
@@ -344,39 +370,141 @@ __global__ void dq_reduce_kernel(F* gw, F* gg, const F* dq_part, int nblocks, co
 // Index of the pair (sublayer j, source k), k < j <= D+1, in the planes [pairs, N].
 __host__ __device__ inline int64_t full_pair(int j, int k) { return (int64_t)j * (j - 1) / 2 + k; }
 
-// Sublayer j's backward: the direct kernel's scores, softmax backward and dL/dq (same dq_part
-// contract, tokens strided over a grid of kBackwardBlocks), plus, per token t and source k < K:
-// pa/pds/psc[(pair0 + k)·N + t] = α_k, dL/ds_k, s_k, and the stash row dx_j (stash[t·d ..] = dx[t]).
-// Sources S: the K = j sources of sublayer j (no gradient buffers). Dynamic smem: (2·nwarps + 3)·K + d floats.
+// Sources per barrier in full_scores_backward_kernel: G·VPT <= 16 source values in registers (at 32,
+// G = 8 at VPT = 4, ptxas capped the kernel at 128 registers and spilled).
+template <int VPT>
+__host__ __device__ constexpr int full_group() { return VPT >= 16 ? 1 : (16 / VPT > 8 ? 8 : 16 / VPT); }
+// Dynamic shared memory of full_scores_backward_kernel<T, VPT, G, STAGE> for K sources: the
+// double-buffered block sums (2·2G·nwarps floats), s, dL/ds, α, r [K] each, and with STAGE the
+// token's K source rows in T (16-byte aligned).
 template <typename T>
-__global__ void full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T* stash,
-                                            const T* dx, Sources S, const float* w, const float* g, int64_t pair0,
-                                            int N, int d) {
+__host__ __device__ inline size_t full_scores_smem(int G, bool stage, int K, int d) {
+    const size_t f = ((size_t)4 * G * (kThreads / 32) + 4 * (size_t)K) * sizeof(float);
+    return stage ? (f + 15) / 16 * 16 + (size_t)K * d * sizeof(T) : f;
+}
+
+// Sublayer j's backward on the deferred path, persistent blocks (grid kBackwardBlocks or N if
+// smaller, tokens strided by gridDim). Per token t: pass 1 reads the K = j sources u_k (U [K, N, d],
+// r: R [K, N]) in groups of G, the group's rows and r loaded together and its 2G dots q·u_k and
+// dx·u_k reduced with one barrier (block_sum_db); s_k = r_k q·u_k; then thread 0 forms α =
+// softmax(s) and dL/ds (attnres_softmax, attnres_softmax_backward); pa/pds/psc[(pair0 + k)·N + t] =
+// α_k, dL/ds_k, s_k; stash[t·d ..] = dx[t] (T); pass 2 adds ds_k r_k u_k into this thread's dL/dq
+// channels (registers), reading the rows back from shared memory (STAGE: pass 1 kept the token's
+// rows there) or again from global memory. dq_part[blockIdx.x, c] = the block's Σ_t Σ_k ds_k r_k
+// u_k[c] (reduced over blocks by dq_reduce_kernel). q = w ⊙ g (fp32 [d]). kThreads threads,
+// channel c = threadIdx.x + v·kThreads (d <= kThreads·VPT); dynamic smem full_scores_smem.
+template <typename T, int VPT, int G, bool STAGE>
+__global__ void __launch_bounds__(kThreads)
+full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T* stash, const T* dx, const T* U,
+                            const float* R, int K, const float* w, const float* g, int64_t pair0, int N, int d) {
     extern __shared__ float sm[];
-    const int K = S.K(), nw = (blockDim.x + 31) >> 5;
-    float* sc = sm + 2 * nw * K;
-    float* al = sc + K;
-    float* da = al + K;
-    float* dq = da + K;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] = 0.f;
+    constexpr int nw = kThreads / 32, HALF = 2 * G * nw;
+    float* sc = sm + 2 * HALF;  // [K] s_k
+    float* da = sc + K;         // [K] dx·u_k, then dL/ds_k
+    float* al = da + K;         // [K] α_k
+    float* rr = al + K;         // [K] r_k
+    T* stage = (T*)(sm + (2 * HALF + 4 * K + 3) / 4 * 4);  // [K, d] (STAGE)
+    float q[VPT], dq[VPT];
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        q[v] = c < d ? w[c] * g[c] : 0.f;
+        dq[v] = 0.f;
+    }
+    int parity = 0;
     for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
-        const T* dxt = dx + t * d;
-        scores_backward_token<T>(sm, t, dxt, S, w, g, N, d);
+        float xd[VPT];
+#pragma unroll
+        for (int v = 0; v < VPT; v++) {
+            const int c = threadIdx.x + v * kThreads;
+            xd[v] = 0.f;
+            if (c < d) {
+                const T xv = dx[t * d + c];
+                stash[t * d + c] = xv;
+                xd[v] = to_f(xv);
+            }
+        }
+        for (int k0 = 0; k0 < K; k0 += G) {  // pass 1: scores and dots
+            const int gk = K - k0 < G ? K - k0 : G;
+            float uv[G][VPT], dot[2 * G], rk[G];
+#pragma unroll
+            for (int i = 0; i < G; i++) {  // every load of the group first
+                dot[2 * i] = dot[2 * i + 1] = 0.f;
+                rk[i] = 0.f;
+                if (i >= gk) break;
+                const T* u = U + ((int64_t)(k0 + i) * N + t) * d;
+                rk[i] = R[(int64_t)(k0 + i) * N + t];
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const int c = threadIdx.x + v * kThreads;
+                    const T ut = c < d ? u[c] : from_f<T>(0.f);
+                    if (STAGE && c < d) stage[(int64_t)(k0 + i) * d + c] = ut;
+                    uv[i][v] = to_f(ut);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < G; i++) {
+                if (i >= gk) break;
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    dot[2 * i] += q[v] * uv[i][v];
+                    dot[2 * i + 1] += xd[v] * uv[i][v];
+                }
+            }
+            block_sum_db<2 * G>(dot, sm + parity * HALF, 2 * gk);
+            parity ^= 1;
+            if (threadIdx.x == 0) {
+#pragma unroll
+                for (int i = 0; i < G; i++) {
+                    if (i >= gk) break;
+                    sc[k0 + i] = dot[2 * i] * rk[i];
+                    al[k0 + i] = sc[k0 + i];
+                    da[k0 + i] = dot[2 * i + 1];
+                    rr[k0 + i] = rk[i];
+                }
+            }
+        }
+        if (threadIdx.x == 0) {  // thread 0 wrote every s_k and dot itself
+            attnres_softmax(al, K);
+            attnres_softmax_backward(da, al, K);
+        }
+        __syncthreads();
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             const int64_t o = (pair0 + k) * N + t;
             pa[o] = al[k];
             pds[o] = da[k];
             psc[o] = sc[k];
         }
-        for (int c = threadIdx.x; c < d; c += blockDim.x) stash[t * d + c] = dxt[c];
-        for (int k = 0; k < K; k++) {
-            const T* u = src_row<T>(S, k, t, N, d);
-            const float ds = da[k], r = src_r(S, k, t, N);
-            for (int c = threadIdx.x; c < d; c += blockDim.x) dq[c] += ds * r * to_f(u[c]);
+        for (int k0 = 0; k0 < K; k0 += G) {  // pass 2: dL/dq
+            const int gk = K - k0 < G ? K - k0 : G;
+            float uv[G][VPT];
+#pragma unroll
+            for (int i = 0; i < G; i++) {
+                if (i >= gk) break;
+                const T* u = STAGE ? stage + (int64_t)(k0 + i) * d : U + ((int64_t)(k0 + i) * N + t) * d;
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const int c = threadIdx.x + v * kThreads;
+                    uv[i][v] = c < d ? to_f(u[c]) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < G; i++) {
+                if (i >= gk) break;
+                const float f = da[k0 + i] * rr[k0 + i];
+#pragma unroll
+                for (int v = 0; v < VPT; v++) dq[v] += f * uv[i][v];
+            }
         }
-        __syncthreads();  // smem reuse by the next token
+        // No barrier here: the next token's thread 0 rewrites s, dL/ds, α, r only after its first
+        // block_sum_db barrier, which every thread reaches after its reads above, and each thread
+        // reads back only the staged channels it wrote itself.
     }
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dq_part[(int64_t)blockIdx.x * d + c] = dq[c];
+#pragma unroll
+    for (int v = 0; v < VPT; v++) {
+        const int c = threadIdx.x + v * kThreads;
+        if (c < d) dq_part[(int64_t)blockIdx.x * d + c] = dq[v];
+    }
 }
 
 // Tokens per thread block of full_flush_kernel: TT·VPT <= 32 values of the gradient sums (and as
@@ -509,32 +637,6 @@ __global__ void to_act_kernel(T* out, const float* in, int64_t n) {
 // read-modify-write of its gradient); the per-sublayer path reads it ns times in the forward and
 // ns + 1 times in the backward. The cost:
 // a_i [N, d] (T) is kept from the forward to the backward for every sublayer at position >= 2.
-
-// Block-wide sums of the first `live` of R per-thread values with ONE __syncthreads (kThreads
-// threads): every thread returns with v[i] = the block's total (warp sums, then a fixed-order sum
-// over the warps: deterministic). buf: R·(kThreads/32) floats of shared memory. Successive calls
-// must alternate between two such buffers (the caller passes half `parity` of a double buffer):
-// the barrier of call n+1 then separates call n's reads of a buffer from call n+2's writes.
-// `live` must be the same in every thread.
-template <int R>
-__device__ inline void block_sum_db(float (&v)[R], float* buf, int live = R) {
-    constexpr int nw = kThreads / 32;
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        if (i >= live) break;
-        const float s = warp_sum(v[i]);
-        if (lane == 0) buf[i * nw + wid] = s;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        if (i >= live) break;
-        float s = 0.f;
-        for (int w = 0; w < nw; w++) s += buf[i * nw + w];
-        v[i] = s;
-    }
-}
 
 // Sublayers handled together by block_inter_kernel (block_chunk) and block_flush2_kernel
 // (flush_chunk): each thread holds NC·VPT fp32 values of the pseudo-queries q_i and as many of the

@@ -7,7 +7,8 @@
 // N = 16384, d = 1024, D = 48 (Block: 8 blocks). Block runs three ways: production's two-phase
 // path, the per-sublayer path it replaced (dev/cuda/attnres_onephase.cuh) and the per-sublayer
 // forward with the direct backward (production's fallback where the two-phase path does not
-// apply). Full runs two ways: production's deferred backward and the direct backward it replaced
+// apply). Full runs three ways: production's deferred backward, the same with one source per
+// barrier and the sources read twice (attnres-full-g1), and the direct backward it replaced
 // (production's Full path at d > 8192). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: attnres [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
@@ -39,11 +40,30 @@ struct AttnResFullDirect : GpuAttnRes<T> {
     explicit AttnResFullDirect(const ModelConfig& c) : GpuAttnRes<T>(c, false) { this->deferred_ = false; }
 };
 
-// Full: path TwoPhase means production (the deferred backward), Direct the direct backward.
+// Full, deferred backward with the scores kernel at one source per barrier and without staging the
+// rows in shared memory (the sources read twice from global memory).
+template <typename T>
+struct AttnResFullG1 : GpuAttnRes<T> {
+    explicit AttnResFullG1(const ModelConfig& c) : GpuAttnRes<T>(c, false) {}
+    void full_scores_backward(int j, const T* dx, cudaStream_t s) override {
+        ar_detail::dispatch_vpt(this->d_, [&](auto c) {
+            constexpr int VPT = decltype(c)::value;
+            this->template launch_full_scores<VPT, 1, false>(j, dx, s);
+        });
+    }
+};
+
+// Full: path TwoPhase means production (the deferred backward), OnePhase the deferred backward at
+// one source per barrier (AttnResFullG1), Direct the direct backward.
+inline const char* full_label(BlockPath p) {
+    return p == BlockPath::TwoPhase ? "attnres-full" : p == BlockPath::OnePhase ? "attnres-full-g1"
+                                                                               : "attnres-full-direct";
+}
 template <typename T>
 static wb::Factory<T> factory(bool block, BlockPath path = BlockPath::TwoPhase) {
     return [block, path](const ModelConfig& c) {
         if (!block && path == BlockPath::Direct) return std::unique_ptr<GpuScheme<T>>(new AttnResFullDirect<T>(c));
+        if (!block && path == BlockPath::OnePhase) return std::unique_ptr<GpuScheme<T>>(new AttnResFullG1<T>(c));
         if (!block) {
             auto s = std::make_unique<GpuAttnRes<T>>(c, false);
             if (!s->deferred()) throw Error("attnres-full: the deferred backward does not apply at this shape");
@@ -63,8 +83,8 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     // Full, deferred (production) and direct backward. N = 66: 9 flush tiles of 8 tokens, the last
     // partial; d = 2100: 9 values per thread (the forward's source groups of 2 with a remainder,
     // flush tiles of 2 tokens, N = 3: one partial); D = 10 at d = 40: 11 sources, readout included.
-    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::Direct}) {
-        const char* label = path == BlockPath::Direct ? "attnres-full-direct" : "attnres-full";
+    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct}) {
+        const char* label = full_label(path);
         auto chk = [&](const wb::Shape& sh, uint64_t seed) {
             return wb::check_scheme<T>("attnres", "attnres-full", sh, factory<T>(false, path), tol_act, tol_grad, seed,
                                        0.3, label);
@@ -107,8 +127,9 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
 // (o read, p read, written) and the fp32 rows of the gradient plumbing (6·d·tb + 8·d). Aggregation
 // over K sources: the per-sublayer forward reads K·d·tb; the direct backward 2·K·d·tb + 8·K·d
 // (fp32 gradient read-modify-write). Full, deferred backward (path TwoPhase): no fp32 rows (8·d
-// less), the scores kernel reads the K sources twice (scores and dots, then dL/dq), dx and writes
-// the stash, 2·K·d·tb + 2·d·tb, and the flush of one source per sublayer reads the source and on
+// less), the scores kernel reads the K sources once (kept in shared memory for dL/dq, which they
+// are at the bench shape in fp32 and bf16), dx and writes the stash, K·d·tb + 2·d·tb (path
+// OnePhase, attnres-full-g1: the sources read twice, 2·K·d·tb + 2·d·tb), and the flush of one source per sublayer reads the source and on
 // average K stash rows, (K + 1)·d·tb. Block, one-phase deferred backward: K·d·tb per sublayer, p's
 // update d·(tb + 8), dx read + stash 2·d·tb, and once per block (tb + 8)·d per block source.
 // Block, two-phase: forward at position 1 the n block sources and the other positions' aggregates
@@ -131,7 +152,8 @@ static double traffic(bool block, int D, int nb, double d, BlockPath path = Bloc
         }
         const int ns = n < nb ? S : D - (nb - 1) * S;
         if (!block && path != BlockPath::Direct) {
-            b += 6 * d * tb + K * d * tb + (2 * K + 2) * d * tb + (K + 1) * d * tb;
+            const int reads = path == BlockPath::OnePhase ? 2 : 1;
+            b += 6 * d * tb + K * d * tb + (reads * K + 2) * d * tb + (K + 1) * d * tb;
             continue;
         }
         b += 6 * d * tb + 8 * d;
@@ -155,9 +177,9 @@ static void run_bench() {
     for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct})
         wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true, path),
                             traffic<T>(true, 48, 8, 1024, path), 20, block_label(path));
-    wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false), traffic<T>(false, 48, 48, 1024, BlockPath::TwoPhase));
-    wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false, BlockPath::Direct),
-                        traffic<T>(false, 48, 48, 1024), 20, "attnres-full-direct");
+    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct})
+        wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false, path),
+                            traffic<T>(false, 48, 48, 1024, path), 20, full_label(path));
 }
 
 int main(int argc, char** argv) {
