@@ -190,13 +190,8 @@ void run_case(const Case& k, bool thread_kernels = false) {
     // d_o, de and W_q gradients; delta's b_β of one sublayer), all passing with this one.
     const double u = bf ? 0x1.0p-8 : 0x1.0p-24;
     uint64_t stream = 900;
-    auto perturb = [&](const std::vector<double>& v) {
-        const uint64_t s0 = init_stream(99, stream++);
-        std::vector<double> w(v.size());
-        for (size_t i = 0; i < v.size(); i++) w[i] = v[i] * (1.0 + u * (2.0 * stream_uniform(s0, (uint64_t)i) - 1.0));
-        return w;
-    };
-    constexpr int kDraws = 4;
+    auto perturb = [&](const std::vector<double>& v) { return wb::perturbed(v, 99, stream++, u); };
+    constexpr int kDraws = wb::kSensDraws;
     std::vector<Ref> sens;
     for (int r = 0; r < kDraws; r++) {
         std::vector<std::vector<double>> op(D + 1), dxp(D + 1);

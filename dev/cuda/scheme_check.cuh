@@ -74,6 +74,17 @@ struct Worst {
     }
 };
 
+// The sensitivity references' inputs (the condition-scaled bound of check_scheme_impl and of
+// dev/cuda/ldm.cu): v with every element multiplied by 1 + δ, δ uniform in [−u, u], drawn from
+// stream `stream` of `seed`. kSensDraws such draws per check.
+constexpr int kSensDraws = 4;
+inline std::vector<double> perturbed(const std::vector<double>& v, uint64_t seed, uint64_t stream, double u) {
+    const uint64_t s0 = init_stream(seed, stream);
+    std::vector<double> w(v.size());
+    for (size_t k = 0; k < v.size(); k++) w[k] = v[k] * (1.0 + u * (2.0 * stream_uniform(s0, (uint64_t)k) - 1.0));
+    return w;
+}
+
 inline Compare compare_d(const std::vector<float>& a, const std::vector<double>& b, double floor_norm = 0) {
     std::vector<float> bf(b.size());
     for (size_t i = 0; i < b.size(); i++) bf[i] = (float)b[i];
@@ -179,14 +190,9 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
     // conditioned tensors (mHC φ_pre: κ ≈ 1.25 on average) keep about their plain tolerance.
     const double u = std::is_same<T, float>::value ? 0x1.0p-24 : 0x1.0p-8;
     uint64_t stream = 900;
-    auto perturb = [&](const std::vector<double>& v) {
-        const uint64_t s0 = init_stream(seed, stream++);
-        std::vector<double> w(v.size());
-        for (size_t k = 0; k < v.size(); k++) w[k] = v[k] * (1.0 + u * (2.0 * stream_uniform(s0, (uint64_t)k) - 1.0));
-        return w;
-    };
+    auto perturb = [&](const std::vector<double>& v) { return perturbed(v, seed, stream++, u); };
     // kDraws independent draws; a result's movement is the RMS over them of ||ref_δ − ref||.
-    constexpr int kDraws = 4;
+    constexpr int kDraws = kSensDraws;
     std::vector<Ref> sens;
     for (int r = 0; r < kDraws; r++) {
         std::vector<std::vector<double>> op(D + 1), dxp(D + 1);
