@@ -22,10 +22,11 @@
 // Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products;
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
 // reduces the small parameter gradients deterministically (per-token partials, fixed-order column
-// sums), accumulates dW_j += dPᵀ·H_{j-1} (Matmul), and one fused kernel writes
-// dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i with dZ = dP·W_j formed inside it, never
-// stored (HC: per token, W_j being only (n+2) rows of d; mHC: mhc_combine_kernel, Φ_j's columns in
-// registers over tiles of tokens). The RMS backward's projection term β_i is a per-row scalar
+// sums), and one fused kernel writes dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i with
+// dZ = dP·W_j formed inside it, never stored (HC: per token, W_j being only (n+2) rows of d, then
+// dW_j += dPᵀ·H_{j-1} by Matmul; mHC: mhc_combine_kernel, Φ_j's columns in registers over tiles of
+// tokens, which also accumulates dΦ_j += dPᵀ·H_{j-1} per token slice from the H values it reads,
+// reduced by mhc_dw_reduce_kernel). The RMS backward's projection term β_i is a per-row scalar
 // computed from dP and P, no d-sized pass.
 //
 // Parameters: the GEMM matrices (HC W_j [(n+2), d], mHC Φ_j [(2n+n²), n·d]) are read from the
@@ -526,25 +527,31 @@ __global__ void combine_kernel(T* dHp, const T* G, const T* dx, const T* dPp, co
 }
 
 // mHC combine geometry: a block is kMhcChannels<NS> channels × NS streams of threads (256 at
-// n = 4 and 8, 192 at n = 3) and walks kMhcTokens tokens per step.
+// n = 4 and 8, 192 at n = 3) and walks tiles of kMhcTokens tokens; about kMhcBlocks blocks in
+// all (grid.y, the token slices, = ceil(kMhcBlocks / grid.x), at most one per tile), so that each
+// block's weight-gradient partial covers many tokens.
 template <int NS>
 constexpr int kMhcChannels = NS <= 4 ? 64 : 32;
 constexpr int kMhcTokens = 32;
+constexpr int kMhcBlocks = 256;
 
-// mHC backward combine (input_backward) with the stream projection's input gradient formed in
-// the kernel: dHp[t, i, c] = Σ_k Mix[k,i] G[t, k, c] + a_i dx[t, c] + dZ[t, i, c] − β_t H[t, i, c]
-// (written, T), dZ[t, i, c] = Σ_r dPp[t, r] Φ[r, i·d + c] (R = 2n + n² rows, fp32 sum, never
-// stored: a GEMM writing dZ [N, n·d] and this kernel reading it back cost 4·n·d bytes per token).
-// dPp [N, proj_ld(R)] (T), Φ [R, n·d] (T), coef [N, 2n + n²], β [N] (fp32). Thread (c, i) keeps
-// its Φ column (R floats) in registers for the whole block, so Φ is read once per block and
-// kMhcTokens tokens, not once per token; the tokens' dP rows, a, Mix and β are staged in shared
+// mHC backward combine (input_backward) with the stream projection's input and weight gradients
+// formed in the kernel:
+//   dHp[t, i, c] = Σ_k Mix[k,i] G[t, k, c] + a_i dx[t, c] + dZ[t, i, c] − β_t H[t, i, c]  (written, T),
+//   dZ[t, i, c] = Σ_r dPp[t, r] Φ[r, i·d + c]  (R = 2n + n² rows, fp32 sum, never stored),
+//   dWp[y, r, i·d + c] = Σ_{t in slice y} dPp[t, r] H[t, i, c]  (fp32 partial of dΦ_j, written;
+//   mhc_dw_reduce_kernel adds the slices into the gradient in a fixed order).
+// A GEMM writing dZ [N, n·d] and this kernel reading it back cost 4·n·d bytes per token; a GEMM
+// dΦ += dPpᵀ·H read H_{j-1} once more (2·n·d bytes per token in bf16). dPp [N, proj_ld(R)] (T),
+// Φ [R, n·d] (T), coef [N, 2n + n²], β [N] (fp32), dWp [grid.y, R, n·d] (fp32). Thread (c, i)
+// keeps its Φ column and its dΦ column's partial (R floats each) in registers for the whole
+// block, so Φ is read once per block; the tiles' dP rows, a, Mix and β are staged in shared
 // memory (read as broadcasts). The NS threads of one channel share G and dx through L1.
-// Grid (ceil(d / kMhcChannels), ≤ ceil(N / kMhcTokens), grid.y strides over the token tiles);
-// block (kMhcChannels<NS>, NS).
+// Grid mhc_combine_grid (grid.y strides over the token tiles); block (kMhcChannels<NS>, NS).
 template <typename T, int NS>
 __global__ void __launch_bounds__(kMhcChannels<NS> * NS)
-    mhc_combine_kernel(T* dHp, const T* G, const T* dx, const T* dPp, const T* Phi, const T* H, const float* coef,
-                       const float* beta, int N, int d) {
+    mhc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* Phi, const T* H,
+                       const float* coef, const float* beta, int N, int d) {
     constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
     constexpr int CB = kMhcChannels<NS>, TB = kMhcTokens, U = 2;
     __shared__ float dps[TB][R];
@@ -554,9 +561,12 @@ __global__ void __launch_bounds__(kMhcChannels<NS> * NS)
     const int tid = threadIdx.y * CB + threadIdx.x, nthr = CB * NS;
     const bool live = c < d;
     const int64_t nd = (int64_t)NS * d;
-    float phi[R];
+    float phi[R], dw[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) phi[r] = live ? to_f(Phi[r * nd + (int64_t)i * d + c]) : 0.f;
+    for (int r = 0; r < R; r++) {
+        phi[r] = live ? to_f(Phi[r * nd + (int64_t)i * d + c]) : 0.f;
+        dw[r] = 0.f;
+    }
     for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB) {
         const int nt = (int)(N - t0 < TB ? N - t0 : TB);
         __syncthreads();  // the previous tile's readers are done with the staging arrays
@@ -587,19 +597,40 @@ __global__ void __launch_bounds__(kMhcChannels<NS> * NS)
                 for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
                 float z = 0.f;
 #pragma unroll
-                for (int r = 0; r < R; r++) z += dps[tl][r] * phi[r];
+                for (int r = 0; r < R; r++) {
+                    z += dps[tl][r] * phi[r];
+                    dw[r] += dps[tl][r] * hl[u];
+                }
                 v += z - bts[tl] * hl[u];
                 dHp[(t0 + tl) * nd + (int64_t)i * d + c] = from_f<T>(v);
             }
         }
     }
+    if (live) {
+        float* out = dWp + (int64_t)blockIdx.y * R * nd + (int64_t)i * d + c;
+#pragma unroll
+        for (int r = 0; r < R; r++) out[r * nd] = dw[r];
+    }
 }
 
-// Grid of mhc_combine_kernel for N tokens of d channels.
+// Grid of mhc_combine_kernel for N tokens of d channels: x over channel blocks, y = the token
+// slices (about kMhcBlocks blocks in all; at most one slice per tile of kMhcTokens). A function of
+// the shape only, so the weight gradient's summation order does not depend on the device.
 template <int NS>
 inline dim3 mhc_combine_grid(int N, int d) {
-    const int64_t tiles = ceil_div(N, kMhcTokens);
-    return dim3((unsigned)ceil_div(d, kMhcChannels<NS>), (unsigned)std::min<int64_t>(std::max<int64_t>(tiles, 1), 65535));
+    const int64_t tiles = std::max<int64_t>(ceil_div(N, kMhcTokens), 1);
+    const int64_t gx = ceil_div(d, kMhcChannels<NS>);
+    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kMhcBlocks, gx), 1)));
+}
+
+// grad[e] += Σ_y part[y, e] for e < E (y = 0 .. Y−1 in order): the slices of mhc_combine_kernel's
+// weight-gradient partials into the fp32 gradient dΦ_j [R, n·d] (deterministic, no atomics).
+__global__ void mhc_dw_reduce_kernel(float* grad, const float* part, int64_t E, int Y) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < E; e += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int y = 0; y < Y; y++) s += part[(int64_t)y * E + e];
+        grad[e] += s;
+    }
 }
 
 // Calls f(std::integral_constant<int, n>) for the supported stream counts.
