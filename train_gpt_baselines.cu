@@ -169,10 +169,9 @@ struct GpuHC : GpuScheme<T> {
         grow(part_, N * np_);
         grow(dH_, N * n * d);
         grow(dHp_, N * n * d);
-        if (mhc_)  // mhc_combine_kernel's per-slice partials of dΦ_j
-            dispatch([&](auto NSC) {
-                grow(dWp_, (int64_t)hc_detail::mhc_combine_grid<decltype(NSC)::value>(N_, d_).y * wrows_ * kdim_);
-            });
+        dispatch([&](auto NSC) {  // the combine kernel's per-slice partials of dW_j / dΦ_j
+            grow(dWp_, (int64_t)hc_detail::combine_grid<decltype(NSC)::value>(N_, d_).y * wrows_ * kdim_);
+        });
     }
 
     void begin(const T* e, cudaStream_t s) override {
@@ -267,9 +266,9 @@ struct GpuHC : GpuScheme<T> {
 
     // Every byte per token this scheme allocates in resize(): kept for backward (H_0..H_D, o_j,
     // P_j, inverse RMS) plus backward/scratch buffers (coefficients, dcoef, dP, β, partials,
-    // dH, dH_prev (type T like the streams themselves; see cuda/hc.cuh), mHC Sinkhorn work). (mHC's
-    // dΦ partials are per token slice of mhc_combine_kernel, not per token: at most
-    // ceil(kMhcBlocks / grid.x)·(2n + n²)·n·d floats, 6 MiB at llama-400m.)
+    // dH, dH_prev (type T like the streams themselves; see cuda/hc.cuh), mHC Sinkhorn work). (The
+    // weight-gradient partials are per token slice of the combine kernel, not per token: at most
+    // ceil(kCombineBlocks / grid.x) slices of the weight's size, 6 MiB for mHC at llama-400m.)
     int64_t extra_bytes_per_token() const override {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
         const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
@@ -286,31 +285,24 @@ struct GpuHC : GpuScheme<T> {
    protected:  // (dev/cuda/hc.cu derives the workbench's earlier mHC paths to compare)
     // The last step of input_backward: dL/dH_{j-1} into dHp_ from dH_ (= dL/dH_j), dx, dPp_, the
     // coefficients and β of sublayer j, and dW_j += dPpᵀ·H_{j-1} into gW (fp32 [wrows, kdim];
-    // W = W_j / Φ_j, the working copy). mHC: both in mhc_combine_kernel, then the fixed-order sum
-    // of its slices; HC: the GEMM, then combine_kernel.
+    // W = W_j / Φ_j, the working copy): the combine kernel writes dL/dH_{j-1} and the weight
+    // gradient's partial per token slice, then the fixed-order sum of the slices.
     virtual void stream_gradient(int j, const T* dx, const T* W, float* gW, cudaStream_t s) {
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
-            if (mhc_) {
-                const dim3 grid = hc_detail::mhc_combine_grid<NS>(N_, d_);
-                hc_detail::mhc_combine_kernel<T, NS><<<grid, dim3(hc_detail::kMhcChannels<NS>, NS), 0, s>>>(
+            const dim3 grid = hc_detail::combine_grid<NS>(N_, d_), block(hc_detail::kCombineChannels<NS>, NS);
+            if (mhc_)
+                hc_detail::mhc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
                     dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, N_, d_);
-                LDM_LAUNCH_CHECK();
-                const int64_t E = (int64_t)wrows_ * kdim_;
-                hc_detail::mhc_dw_reduce_kernel<<<hc_detail::grid_1d(E, 256), 256, 0, s>>>(gW, dWp_.ptr, E,
-                                                                                          (int)grid.y);
-            } else {
-                weight_gradient_gemm(j, gW, s);
-                hc_detail::combine_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
-                    dHp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, d_);
-            }
+            else
+                hc_detail::hc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
+                    dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, N_, d_);
+            LDM_LAUNCH_CHECK();
+            const int64_t E = (int64_t)wrows_ * kdim_;
+            hc_detail::dw_slices_reduce_kernel<<<hc_detail::grid_1d(E, 256), 256, 0, s>>>(gW, dWp_.ptr, E,
+                                                                                         (int)grid.y);
         });
         LDM_LAUNCH_CHECK();
-    }
-    // dW_j += dPpᵀ · H_{j-1}   ([wrows, N·prow] x [N·prow, kdim], Matmul; fp32 gW).
-    void weight_gradient_gemm(int j, float* gW, cudaStream_t s) {
-        mm_.gemm<T, float>(true, false, wrows_, kdim_, (int64_t)N_ * prow_, 1.f, dPp_.ptr, ldp_, H(j - 1), kdim_,
-                           1.f, gW, kdim_, nullptr, s);
     }
 
     bool mhc_;

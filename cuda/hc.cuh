@@ -23,11 +23,11 @@
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
 // reduces the small parameter gradients deterministically (per-token partials, fixed-order column
 // sums), and one fused kernel writes dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i with
-// dZ = dP·W_j formed inside it, never stored (HC: per token, W_j being only (n+2) rows of d, then
-// dW_j += dPᵀ·H_{j-1} by Matmul; mHC: mhc_combine_kernel, Φ_j's columns in registers over tiles of
-// tokens, which also accumulates dΦ_j += dPᵀ·H_{j-1} per token slice from the H values it reads,
-// reduced by mhc_dw_reduce_kernel). The RMS backward's projection term β_i is a per-row scalar
-// computed from dP and P, no d-sized pass.
+// dZ = dP·W_j formed inside it, never stored (hc_combine_kernel / mhc_combine_kernel: W_j's or
+// Φ_j's columns in registers over tiles of tokens), which also accumulates the weight gradient
+// dW_j += dPᵀ·H_{j-1} per token slice from the H values it reads (dw_slices_reduce_kernel adds the
+// slices). The RMS backward's projection term β_i is a per-row scalar computed from dP and P, no
+// d-sized pass.
 //
 // Parameters: the GEMM matrices (HC W_j [(n+2), d], mHC Φ_j [(2n+n²), n·d]) are read from the
 // working copy (type T, like every backbone weight); the small controller parameters (HC s_a, s_b,
@@ -474,86 +474,35 @@ __global__ void column_sums_kernel(F* grads, const F* part, int N, int NP) {
     if (threadIdx.x == 0) grads[e] += s[0];
 }
 
-// HC backward combine (input_backward): dHp[t, i] = Σ_k Mix[k,i] G[t, k] + a_i dx[t] + dZ[t, i]
-// − β_i H[t, i] (written), with dZ[t, i] = Σ_e dPp[t, i, e] W[e] computed here from dPp [N, n, n+2]
-// and W [(n+2), d] (W is small and stays in cache: no dZ tensor written and read); β per row
-// [N, n]. Grid N blocks.
-template <typename T, int NS>
-__global__ void combine_kernel(T* dHp, const T* G, const T* dx, const T* dPp, const T* W, const T* H,
-                               const float* coef, const float* beta, int d) {
-    constexpr int CW = 2 * NS + NS * NS, m = NS + 2, L = proj_ld(NS + 2);
-    const int64_t t = blockIdx.x;
-    float a[NS], mix[NS * NS], bt[NS], dp[NS * m];
-#pragma unroll
-    for (int i = 0; i < NS; i++)
-#pragma unroll
-        for (int e = 0; e < m; e++) dp[i * m + e] = to_f(dPp[(t * NS + i) * L + e]);
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-        a[i] = coef[t * CW + i];
-        bt[i] = beta[t * NS + i];
-    }
-#pragma unroll
-    for (int e = 0; e < NS * NS; e++) mix[e] = coef[t * CW + NS + e];
-    const int64_t base = t * NS * d;
-    // Every load of a batch (G, dx, W, H) before its first store: the stores of stream i
-    // would otherwise hold back the loads of stream i + 1 (one round trip per stream).
-    constexpr int U = kSteps<NS>;
-    float g[U][NS], dxv[U], hl[U][NS], wl[U][m];
-    batched_strided_loop<U>(
-        threadIdx.x, d, blockDim.x,
-        [&](int u, int c) {
-#pragma unroll
-            for (int k = 0; k < NS; k++) g[u][k] = to_f(G[base + (int64_t)k * d + c]);
-            dxv[u] = to_f(dx[t * d + c]);
-#pragma unroll
-            for (int i = 0; i < NS; i++) hl[u][i] = to_f(H[base + (int64_t)i * d + c]);
-#pragma unroll
-            for (int e = 0; e < m; e++) wl[u][e] = to_f(W[(int64_t)e * d + c]);
-        },
-        [&](int u, int c) {
-#pragma unroll
-            for (int i = 0; i < NS; i++) {
-                float v = a[i] * dxv[u];
-#pragma unroll
-                for (int k = 0; k < NS; k++) v += mix[k * NS + i] * g[u][k];
-                float z = 0.f;
-#pragma unroll
-                for (int e = 0; e < m; e++) z += dp[i * m + e] * wl[u][e];
-                v += z - bt[i] * hl[u][i];
-                dHp[base + (int64_t)i * d + c] = from_f<T>(v);
-            }
-        });
-}
-
-// mHC combine geometry: a block is kMhcChannels<NS> channels × NS streams of threads (256 at
-// n = 4 and 8, 192 at n = 3) and walks tiles of kMhcTokens tokens; about kMhcBlocks blocks in
-// all (grid.y, the token slices, = ceil(kMhcBlocks / grid.x), at most one per tile), so that each
-// block's weight-gradient partial covers many tokens.
+// Combine geometry (hc_combine_kernel, mhc_combine_kernel): a block is kCombineChannels<NS>
+// channels × NS streams of threads (256 at n = 4 and 8, 192 at n = 3) and walks tiles of
+// kCombineTokens tokens; about kCombineBlocks blocks in all (grid.y, the token slices,
+// = ceil(kCombineBlocks / grid.x), at most one per tile), so that each block's weight-gradient
+// partial covers many tokens.
 template <int NS>
-constexpr int kMhcChannels = NS <= 4 ? 64 : 32;
-constexpr int kMhcTokens = 32;
-constexpr int kMhcBlocks = 256;
+constexpr int kCombineChannels = NS <= 4 ? 64 : 32;
+constexpr int kCombineTokens = 32;
+constexpr int kCombineBlocks = 256;
 
 // mHC backward combine (input_backward) with the stream projection's input and weight gradients
 // formed in the kernel:
 //   dHp[t, i, c] = Σ_k Mix[k,i] G[t, k, c] + a_i dx[t, c] + dZ[t, i, c] − β_t H[t, i, c]  (written, T),
 //   dZ[t, i, c] = Σ_r dPp[t, r] Φ[r, i·d + c]  (R = 2n + n² rows, fp32 sum, never stored),
 //   dWp[y, r, i·d + c] = Σ_{t in slice y} dPp[t, r] H[t, i, c]  (fp32 partial of dΦ_j, written;
-//   mhc_dw_reduce_kernel adds the slices into the gradient in a fixed order).
+//   dw_slices_reduce_kernel adds the slices into the gradient in a fixed order).
 // A GEMM writing dZ [N, n·d] and this kernel reading it back cost 4·n·d bytes per token; a GEMM
 // dΦ += dPpᵀ·H read H_{j-1} once more (2·n·d bytes per token in bf16). dPp [N, proj_ld(R)] (T),
 // Φ [R, n·d] (T), coef [N, 2n + n²], β [N] (fp32), dWp [grid.y, R, n·d] (fp32). Thread (c, i)
 // keeps its Φ column and its dΦ column's partial (R floats each) in registers for the whole
 // block, so Φ is read once per block; the tiles' dP rows, a, Mix and β are staged in shared
 // memory (read as broadcasts). The NS threads of one channel share G and dx through L1.
-// Grid mhc_combine_grid (grid.y strides over the token tiles); block (kMhcChannels<NS>, NS).
+// Grid combine_grid (grid.y strides over the token tiles); block (kCombineChannels<NS>, NS).
 template <typename T, int NS>
-__global__ void __launch_bounds__(kMhcChannels<NS> * NS)
+__global__ void __launch_bounds__(kCombineChannels<NS> * NS)
     mhc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* Phi, const T* H,
                        const float* coef, const float* beta, int N, int d) {
     constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
-    constexpr int CB = kMhcChannels<NS>, TB = kMhcTokens, U = 2;
+    constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
     __shared__ float dps[TB][R];
     __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
     __shared__ float bts[TB];
@@ -613,19 +562,107 @@ __global__ void __launch_bounds__(kMhcChannels<NS> * NS)
     }
 }
 
-// Grid of mhc_combine_kernel for N tokens of d channels: x over channel blocks, y = the token
-// slices (about kMhcBlocks blocks in all; at most one slice per tile of kMhcTokens). A function of
+// Grid of the combine kernels for N tokens of d channels: x over channel blocks, y = the token
+// slices (about kCombineBlocks blocks in all; at most one slice per tile of kCombineTokens). A function of
 // the shape only, so the weight gradient's summation order does not depend on the device.
 template <int NS>
-inline dim3 mhc_combine_grid(int N, int d) {
-    const int64_t tiles = std::max<int64_t>(ceil_div(N, kMhcTokens), 1);
-    const int64_t gx = ceil_div(d, kMhcChannels<NS>);
-    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kMhcBlocks, gx), 1)));
+inline dim3 combine_grid(int N, int d) {
+    const int64_t tiles = std::max<int64_t>(ceil_div(N, kCombineTokens), 1);
+    const int64_t gx = ceil_div(d, kCombineChannels<NS>);
+    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kCombineBlocks, gx), 1)));
 }
 
-// grad[e] += Σ_y part[y, e] for e < E (y = 0 .. Y−1 in order): the slices of mhc_combine_kernel's
-// weight-gradient partials into the fp32 gradient dΦ_j [R, n·d] (deterministic, no atomics).
-__global__ void mhc_dw_reduce_kernel(float* grad, const float* part, int64_t E, int Y) {
+// HC backward combine (input_backward) with the weight gradient formed in the kernel:
+//   dHp[t, i, c] = Σ_k Mix[k,i] G[t, k, c] + a_i dx[t, c] + dZ[t, i, c] − β[t, i] H[t, i, c]  (written, T),
+//   dZ[t, i, c] = Σ_e dPp[t, i, e] W[e, c]  (e < m = n + 2; fp32 sum, never stored),
+//   dWp[y, e, c] = Σ_{t in slice y} Σ_i dPp[t, i, e] H[t, i, c]  (fp32 partial of dW_j, written;
+//   dw_slices_reduce_kernel adds the slices into the gradient in a fixed order).
+// dPp [N, n, proj_ld(m)] (T), W [m, d] (T), coef [N, 2n + n²], β [N, n] (fp32), dWp [grid.y, m, d]
+// (fp32). Thread (c, i) keeps W[:, c] and its stream's share of the dW_j column partial (m floats
+// each) in registers for the whole block; the n stream shares of a column are added in stream
+// order at the block's end (shared memory). The tiles' dP rows, a, Mix and β are staged in shared
+// memory (broadcast reads); the NS threads of one channel share G and dx through L1. This replaces
+// a Matmul GEMM dW_j += dPpᵀ·H_{j-1}, which read H_{j-1} once more. Grid combine_grid (grid.y
+// strides over the token tiles); block (kCombineChannels<NS>, NS).
+template <typename T, int NS>
+__global__ void __launch_bounds__(kCombineChannels<NS> * NS)
+    hc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* W, const T* H,
+                      const float* coef, const float* beta, int N, int d) {
+    constexpr int m = NS + 2, L = proj_ld(m), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
+    constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
+    __shared__ float dps[TB][NS][m];
+    __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
+    __shared__ float bts[TB][NS];
+    __shared__ float red[NS][m][CB];  // the stream shares of the block's dW columns, at the end
+    const int i = threadIdx.y, c = blockIdx.x * CB + threadIdx.x;
+    const int tid = threadIdx.y * CB + threadIdx.x, nthr = CB * NS;
+    const bool live = c < d;
+    const int64_t nd = (int64_t)NS * d;
+    float w[m], dw[m];
+#pragma unroll
+    for (int e = 0; e < m; e++) {
+        w[e] = live ? to_f(W[(int64_t)e * d + c]) : 0.f;
+        dw[e] = 0.f;
+    }
+    for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB) {
+        const int nt = (int)(N - t0 < TB ? N - t0 : TB);
+        __syncthreads();  // the previous tile's readers are done with the staging arrays
+        for (int x = tid; x < nt * NS * m; x += nthr) {
+            const int tl = x / (NS * m), k = x / m % NS, e = x % m;
+            dps[tl][k][e] = to_f(dPp[((t0 + tl) * NS + k) * L + e]);
+        }
+        for (int x = tid; x < nt * NM; x += nthr) cfs[x / NM][x % NM] = coef[(t0 + x / NM) * CW + x % NM];
+        for (int x = tid; x < nt * NS; x += nthr) bts[x / NS][x % NS] = beta[t0 * NS + x];
+        __syncthreads();
+        if (!live) continue;
+        for (int u0 = 0; u0 < nt; u0 += U) {
+            // every load of U tokens before the first store (the pointers may alias as far as
+            // the compiler knows)
+            float g[U][NS], dxv[U], hl[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u0 + u >= nt) break;
+                const int64_t t = t0 + u0 + u;
+#pragma unroll
+                for (int k = 0; k < NS; k++) g[u][k] = to_f(G[t * nd + (int64_t)k * d + c]);
+                dxv[u] = to_f(dx[t * d + c]);
+                hl[u] = to_f(H[t * nd + (int64_t)i * d + c]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u0 + u >= nt) break;
+                const int tl = u0 + u;
+                float v = cfs[tl][i] * dxv[u];
+#pragma unroll
+                for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
+                float z = 0.f;
+#pragma unroll
+                for (int e = 0; e < m; e++) {
+                    z += dps[tl][i][e] * w[e];
+                    dw[e] += dps[tl][i][e] * hl[u];
+                }
+                v += z - bts[tl][i] * hl[u];
+                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = from_f<T>(v);
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < m; e++) red[i][e][threadIdx.x] = dw[e];
+    __syncthreads();
+    for (int x = tid; x < m * CB; x += nthr) {
+        const int e = x / CB, cl = x % CB, cc = blockIdx.x * CB + cl;
+        if (cc >= d) continue;
+        float sum = red[0][e][cl];
+#pragma unroll
+        for (int k = 1; k < NS; k++) sum += red[k][e][cl];
+        dWp[((int64_t)blockIdx.y * m + e) * d + cc] = sum;
+    }
+}
+
+// grad[e] += Σ_y part[y, e] for e < E (y = 0 .. Y−1 in order): the slices of hc_combine_kernel's
+// or mhc_combine_kernel's weight-gradient partials into the fp32 gradient (dW_j [n+2, d] or
+// dΦ_j [R, n·d]; deterministic, no atomics).
+__global__ void dw_slices_reduce_kernel(float* grad, const float* part, int64_t E, int Y) {
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < E; e += (int64_t)gridDim.x * blockDim.x) {
         float s = 0.f;
         for (int y = 0; y < Y; y++) s += part[(int64_t)y * E + e];

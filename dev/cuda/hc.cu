@@ -2,8 +2,10 @@
 // the kernels of cuda/hc.cuh, spec §2.2, §2.3)
 // against the CPU reference Scheme<double> (cpu/scheme_hc.*): every x_j, xn_j, y, d_o_j, de
 // and every scheme parameter gradient at several shapes (odd N and d, n = 4 and 3), fp32 (tight)
-// and bf16 (loose), for production and for mHC's earlier stream-gradient paths ("mhc-gemm-dw":
-// the dΦ GEMM beside the combine kernel; "mhc-gemm-dz": dZ by a GEMM too; dev/cuda/hc_variants.cuh); then the forward+backward time of all D sublayers at N = 16384,
+// and bf16 (loose), for production, for production with 2 token slices in the combine kernels
+// ("hc-2slices", "mhc-2slices") and for the earlier stream-gradient paths ("hc-gemm-dw",
+// "mhc-gemm-dw": the weight gradient by a GEMM; "mhc-gemm-dz": dZ by a GEMM too;
+// dev/cuda/hc_variants.cuh); then the forward+backward time of all D sublayers at N = 16384,
 // d = 1024, D = 48, n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: hc [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
@@ -16,49 +18,67 @@
 using namespace ldm;
 using namespace ldm::gpu;
 
-// Production mHC's kernels with the combine grid cut to at most 2 token slices, so that at the
-// small check shapes (where production's grid gives every tile its own slice) a block walks
-// several tiles and the fixed-order sum adds several partials of dΦ ("mhc-2slices"; checks only).
+// Production's kernels with the combine grid cut to at most 2 token slices, so that at the small
+// check shapes (where production's grid gives every tile its own slice) a block walks several
+// tiles and the fixed-order sum adds several partials of dW_j / dΦ_j ("hc-2slices",
+// "mhc-2slices"; checks only).
 template <typename T>
-struct MhcTwoSlices : GpuHC<T> {
-    explicit MhcTwoSlices(const ModelConfig& cfg) : GpuHC<T>(cfg, true) {}
+struct TwoSlices : GpuHC<T> {
+    TwoSlices(const ModelConfig& cfg, bool manifold) : GpuHC<T>(cfg, manifold) {}
 
    protected:
     void stream_gradient(int j, const T* dx, const T* W, float* gW, cudaStream_t s) override {
         this->dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
-            dim3 grid = hc_detail::mhc_combine_grid<NS>(this->N_, this->d_);
+            dim3 grid = hc_detail::combine_grid<NS>(this->N_, this->d_);
             grid.y = std::min(grid.y, 2u);
-            hc_detail::mhc_combine_kernel<T, NS><<<grid, dim3(hc_detail::kMhcChannels<NS>, NS), 0, s>>>(
-                this->dHp_.ptr, this->dWp_.ptr, this->dH_.ptr, dx, this->dPp_.ptr, W, this->H(j - 1),
-                this->coef_.ptr, this->beta_.ptr, this->N_, this->d_);
+            const dim3 block(hc_detail::kCombineChannels<NS>, NS);
+            if (this->mhc_)
+                hc_detail::mhc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
+                    this->dHp_.ptr, this->dWp_.ptr, this->dH_.ptr, dx, this->dPp_.ptr, W, this->H(j - 1),
+                    this->coef_.ptr, this->beta_.ptr, this->N_, this->d_);
+            else
+                hc_detail::hc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
+                    this->dHp_.ptr, this->dWp_.ptr, this->dH_.ptr, dx, this->dPp_.ptr, W, this->H(j - 1),
+                    this->coef_.ptr, this->beta_.ptr, this->N_, this->d_);
             LDM_LAUNCH_CHECK();
             const int64_t E = (int64_t)this->wrows_ * this->kdim_;
-            hc_detail::mhc_dw_reduce_kernel<<<hc_detail::grid_1d(E, 256), 256, 0, s>>>(gW, this->dWp_.ptr, E,
-                                                                                      (int)grid.y);
+            hc_detail::dw_slices_reduce_kernel<<<hc_detail::grid_1d(E, 256), 256, 0, s>>>(gW, this->dWp_.ptr, E,
+                                                                                         (int)grid.y);
         });
         LDM_LAUNCH_CHECK();
     }
 };
 
-enum class Variant { HC, MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz };
-constexpr Variant kVariants[] = {Variant::HC, Variant::MHC, Variant::MhcTwoSlices, Variant::MhcGemmDw,
-                                 Variant::MhcGemmDz};
+enum class Variant { HC, HcTwoSlices, HcGemmDw, MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz };
+constexpr Variant kVariants[] = {Variant::HC,  Variant::HcTwoSlices,  Variant::HcGemmDw, Variant::MHC,
+                                 Variant::MhcTwoSlices, Variant::MhcGemmDw, Variant::MhcGemmDz};
+inline bool is_mhc(Variant v) { return v >= Variant::MHC; }
+inline bool checks_only(Variant v) { return v == Variant::HcTwoSlices || v == Variant::MhcTwoSlices; }
 inline const char* label(Variant v) {
-    return v == Variant::HC             ? "hc"
-           : v == Variant::MHC          ? "mhc"
-           : v == Variant::MhcTwoSlices ? "mhc-2slices"
-           : v == Variant::MhcGemmDw    ? "mhc-gemm-dw"
-                                        : "mhc-gemm-dz";
+    switch (v) {
+        case Variant::HC: return "hc";
+        case Variant::HcTwoSlices: return "hc-2slices";
+        case Variant::HcGemmDw: return "hc-gemm-dw";
+        case Variant::MHC: return "mhc";
+        case Variant::MhcTwoSlices: return "mhc-2slices";
+        case Variant::MhcGemmDw: return "mhc-gemm-dw";
+        case Variant::MhcGemmDz: return "mhc-gemm-dz";
+    }
+    return "?";
 }
 
 template <typename T>
 static wb::Factory<T> factory(Variant v) {
-    return [v](const ModelConfig& c) {
-        if (v == Variant::MhcGemmDz) return std::unique_ptr<GpuScheme<T>>(new MhcGemmDz<T>(c));
-        if (v == Variant::MhcGemmDw) return std::unique_ptr<GpuScheme<T>>(new MhcGemmDw<T>(c));
-        if (v == Variant::MhcTwoSlices) return std::unique_ptr<GpuScheme<T>>(new MhcTwoSlices<T>(c));
-        return std::unique_ptr<GpuScheme<T>>(new GpuHC<T>(c, v == Variant::MHC));
+    return [v](const ModelConfig& c) -> std::unique_ptr<GpuScheme<T>> {
+        switch (v) {
+            case Variant::HcTwoSlices: return std::unique_ptr<GpuScheme<T>>(new TwoSlices<T>(c, false));
+            case Variant::MhcTwoSlices: return std::unique_ptr<GpuScheme<T>>(new TwoSlices<T>(c, true));
+            case Variant::HcGemmDw: return std::unique_ptr<GpuScheme<T>>(new HcGemmDw<T>(c));
+            case Variant::MhcGemmDw: return std::unique_ptr<GpuScheme<T>>(new MhcGemmDw<T>(c));
+            case Variant::MhcGemmDz: return std::unique_ptr<GpuScheme<T>>(new MhcGemmDz<T>(c));
+            default: return std::unique_ptr<GpuScheme<T>>(new GpuHC<T>(c, is_mhc(v)));
+        }
     };
 }
 
@@ -80,7 +100,7 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     for (size_t k = 0; k < cases.size(); k++) {
         if (quick && k == cases.size() - 1) break;
         for (Variant v : kVariants) {
-            const bool m = v != Variant::HC;
+            const bool m = is_mhc(v);
             ok &= wb::check_scheme<T>("hc", m ? "mhc" : "hc", cases[k].shape, factory<T>(v), tol_act, tol_grad,
                                       cases[k].seed, m ? 0.1 : 0.3, label(v));
         }
@@ -93,20 +113,22 @@ static void run_bench() {
     const wb::Shape big{8, 2048, 1024, 24, 4, 8};
     const double n = 4, d = 1024, D = 48, tb = sizeof(T);
     for (Variant v : kVariants) {
-        if (v == Variant::MhcTwoSlices) continue;  // a check of production's kernels, not a contender
+        if (checks_only(v)) continue;  // a check of production's kernels, not a contender
         // Estimated traffic per sublayer and token (doc/cuda.md): forward (4n+4)·d·tb; backward
-        // (4n+4)·d·tb (HC, and mHC with dZ formed in the combine kernel and the dΦ GEMM), (3n+4)·d·tb
-        // (production mHC: dΦ in the combine kernel, no GEMM reading H_{j-1}; plus its slices'
-        // fp32 partials written and read once per sublayer) or (6n+4)·d·tb (the GEMM-dZ path: dZ
-        // written and read); + 3·n·d·tb (stream gradients, type T: read twice, written once).
-        const double own = v == Variant::MHC ? 7 * n + 8 : v == Variant::MhcGemmDz ? 10 * n + 8 : 8 * n + 8;
+        // (3n+4)·d·tb (production HC and mHC: the weight gradient in the combine kernel, plus its
+        // slices' fp32 partials written and read once per sublayer), (4n+4)·d·tb (the dW GEMM reads
+        // H_{j-1} once more: hc-gemm-dw, mhc-gemm-dw) or (6n+4)·d·tb (mhc-gemm-dz: dZ written and
+        // read as well); + 3·n·d·tb (stream gradients, type T: read twice, written once).
+        const bool gemm_dw = v == Variant::HcGemmDw || v == Variant::MhcGemmDw;
+        const double own = v == Variant::MhcGemmDz ? 10 * n + 8 : gemm_dw ? 8 * n + 8 : 7 * n + 8;
         double part = 0;
-        if (v == Variant::MHC) {
-            const double R = 2 * n + n * n, slices = hc_detail::mhc_combine_grid<4>(big.B * big.T, (int)d).y;
-            part = 2 * slices * R * n * d * 4 / (big.B * big.T);
+        if (v == Variant::HC || v == Variant::MHC) {
+            const double wsize = v == Variant::MHC ? (2 * n + n * n) * n * d : (n + 2) * d;
+            const double slices = hc_detail::combine_grid<4>(big.B * big.T, (int)d).y;
+            part = 2 * slices * wsize * 4 / (big.B * big.T);
         }
         const double bytes = D * (own * d * tb + 3 * n * d * tb + part);
-        wb::bench_scheme<T>("hc", v == Variant::HC ? "hc" : "mhc", big, factory<T>(v), bytes, 20, label(v));
+        wb::bench_scheme<T>("hc", is_mhc(v) ? "mhc" : "hc", big, factory<T>(v), bytes, 20, label(v));
     }
 }
 
