@@ -56,6 +56,14 @@ struct LdmGpuScheme : GpuScheme<T> {
     void readout_backward(const T* dy, cudaStream_t s) override;
     void output_backward(int j, T* d_o, cudaStream_t s) override;
     void input_backward(int j, const T* dx, cudaStream_t s) override;
+    // The RMSNorm backward writes dL/dx_j straight into dxT_ when read j's backward is deferred to
+    // the fused pass (no copy of dx), then input_backward.
+    void input_norm_backward(int j, const T* dln, const T* x, const T* w, const float* rstd, int64_t N, int d,
+                             float* dw, float* scratch, T* dx_buf, T* d_o_next, cudaStream_t s) override {
+        T* dx = fuse_backward(j - 1) ? dxT_.ptr : dx_buf;
+        rmsnorm_backward<T>(dx, dw, scratch, dln, x, w, rstd, N, d, false, s);
+        input_backward(j, dx, s);
+    }
     void begin_backward(T* de, cudaStream_t s) override;
     bool after_backward(cudaStream_t s) override;
     bool kernels_may_switch() const override {
@@ -367,7 +375,9 @@ void LdmGpuScheme<T>::sequential_write(int i, cudaStream_t s, const ldmk::FusedR
     float* Kn = Kn_.ptr + (int64_t)i * N * HK_;
     float* Knrm = Knrm_.ptr + (int64_t)i * N * Hm_;
     const float* lam = lam_.ptr + (int64_t)i * Hm_;
-    const float* v = v32(i, s);
+    const T* Oi = O_.ptr + (int64_t)i * N * d_;
+    // the fused write + read kernels read O_i as stored; the others take an fp32 copy
+    const float* v = warp_ && read ? nullptr : v32(i, s);
     float* beta = delta_ ? beta_.ptr + (int64_t)i * N * Hm_ : nullptr;
     if (delta_)  // z [N, Hm] = O_i · w_βᵀ (the bias b_β is added in the kernel from the fp32 master)
         mm_.template gemm<T, float>(false, true, N, Hm_, d_, 1.f, O_.ptr + (int64_t)i * N * d_, d_, Wb_[i], d_,
@@ -382,9 +392,9 @@ void LdmGpuScheme<T>::sequential_write(int i, cudaStream_t s, const ldmk::FusedR
             constexpr int DK = decltype(c)::value;
             if (read) {  // write i, then read i + 1 of the new state
                 const FusedRead<T> fr = *read;
-                if (rls_) write_read_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam, fr);
-                else if (outer_) write_read_od_warp_kernel<kOuter, T, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, nullptr, fr);
-                else write_read_od_warp_kernel<kDelta, T, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i], beta, fr);
+                if (rls_) write_read_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, Oi, lam, fr);
+                else if (outer_) write_read_od_warp_kernel<kOuter, T, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, Oi, lam, nullptr, nullptr, nullptr, fr);
+                else write_read_od_warp_kernel<kDelta, T, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, Oi, lam, dtok_.ptr, Bb_[i], beta, fr);
             } else if (rls_) write_rls_warp_kernel<DK><<<gw, tw, 0, s>>>(dims_, dst, from, raw_.ptr, Kn, Knrm, v, lam);
             else if (outer_) write_od_warp_kernel<kOuter, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, nullptr);
             else write_od_warp_kernel<kDelta, DK><<<gw, tw, 0, s>>>(dims_, dst, raw_.ptr, Kn, Knrm, v, lam, dtok_.ptr, Bb_[i], beta);
@@ -542,20 +552,21 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
         const float* Kn = Kn_.ptr + (int64_t)j * N * HK_;
         const float* Knrm = Knrm_.ptr + (int64_t)j * N * Hm_;
         const float* lam = lam_.ptr + (int64_t)j * Hm_;
-        const float* v = v32(j, s);
         live_ = cur_.ptr;
         const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
         dispatch_dk(dk_, [&](auto c) {
             constexpr int DK = decltype(c)::value;
-            if (rls_) read_bwd_unwind_vjp_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
-            else read_bwd_vjp_od_warp_kernel<kOuter, T, DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, v, lam, nullptr, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
+            if (rls_) read_bwd_unwind_vjp_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
+            else read_bwd_vjp_od_warp_kernel<kOuter, T, DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
         });
         LDM_LAUNCH_CHECK();
         read_backward_gemms(j + 1, drawq_.ptr, s);  // src is still h_j
         restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
         LDM_LAUNCH_CHECK();
-        add_grad_kernel<float><<<elem_blocks(nd), 256, 0, s>>>(nd, dsrc_.ptr, dvacc, true);  // dvacc += dsrc
-        LDM_LAUNCH_CHECK();
+        if (f32) {  // dvacc is d_o itself: dvacc += dsrc (bf16: added in write_backward's conversion)
+            add_grad_kernel<float><<<elem_blocks(nd), 256, 0, s>>>(nd, dsrc_.ptr, dvacc, true);
+            LDM_LAUNCH_CHECK();
+        }
         write_backward(j, d_o, s, /*vjp_done=*/true);
     } else {
         restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
@@ -575,7 +586,8 @@ void LdmGpuScheme<T>::input_backward(int j, const T* dx, cudaStream_t s) {
         LDM_LAUNCH_CHECK();
     }
     if (fuse_backward(j - 1)) {  // read j's backward waits for write j-1's unwind + VJP
-        CUDA_CHECK(cudaMemcpyAsync(dxT_.ptr, dx, (size_t)nd * sizeof(T), cudaMemcpyDeviceToDevice, s));
+        if (dx != dxT_.ptr)  // (input_norm_backward wrote it there)
+            CUDA_CHECK(cudaMemcpyAsync(dxT_.ptr, dx, (size_t)nd * sizeof(T), cudaMemcpyDeviceToDevice, s));
         pending_read_bwd_ = j;
     } else {
         read_backward(j, dx, s);
@@ -663,7 +675,13 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_don
     if (forget_)
         colsum(gtheta_ + (int64_t)i * Hm_, dtok_.ptr, nullptr, N, Hm_, Hm_, lgrad_.ptr + (int64_t)i * Hm_,
                partial_.ptr, s);
-    if (!f32) from_f32<T>(dvacc, d_o, nd, s);
+    if (f32) return;
+    if (vjp_done) {  // d_o = T(dv + key GEMM + dsrc): the fused pass left dsrc out of dvacc
+        sum_to_T_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc, dsrc_.ptr, d_o, nd);
+        LDM_LAUNCH_CHECK();
+    } else {
+        from_f32<T>(dvacc, d_o, nd, s);
+    }
 }
 
 // The state before write i, by what the forward kept (mirrors the CPU's prev_state).

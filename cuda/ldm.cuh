@@ -106,6 +106,13 @@ __global__ void from_f32_kernel(const float* in, T* out, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = from_f<T>(in[i]);
 }
+// out = T(a + b) elementwise (fp32 sum, one rounding): dL/do_i from the write's own gradient
+// (dv and the key GEMM, accumulated in a) and dsrc (b) when the fused backward deferred the add.
+template <typename T>
+__global__ void sum_to_T_kernel(const float* a, const float* b, T* out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = from_f<T>(a[i] + b[i]);
+}
 template <typename T>
 inline void to_f32(const T* in, float* out, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
@@ -642,9 +649,9 @@ read_warp_kernel(Dims D, const float* cur, const float* raw, float* Qn, float* Q
 // cur (out of place in store mode, so the forward needs no extra copy; in place when equal).
 // RECOMP: re-applies a stored write (window / checkpoint recompute): raw is the stored normalised
 // key Kn, nothing but the state is written.
-template <int DK, bool RECOMP, bool READ, typename T, int PREG, int ROWS>
+template <int DK, bool RECOMP, bool READ, typename T, int PREG, int ROWS, typename V>
 __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
-                                           float* Knrm, const float* v32, const float* lam, const FusedRead<T>& fr) {
+                                           float* Knrm, const V* v32, const float* lam, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
     float q[DK];
     if (READ) fused_read_q<T, DK>(fr, D, n, h, lane, q);
@@ -673,13 +680,13 @@ __device__ inline void write_rls_warp_body(Dims D, float* cur, const float* src_
         kv += k[a] * s;
     }
     const float lm = lam[h], gamma = lm + kv, ig = 1.f / gamma, il = 1.f / lm;
-    const float* v = v32 + vo;
+    const V* v = v32 + vo;
     float row[ROWS][DK], vr[ROWS], xs[ROWS], xa[ROWS];
     batched_strided_loop<ROWS>(  // ROWS rows of this lane per step (kFwdRows)
         lane, D.dv, 32,
         [&](int i, int r) {
             load_row<DK>(Si + (int64_t)r * dk, row[i], dk);
-            vr[i] = v[r];
+            vr[i] = to_f(v[r]);
             xs[i] = READ && fr.a ? fr.src32[vo + r] : 0.f;
             xa[i] = READ && fr.a ? fr.a[h * D.dv + r] : 0.f;
         },
@@ -706,24 +713,26 @@ template <int DK, bool RECOMP = false, int PREG = kRegPMax, int ROWS = kFwdRows<
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 write_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn,
                     float* Knrm, const float* v32, const float* lam) {
-    write_rls_warp_body<DK, RECOMP, false, float, PREG, ROWS>(D, cur, src_state, raw, Kn, Knrm, v32, lam, FusedRead<float>{});
+    write_rls_warp_body<DK, RECOMP, false, float, PREG, ROWS, float>(D, cur, src_state, raw, Kn, Knrm, v32, lam,
+                                                                     FusedRead<float>{});
 }
 // Write i then read i+1 of the new state in the same pass (the forward of unwind / store /
-// checkpoint modes): the outputs of write_rls_warp_kernel and of read_warp_kernel.
+// checkpoint modes): the outputs of write_rls_warp_kernel and of read_warp_kernel. The values v
+// are read as stored (O_i, type T) and widened in registers (no fp32 copy of O_i).
 template <typename T, int DK, int PREG = kRegPMax, int ROWS = kFwdRows<DK>>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 write_read_rls_warp_kernel(Dims D, float* cur, const float* src_state, const float* raw, float* Kn, float* Knrm,
-                           const float* v32, const float* lam, FusedRead<T> fr) {
-    write_rls_warp_body<DK, false, true, T, PREG, ROWS>(D, cur, src_state, raw, Kn, Knrm, v32, lam, fr);
+                           const T* v, const float* lam, FusedRead<T> fr) {
+    write_rls_warp_body<DK, false, true, T, PREG, ROWS, T>(D, cur, src_state, raw, Kn, Knrm, v, lam, fr);
 }
 
 // Warp fused unwind + VJP of an rls write: same math as rls_unwind (when UNWIND) followed by
 // rls_write_vjp (ldm_math.h). One pass over the rows: each lane unwinds its S row in registers,
 // stores it, and applies the row's part of the VJP with its dS row; dk-vector sums are warp
 // reductions; the P part is computed redundantly by every lane from registers.
-template <int DK, bool UNWIND, bool READ, typename T, int PREG, int ROWS>
+template <int DK, bool UNWIND, bool READ, typename T, int PREG, int ROWS, typename V>
 __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
-                                                const float* v32, const float* lam, const float* dsrc32, float* dvacc,
+                                                const V* v32, const float* lam, const float* dsrc32, float* dvacc,
                                                 float* draw, float* dtok, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
     float q[DK], dq[DK];
@@ -741,7 +750,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
     float* P = S + D.SS;
     float* dSs = dS + so;
     float* dP = dSs + D.SS;
-    const float* v = v32 + vo;
+    const V* v = v32 + vo;
     const float lm = lam[h], il = 1.f / lm;
     float k[DK], u[DK], g[DK], gu[DK], dg[DK], du[DK], dkk[DK];
     PMat<DK, 0, PREG> Pl;
@@ -787,7 +796,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         [&](int i, int r) {
             load_row<DK>(S + (int64_t)r * dk, row[i], dk);
             load_row<DK>(dSs + (int64_t)r * dk, drow[i], dk);
-            vr[i] = v[r];
+            vr[i] = to_f(v[r]);
             dsr[i] = dsrc32 ? dsrc32[vo + r] : 0.f;
             dxr[i] = ar[i] = 0.f;
             if (READ) fused_read_bwd_in<T>(fr, D, h, vo, r, dxr[i], ar[i]);
@@ -911,26 +920,28 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                          const float* v32, const float* lam, const float* dsrc32, float* dvacc,
                          float* draw, float* dtok) {
-    unwind_vjp_rls_warp_body<DK, UNWIND, false, float, PREG, ROWS>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok,
-                                                       FusedRead<float>{});
+    unwind_vjp_rls_warp_body<DK, UNWIND, false, float, PREG, ROWS, float>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32,
+                                                                           dvacc, draw, dtok, FusedRead<float>{});
 }
 // Read i+1's backward, then the unwind + VJP of write i, in one pass over S, P, dS, dP (unwind mode
 // and checkpoint segments; the state in cur is the one after write i). dsrc32 == nullptr: dvacc
-// gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it).
+// gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it). The
+// values v are read as stored (O_i, type T) and widened in registers.
 template <typename T, int DK, int PREG = kRegPMax, int ROWS = kBwdRows<DK>>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 read_bwd_unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
-                                    const float* v32, const float* lam, const float* dsrc32, float* dvacc,
+                                    const T* v, const float* lam, const float* dsrc32, float* dvacc,
                                     float* draw, float* dtok, FusedRead<T> fr) {
-    unwind_vjp_rls_warp_body<DK, true, true, T, PREG, ROWS>(D, cur, dS, Kn, Knrm, v32, lam, dsrc32, dvacc, draw, dtok, fr);
+    unwind_vjp_rls_warp_body<DK, true, true, T, PREG, ROWS, T>(D, cur, dS, Kn, Knrm, v, lam, dsrc32, dvacc, draw, dtok,
+                                                               fr);
 }
 
 // Warp outer / delta write (forward): same math as outer_write / delta_write (in place on cur).
 // delta: beta = β_max sigmoid(zraw + bb) -> beta.
 // RECOMP: re-applies a stored write (k = raw = Kn, delta: beta read from beta), state only.
-template <int RULE, int DK, bool RECOMP, bool READ, typename T>
+template <int RULE, int DK, bool RECOMP, bool READ, typename T, typename V>
 __device__ inline void write_od_warp_body(Dims D, float* cur, const float* raw, float* Kn, float* Knrm,
-                                          const float* v32, const float* lam, const float* zraw, const float* bb,
+                                          const V* v32, const float* lam, const float* zraw, const float* bb,
                                           float* beta, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
     float q[DK];
@@ -953,19 +964,20 @@ __device__ inline void write_od_warp_body(Dims D, float* cur, const float* raw, 
         }
     }
     float* S = cur + D.state_off(n, h);
-    const float* v = v32 + vo;
+    const V* v = v32 + vo;
     const float lm = lam[h];
     for (int r = lane; r < D.dv; r += 32) {
         float row[DK];
         load_row<DK>(S + (int64_t)r * dk, row, dk);
+        const float vv = to_f(v[r]);
         if (RULE == kOuter) {
 #pragma unroll
-            for (int b = 0; b < DK; b++) row[b] = lm * row[b] + v[r] * k[b];
+            for (int b = 0; b < DK; b++) row[b] = lm * row[b] + vv * k[b];
         } else {
             float s = 0.f;
 #pragma unroll
             for (int b = 0; b < DK; b++) s += row[b] * k[b];
-            const float e = bt * (v[r] - s);
+            const float e = bt * (vv - s);
 #pragma unroll
             for (int b = 0; b < DK; b++) row[b] += e * k[b];
         }
@@ -982,23 +994,24 @@ template <int RULE, int DK, bool RECOMP = false>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 write_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
                    const float* lam, const float* zraw, const float* bb, float* beta) {
-    write_od_warp_body<RULE, DK, RECOMP, false, float>(D, cur, raw, Kn, Knrm, v32, lam, zraw, bb, beta,
-                                                       FusedRead<float>{});
+    write_od_warp_body<RULE, DK, RECOMP, false, float, float>(D, cur, raw, Kn, Knrm, v32, lam, zraw, bb, beta,
+                                                              FusedRead<float>{});
 }
-// Outer / delta write i then read i+1 of the new state in the same pass (in place on cur).
+// Outer / delta write i then read i+1 of the new state in the same pass (in place on cur); v as
+// stored (O_i, type T).
 template <int RULE, typename T, int DK>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-write_read_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const float* v32,
+write_read_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float* Knrm, const T* v,
                           const float* lam, const float* zraw, const float* bb, float* beta, FusedRead<T> fr) {
-    write_od_warp_body<RULE, DK, false, true, T>(D, cur, raw, Kn, Knrm, v32, lam, zraw, bb, beta, fr);
+    write_od_warp_body<RULE, DK, false, true, T, T>(D, cur, raw, Kn, Knrm, v, lam, zraw, bb, beta, fr);
 }
 
 // Warp VJP of an outer / delta write at the state before it (UNWIND, outer only: first unwinds the
 // row in place, S_prev = (S - v kᵀ)/λ). Same math as outer_write_vjp / delta_write_vjp; outputs
 // as write_vjp_thread_kernel (dtok = dL/dλ for outer, dL/dz for delta).
-template <int RULE, int DK, bool UNWIND, bool READ, typename T>
+template <int RULE, int DK, bool UNWIND, bool READ, typename T, typename V>
 __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
-                                        const float* v32, const float* lam, const float* beta, const float* dsrc32,
+                                        const V* v32, const float* lam, const float* beta, const float* dsrc32,
                                         float* dvacc, float* draw, float* dtok, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
     float q[DK], dq[DK];
@@ -1014,7 +1027,7 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
     const int dk = D.dk;
     float* S = cur + so;
     float* dSs = dS + so;
-    const float* v = v32 + vo;
+    const V* v = v32 + vo;
     const float lm = lam[h], il = 1.f / lm;
     const float bt = RULE == kDelta ? beta[nh] : 0.f;
     float k[DK], dkk[DK];
@@ -1028,6 +1041,7 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
         float row[DK], G[DK];
         load_row<DK>(S + (int64_t)r * dk, row, dk);
         load_row<DK>(dSs + (int64_t)r * dk, G, dk);
+        const float vv = to_f(v[r]);
         if (READ) {  // on the state after the write
             float dxr, ar;
             fused_read_bwd_in<T>(fr, D, h, vo, r, dxr, ar);
@@ -1035,7 +1049,7 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
         }
         if (UNWIND && RULE == kOuter) {
 #pragma unroll
-            for (int b = 0; b < DK; b++) row[b] = (row[b] - v[r] * k[b]) * il;
+            for (int b = 0; b < DK; b++) row[b] = (row[b] - vv * k[b]) * il;
             store_row<DK>(S + (int64_t)r * dk, row, dk);
         }
         float t = 0.f;
@@ -1044,7 +1058,7 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
             for (int b = 0; b < DK; b++) {
                 dsc += G[b] * row[b];
                 t += G[b] * k[b];
-                dkk[b] += G[b] * v[r];
+                dkk[b] += G[b] * vv;
                 G[b] = lm * G[b];
             }
             dvacc[vo + r] = (dsrc32 ? dsrc32[vo + r] : 0.f) + t;
@@ -1055,7 +1069,7 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
                 s += row[b] * k[b];
                 t += G[b] * k[b];
             }
-            const float e = v[r] - s;
+            const float e = vv - s;
             dsc += e * t;
             const float de = bt * t;
 #pragma unroll
@@ -1085,16 +1099,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const float* v32,
                  const float* lam, const float* beta, const float* dsrc32, float* dvacc, float* draw,
                  float* dtok) {
-    vjp_od_warp_body<RULE, DK, UNWIND, false, float>(D, cur, dS, Kn, Knrm, v32, lam, beta, dsrc32, dvacc, draw, dtok,
-                                                     FusedRead<float>{});
+    vjp_od_warp_body<RULE, DK, UNWIND, false, float, float>(D, cur, dS, Kn, Knrm, v32, lam, beta, dsrc32, dvacc, draw,
+                                                            dtok, FusedRead<float>{});
 }
-// Read i+1's backward, then the (outer: unwind +) VJP of write i, in one pass (see the rls one).
+// Read i+1's backward, then the (outer: unwind +) VJP of write i, in one pass (see the rls one); v
+// as stored (O_i, type T).
 template <int RULE, typename T, int DK, bool UNWIND>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-read_bwd_vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const float* v32,
+read_bwd_vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const T* v,
                             const float* lam, const float* beta, const float* dsrc32, float* dvacc, float* draw,
                             float* dtok, FusedRead<T> fr) {
-    vjp_od_warp_body<RULE, DK, UNWIND, true, T>(D, cur, dS, Kn, Knrm, v32, lam, beta, dsrc32, dvacc, draw, dtok, fr);
+    vjp_od_warp_body<RULE, DK, UNWIND, true, T, T>(D, cur, dS, Kn, Knrm, v, lam, beta, dsrc32, dvacc, draw, dtok, fr);
 }
 
 // Warp unwind of write i alone (cur: after -> before), rls / outer: same math as rls_unwind /

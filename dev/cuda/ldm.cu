@@ -303,12 +303,13 @@ void bench(bool quick) {
     DeviceBuffer<float> cur(st), dS(st), raw(N * Dm.HK), Kn(N * Dm.HK), Knrm(N * Dm.Hm), v32(nd),
         lam(Dm.Hm), dsrc(nd), dvacc(nd), draw(N * Dm.HK), dtok(N * Dm.Hm), src32(nd), r32(nd),
         prod(nd), scratch(N * Dm.Hm * thread_scratch_floats(Dm)), a(k.d), theta(Dm.Hm), lg(Dm.Hm);
-    DeviceBuffer<T> x(nd), dx(nd);
+    DeviceBuffer<T> x(nd), dx(nd), vT(nd);  // vT: the values as the fused kernels read them (O_i, T)
     cudaStream_t s = 0;
     init_state(Dm, cur.ptr, 0.1f, s);
     fill(dS.ptr, st, 0.f, s);
     fill(raw.ptr, raw.n, 0.3f, s);
     fill(v32.ptr, nd, 0.5f, s);
+    fill(vT.ptr, nd, 0.5f, s);
     fill(dsrc.ptr, nd, 0.1f, s);
     fill(src32.ptr, nd, 0.2f, s);
     fill(a.ptr, k.d, 1.f, s);
@@ -387,13 +388,13 @@ void bench(bool quick) {
         // one BENCH line per layout: template arguments DK, PREG, ROWS as integral_constants
         auto fused_fwd = [&](auto dk, auto preg, auto rows, const Dims& D, const char* name, double bytes) {
             ms = time_median_ms([&] {
-                write_read_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, fr);
+                write_read_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, cur.ptr, raw.ptr, Kn.ptr, Knrm.ptr, vT.ptr, lam.ptr, fr);
             }, 2, reps, s);
             line(name, ms, bytes);
         };
         auto fused_bwd = [&](auto dk, auto preg, auto rows, const Dims& D, const char* name, double bytes) {
             ms = time_median_ms([&] {
-                read_bwd_unwind_vjp_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, v32.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+                read_bwd_unwind_vjp_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, vT.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
             }, 2, reps, s);
             line(name, ms, bytes);
         };
