@@ -166,6 +166,7 @@ struct LdmGpuScheme : GpuScheme<T> {
     int w_ = 1, ckpt_ = 0;
     bool warned_ = false, fell_back_ = false;
     int pending_write_ = -1, pending_read_bwd_ = -1;
+    bool dx_add_pending_ = false;  // dsrc += dx of the pending read backward (dxT_) not done yet
     double drift_S_ = 0, drift_P_ = 0;
     bool drift_pending_ = false;
     int N_ = 0;
@@ -338,6 +339,7 @@ void LdmGpuScheme<T>::begin(const T* e, cudaStream_t s) {
     init_state(dims_, cur_.ptr, (float)cfg_.ldm_delta, s);
     live_ = cur_.ptr;
     pending_write_ = pending_read_bwd_ = -1;
+    dx_add_pending_ = false;
     if (keep() == kWindowStarts) copy_state(state(0), cur_.ptr, s);
     const int64_t nd = (int64_t)N_ * d_;
     T* sT = const_cast<T*>(srcT());
@@ -521,6 +523,7 @@ void LdmGpuScheme<T>::readout_backward(const T* dy, cudaStream_t s) {
         CUDA_CHECK(cudaMemsetAsync(dsrc_.ptr, 0, (size_t)nd * 4, s));
     }
     pending_read_bwd_ = -1;
+    dx_add_pending_ = false;
     if (fuse_backward(D_)) {  // read D+1's backward waits for write D's unwind + VJP
         CUDA_CHECK(cudaMemcpyAsync(dxT_.ptr, dy, (size_t)nd * sizeof(T), cudaMemcpyDeviceToDevice, s));
         pending_read_bwd_ = D_ + 1;
@@ -563,9 +566,11 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
         read_backward_gemms(j + 1, drawq_.ptr, s);  // src is still h_j
         restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
         LDM_LAUNCH_CHECK();
-        if (f32) {  // dvacc is d_o itself: dvacc += dsrc (bf16: added in write_backward's conversion)
-            add_grad_kernel<float><<<elem_blocks(nd), 256, 0, s>>>(nd, dsrc_.ptr, dvacc, true);
+        if (f32) {  // dvacc is d_o itself: (dsrc += dx_{j+1}), dvacc += dsrc (bf16: in write_backward)
+            resid_sum_kernel<float><<<elem_blocks(nd), 256, 0, s>>>(
+                dvacc, dsrc_.ptr, dx_add_pending_ ? reinterpret_cast<const float*>(dxT_.ptr) : nullptr, dvacc, nd);
             LDM_LAUNCH_CHECK();
+            dx_add_pending_ = false;
         }
         write_backward(j, d_o, s, /*vjp_done=*/true);
     } else {
@@ -581,17 +586,18 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
 template <typename T>
 void LdmGpuScheme<T>::input_backward(int j, const T* dx, cudaStream_t s) {
     const int64_t nd = (int64_t)N_ * d_;
-    if (residual_) {
-        ldmk::add_grad_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, dx, dsrc_.ptr, true);
-        LDM_LAUNCH_CHECK();
-    }
     if (fuse_backward(j - 1)) {  // read j's backward waits for write j-1's unwind + VJP
         if (dx != dxT_.ptr)  // (input_norm_backward wrote it there)
             CUDA_CHECK(cudaMemcpyAsync(dxT_.ptr, dx, (size_t)nd * sizeof(T), cudaMemcpyDeviceToDevice, s));
         pending_read_bwd_ = j;
-    } else {
-        read_backward(j, dx, s);
+        dx_add_pending_ = residual_;  // dsrc += dx in the pass that forms d_o_{j-1} (resid_sum_kernel)
+        return;
     }
+    if (residual_) {
+        ldmk::add_grad_kernel<T><<<ldmk::elem_blocks(nd), 256, 0, s>>>(nd, dx, dsrc_.ptr, true);
+        LDM_LAUNCH_CHECK();
+    }
+    read_backward(j, dx, s);
 }
 
 template <typename T>
@@ -676,9 +682,11 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_don
         colsum(gtheta_ + (int64_t)i * Hm_, dtok_.ptr, nullptr, N, Hm_, Hm_, lgrad_.ptr + (int64_t)i * Hm_,
                partial_.ptr, s);
     if (f32) return;
-    if (vjp_done) {  // d_o = T(dv + key GEMM + dsrc): the fused pass left dsrc out of dvacc
-        sum_to_T_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc, dsrc_.ptr, d_o, nd);
+    if (vjp_done) {  // d_o = T(dv + key GEMM + dsrc): the fused pass left dsrc (and dx) out of dvacc
+        resid_sum_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc, dsrc_.ptr, dx_add_pending_ ? dxT_.ptr : nullptr,
+                                                            d_o, nd);
         LDM_LAUNCH_CHECK();
+        dx_add_pending_ = false;
     } else {
         from_f32<T>(dvacc, d_o, nd, s);
     }

@@ -106,12 +106,19 @@ __global__ void from_f32_kernel(const float* in, T* out, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = from_f<T>(in[i]);
 }
-// out = T(a + b) elementwise (fp32 sum, one rounding): dL/do_i from the write's own gradient
-// (dv and the key GEMM, accumulated in a) and dsrc (b) when the fused backward deferred the add.
+// dL/do_i in unwind mode's fused backward: when c != nullptr, b += c (dsrc += dx_j, the residual's
+// share of read j's input gradient, deferred from input_backward) and then out = T(a + b) (a: the
+// write's own gradient, dv plus the key GEMM, fp32; one rounding). out may alias a (T = float).
 template <typename T>
-__global__ void sum_to_T_kernel(const float* a, const float* b, T* out, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = from_f<T>(a[i] + b[i]);
+__global__ void resid_sum_kernel(const float* a, float* b, const T* c, T* out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float bv = b[i];
+        if (c) {
+            bv += to_f(c[i]);
+            b[i] = bv;
+        }
+        out[i] = from_f<T>(a[i] + bv);
+    }
 }
 template <typename T>
 inline void to_f32(const T* in, float* out, int64_t n, cudaStream_t s) {
