@@ -285,12 +285,19 @@ struct GpuHC : GpuScheme<T> {
    protected:  // (dev/cuda/hc.cu derives the workbench's earlier mHC paths to compare)
     // The last step of input_backward: dL/dH_{j-1} into dHp_ from dH_ (= dL/dH_j), dx, dPp_, the
     // coefficients and β of sublayer j, and dW_j += dPpᵀ·H_{j-1} into gW (fp32 [wrows, kdim];
-    // W = W_j / Φ_j, the working copy): the combine kernel writes dL/dH_{j-1} and the weight
-    // gradient's partial per token slice, then the fixed-order sum of the slices.
+    // W = W_j / Φ_j, the working copy).
     virtual void stream_gradient(int j, const T* dx, const T* W, float* gW, cudaStream_t s) {
+        combine(j, dx, W, gW, 0, s);
+    }
+    // The combine kernel writes dL/dH_{j-1} and the weight gradient's partial per token slice
+    // (combine_grid's slices, at most max_slices when > 0: the workbench's multi-tile check), then
+    // the fixed-order sum of the slices into gW.
+    void combine(int j, const T* dx, const T* W, float* gW, unsigned max_slices, cudaStream_t s) {
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
-            const dim3 grid = hc_detail::combine_grid<NS>(N_, d_), block(hc_detail::kCombineChannels<NS>, NS);
+            dim3 grid = hc_detail::combine_grid<NS>(N_, d_);
+            if (max_slices > 0) grid.y = std::min(grid.y, max_slices);
+            const dim3 block(hc_detail::kCombineChannels<NS>, NS);
             if (mhc_)
                 hc_detail::mhc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
                     dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, N_, d_);

@@ -28,25 +28,7 @@ struct TwoSlices : GpuHC<T> {
 
    protected:
     void stream_gradient(int j, const T* dx, const T* W, float* gW, cudaStream_t s) override {
-        this->dispatch([&](auto NSC) {
-            constexpr int NS = decltype(NSC)::value;
-            dim3 grid = hc_detail::combine_grid<NS>(this->N_, this->d_);
-            grid.y = std::min(grid.y, 2u);
-            const dim3 block(hc_detail::kCombineChannels<NS>, NS);
-            if (this->mhc_)
-                hc_detail::mhc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
-                    this->dHp_.ptr, this->dWp_.ptr, this->dH_.ptr, dx, this->dPp_.ptr, W, this->H(j - 1),
-                    this->coef_.ptr, this->beta_.ptr, this->N_, this->d_);
-            else
-                hc_detail::hc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
-                    this->dHp_.ptr, this->dWp_.ptr, this->dH_.ptr, dx, this->dPp_.ptr, W, this->H(j - 1),
-                    this->coef_.ptr, this->beta_.ptr, this->N_, this->d_);
-            LDM_LAUNCH_CHECK();
-            const int64_t E = (int64_t)this->wrows_ * this->kdim_;
-            hc_detail::dw_slices_reduce_kernel<<<hc_detail::grid_1d(E, 256), 256, 0, s>>>(gW, this->dWp_.ptr, E,
-                                                                                         (int)grid.y);
-        });
-        LDM_LAUNCH_CHECK();
+        this->combine(j, dx, W, gW, 2, s);
     }
 };
 

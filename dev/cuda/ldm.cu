@@ -192,15 +192,7 @@ void run_case(const Case& k, bool thread_kernels = false) {
     uint64_t stream = 900;
     auto perturb = [&](const std::vector<double>& v) { return wb::perturbed(v, 99, stream++, u); };
     constexpr int kDraws = wb::kSensDraws;
-    std::vector<Ref> sens;
-    for (int r = 0; r < kDraws; r++) {
-        std::vector<std::vector<double>> op(D + 1), dxp(D + 1);
-        for (int j = 1; j <= D; j++) {
-            op[j] = perturb(o[j]);
-            dxp[j] = perturb(dx[j]);
-        }
-        sens.push_back(reference(perturb(params), perturb(e), perturb(dy), op, dxp));
-    }
+    const std::vector<Ref> sens = wb::sensitivity_refs(perturb, reference, params, e, dy, o, dx, D);
     // m / u for one result (over [off, off + n), all of it when n < 0)
     auto floor_of = [&](std::vector<double> Ref::*pick, int64_t off = 0, int64_t n = -1) {
         const std::vector<double>& b0 = ref.*pick;

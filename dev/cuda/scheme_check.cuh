@@ -85,6 +85,24 @@ inline std::vector<double> perturbed(const std::vector<double>& v, uint64_t seed
     return w;
 }
 
+// The kSensDraws sensitivity references: reference(params, e, dy, o, dx) again with every input
+// perturbed (perturb(v) returns v with a fresh draw; o_j and dx_j for j = 1..D, index 0 unused).
+template <typename Perturb, typename Reference>
+auto sensitivity_refs(const Perturb& perturb, const Reference& reference, const std::vector<double>& params,
+                      const std::vector<double>& e, const std::vector<double>& dy,
+                      const std::vector<std::vector<double>>& o, const std::vector<std::vector<double>>& dx, int D) {
+    std::vector<decltype(reference(params, e, dy, o, dx))> sens;
+    for (int r = 0; r < kSensDraws; r++) {
+        std::vector<std::vector<double>> op(D + 1), dxp(D + 1);
+        for (int j = 1; j <= D; j++) {
+            op[j] = perturb(o[j]);
+            dxp[j] = perturb(dx[j]);
+        }
+        sens.push_back(reference(perturb(params), perturb(e), perturb(dy), op, dxp));
+    }
+    return sens;
+}
+
 inline Compare compare_d(const std::vector<float>& a, const std::vector<double>& b, double floor_norm = 0) {
     std::vector<float> bf(b.size());
     for (size_t i = 0; i < b.size(); i++) bf[i] = (float)b[i];
@@ -193,15 +211,7 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
     auto perturb = [&](const std::vector<double>& v) { return perturbed(v, seed, stream++, u); };
     // kDraws independent draws; a result's movement is the RMS over them of ||ref_δ − ref||.
     constexpr int kDraws = kSensDraws;
-    std::vector<Ref> sens;
-    for (int r = 0; r < kDraws; r++) {
-        std::vector<std::vector<double>> op(D + 1), dxp(D + 1);
-        for (int j = 1; j <= D; j++) {
-            op[j] = perturb(o[j]);
-            dxp[j] = perturb(dx[j]);
-        }
-        sens.push_back(reference(perturb(params), perturb(e), perturb(dy), op, dxp));
-    }
+    const std::vector<Ref> sens = sensitivity_refs(perturb, reference, params, e, dy, o, dx, D);
     // RMS over the draws of ||pick(draw) − pick(ref)|| (over [off, off + n), all of it when n < 0).
     auto moved_by = [&](const std::function<const std::vector<double>&(const Ref&)>& pick, int64_t off = 0,
                         int64_t n = -1) {
