@@ -121,11 +121,13 @@ struct LdmGpuScheme : GpuScheme<T> {
         if (keep() == kNone) return true;
         return keep() == kSegments && (i - 1) % ckpt_ != 0;
     }
-    void read_backward_gemms(int j, const float* draw, cudaStream_t s);  // after a read's backward kernel
+    // after a read's backward kernel: dA, dW_q and (dsrc_gemm) dsrc += draw · W_q
+    void read_backward_gemms(int j, const float* draw, cudaStream_t s, bool dsrc_gemm = true);
     // backward
     // write i's backward: the state before it (prev_state), the VJP kernel (unless vjp_done: it
     // ran fused with read i+1's backward), the GEMMs and column sums of its parameters.
     void write_backward(int i, T* d_o, cudaStream_t s, bool vjp_done = false);
+    void write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm = true);
     void read_backward(int j, const T* dx, cudaStream_t s);
     // Make live_ the state before write i. Returns true when it is left to the VJP kernel, which
     // then unwinds cur_ in place itself (fused unwind + VJP).
@@ -563,6 +565,31 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             else read_bwd_vjp_od_warp_kernel<kOuter, T, DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
         });
         LDM_LAUNCH_CHECK();
+        if (HK_ <= kRowMaxK) {
+            // The GEMMs keep the weight gradients only (dW_q's src is still h_j); the rest of the
+            // rows, dsrc += dq·W_q (+ dx_{j+1}), d_o = T(dv + dk·W_k + dsrc) and h_{j-1}, is one pass.
+            read_backward_gemms(j + 1, drawq_.ptr, s, /*dsrc_gemm=*/false);
+            write_backward_gemms(j, dvacc, s, /*dvacc_gemm=*/false);
+            RowBackward<T> rb;
+            rb.N = (int)N;
+            rb.d = d_;
+            rb.HK = HK_;
+            rb.dq = drawq_.ptr;
+            rb.dk = draw_.ptr;
+            rb.Wq = Wq_[j + 1];
+            rb.Wk = Wk_[j];
+            rb.dx = dx_add_pending_ ? dxT_.ptr : nullptr;
+            rb.dv = dvacc;
+            rb.dsrc = dsrc_.ptr;
+            rb.d_o = d_o;
+            rb.O = residual_ ? Oj : Oj - nd;
+            rb.src32 = src32_.ptr;
+            rb.srcT = f32 ? nullptr : sT;
+            rb.residual = residual_;
+            row_backward<T>(rb, s);  // without residual it also restarts dsrc at 0
+            dx_add_pending_ = false;
+            return;
+        }
         read_backward_gemms(j + 1, drawq_.ptr, s);  // src is still h_j
         restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
         LDM_LAUNCH_CHECK();
@@ -624,11 +651,12 @@ void LdmGpuScheme<T>::read_backward(int j, const T* dx, cudaStream_t s) {
 // The rest of read j's backward once its kernel has run: the gate's gradient from prod32, then
 // dsrc [N, d] += draw · W_q and dW_q [HK, d] += drawᵀ · src (src = h_{j-1}, read j's input).
 template <typename T>
-void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s) {
+void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s, bool dsrc_gemm) {
     const int64_t N = N_;
     if (residual_) ldmk::colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
     const T* dr = to_T(draw, N * HK_, drawT_.ptr, s);
-    mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);
+    if (dsrc_gemm)
+        mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);
     mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, srcT(), d_, 1.f, gWq_[j], d_, nullptr, s);
 }
 
@@ -637,12 +665,11 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_don
     using namespace ldmk;
     const int64_t N = N_, nd = N * d_;
     const bool fused = vjp_done || prev_state(i, s);
-    const T* Oi = O_.ptr + (int64_t)i * nd;
     const float* Kn = Kn_.ptr + (int64_t)i * N * HK_;
     const float* Knrm = Knrm_.ptr + (int64_t)i * N * Hm_;
     const float* lam = lam_.ptr + (int64_t)i * Hm_;
     const float* beta = delta_ ? beta_.ptr + (int64_t)i * N * Hm_ : nullptr;
-    const float* v = v32(i, s);
+    const float* v = vjp_done ? nullptr : v32(i, s);  // (the fused kernel read O_i as stored)
     const bool f32 = std::is_same<T, float>::value;
     float* dvacc = f32 ? reinterpret_cast<float*>(d_o) : tmp32_.ptr;
     float* L = live_;
@@ -668,9 +695,29 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_don
         else write_vjp_thread_kernel<kDelta, false><<<gb, tb, 0, s>>>(dims_, L, dS_.ptr, Kn, Knrm, v, lam, beta, dsrc_.ptr, dvacc, draw_.ptr, dtok_.ptr, scr);
     }
     LDM_LAUNCH_CHECK();
-    // d_o += draw · W_k ; dW_k += drawᵀ · O_i (fp32 accumulation in dvacc)
+    write_backward_gemms(i, dvacc, s);
+    if (f32) return;
+    if (vjp_done) {  // d_o = T(dv + key GEMM + dsrc): the fused pass left dsrc (and dx) out of dvacc
+        resid_sum_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc, dsrc_.ptr, dx_add_pending_ ? dxT_.ptr : nullptr,
+                                                            d_o, nd);
+        LDM_LAUNCH_CHECK();
+        dx_add_pending_ = false;
+    } else {
+        from_f32<T>(dvacc, d_o, nd, s);
+    }
+}
+
+// The rest of write i's backward once its VJP kernel has run: dvacc [N, d] += draw · W_k (unless
+// dvacc_gemm is false: the fused backward's row pass adds it), dW_k [HK, d] += drawᵀ · O_i, and for
+// delta dvacc += dz · w_β, dw_β, db_β; dθ from the per-token dλ terms.
+template <typename T>
+void LdmGpuScheme<T>::write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm) {
+    using namespace ldmk;
+    const int64_t N = N_;
+    const T* Oi = O_.ptr + (int64_t)i * N * d_;
     const T* dr = to_T(draw_.ptr, N * HK_, drawT_.ptr, s);
-    mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wk_[i], d_, 1.f, dvacc, d_, nullptr, s);
+    if (dvacc_gemm)
+        mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wk_[i], d_, 1.f, dvacc, d_, nullptr, s);
     mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, Oi, d_, 1.f, gWk_[i], d_, nullptr, s);
     if (delta_) {
         const T* dz = to_T(dtok_.ptr, N * Hm_, dtokT_.ptr, s);
@@ -681,15 +728,6 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_don
     if (forget_)
         colsum(gtheta_ + (int64_t)i * Hm_, dtok_.ptr, nullptr, N, Hm_, Hm_, lgrad_.ptr + (int64_t)i * Hm_,
                partial_.ptr, s);
-    if (f32) return;
-    if (vjp_done) {  // d_o = T(dv + key GEMM + dsrc): the fused pass left dsrc (and dx) out of dvacc
-        resid_sum_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc, dsrc_.ptr, dx_add_pending_ ? dxT_.ptr : nullptr,
-                                                            d_o, nd);
-        LDM_LAUNCH_CHECK();
-        dx_add_pending_ = false;
-    } else {
-        from_f32<T>(dvacc, d_o, nd, s);
-    }
 }
 
 // The state before write i, by what the forward kept (mirrors the CPU's prev_state).

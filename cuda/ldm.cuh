@@ -120,6 +120,135 @@ __global__ void resid_sum_kernel(const float* a, float* b, const T* c, T* out, i
         out[i] = from_f<T>(a[i] + bv);
     }
 }
+
+// ---- the d-sized rows of the fused backward in one pass ---------------------------------------
+// After read j+1's backward and write j's unwind + VJP ran in one kernel (unwind mode, fused
+// backward), everything left of sublayer j's [N, d] rows is one pass (doc/cuda.md "The d-sized
+// rows"); the two GEMMs with the small inner size HK = H_m·d_k (dq·W_q, dk·W_k) are folded in as
+// dot products of length HK per element on CUDA cores. Per element (n, c):
+//   s      = dsrc + Σ_k dq[n,k]·W_q[k,c]  (+ dx[n,c])     dL/dh_j (read j+1's query; dx_{j+1}'s residual share)
+//   d_o    = T((dv + Σ_k dk[n,k]·W_k[k,c]) + s)           dL/do_j (one rounding)
+//   dsrc   = residual ? s : 0
+//   src32  = residual ? src32 − O_j : O_{j−1};  srcT = T(src32)   h_{j−1}, read j's input
+// Sums over k run in order k = 0..HK−1 in fp32 (deterministic).
+template <typename T>
+struct RowBackward {
+    int N = 0, d = 0, HK = 0;
+    const float* dq = nullptr;  // [N, HK] fp32: dL/dq_raw of read j+1
+    const float* dk = nullptr;  // [N, HK] fp32: dL/dk_raw of write j
+    const T* Wq = nullptr;      // [HK, d]: W_q^{j+1}
+    const T* Wk = nullptr;      // [HK, d]: W_k^j
+    const T* dx = nullptr;      // [N, d] dL/dx_{j+1}, or nullptr (nothing pending)
+    const float* dv = nullptr;  // [N, d] fp32: the write's dv (may alias d_o when T = float)
+    float* dsrc = nullptr;      // [N, d] fp32, read and written
+    T* d_o = nullptr;           // [N, d]
+    const T* O = nullptr;       // [N, d]: residual: O_j; else O_{j−1}
+    float* src32 = nullptr;     // [N, d] fp32, read (residual) and written
+    T* srcT = nullptr;          // [N, d], or nullptr when T = float (srcT is src32 then)
+    bool residual = true;
+};
+// One element of the pass above, given its row values and the two dot products gq, gk.
+template <typename T>
+struct RowOut {
+    float dsrc, src;
+    T d_o;
+};
+template <typename T>
+LDM_HD inline RowOut<T> row_backward_element(float dsrc, float gq, bool has_dx, float dx, float dv, float gk,
+                                             float src32, float o, bool residual) {
+    float s = dsrc + gq;
+    if (has_dx) s += dx;
+    RowOut<T> r;
+    r.d_o = from_f<T>((dv + gk) + s);
+    r.dsrc = residual ? s : 0.f;
+    r.src = residual ? src32 - o : o;
+    return r;
+}
+constexpr int kRowChannels = 256;  // threads per block, one channel each
+constexpr int kRowTokens = 32;     // tokens per tile (their dq, dk rows staged in shared memory)
+constexpr int kRowUnroll = 4;      // tokens whose rows a thread loads before it computes (loads in flight)
+constexpr int kRowBlocks = 512;    // about this many blocks (each walks the tiles of its token slice)
+constexpr int kRowMaxK = 32;       // the largest HK the pass takes (W_q, W_k columns in registers)
+// Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
+inline dim3 row_backward_grid(int N, int d) {
+    const int64_t gx = ceil_div(d, kRowChannels), tiles = ceil_div(N, kRowTokens);
+    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kRowBlocks, gx), 1)));
+}
+// Block kRowChannels threads; any grid.y (blocks stride over the token tiles); HK <= KMAX.
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kRowChannels) row_backward_kernel(RowBackward<T> p) {
+    __shared__ __align__(16) float sq[kRowTokens][KMAX];
+    __shared__ __align__(16) float sk[kRowTokens][KMAX];
+    const int c = blockIdx.x * kRowChannels + threadIdx.x;
+    const bool live = c < p.d;
+    float wq[KMAX], wk[KMAX];  // this channel's W_q, W_k columns, 0 beyond HK
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const bool ok = live && k < p.HK;
+        wq[k] = ok ? to_f(p.Wq[(int64_t)k * p.d + c]) : 0.f;
+        wk[k] = ok ? to_f(p.Wk[(int64_t)k * p.d + c]) : 0.f;
+    }
+    const int tiles = (p.N + kRowTokens - 1) / kRowTokens;
+    for (int tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+        const int64_t n0 = (int64_t)tile * kRowTokens;
+        const int nt = p.N - n0 < kRowTokens ? (int)(p.N - n0) : kRowTokens;
+        __syncthreads();  // the previous tile's dq, dk are no longer read
+        for (int i = threadIdx.x; i < kRowTokens * KMAX; i += kRowChannels) {
+            const int t = i / KMAX, k = i % KMAX;
+            const bool ok = t < nt && k < p.HK;
+            sq[t][k] = ok ? p.dq[(n0 + t) * p.HK + k] : 0.f;
+            sk[t][k] = ok ? p.dk[(n0 + t) * p.HK + k] : 0.f;
+        }
+        __syncthreads();
+        if (!live) continue;
+        for (int t0 = 0; t0 < nt; t0 += kRowUnroll) {
+            float ds[kRowUnroll], dv[kRowUnroll], sr[kRowUnroll], ov[kRowUnroll];
+#pragma unroll
+            for (int u = 0; u < kRowUnroll; u++) {  // all loads of the group first
+                ds[u] = dv[u] = sr[u] = ov[u] = 0.f;
+                if (t0 + u < nt) {
+                    const int64_t i = (n0 + t0 + u) * p.d + c;
+                    ds[u] = p.dsrc[i];
+                    dv[u] = p.dv[i];
+                    ov[u] = to_f(p.O[i]);
+                    if (p.residual) sr[u] = p.src32[i];
+                }
+            }
+            float dxv[kRowUnroll];
+#pragma unroll
+            for (int u = 0; u < kRowUnroll; u++)
+                dxv[u] = p.dx && t0 + u < nt ? to_f(p.dx[(n0 + t0 + u) * p.d + c]) : 0.f;
+#pragma unroll
+            for (int u = 0; u < kRowUnroll; u++) {
+                const int t = t0 + u;
+                if (t >= nt) break;
+                float gq = 0.f, gk = 0.f;
+#pragma unroll
+                for (int k = 0; k < KMAX; k++) {
+                    gq = fmaf(sq[t][k], wq[k], gq);
+                    gk = fmaf(sk[t][k], wk[k], gk);
+                }
+                const RowOut<T> r = row_backward_element<T>(ds[u], gq, p.dx != nullptr, dxv[u], dv[u], gk, sr[u],
+                                                            ov[u], p.residual);
+                const int64_t i = (n0 + t) * p.d + c;
+                p.dsrc[i] = r.dsrc;
+                p.d_o[i] = r.d_o;
+                p.src32[i] = r.src;
+                if (p.srcT) p.srcT[i] = from_f<T>(r.src);
+            }
+        }
+    }
+}
+// Launches row_backward_kernel (grid row_backward_grid). Throws ldm::Error when HK > kRowMaxK.
+template <typename T>
+inline void row_backward(const RowBackward<T>& p, cudaStream_t s) {
+    if (p.HK <= 0 || p.HK > kRowMaxK) throw Error(strprintf("row_backward: HK %d outside 1..%d", p.HK, kRowMaxK));
+    const dim3 g = row_backward_grid(p.N, p.d);
+    if (p.HK <= 16) row_backward_kernel<T, 16><<<g, kRowChannels, 0, s>>>(p);
+    else row_backward_kernel<T, 32><<<g, kRowChannels, 0, s>>>(p);
+    LDM_LAUNCH_CHECK();
+}
+
 template <typename T>
 inline void to_f32(const T* in, float* out, int64_t n, cudaStream_t s) {
     if (n <= 0) return;

@@ -638,6 +638,115 @@ TEST_CASE("emu: warp read backward (fp32 and bf16 dx, with and without residual 
                 });
 }
 
+// The row pass of the fused backward (ldmk::row_backward_kernel): dsrc, d_o, src32, srcT of
+// sublayer j from dsrc, dq·W_q, dx, dv, dk·W_k, O and src32, against the formula in double.
+// Shapes: HK below and at the register widths 16, 32 (padding), d not a multiple of the block
+// width (idle threads), N not a multiple of the token tile; token slices from production's grid
+// and forced to 1 and 2 (one block walks several tiles). fp32 with dv aliasing d_o (production's
+// T = float) and not; bf16 rows and weights; with and without the residual and the pending dx.
+TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula", "[emu][ldm]") {
+    struct RowShape {
+        int N, d, HK;
+    };
+    const RowShape shapes[] = {{70, 300, 32}, {37, 64, 12}, {5, 257, 16}, {33, 40, 5}, {66, 256, 17}};
+    for (const RowShape& sh : shapes)
+        for (int type = 0; type < 3; type++)  // 0 fp32, 1 fp32 with dv aliasing d_o, 2 bf16
+            for (int residual = 0; residual < 2; residual++)
+                for (int has_dx = 0; has_dx < 2; has_dx++)
+                    for (int gy : {0, 1, 2}) {  // 0: production's grid
+                        if (!residual && has_dx) continue;  // (production: dx is pending only with the residual)
+                        const bool bf = type == 2, alias = type == 1;
+                        const int N = sh.N, d = sh.d, HK = sh.HK;
+                        const int64_t nd = (int64_t)N * d;
+                        const std::string ctx = strprintf("row_backward N=%d d=%d HK=%d %s%s%s grid.y=%d", N, d, HK,
+                                                          bf ? "bf16" : alias ? "fp32 dv=d_o" : "fp32",
+                                                          residual ? " residual" : "", has_dx ? " dx" : "", gy);
+                        Rng r(7000 + N + d + HK + 10 * type + 100 * residual + 1000 * has_dx + gy);
+                        auto rnd = [&](int64_t n) {  // T-representable values (the reference sees what the kernel reads)
+                            Buf b(n);
+                            r.fill(b);
+                            if (bf)
+                                for (int64_t i = 0; i < n; i++) b[i] = __bfloat162float(__float2bfloat16(b[i]));
+                            return b;
+                        };
+                        Buf dq(N * HK), dk(N * HK), dsrc_in(nd), dv_in(nd), src_in(nd);
+                        r.fill(dq);
+                        r.fill(dk);
+                        r.fill(dsrc_in, 0.1f, 4.f);
+                        r.fill(dv_in);
+                        r.fill(src_in, 0.1f, 4.f);
+                        Buf Wq = rnd(HK * d), Wk = rnd(HK * d), dx = rnd(nd), O = rnd(nd);
+                        Buf dsrc(nd), src32(nd), dvb(nd), d_o(nd), srcT(nd);  // outputs (d_o, srcT as floats)
+                        auto bfv = [](const Buf& b) {
+                            std::vector<bf16> v((size_t)b.n + kGuard);
+                            for (int64_t i = 0; i < b.n; i++) v[(size_t)i] = __float2bfloat16(b[i]);
+                            return v;
+                        };
+                        std::vector<bf16> Wqb = bfv(Wq), Wkb = bfv(Wk), dxb = bfv(dx), Ob = bfv(O);
+                        std::vector<bf16> d_ob((size_t)nd + kGuard), srcTb((size_t)nd + kGuard);
+                        auto poison_b = [&](std::vector<bf16>& v) {
+                            for (auto& x : v) x = __float2bfloat16(std::nanf(""));
+                        };
+                        dim3 g = row_backward_grid(N, d);
+                        if (gy) g.y = gy;
+                        run_orders(
+                            ctx,
+                            [&] {
+                                dsrc.v = dsrc_in.v;
+                                src32.v = src_in.v;
+                                dvb.v = dv_in.v;
+                                d_o.poison();
+                                srcT.poison();
+                                poison_b(d_ob);
+                                poison_b(srcTb);
+                            },
+                            [&] {
+                                if (bf) {
+                                    RowBackward<bf16> p;
+                                    p.N = N; p.d = d; p.HK = HK; p.dq = dq.p(); p.dk = dk.p();
+                                    p.Wq = Wqb.data(); p.Wk = Wkb.data(); p.dx = has_dx ? dxb.data() : nullptr;
+                                    p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = d_ob.data(); p.O = Ob.data();
+                                    p.src32 = src32.p(); p.srcT = srcTb.data(); p.residual = residual;
+                                    if (HK <= 16) emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<bf16, 16>, p);
+                                    else emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<bf16, 32>, p);
+                                    for (size_t i = 0; i < d_ob.size(); i++) {  // (guards included)
+                                        d_o.v[i] = __bfloat162float(d_ob[i]);
+                                        srcT.v[i] = __bfloat162float(srcTb[i]);
+                                    }
+                                } else {
+                                    RowBackward<float> p;
+                                    p.N = N; p.d = d; p.HK = HK; p.dq = dq.p(); p.dk = dk.p();
+                                    p.Wq = Wq.p(); p.Wk = Wk.p(); p.dx = has_dx ? dx.p() : nullptr;
+                                    p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = alias ? dvb.p() : d_o.p(); p.O = O.p();
+                                    p.src32 = src32.p(); p.srcT = nullptr; p.residual = residual;
+                                    if (HK <= 16) emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<float, 16>, p);
+                                    else emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<float, 32>, p);
+                                    if (alias) d_o.v = dvb.v;
+                                }
+                            },
+                            {&dsrc, &src32, &d_o, &srcT});
+                        std::vector<double> rdsrc((size_t)nd), rdo((size_t)nd), rsrc((size_t)nd);
+                        for (int n = 0; n < N; n++)
+                            for (int c = 0; c < d; c++) {
+                                const int64_t i = (int64_t)n * d + c;
+                                double gq = 0, gk = 0;
+                                for (int k = 0; k < HK; k++) {
+                                    gq += (double)dq[(int64_t)n * HK + k] * Wq[(int64_t)k * d + c];
+                                    gk += (double)dk[(int64_t)n * HK + k] * Wk[(int64_t)k * d + c];
+                                }
+                                const double sv = dsrc_in[i] + gq + (has_dx ? (double)dx[i] : 0.0);
+                                rdo[(size_t)i] = dv_in[i] + gk + sv;
+                                rdsrc[(size_t)i] = residual ? sv : 0.0;
+                                rsrc[(size_t)i] = residual ? (double)src_in[i] - O[i] : (double)O[i];
+                            }
+                        expect_close("dsrc", dsrc, rdsrc, kTol, ctx);
+                        expect_close("src32", src32, rsrc, kTol, ctx);
+                        expect_close("d_o", d_o, rdo, bf ? 8e-3 : kTol, ctx);
+                        if (bf) expect_close("srcT", srcT, rsrc, 8e-3, ctx);
+                        else CHECK(std::isnan(srcT[0]));  // fp32: srcT is src32 (not written)
+                    }
+}
+
 // The production fused rls passes of train_ldm.cu (doc/cuda.md "Fused passes") and their
 // workbench variants (rls_variants): forward write i then read i+1 of the new state; backward read
 // i+1's backward on the state after write i, then the unwind + VJP of write i (dsrc32 given or, as
