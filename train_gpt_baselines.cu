@@ -198,10 +198,11 @@ struct GpuHC : GpuScheme<T> {
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             hc_detail::postmix_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
-                H(j), RS(j), O(j), H(j - 1), o, coef_.ptr, d_, eps_, !mhc_);
+                H(j), RS(j), o == O(j) ? nullptr : O(j), H(j - 1), o, coef_.ptr, d_, eps_, !mhc_);
         });
         LDM_LAUNCH_CHECK();
     }
+    T* output_buffer(int j) override { return O(j); }  // o_j is kept for the backward
 
     void readout(T* y, cudaStream_t s) override {
         dispatch([&](auto NSC) {
@@ -445,7 +446,7 @@ struct GpuAttnRes : GpuScheme<T> {
     }
 
     void output(int j, const T* o, cudaStream_t s) override {
-        if (!block_) {
+        if (!block_) {  // (o may already be U(j): output_buffer)
             ar_detail::source_kernel<T><<<N_, ar_detail::kThreads, 0, s>>>(U(j), RU(j), nullptr, o, d_, eps_);
             LDM_LAUNCH_CHECK();
             return;
@@ -460,6 +461,8 @@ struct GpuAttnRes : GpuScheme<T> {
         LDM_LAUNCH_CHECK();
     }
 
+    // Full keeps v_j = o_j as source j (Block keeps p + o_j, a new row)
+    T* output_buffer(int j) override { return block_ ? nullptr : U(j); }
     void readout(T* y, cudaStream_t s) override { aggregate(D_ + 1, y, nullptr, nullptr, nullptr, 0.f, s); }
 
     void readout_backward(const T* dy, cudaStream_t s) override {

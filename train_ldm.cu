@@ -52,6 +52,7 @@ struct LdmGpuScheme : GpuScheme<T> {
         rmsnorm_forward<T>(xn, rstd, x, w, N_, d_, eps, s);
     }
     void output(int j, const T* o, cudaStream_t s) override;
+    T* output_buffer(int j) override { return O_.ptr + (int64_t)j * N_ * d_; }  // O_j, the value of write j
     void readout(T* y, cudaStream_t s) override { input(D_ + 1, y, s); }
     void readout_backward(const T* dy, cudaStream_t s) override;
     void output_backward(int j, T* d_o, cudaStream_t s) override;
@@ -355,7 +356,8 @@ void LdmGpuScheme<T>::output(int j, const T* o, cudaStream_t s) {
     using namespace ldmk;
     const int64_t nd = (int64_t)N_ * d_;
     T* sT = const_cast<T*>(srcT());
-    output_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, o, O_.ptr + (int64_t)j * nd, src32_.ptr, sT, residual_);
+    T* Oj = O_.ptr + (int64_t)j * nd;
+    output_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, o, o == Oj ? nullptr : Oj, src32_.ptr, sT, residual_);
     LDM_LAUNCH_CHECK();
     write_forward(j, s);
 }

@@ -591,7 +591,7 @@ __global__ void source_kernel(T* dst, float* rdst, const T* p, const T* o, int d
         float v = to_f(o[t * d + c]);
         if (p) v = to_f(p[t * d + c]) + v;
         const T tv = from_f<T>(v);
-        dst[t * d + c] = tv;
+        if (p || dst != o) dst[t * d + c] = tv;  // (o written in place: nothing to copy)
         const float f = to_f(tv);
         ss += f * f;
     }

@@ -210,7 +210,7 @@ __global__ void premix_norm_kernel(T* x, T* xn, float* rstd, const T* H, const f
 }
 
 // Fused post-mix: Hn[t, k] = Σ_i Mix[k,i] H[t, i] + b_k o[t] for every stream (each stream read
-// and written once), ocopy[t] = o[t], and the inverse RMS of the new (rounded) rows into rsn
+// and written once), ocopy[t] = o[t] (unless ocopy is nullptr: o is already kept), and the inverse RMS of the new (rounded) rows into rsn
 // (per row [N, n] or per token [N]). Grid N blocks.
 template <typename T, int NS>
 __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T* o,
@@ -239,7 +239,7 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
             for (int i = 0; i < NS; i++) h[u][i] = to_f(Ht[(int64_t)i * d + c]);
         },
         [&](int u, int c) {
-            ocopy[t * d + c] = ov[u];
+            if (ocopy) ocopy[t * d + c] = ov[u];
             const float of = to_f(ov[u]);
 #pragma unroll
             for (int k = 0; k < NS; k++) {

@@ -164,73 +164,87 @@ LDM_HD inline RowOut<T> row_backward_element(float dsrc, float gq, bool has_dx, 
     r.src = residual ? src32 - o : o;
     return r;
 }
-constexpr int kRowChannels = 256;  // threads per block, one channel each
-constexpr int kRowTokens = 32;     // tokens per tile (their dq, dk rows staged in shared memory)
-constexpr int kRowUnroll = 4;      // tokens whose rows a thread loads before it computes (loads in flight)
-constexpr int kRowBlocks = 512;    // about this many blocks (each walks the tiles of its token slice)
-constexpr int kRowMaxK = 32;       // the largest HK the pass takes (W_q, W_k columns in registers)
+// Geometry: a block of kRowThreads threads covers kRowChannels channels; in each warp, lanes l
+// and l ^ 16 share a channel: the low half holds its W_q column, the high half its W_k column
+// (KMAX fp32 registers each). For a pair of tokens (t, t+1) both lanes form their dot products
+// for both tokens, swap one with a shuffle, and the low lane finishes token t, the high lane
+// token t+1. A block stages the dq, dk rows of kRowTokens tokens in shared memory and walks the
+// tiles of its token slice, loading the rows of kRowPairs tokens per lane before computing.
+constexpr int kRowThreads = 256;
+constexpr int kRowChannels = kRowThreads / 2;  // channels per block
+constexpr int kRowTokens = 32;                 // tokens per tile
+constexpr int kRowPairs = 4;                   // token pairs per step (a lane's row loads in flight)
+constexpr int kRowBlocks = 512;                // about this many blocks in all
+constexpr int kRowMaxK = 32;                   // the largest HK the pass takes
 // Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
 inline dim3 row_backward_grid(int N, int d) {
     const int64_t gx = ceil_div(d, kRowChannels), tiles = ceil_div(N, kRowTokens);
     return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kRowBlocks, gx), 1)));
 }
-// Block kRowChannels threads; any grid.y (blocks stride over the token tiles); HK <= KMAX.
+// Block kRowThreads threads; any grid.y (blocks stride over the token tiles); HK <= KMAX.
 template <typename T, int KMAX>
-__global__ void __launch_bounds__(kRowChannels) row_backward_kernel(RowBackward<T> p) {
-    __shared__ __align__(16) float sq[kRowTokens][KMAX];
-    __shared__ __align__(16) float sk[kRowTokens][KMAX];
-    const int c = blockIdx.x * kRowChannels + threadIdx.x;
+__global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T> p) {
+    static_assert(KMAX % 4 == 0 && kRowTokens % (2 * kRowPairs) == 0, "row pass tiling");
+    // dq rows at 0, dk rows at kDk (4 words off a multiple of 32: the two halves' broadcast
+    // reads of one step fall in different banks)
+    constexpr int kDk = kRowTokens * KMAX + 4;
+    __shared__ __align__(16) float sbuf[kDk + kRowTokens * KMAX];
+    const int lane = threadIdx.x & 31, half = lane >> 4;
+    const int c = blockIdx.x * kRowChannels + (threadIdx.x >> 5) * 16 + (lane & 15);
     const bool live = c < p.d;
-    float wq[KMAX], wk[KMAX];  // this channel's W_q, W_k columns, 0 beyond HK
+    float w[KMAX];  // this channel's W_q (low half) or W_k (high half) column, 0 beyond HK
+    {
+        const T* W = half ? p.Wk : p.Wq;
 #pragma unroll
-    for (int k = 0; k < KMAX; k++) {
-        const bool ok = live && k < p.HK;
-        wq[k] = ok ? to_f(p.Wq[(int64_t)k * p.d + c]) : 0.f;
-        wk[k] = ok ? to_f(p.Wk[(int64_t)k * p.d + c]) : 0.f;
+        for (int k = 0; k < KMAX; k++) w[k] = live && k < p.HK ? to_f(W[(int64_t)k * p.d + c]) : 0.f;
     }
+    const float* srow = sbuf + (half ? kDk : 0);
     const int tiles = (p.N + kRowTokens - 1) / kRowTokens;
     for (int tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
         const int64_t n0 = (int64_t)tile * kRowTokens;
         const int nt = p.N - n0 < kRowTokens ? (int)(p.N - n0) : kRowTokens;
         __syncthreads();  // the previous tile's dq, dk are no longer read
-        for (int i = threadIdx.x; i < kRowTokens * KMAX; i += kRowChannels) {
+        for (int i = threadIdx.x; i < kRowTokens * KMAX; i += kRowThreads) {
             const int t = i / KMAX, k = i % KMAX;
             const bool ok = t < nt && k < p.HK;
-            sq[t][k] = ok ? p.dq[(n0 + t) * p.HK + k] : 0.f;
-            sk[t][k] = ok ? p.dk[(n0 + t) * p.HK + k] : 0.f;
+            sbuf[i] = ok ? p.dq[(n0 + t) * p.HK + k] : 0.f;
+            sbuf[kDk + i] = ok ? p.dk[(n0 + t) * p.HK + k] : 0.f;
         }
         __syncthreads();
-        if (!live) continue;
-        for (int t0 = 0; t0 < nt; t0 += kRowUnroll) {
-            float ds[kRowUnroll], dv[kRowUnroll], sr[kRowUnroll], ov[kRowUnroll];
+        for (int t0 = 0; t0 < nt; t0 += 2 * kRowPairs) {
+            // this lane's token of each pair: t0 + 2u + half
+            float ds[kRowPairs], dv[kRowPairs], sr[kRowPairs], ov[kRowPairs], dxv[kRowPairs];
 #pragma unroll
-            for (int u = 0; u < kRowUnroll; u++) {  // all loads of the group first
-                ds[u] = dv[u] = sr[u] = ov[u] = 0.f;
-                if (t0 + u < nt) {
-                    const int64_t i = (n0 + t0 + u) * p.d + c;
+            for (int u = 0; u < kRowPairs; u++) {  // all loads of the step first
+                ds[u] = dv[u] = sr[u] = ov[u] = dxv[u] = 0.f;
+                const int t = t0 + 2 * u + half;
+                if (live && t < nt) {
+                    const int64_t i = (n0 + t) * p.d + c;
                     ds[u] = p.dsrc[i];
                     dv[u] = p.dv[i];
                     ov[u] = to_f(p.O[i]);
                     if (p.residual) sr[u] = p.src32[i];
+                    if (p.dx) dxv[u] = to_f(p.dx[i]);
                 }
             }
-            float dxv[kRowUnroll];
 #pragma unroll
-            for (int u = 0; u < kRowUnroll; u++)
-                dxv[u] = p.dx && t0 + u < nt ? to_f(p.dx[(n0 + t0 + u) * p.d + c]) : 0.f;
-#pragma unroll
-            for (int u = 0; u < kRowUnroll; u++) {
-                const int t = t0 + u;
-                if (t >= nt) break;
-                float gq = 0.f, gk = 0.f;
+            for (int u = 0; u < kRowPairs; u++) {
+                const int t = t0 + 2 * u;  // the pair (t, t+1); rows past nt are zero in sbuf
+                float g0 = 0.f, g1 = 0.f;
 #pragma unroll
                 for (int k = 0; k < KMAX; k++) {
-                    gq = fmaf(sq[t][k], wq[k], gq);
-                    gk = fmaf(sk[t][k], wk[k], gk);
+                    g0 = fmaf(srow[t * KMAX + k], w[k], g0);
+                    g1 = fmaf(srow[(t + 1) * KMAX + k], w[k], g1);
                 }
-                const RowOut<T> r = row_backward_element<T>(ds[u], gq, p.dx != nullptr, dxv[u], dv[u], gk, sr[u],
-                                                            ov[u], p.residual);
-                const int64_t i = (n0 + t) * p.d + c;
+                // low lane: gq(t) = g0, needs gk(t) = the high lane's g0; high lane: gk(t+1) = g1,
+                // needs gq(t+1) = the low lane's g1
+                const float other = __shfl_xor_sync(0xffffffffu, half ? g0 : g1, 16);
+                const float gq = half ? other : g0, gk = half ? g1 : other;
+                const int tm = t + half;
+                if (!live || tm >= nt) continue;
+                const RowOut<T> r =
+                    row_backward_element<T>(ds[u], gq, p.dx != nullptr, dxv[u], dv[u], gk, sr[u], ov[u], p.residual);
+                const int64_t i = (n0 + tm) * p.d + c;
                 p.dsrc[i] = r.dsrc;
                 p.d_o[i] = r.d_o;
                 p.src32[i] = r.src;
@@ -244,8 +258,8 @@ template <typename T>
 inline void row_backward(const RowBackward<T>& p, cudaStream_t s) {
     if (p.HK <= 0 || p.HK > kRowMaxK) throw Error(strprintf("row_backward: HK %d outside 1..%d", p.HK, kRowMaxK));
     const dim3 g = row_backward_grid(p.N, p.d);
-    if (p.HK <= 16) row_backward_kernel<T, 16><<<g, kRowChannels, 0, s>>>(p);
-    else row_backward_kernel<T, 32><<<g, kRowChannels, 0, s>>>(p);
+    if (p.HK <= 16) row_backward_kernel<T, 16><<<g, kRowThreads, 0, s>>>(p);
+    else row_backward_kernel<T, 32><<<g, kRowThreads, 0, s>>>(p);
     LDM_LAUNCH_CHECK();
 }
 
@@ -262,13 +276,13 @@ inline void from_f32(const float* in, T* out, int64_t n, cudaStream_t s) {
     LDM_LAUNCH_CHECK();
 }
 
-// Forward residual bookkeeping of output(j, o): Oj = o; src32 = (residual ? src32 : 0) + o;
-// srcT = T(src32) (srcT may alias src32 when T = float).
+// Forward residual bookkeeping of output(j, o): Oj = o (unless Oj is nullptr: o is O_j itself);
+// src32 = (residual ? src32 : 0) + o; srcT = T(src32) (srcT may alias src32 when T = float).
 template <typename T>
 __global__ void output_kernel(int64_t n, const T* o, T* Oj, float* src32, T* srcT, bool residual) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const T ov = o[i];
-        Oj[i] = ov;
+        if (Oj) Oj[i] = ov;
         const float s = residual ? src32[i] + to_f(ov) : to_f(ov);
         src32[i] = s;
         srcT[i] = from_f<T>(s);

@@ -43,6 +43,10 @@ struct GpuScheme {
     virtual void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps,
                             cudaStream_t) = 0;
     virtual void output(int j, const T* o, cudaStream_t) = 0;  // o_j [N, d] (read before the next input_norm)
+    // Where the backbone should write o_j [N, d] for output(j, o_j), j = 1..D (valid after
+    // resize()): a buffer in which the scheme keeps o_j for its backward, so that output() need not
+    // copy it; nullptr (default): the backbone's own buffer. output(j, o) accepts any buffer.
+    virtual T* output_buffer(int j) { (void)j; return nullptr; }
     virtual void readout(T* y, cudaStream_t) = 0;              // y [N, d] (before RMSNorm_f)
     virtual void readout_backward(const T* dy, cudaStream_t) = 0;
     virtual void output_backward(int j, T* d_o, cudaStream_t) = 0;  // writes (=) dL/do_j

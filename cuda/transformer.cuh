@@ -192,6 +192,10 @@ struct Transformer {
     T* ln_att(int l) { return recompute_ >= 2 ? ln_tmp_.ptr : act_[l].ln_att.ptr; }
     T* ln_mlp(int l) { return recompute_ >= 2 ? ln_tmp_.ptr : act_[l].ln_mlp.ptr; }
     T* a_buf(int l) { return recompute_ >= 1 ? a_tmp_.ptr : act_[l].a.ptr; }
+    T* out_buf(int j) {  // where sublayer j's output GEMM writes o_j
+        T* o = scheme_->output_buffer(j);
+        return o ? o : o_.ptr;
+    }
 
     std::unique_ptr<GpuScheme<T>> scheme_;
     Matmul mm_;
@@ -460,9 +464,10 @@ void Transformer<T>::forward_kernels(double grad_scale) {
         stage("fwd attention");
         attention_forward<T>(a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s);
         stage("fwd GEMM attn out");
-        linear_forward<T>(mm_, o_.ptr, a.ao.ptr, P(p.wo), nullptr, N, qd, d, s);
+        T* o = out_buf(2 * l + 1);  // (the scheme's own buffer where it keeps o_j)
+        linear_forward<T>(mm_, o, a.ao.ptr, P(p.wo), nullptr, N, qd, d, s);
         stage("fwd scheme output");
-        S.output(2 * l + 1, o_.ptr, s);
+        S.output(2 * l + 1, o, s);
         // ---- MLP sublayer j = 2l+2
         stage("fwd scheme input + RMSNorm");
         S.input_norm(2 * l + 2, a.x_mlp.ptr, ln_mlp(l), a.rstd_mlp.ptr, P(p.mlp_norm), eps, s);
@@ -471,9 +476,10 @@ void Transformer<T>::forward_kernels(double grad_scale) {
         stage("fwd SwiGLU");
         swiglu_forward<T>(a_buf(l), a.h13.ptr, N, F, s);
         stage("fwd GEMM w2");
-        linear_forward<T>(mm_, o_.ptr, a_buf(l), P(p.w2), nullptr, N, F, d, s);
+        o = out_buf(2 * l + 2);
+        linear_forward<T>(mm_, o, a_buf(l), P(p.w2), nullptr, N, F, d, s);
         stage("fwd scheme output");
-        S.output(2 * l + 2, o_.ptr, s);
+        S.output(2 * l + 2, o, s);
     }
     stage("fwd scheme readout + final RMSNorm");
     S.readout(y_.ptr, s);

@@ -707,8 +707,8 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                     p.Wq = Wqb.data(); p.Wk = Wkb.data(); p.dx = has_dx ? dxb.data() : nullptr;
                                     p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = d_ob.data(); p.O = Ob.data();
                                     p.src32 = src32.p(); p.srcT = srcTb.data(); p.residual = residual;
-                                    if (HK <= 16) emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<bf16, 16>, p);
-                                    else emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<bf16, 32>, p);
+                                    if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 16>, p);
+                                    else emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 32>, p);
                                     for (size_t i = 0; i < d_ob.size(); i++) {  // (guards included)
                                         d_o.v[i] = __bfloat162float(d_ob[i]);
                                         srcT.v[i] = __bfloat162float(srcTb[i]);
@@ -719,8 +719,8 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                     p.Wq = Wq.p(); p.Wk = Wk.p(); p.dx = has_dx ? dx.p() : nullptr;
                                     p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = alias ? dvb.p() : d_o.p(); p.O = O.p();
                                     p.src32 = src32.p(); p.srcT = nullptr; p.residual = residual;
-                                    if (HK <= 16) emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<float, 16>, p);
-                                    else emu::launch(g, kRowChannels, 0, 0, row_backward_kernel<float, 32>, p);
+                                    if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 16>, p);
+                                    else emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 32>, p);
                                     if (alias) d_o.v = dvb.v;
                                 }
                             },

@@ -124,7 +124,9 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
 }
 
 // Estimated traffic per token of fwd+bwd. Per sublayer, every path: x, xn written, the new source
-// (o read, p read, written) and the fp32 rows of the gradient plumbing (6·d·tb + 8·d). Aggregation
+// (o read, p read, written) and the fp32 rows of the gradient plumbing (6·d·tb + 8·d); Full's
+// sources are o_j itself (the trainer's GEMM writes o_j into the source array: output_buffer),
+// so one d·tb less there (the source is read for its RMS, not copied). Aggregation
 // over K sources: the per-sublayer forward reads K·d·tb; the direct backward 2·K·d·tb + 8·K·d
 // (fp32 gradient read-modify-write). Full, deferred backward (path TwoPhase): no fp32 rows (8·d
 // less), the scores kernel reads the K sources once (kept in shared memory for dL/dq, which they
@@ -151,6 +153,7 @@ static double traffic(bool block, int D, int nb, double d, BlockPath path = Bloc
             K = n + (i >= 2 ? 1 : 0);
         }
         const int ns = n < nb ? S : D - (nb - 1) * S;
+        if (!block && j <= D) b -= d * tb;  // o_j written in place (no copy)
         if (!block && path != BlockPath::Direct) {
             const int reads = path == BlockPath::OnePhase ? 2 : 1;
             b += 6 * d * tb + K * d * tb + (reads * K + 2) * d * tb + (K + 1) * d * tb;

@@ -96,13 +96,14 @@ static void run_bench() {
     const double n = 4, d = 1024, D = 48, tb = sizeof(T);
     for (Variant v : kVariants) {
         if (checks_only(v)) continue;  // a check of production's kernels, not a contender
-        // Estimated traffic per sublayer and token (doc/cuda.md): forward (4n+4)·d·tb; backward
+        // Estimated traffic per sublayer and token (doc/cuda.md): forward (4n+3)·d·tb (o_j is
+        // written by the trainer's GEMM into the scheme's O_j: output_buffer); backward
         // (3n+4)·d·tb (production HC and mHC: the weight gradient in the combine kernel, plus its
         // slices' fp32 partials written and read once per sublayer), (4n+4)·d·tb (the dW GEMM reads
         // H_{j-1} once more: hc-gemm-dw, mhc-gemm-dw) or (6n+4)·d·tb (mhc-gemm-dz: dZ written and
         // read as well); + 3·n·d·tb (stream gradients, type T: read twice, written once).
         const bool gemm_dw = v == Variant::HcGemmDw || v == Variant::MhcGemmDw;
-        const double own = v == Variant::MhcGemmDz ? 10 * n + 8 : gemm_dw ? 8 * n + 8 : 7 * n + 8;
+        const double own = v == Variant::MhcGemmDz ? 10 * n + 7 : gemm_dw ? 8 * n + 7 : 7 * n + 7;
         double part = 0;
         if (v == Variant::HC || v == Variant::MHC) {
             const double wsize = v == Variant::MHC ? (2 * n + n * n) * n * d : (n + 2) * d;
