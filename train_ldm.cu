@@ -122,8 +122,9 @@ struct LdmGpuScheme : GpuScheme<T> {
         if (keep() == kNone) return true;
         return keep() == kSegments && (i - 1) % ckpt_ != 0;
     }
-    // after a read's backward kernel: dA, dW_q and (dsrc_gemm) dsrc += draw · W_q
-    void read_backward_gemms(int j, const float* draw, cudaStream_t s, bool dsrc_gemm = true);
+    // after a read's backward kernel: dW_q and, unless rows_fused (the fused backward's row pass
+    // does them), dA and dsrc += draw · W_q
+    void read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused = false);
     // backward
     // write i's backward: the state before it (prev_state), the VJP kernel (unless vjp_done: it
     // ran fused with read i+1's backward), the GEMMs and column sums of its parameters.
@@ -302,7 +303,8 @@ void LdmGpuScheme<T>::resize(int B, int T_) {
     }
     grow(dtok_, N * Hm_);
     grow(scratch_, N * Hm_ * scr_stride());
-    grow(partial_, std::max(ldmk::colsum_scratch(N, d_), ldmk::colsum_scratch(N, Hm_)));
+    grow(partial_, std::max({ldmk::colsum_scratch(N, d_), ldmk::colsum_scratch(N, Hm_),
+                             ldmk::row_backward_scratch(N_, d_)}));
 }
 
 template <typename T>
@@ -554,6 +556,10 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
         fr.dx = dxT_.ptr;
         fr.draw = drawq_.ptr;
         fr.prod32 = prod32_.ptr;
+        const bool rows = HK_ <= kRowMaxK;  // the row pass (below) takes the rest of the rows
+        // with the row pass, dx ⊙ r goes out as T (in prod32_'s memory) and the pass sums it
+        T* prodT = reinterpret_cast<T*>(prod32_.ptr);
+        if (rows) fr.prodT = prodT;
         const bool f32 = std::is_same<T, float>::value;
         float* dvacc = f32 ? reinterpret_cast<float*>(d_o) : tmp32_.ptr;
         const float* Kn = Kn_.ptr + (int64_t)j * N * HK_;
@@ -567,10 +573,11 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             else read_bwd_vjp_od_warp_kernel<kOuter, T, DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
         });
         LDM_LAUNCH_CHECK();
-        if (HK_ <= kRowMaxK) {
+        if (rows) {
             // The GEMMs keep the weight gradients only (dW_q's src is still h_j); the rest of the
-            // rows, dsrc += dq·W_q (+ dx_{j+1}), d_o = T(dv + dk·W_k + dsrc) and h_{j-1}, is one pass.
-            read_backward_gemms(j + 1, drawq_.ptr, s, /*dsrc_gemm=*/false);
+            // rows, dsrc += dq·W_q (+ dx_{j+1}), d_o = T(dv + dk·W_k + dsrc), h_{j-1} and the gate's
+            // gradient Σ dx ⊙ r, is one pass.
+            read_backward_gemms(j + 1, drawq_.ptr, s, /*rows_fused=*/true);
             write_backward_gemms(j, dvacc, s, /*dvacc_gemm=*/false);
             RowBackward<T> rb;
             rb.N = (int)N;
@@ -588,6 +595,11 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             rb.src32 = src32_.ptr;
             rb.srcT = f32 ? nullptr : sT;
             rb.residual = residual_;
+            if (residual_) {
+                rb.prod = prodT;
+                rb.gpart = partial_.ptr;
+                rb.gA = gA_[j + 1];
+            }
             row_backward<T>(rb, s);  // without residual it also restarts dsrc at 0
             dx_add_pending_ = false;
             return;
@@ -653,11 +665,11 @@ void LdmGpuScheme<T>::read_backward(int j, const T* dx, cudaStream_t s) {
 // The rest of read j's backward once its kernel has run: the gate's gradient from prod32, then
 // dsrc [N, d] += draw · W_q and dW_q [HK, d] += drawᵀ · src (src = h_{j-1}, read j's input).
 template <typename T>
-void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s, bool dsrc_gemm) {
+void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused) {
     const int64_t N = N_;
-    if (residual_) ldmk::colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
+    if (residual_ && !rows_fused) ldmk::colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
     const T* dr = to_T(draw, N * HK_, drawT_.ptr, s);
-    if (dsrc_gemm)
+    if (!rows_fused)
         mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);
     mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, srcT(), d_, 1.f, gWq_[j], d_, nullptr, s);
 }

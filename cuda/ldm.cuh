@@ -121,148 +121,6 @@ __global__ void resid_sum_kernel(const float* a, float* b, const T* c, T* out, i
     }
 }
 
-// ---- the d-sized rows of the fused backward in one pass ---------------------------------------
-// After read j+1's backward and write j's unwind + VJP ran in one kernel (unwind mode, fused
-// backward), everything left of sublayer j's [N, d] rows is one pass (doc/cuda.md "The d-sized
-// rows"); the two GEMMs with the small inner size HK = H_m·d_k (dq·W_q, dk·W_k) are folded in as
-// dot products of length HK per element on CUDA cores. Per element (n, c):
-//   s      = dsrc + Σ_k dq[n,k]·W_q[k,c]  (+ dx[n,c])     dL/dh_j (read j+1's query; dx_{j+1}'s residual share)
-//   d_o    = T((dv + Σ_k dk[n,k]·W_k[k,c]) + s)           dL/do_j (one rounding)
-//   dsrc   = residual ? s : 0
-//   src32  = residual ? src32 − O_j : O_{j−1};  srcT = T(src32)   h_{j−1}, read j's input
-// Sums over k run in order k = 0..HK−1 in fp32 (deterministic).
-template <typename T>
-struct RowBackward {
-    int N = 0, d = 0, HK = 0;
-    const float* dq = nullptr;  // [N, HK] fp32: dL/dq_raw of read j+1
-    const float* dk = nullptr;  // [N, HK] fp32: dL/dk_raw of write j
-    const T* Wq = nullptr;      // [HK, d]: W_q^{j+1}
-    const T* Wk = nullptr;      // [HK, d]: W_k^j
-    const T* dx = nullptr;      // [N, d] dL/dx_{j+1}, or nullptr (nothing pending)
-    const float* dv = nullptr;  // [N, d] fp32: the write's dv (may alias d_o when T = float)
-    float* dsrc = nullptr;      // [N, d] fp32, read and written
-    T* d_o = nullptr;           // [N, d]
-    const T* O = nullptr;       // [N, d]: residual: O_j; else O_{j−1}
-    float* src32 = nullptr;     // [N, d] fp32, read (residual) and written
-    T* srcT = nullptr;          // [N, d], or nullptr when T = float (srcT is src32 then)
-    bool residual = true;
-};
-// One element of the pass above, given its row values and the two dot products gq, gk.
-template <typename T>
-struct RowOut {
-    float dsrc, src;
-    T d_o;
-};
-template <typename T>
-LDM_HD inline RowOut<T> row_backward_element(float dsrc, float gq, bool has_dx, float dx, float dv, float gk,
-                                             float src32, float o, bool residual) {
-    float s = dsrc + gq;
-    if (has_dx) s += dx;
-    RowOut<T> r;
-    r.d_o = from_f<T>((dv + gk) + s);
-    r.dsrc = residual ? s : 0.f;
-    r.src = residual ? src32 - o : o;
-    return r;
-}
-// Geometry: a block of kRowThreads threads covers kRowChannels channels; in each warp, lanes l
-// and l ^ 16 share a channel: the low half holds its W_q column, the high half its W_k column
-// (KMAX fp32 registers each). For a pair of tokens (t, t+1) both lanes form their dot products
-// for both tokens, swap one with a shuffle, and the low lane finishes token t, the high lane
-// token t+1. A block stages the dq, dk rows of kRowTokens tokens in shared memory and walks the
-// tiles of its token slice, loading the rows of kRowPairs tokens per lane before computing.
-constexpr int kRowThreads = 256;
-constexpr int kRowChannels = kRowThreads / 2;  // channels per block
-constexpr int kRowTokens = 32;                 // tokens per tile
-constexpr int kRowPairs = 4;                   // token pairs per step (a lane's row loads in flight)
-constexpr int kRowBlocks = 512;                // about this many blocks in all
-constexpr int kRowMaxK = 32;                   // the largest HK the pass takes
-// Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
-inline dim3 row_backward_grid(int N, int d) {
-    const int64_t gx = ceil_div(d, kRowChannels), tiles = ceil_div(N, kRowTokens);
-    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kRowBlocks, gx), 1)));
-}
-// Block kRowThreads threads; any grid.y (blocks stride over the token tiles); HK <= KMAX.
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T> p) {
-    static_assert(KMAX % 4 == 0 && kRowTokens % (2 * kRowPairs) == 0, "row pass tiling");
-    // dq rows at 0, dk rows at kDk (4 words off a multiple of 32: the two halves' broadcast
-    // reads of one step fall in different banks)
-    constexpr int kDk = kRowTokens * KMAX + 4;
-    __shared__ __align__(16) float sbuf[kDk + kRowTokens * KMAX];
-    const int lane = threadIdx.x & 31, half = lane >> 4;
-    const int c = blockIdx.x * kRowChannels + (threadIdx.x >> 5) * 16 + (lane & 15);
-    const bool live = c < p.d;
-    float w[KMAX];  // this channel's W_q (low half) or W_k (high half) column, 0 beyond HK
-    {
-        const T* W = half ? p.Wk : p.Wq;
-#pragma unroll
-        for (int k = 0; k < KMAX; k++) w[k] = live && k < p.HK ? to_f(W[(int64_t)k * p.d + c]) : 0.f;
-    }
-    const float* srow = sbuf + (half ? kDk : 0);
-    const int tiles = (p.N + kRowTokens - 1) / kRowTokens;
-    for (int tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
-        const int64_t n0 = (int64_t)tile * kRowTokens;
-        const int nt = p.N - n0 < kRowTokens ? (int)(p.N - n0) : kRowTokens;
-        __syncthreads();  // the previous tile's dq, dk are no longer read
-        for (int i = threadIdx.x; i < kRowTokens * KMAX; i += kRowThreads) {
-            const int t = i / KMAX, k = i % KMAX;
-            const bool ok = t < nt && k < p.HK;
-            sbuf[i] = ok ? p.dq[(n0 + t) * p.HK + k] : 0.f;
-            sbuf[kDk + i] = ok ? p.dk[(n0 + t) * p.HK + k] : 0.f;
-        }
-        __syncthreads();
-        for (int t0 = 0; t0 < nt; t0 += 2 * kRowPairs) {
-            // this lane's token of each pair: t0 + 2u + half
-            float ds[kRowPairs], dv[kRowPairs], sr[kRowPairs], ov[kRowPairs], dxv[kRowPairs];
-#pragma unroll
-            for (int u = 0; u < kRowPairs; u++) {  // all loads of the step first
-                ds[u] = dv[u] = sr[u] = ov[u] = dxv[u] = 0.f;
-                const int t = t0 + 2 * u + half;
-                if (live && t < nt) {
-                    const int64_t i = (n0 + t) * p.d + c;
-                    ds[u] = p.dsrc[i];
-                    dv[u] = p.dv[i];
-                    ov[u] = to_f(p.O[i]);
-                    if (p.residual) sr[u] = p.src32[i];
-                    if (p.dx) dxv[u] = to_f(p.dx[i]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kRowPairs; u++) {
-                const int t = t0 + 2 * u;  // the pair (t, t+1); rows past nt are zero in sbuf
-                float g0 = 0.f, g1 = 0.f;
-#pragma unroll
-                for (int k = 0; k < KMAX; k++) {
-                    g0 = fmaf(srow[t * KMAX + k], w[k], g0);
-                    g1 = fmaf(srow[(t + 1) * KMAX + k], w[k], g1);
-                }
-                // low lane: gq(t) = g0, needs gk(t) = the high lane's g0; high lane: gk(t+1) = g1,
-                // needs gq(t+1) = the low lane's g1
-                const float other = __shfl_xor_sync(0xffffffffu, half ? g0 : g1, 16);
-                const float gq = half ? other : g0, gk = half ? g1 : other;
-                const int tm = t + half;
-                if (!live || tm >= nt) continue;
-                const RowOut<T> r =
-                    row_backward_element<T>(ds[u], gq, p.dx != nullptr, dxv[u], dv[u], gk, sr[u], ov[u], p.residual);
-                const int64_t i = (n0 + tm) * p.d + c;
-                p.dsrc[i] = r.dsrc;
-                p.d_o[i] = r.d_o;
-                p.src32[i] = r.src;
-                if (p.srcT) p.srcT[i] = from_f<T>(r.src);
-            }
-        }
-    }
-}
-// Launches row_backward_kernel (grid row_backward_grid). Throws ldm::Error when HK > kRowMaxK.
-template <typename T>
-inline void row_backward(const RowBackward<T>& p, cudaStream_t s) {
-    if (p.HK <= 0 || p.HK > kRowMaxK) throw Error(strprintf("row_backward: HK %d outside 1..%d", p.HK, kRowMaxK));
-    const dim3 g = row_backward_grid(p.N, p.d);
-    if (p.HK <= 16) row_backward_kernel<T, 16><<<g, kRowThreads, 0, s>>>(p);
-    else row_backward_kernel<T, 32><<<g, kRowThreads, 0, s>>>(p);
-    LDM_LAUNCH_CHECK();
-}
-
 template <typename T>
 inline void to_f32(const T* in, float* out, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
@@ -340,6 +198,172 @@ inline void colsum(float* out, const float* A, const float* B, int64_t N, int C,
     colsum_final_kernel<<<(unsigned)ceil_div(C, 128), 128, 0, s>>>(partial, RB, C, scale, out);
     LDM_LAUNCH_CHECK();
 }
+
+// ---- the d-sized rows of the fused backward in one pass ---------------------------------------
+// After read j+1's backward and write j's unwind + VJP ran in one kernel (unwind mode, fused
+// backward), everything left of sublayer j's [N, d] rows is one pass (doc/cuda.md "The d-sized
+// rows"); the two GEMMs with the small inner size HK = H_m·d_k (dq·W_q, dk·W_k) are folded in as
+// dot products of length HK per element on CUDA cores. Per element (n, c):
+//   s      = dsrc + Σ_k dq[n,k]·W_q[k,c]  (+ dx[n,c])     dL/dh_j (read j+1's query; dx_{j+1}'s residual share)
+//   d_o    = T((dv + Σ_k dk[n,k]·W_k[k,c]) + s)           dL/do_j (one rounding)
+//   dsrc   = residual ? s : 0
+//   src32  = residual ? src32 − O_j : O_{j−1};  srcT = T(src32)   h_{j−1}, read j's input
+//   gA     += Σ_n prod[n, c]                               the gate a_{j+1}'s gradient (optional)
+// Sums over k run in order k = 0..HK−1 in fp32, gA's per lane over its tokens in order, then the
+// pair of lanes, then the slices in order (deterministic; the grid depends on N and d only).
+template <typename T>
+struct RowBackward {
+    int N = 0, d = 0, HK = 0;
+    const float* dq = nullptr;  // [N, HK] fp32: dL/dq_raw of read j+1
+    const float* dk = nullptr;  // [N, HK] fp32: dL/dk_raw of write j
+    const T* Wq = nullptr;      // [HK, d]: W_q^{j+1}
+    const T* Wk = nullptr;      // [HK, d]: W_k^j
+    const T* dx = nullptr;      // [N, d] dL/dx_{j+1}, or nullptr (nothing pending)
+    const float* dv = nullptr;  // [N, d] fp32: the write's dv (may alias d_o when T = float)
+    float* dsrc = nullptr;      // [N, d] fp32, read and written
+    T* d_o = nullptr;           // [N, d]
+    const T* O = nullptr;       // [N, d]: residual: O_j; else O_{j−1}
+    float* src32 = nullptr;     // [N, d] fp32, read (residual) and written
+    T* srcT = nullptr;          // [N, d], or nullptr when T = float (srcT is src32 then)
+    bool residual = true;
+    // The gate's gradient (or nullptr): gA [d] += Σ_n prod[n, c], prod [N, d] = dx ⊙ r of read j+1
+    // as the fused state kernel wrote it (FusedRead::prodT); each block sums its tokens per
+    // channel into gpart [grid.y, d] (fp32), a second kernel sums the slices in order.
+    const T* prod = nullptr;
+    float* gpart = nullptr;
+    float* gA = nullptr;
+};
+// One element of the pass above, given its row values and the two dot products gq, gk.
+template <typename T>
+struct RowOut {
+    float dsrc, src;
+    T d_o;
+};
+template <typename T>
+LDM_HD inline RowOut<T> row_backward_element(float dsrc, float gq, bool has_dx, float dx, float dv, float gk,
+                                             float src32, float o, bool residual) {
+    float s = dsrc + gq;
+    if (has_dx) s += dx;
+    RowOut<T> r;
+    r.d_o = from_f<T>((dv + gk) + s);
+    r.dsrc = residual ? s : 0.f;
+    r.src = residual ? src32 - o : o;
+    return r;
+}
+// Geometry: a block of kRowThreads threads covers kRowChannels channels; in each warp, lanes l
+// and l ^ 16 share a channel: the low half holds its W_q column, the high half its W_k column
+// (KMAX fp32 registers each). For a pair of tokens (t, t+1) both lanes form their dot products
+// for both tokens, swap one with a shuffle, and the low lane finishes token t, the high lane
+// token t+1. A block stages the dq, dk rows of kRowTokens tokens in shared memory and walks the
+// tiles of its token slice, loading the rows of kRowPairs tokens per lane before computing.
+constexpr int kRowThreads = 256;
+constexpr int kRowChannels = kRowThreads / 2;  // channels per block
+constexpr int kRowTokens = 32;                 // tokens per tile
+constexpr int kRowPairs = 4;                   // token pairs per step (a lane's row loads in flight)
+constexpr int kRowBlocks = 512;                // about this many blocks in all
+constexpr int kRowMaxK = 32;                   // the largest HK the pass takes
+// Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
+inline dim3 row_backward_grid(int N, int d) {
+    const int64_t gx = ceil_div(d, kRowChannels), tiles = ceil_div(N, kRowTokens);
+    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kRowBlocks, gx), 1)));
+}
+// Block kRowThreads threads; any grid.y (blocks stride over the token tiles); HK <= KMAX.
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T> p) {
+    static_assert(KMAX % 4 == 0 && kRowTokens % (2 * kRowPairs) == 0, "row pass tiling");
+    // dq rows at 0, dk rows at kDk (4 words off a multiple of 32: the two halves' broadcast
+    // reads of one step fall in different banks)
+    constexpr int kDk = kRowTokens * KMAX + 4;
+    __shared__ __align__(16) float sbuf[kDk + kRowTokens * KMAX];
+    const int lane = threadIdx.x & 31, half = lane >> 4;
+    const int c = blockIdx.x * kRowChannels + (threadIdx.x >> 5) * 16 + (lane & 15);
+    const bool live = c < p.d;
+    float w[KMAX];  // this channel's W_q (low half) or W_k (high half) column, 0 beyond HK
+    {
+        const T* W = half ? p.Wk : p.Wq;
+#pragma unroll
+        for (int k = 0; k < KMAX; k++) w[k] = live && k < p.HK ? to_f(W[(int64_t)k * p.d + c]) : 0.f;
+    }
+    const float* srow = sbuf + (half ? kDk : 0);
+    float gsum = 0.f;  // this lane's share of Σ_n prod[n, c] over the block's tokens
+    const int tiles = (p.N + kRowTokens - 1) / kRowTokens;
+    for (int tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+        const int64_t n0 = (int64_t)tile * kRowTokens;
+        const int nt = p.N - n0 < kRowTokens ? (int)(p.N - n0) : kRowTokens;
+        __syncthreads();  // the previous tile's dq, dk are no longer read
+        for (int i = threadIdx.x; i < kRowTokens * KMAX; i += kRowThreads) {
+            const int t = i / KMAX, k = i % KMAX;
+            const bool ok = t < nt && k < p.HK;
+            sbuf[i] = ok ? p.dq[(n0 + t) * p.HK + k] : 0.f;
+            sbuf[kDk + i] = ok ? p.dk[(n0 + t) * p.HK + k] : 0.f;
+        }
+        __syncthreads();
+        for (int t0 = 0; t0 < nt; t0 += 2 * kRowPairs) {
+            // this lane's token of each pair: t0 + 2u + half
+            float ds[kRowPairs], dv[kRowPairs], sr[kRowPairs], ov[kRowPairs], dxv[kRowPairs], pv[kRowPairs];
+#pragma unroll
+            for (int u = 0; u < kRowPairs; u++) {  // all loads of the step first
+                ds[u] = dv[u] = sr[u] = ov[u] = dxv[u] = pv[u] = 0.f;
+                const int t = t0 + 2 * u + half;
+                if (live && t < nt) {
+                    const int64_t i = (n0 + t) * p.d + c;
+                    ds[u] = p.dsrc[i];
+                    dv[u] = p.dv[i];
+                    ov[u] = to_f(p.O[i]);
+                    if (p.residual) sr[u] = p.src32[i];
+                    if (p.dx) dxv[u] = to_f(p.dx[i]);
+                    if (p.prod) pv[u] = to_f(p.prod[i]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kRowPairs; u++) {
+                const int t = t0 + 2 * u;  // the pair (t, t+1); rows past nt are zero in sbuf
+                float g0 = 0.f, g1 = 0.f;
+#pragma unroll
+                for (int k = 0; k < KMAX; k++) {
+                    g0 = fmaf(srow[t * KMAX + k], w[k], g0);
+                    g1 = fmaf(srow[(t + 1) * KMAX + k], w[k], g1);
+                }
+                // low lane: gq(t) = g0, needs gk(t) = the high lane's g0; high lane: gk(t+1) = g1,
+                // needs gq(t+1) = the low lane's g1
+                const float other = __shfl_xor_sync(0xffffffffu, half ? g0 : g1, 16);
+                const float gq = half ? other : g0, gk = half ? g1 : other;
+                const int tm = t + half;
+                if (!live || tm >= nt) continue;
+                gsum += pv[u];
+                const RowOut<T> r =
+                    row_backward_element<T>(ds[u], gq, p.dx != nullptr, dxv[u], dv[u], gk, sr[u], ov[u], p.residual);
+                const int64_t i = (n0 + tm) * p.d + c;
+                p.dsrc[i] = r.dsrc;
+                p.d_o[i] = r.d_o;
+                p.src32[i] = r.src;
+                if (p.srcT) p.srcT[i] = from_f<T>(r.src);
+            }
+        }
+    }
+    if (p.prod) {
+        gsum += __shfl_xor_sync(0xffffffffu, gsum, 16);  // the pair's two token sets
+        if (half == 0 && live) p.gpart[(int64_t)blockIdx.y * p.d + c] = gsum;
+    }
+}
+// Launches row_backward_kernel (grid row_backward_grid), then, with prod, the slices' sum into gA
+// (colsum_final_kernel). Throws ldm::Error when HK > kRowMaxK or prod without gpart and gA.
+template <typename T>
+inline void row_backward(const RowBackward<T>& p, cudaStream_t s) {
+    if (p.HK <= 0 || p.HK > kRowMaxK) throw Error(strprintf("row_backward: HK %d outside 1..%d", p.HK, kRowMaxK));
+    if (p.prod && (!p.gpart || !p.gA)) throw Error("row_backward: prod given without gpart and gA");
+    const dim3 g = row_backward_grid(p.N, p.d);
+    if (p.HK <= 16) row_backward_kernel<T, 16><<<g, kRowThreads, 0, s>>>(p);
+    else row_backward_kernel<T, 32><<<g, kRowThreads, 0, s>>>(p);
+    LDM_LAUNCH_CHECK();
+    if (p.prod) {
+        colsum_final_kernel<<<(unsigned)ceil_div(p.d, 128), 128, 0, s>>>(p.gpart, (int)g.y, p.d, nullptr, p.gA);
+        LDM_LAUNCH_CHECK();
+    }
+}
+// Floats of gpart row_backward needs at N tokens and width d.
+inline int64_t row_backward_scratch(int N, int d) { return (int64_t)row_backward_grid(N, d).y * d; }
+
 
 // Drift: out[0] = max(out[0], max|S - S_ref|), out[1] = max(out[1], max|δP - δP_ref|) over all
 // tokens and heads; ref == nullptr compares with the initial state (0, I/δ). out holds the bits of
@@ -720,7 +744,8 @@ struct FusedRead {
     T* x = nullptr;                // forward: x_j
     const T* dx = nullptr;         // backward: dL/dx_j
     float* draw = nullptr;         // backward: dL/d(q before the L2n) [N, HK]
-    float* prod32 = nullptr;       // backward: dx ⊙ r (for the gate's gradient)
+    float* prod32 = nullptr;       // backward: dx ⊙ r (for the gate's gradient), fp32
+    T* prodT = nullptr;            // backward, instead of prod32 when set: dx ⊙ r rounded to T (the row pass sums it)
 };
 // forward: q of (n, h) normalised into registers, Qn / Qnrm written.
 template <typename T, int DK>
@@ -767,7 +792,10 @@ __device__ inline void fused_read_bwd_row(const FusedRead<T>& f, int64_t vo, int
         drow[b] += g * q[b];
         dq[b] += row[b] * g;
     }
-    if (f.a) f.prod32[vo + r] = dxr * rr;
+    if (f.a) {
+        if (f.prodT) f.prodT[vo + r] = from_f<T>(dxr * rr);
+        else f.prod32[vo + r] = dxr * rr;
+    }
 }
 
 // Warp read: same outputs as read_thread_kernel (r32 is not written).

@@ -638,8 +638,9 @@ TEST_CASE("emu: warp read backward (fp32 and bf16 dx, with and without residual 
                 });
 }
 
-// The row pass of the fused backward (ldmk::row_backward_kernel): dsrc, d_o, src32, srcT of
-// sublayer j from dsrc, dq·W_q, dx, dv, dk·W_k, O and src32, against the formula in double.
+// The row pass of the fused backward (ldmk::row_backward_kernel, then colsum_final_kernel over its
+// token slices): dsrc, d_o, src32, srcT of sublayer j from dsrc, dq·W_q, dx, dv, dk·W_k, O and
+// src32, and (with the residual) the gate's gradient gA += Σ_n prod, against the formula in double.
 // Shapes: HK below and at the register widths 16, 32 (padding), d not a multiple of the block
 // width (idle threads), N not a multiple of the token tile; token slices from production's grid
 // and forced to 1 and 2 (one block walks several tiles). fp32 with dv aliasing d_o (production's
@@ -675,26 +676,37 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                         r.fill(dsrc_in, 0.1f, 4.f);
                         r.fill(dv_in);
                         r.fill(src_in, 0.1f, 4.f);
-                        Buf Wq = rnd(HK * d), Wk = rnd(HK * d), dx = rnd(nd), O = rnd(nd);
+                        Buf Wq = rnd(HK * d), Wk = rnd(HK * d), dx = rnd(nd), O = rnd(nd), prod = rnd(nd);
+                        Buf gA_in(d), gA(d);
+                        r.fill(gA_in);
                         Buf dsrc(nd), src32(nd), dvb(nd), d_o(nd), srcT(nd);  // outputs (d_o, srcT as floats)
                         auto bfv = [](const Buf& b) {
                             std::vector<bf16> v((size_t)b.n + kGuard);
                             for (int64_t i = 0; i < b.n; i++) v[(size_t)i] = __float2bfloat16(b[i]);
                             return v;
                         };
-                        std::vector<bf16> Wqb = bfv(Wq), Wkb = bfv(Wk), dxb = bfv(dx), Ob = bfv(O);
+                        std::vector<bf16> Wqb = bfv(Wq), Wkb = bfv(Wk), dxb = bfv(dx), Ob = bfv(O), prodb = bfv(prod);
                         std::vector<bf16> d_ob((size_t)nd + kGuard), srcTb((size_t)nd + kGuard);
                         auto poison_b = [&](std::vector<bf16>& v) {
                             for (auto& x : v) x = __float2bfloat16(std::nanf(""));
                         };
                         dim3 g = row_backward_grid(N, d);
                         if (gy) g.y = gy;
+                        Buf gpart((int64_t)g.y * d);
+                        // the slices' sum into gA (row_backward's second launch)
+                        auto final_sum = [&] {
+                            if (residual)
+                                emu::launch(dim3((unsigned)((d + 127) / 128)), dim3(128), 0, 0, colsum_final_kernel,
+                                            (const float*)gpart.p(), (int)g.y, d, (const float*)nullptr, gA.p());
+                        };
                         run_orders(
                             ctx,
                             [&] {
                                 dsrc.v = dsrc_in.v;
                                 src32.v = src_in.v;
                                 dvb.v = dv_in.v;
+                                gA.v = gA_in.v;
+                                gpart.poison();
                                 d_o.poison();
                                 srcT.poison();
                                 poison_b(d_ob);
@@ -707,8 +719,10 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                     p.Wq = Wqb.data(); p.Wk = Wkb.data(); p.dx = has_dx ? dxb.data() : nullptr;
                                     p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = d_ob.data(); p.O = Ob.data();
                                     p.src32 = src32.p(); p.srcT = srcTb.data(); p.residual = residual;
+                                    if (residual) { p.prod = prodb.data(); p.gpart = gpart.p(); p.gA = gA.p(); }
                                     if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 16>, p);
                                     else emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 32>, p);
+                                    final_sum();
                                     for (size_t i = 0; i < d_ob.size(); i++) {  // (guards included)
                                         d_o.v[i] = __bfloat162float(d_ob[i]);
                                         srcT.v[i] = __bfloat162float(srcTb[i]);
@@ -719,12 +733,14 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                     p.Wq = Wq.p(); p.Wk = Wk.p(); p.dx = has_dx ? dx.p() : nullptr;
                                     p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = alias ? dvb.p() : d_o.p(); p.O = O.p();
                                     p.src32 = src32.p(); p.srcT = nullptr; p.residual = residual;
+                                    if (residual) { p.prod = prod.p(); p.gpart = gpart.p(); p.gA = gA.p(); }
                                     if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 16>, p);
                                     else emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 32>, p);
+                                    final_sum();
                                     if (alias) d_o.v = dvb.v;
                                 }
                             },
-                            {&dsrc, &src32, &d_o, &srcT});
+                            {&dsrc, &src32, &d_o, &srcT, &gA});
                         std::vector<double> rdsrc((size_t)nd), rdo((size_t)nd), rsrc((size_t)nd);
                         for (int n = 0; n < N; n++)
                             for (int c = 0; c < d; c++) {
@@ -739,6 +755,12 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                 rdsrc[(size_t)i] = residual ? sv : 0.0;
                                 rsrc[(size_t)i] = residual ? (double)src_in[i] - O[i] : (double)O[i];
                             }
+                        std::vector<double> rgA(gA_in.v.begin(), gA_in.v.begin() + d);
+                        if (residual)
+                            for (int n = 0; n < N; n++)
+                                for (int c = 0; c < d; c++) rgA[(size_t)c] += prod[(int64_t)n * d + c];
+                        // gA: fp32 sums of N + 1 <= 97 terms of magnitude <= 1, |error| <= 97·2^-24·97 < 6e-4
+                        expect_close("gA", gA, rgA, 6e-4, ctx);
                         expect_close("dsrc", dsrc, rdsrc, kTol, ctx);
                         expect_close("src32", src32, rsrc, kTol, ctx);
                         expect_close("d_o", d_o, rdo, bf ? 8e-3 : kTol, ctx);
@@ -836,7 +858,10 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), e
                         fb.a = ap;
                         fb.dx = dx.p();
                         fb.draw = qdraw.p();
-                        fb.prod32 = prod.p();
+                        // the product as fp32 (prod32) or as T (prodT, production's row-pass path;
+                        // T = float here, so the same values), by the shape's parity
+                        if (s.N % 2) fb.prodT = prod.p();
+                        else fb.prod32 = prod.p();
                         const std::string bctx =
                             ctx_of("read_bwd_unwind_vjp_rls_warp", s, K, mode ? " gates dsrc" : "") + variant_name(var);
                         run_orders(

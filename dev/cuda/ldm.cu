@@ -428,14 +428,17 @@ void bench(bool quick) {
     }
     // The d-sized rows of the fused backward (train_ldm.cu output_backward, unwind mode): the row
     // pass (production, ldmk::row_backward) against the path it replaced (two GEMMs dsrc +=
-    // dq·W_q, dvacc += dk·W_k with fp32 read-modify-write, restore_src_kernel, resid_sum_kernel;
-    // production's only for HK > kRowMaxK). GB/s of both against the row pass's bytes (bf16: dsrc
-    // read + written, dx, dv, O, src32 read + written, srcT, d_o: 28 B per element; the GEMM path
-    // moves 44 B); the dq, dk rows (HK floats per token) and the weights are not counted.
+    // dq·W_q, dvacc += dk·W_k with fp32 read-modify-write, restore_src_kernel, resid_sum_kernel,
+    // the gate's column sum of the fp32 product; production's only for HK > kRowMaxK). GB/s of
+    // both against the row pass's bytes (bf16: dsrc read + written, dx, dv, O, src32 read +
+    // written, srcT, d_o, the gate product dx ⊙ r read: 30 B per element; the GEMM path moves 48 B);
+    // the dq, dk rows (HK floats per token), the weights and the partial sums are not counted.
     for (int dk : {8, 4}) {
         const int HK = Dm.Hm * dk;
-        DeviceBuffer<T> Wq(HK * k.d), Wk(HK * k.d), dqT(N * HK), dkT(N * HK), srcT(nd), d_o(nd);
-        DeviceBuffer<float> dq(N * HK), dkr(N * HK);
+        DeviceBuffer<T> Wq(HK * k.d), Wk(HK * k.d), dqT(N * HK), dkT(N * HK), srcT(nd), d_o(nd), prodT(nd);
+        DeviceBuffer<float> dq(N * HK), dkr(N * HK), gA(k.d), gpart(std::max(row_backward_scratch((int)N, k.d), colsum_scratch(N, k.d)));
+        fill(prodT.ptr, nd, 0.01f, s);
+        fill(gA.ptr, k.d, 0.f, s);
         fill(Wq.ptr, Wq.n, 0.02f, s);
         fill(Wk.ptr, Wk.n, 0.03f, s);
         fill(dq.ptr, dq.n, 0.1f, s);
@@ -444,7 +447,8 @@ void bench(bool quick) {
         rb.N = (int)N; rb.d = k.d; rb.HK = HK; rb.dq = dq.ptr; rb.dk = dkr.ptr; rb.Wq = Wq.ptr; rb.Wk = Wk.ptr;
         rb.dx = dx.ptr; rb.dv = dvacc.ptr; rb.dsrc = dsrc.ptr; rb.d_o = d_o.ptr; rb.O = vT.ptr; rb.src32 = src32.ptr;
         rb.srcT = std::is_same<T, float>::value ? nullptr : srcT.ptr;
-        const double tb = std::is_same<T, float>::value ? 32.0 : 28.0;  // bytes per element (fp32: srcT is src32)
+        rb.prod = prodT.ptr; rb.gpart = gpart.ptr; rb.gA = gA.ptr;
+        const double tb = std::is_same<T, float>::value ? 36.0 : 30.0;  // bytes per element (fp32: srcT is src32)
         T* srcT_old = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32.ptr) : srcT.ptr;
         const std::string tag = strprintf("-dk%d", dk);
         ms = time_median_ms([&] { row_backward<T>(rb, s); }, 2, reps, s);
@@ -457,6 +461,7 @@ void bench(bool quick) {
             from_f32<T>(dkr.ptr, dkT.ptr, N * HK, s);
             mm.gemm<T, float>(false, false, N, k.d, HK, 1.f, dkT.ptr, HK, Wk.ptr, k.d, 1.f, dvacc.ptr, k.d, nullptr, s);
             resid_sum_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc.ptr, dsrc.ptr, dx.ptr, d_o.ptr, nd);
+            colsum(gA.ptr, prod.ptr, nullptr, N, k.d, k.d, nullptr, gpart.ptr, s);
         }, 2, reps, s);
         line(("rows-gemm" + tag).c_str(), ms, tb * nd);
         // the values drift over the reps (dsrc, src32 accumulate); timing does not depend on them
