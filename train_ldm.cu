@@ -123,8 +123,10 @@ struct LdmGpuScheme : GpuScheme<T> {
         return keep() == kSegments && (i - 1) % ckpt_ != 0;
     }
     // after a read's backward kernel: dW_q and, unless rows_fused (the fused backward's row pass
-    // does them), dA and dsrc += draw · W_q
-    void read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused = false);
+    // does them), dA (from the fp32 product prod32_, or from prodT, the fused kernels' product in
+    // T) and dsrc += draw · W_q
+    void read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused = false,
+                             const T* prodT = nullptr);
     // backward
     // write i's backward: the state before it (prev_state), the VJP kernel (unless vjp_done: it
     // ran fused with read i+1's backward), the GEMMs and column sums of its parameters.
@@ -546,8 +548,8 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
     T* sT = const_cast<T*>(srcT());
     if (pending_read_bwd_ == j + 1) {
         // One pass over S, P, dS, dP: read j+1's backward on the state after write j, then write j
-        // unwound and its VJP; dvacc gets the write's dv (dsrc is added once read j+1's GEMMs,
-        // which need src = h_j, have updated it).
+        // unwound and its VJP; dvacc gets the write's dv alone (dsrc is added after the weight
+        // GEMMs have read src = h_j: by the row pass, or above HK = 32 after read j+1's dsrc GEMM).
         pending_read_bwd_ = -1;
         FusedRead<T> fr;
         fr.Qn = Qn_.ptr + (int64_t)j * N * HK_;
@@ -555,11 +557,11 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
         fr.a = residual_ ? A_[j + 1] : nullptr;
         fr.dx = dxT_.ptr;
         fr.draw = drawq_.ptr;
-        fr.prod32 = prod32_.ptr;
-        const bool rows = HK_ <= kRowMaxK;  // the row pass (below) takes the rest of the rows
-        // with the row pass, dx ⊙ r goes out as T (in prod32_'s memory) and the pass sums it
+        // the gate's product dx ⊙ r goes out as T (in prod32_'s memory): the row pass below sums it
+        // (or, above HK = 32, a column sum in read_backward_gemms)
         T* prodT = reinterpret_cast<T*>(prod32_.ptr);
-        if (rows) fr.prodT = prodT;
+        fr.prod = prodT;
+        const bool rows = HK_ <= kRowMaxK;  // the row pass takes the rest of the rows
         const bool f32 = std::is_same<T, float>::value;
         float* dvacc = f32 ? reinterpret_cast<float*>(d_o) : tmp32_.ptr;
         const float* Kn = Kn_.ptr + (int64_t)j * N * HK_;
@@ -604,7 +606,7 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             dx_add_pending_ = false;
             return;
         }
-        read_backward_gemms(j + 1, drawq_.ptr, s);  // src is still h_j
+        read_backward_gemms(j + 1, drawq_.ptr, s, false, prodT);  // src is still h_j
         restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
         LDM_LAUNCH_CHECK();
         if (f32) {  // dvacc is d_o itself: (dsrc += dx_{j+1}), dvacc += dsrc (bf16: in write_backward)
@@ -631,7 +633,7 @@ void LdmGpuScheme<T>::input_backward(int j, const T* dx, cudaStream_t s) {
         if (dx != dxT_.ptr)  // (input_norm_backward wrote it there)
             CUDA_CHECK(cudaMemcpyAsync(dxT_.ptr, dx, (size_t)nd * sizeof(T), cudaMemcpyDeviceToDevice, s));
         pending_read_bwd_ = j;
-        dx_add_pending_ = residual_;  // dsrc += dx in the pass that forms d_o_{j-1} (resid_sum_kernel)
+        dx_add_pending_ = residual_;  // dsrc += dx in the pass that forms d_o_{j-1} (row pass; resid_sum_kernel above HK = 32)
         return;
     }
     if (residual_) {
@@ -662,12 +664,17 @@ void LdmGpuScheme<T>::read_backward(int j, const T* dx, cudaStream_t s) {
     read_backward_gemms(j, draw_.ptr, s);
 }
 
-// The rest of read j's backward once its kernel has run: the gate's gradient from prod32, then
-// dsrc [N, d] += draw · W_q and dW_q [HK, d] += drawᵀ · src (src = h_{j-1}, read j's input).
+// The rest of read j's backward once its kernel has run: the gate's gradient from the product and
+// dsrc [N, d] += draw · W_q (both skipped when rows_fused: the row pass does them), then
+// dW_q [HK, d] += drawᵀ · src (src = h_{j-1}, read j's input).
 template <typename T>
-void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused) {
+void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused,
+                                           const T* prodT) {
     const int64_t N = N_;
-    if (residual_ && !rows_fused) ldmk::colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
+    if (residual_ && !rows_fused) {
+        if (prodT) ldmk::colsum(gA_[j], prodT, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
+        else ldmk::colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
+    }
     const T* dr = to_T(draw, N * HK_, drawT_.ptr, s);
     if (!rows_fused)
         mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);

@@ -106,7 +106,8 @@ __global__ void from_f32_kernel(const float* in, T* out, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = from_f<T>(in[i]);
 }
-// dL/do_i in unwind mode's fused backward: when c != nullptr, b += c (dsrc += dx_j, the residual's
+// dL/do_i in unwind mode's fused backward above HK = kRowMaxK (below it the row pass does this):
+// when c != nullptr, b += c (dsrc += dx_j, the residual's
 // share of read j's input gradient, deferred from input_backward) and then out = T(a + b) (a: the
 // write's own gradient, dv plus the key GEMM, fp32; one rounding). out may alias a (T = float).
 template <typename T>
@@ -166,14 +167,15 @@ __global__ void add_grad_kernel(int64_t n, const T* dx, float* dsrc32, bool accu
 // Stage 1: block (32, 8) per (32 columns, kColRows rows) -> partial [RB, C]; stage 2 sums RB in order.
 constexpr int kColRows = 256;
 inline int64_t colsum_scratch(int64_t N, int64_t C) { return ceil_div(N, kColRows) * C; }
-__global__ void colsum_partial_kernel(const float* A, const float* B, int64_t N, int C, int64_t ld, float* partial) {
+template <typename TA>
+__global__ void colsum_partial_kernel(const TA* A, const float* B, int64_t N, int C, int64_t ld, float* partial) {
     __shared__ float sh[8][33];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int c = blockIdx.x * 32 + tx;
     const int64_t n0 = (int64_t)blockIdx.y * kColRows, n1 = min(N, n0 + kColRows);
     float s = 0.f;
     if (c < C)
-        for (int64_t n = n0 + ty; n < n1; n += 8) s += A[n * ld + c] * (B ? B[n * ld + c] : 1.f);
+        for (int64_t n = n0 + ty; n < n1; n += 8) s += to_f(A[n * ld + c]) * (B ? B[n * ld + c] : 1.f);
     sh[ty][tx] = s;
     __syncthreads();
     if (ty == 0 && c < C) {
@@ -189,11 +191,12 @@ __global__ void colsum_final_kernel(const float* partial, int RB, int C, const f
     for (int r = 0; r < RB; r++) s += partial[(int64_t)r * C + c];
     out[c] += scale ? s * scale[c] : s;
 }
-inline void colsum(float* out, const float* A, const float* B, int64_t N, int C, int64_t ld,
+template <typename TA>
+inline void colsum(float* out, const TA* A, const float* B, int64_t N, int C, int64_t ld,
                    const float* scale, float* partial, cudaStream_t s) {
     const int RB = (int)ceil_div(N, kColRows);
     dim3 grid((unsigned)ceil_div(C, 32), (unsigned)RB);
-    colsum_partial_kernel<<<grid, dim3(32, 8), 0, s>>>(A, B, N, C, ld, partial);
+    colsum_partial_kernel<TA><<<grid, dim3(32, 8), 0, s>>>(A, B, N, C, ld, partial);
     LDM_LAUNCH_CHECK();
     colsum_final_kernel<<<(unsigned)ceil_div(C, 128), 128, 0, s>>>(partial, RB, C, scale, out);
     LDM_LAUNCH_CHECK();
@@ -227,7 +230,7 @@ struct RowBackward {
     T* srcT = nullptr;          // [N, d], or nullptr when T = float (srcT is src32 then)
     bool residual = true;
     // The gate's gradient (or nullptr): gA [d] += Σ_n prod[n, c], prod [N, d] = dx ⊙ r of read j+1
-    // as the fused state kernel wrote it (FusedRead::prodT); each block sums its tokens per
+    // as the fused state kernel wrote it (FusedRead::prod); each block sums its tokens per
     // channel into gpart [grid.y, d] (fp32), a second kernel sums the slices in order.
     const T* prod = nullptr;
     float* gpart = nullptr;
@@ -732,7 +735,7 @@ struct PMat {
 // write j-1 has just produced, cuda/ldm.cuh *_read_warp_kernel; the backward: read j's backward
 // before the unwind + VJP of write j-1, read_bwd_* kernels), so the state moves once for both.
 // Per (token, head): forward q = L2n(raw) -> Qn, Qnrm, x = src32 + a ⊙ (S q) (a == nullptr: no
-// residual, x = S q); backward dr = a ⊙ dx (or dx), dS += dr qᵀ, prod32 = dx ⊙ (S q) (when a),
+// residual, x = S q); backward dr = a ⊙ dx (or dx), dS += dr qᵀ, prod = T(dx ⊙ (S q)) (when a),
 // draw = L2n-backward(Sᵀ dr) with Qn, Qnrm of the forward.
 template <typename T>
 struct FusedRead {
@@ -744,8 +747,7 @@ struct FusedRead {
     T* x = nullptr;                // forward: x_j
     const T* dx = nullptr;         // backward: dL/dx_j
     float* draw = nullptr;         // backward: dL/d(q before the L2n) [N, HK]
-    float* prod32 = nullptr;       // backward: dx ⊙ r (for the gate's gradient), fp32
-    T* prodT = nullptr;            // backward, instead of prod32 when set: dx ⊙ r rounded to T (the row pass sums it)
+    T* prod = nullptr;             // backward: dx ⊙ r rounded to T (the gate's gradient; summed by the row pass)
 };
 // forward: q of (n, h) normalised into registers, Qn / Qnrm written.
 template <typename T, int DK>
@@ -792,10 +794,7 @@ __device__ inline void fused_read_bwd_row(const FusedRead<T>& f, int64_t vo, int
         drow[b] += g * q[b];
         dq[b] += row[b] * g;
     }
-    if (f.a) {
-        if (f.prodT) f.prodT[vo + r] = from_f<T>(dxr * rr);
-        else f.prod32[vo + r] = dxr * rr;
-    }
+    if (f.a) f.prod[vo + r] = from_f<T>(dxr * rr);
 }
 
 // Warp read: same outputs as read_thread_kernel (r32 is not written).

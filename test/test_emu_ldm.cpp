@@ -759,8 +759,8 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                         if (residual)
                             for (int n = 0; n < N; n++)
                                 for (int c = 0; c < d; c++) rgA[(size_t)c] += prod[(int64_t)n * d + c];
-                        // gA: fp32 sums of N + 1 <= 97 terms of magnitude <= 1, |error| <= 97·2^-24·97 < 6e-4
-                        expect_close("gA", gA, rgA, 6e-4, ctx);
+                        // gA: fp32 sums of N + 1 <= 71 terms of magnitude <= 1, |error| <= 71·2^-24·71 < 3.1e-4
+                        expect_close("gA", gA, rgA, 3.1e-4, ctx);
                         expect_close("dsrc", dsrc, rdsrc, kTol, ctx);
                         expect_close("src32", src32, rsrc, kTol, ctx);
                         expect_close("d_o", d_o, rdo, bf ? 8e-3 : kTol, ctx);
@@ -858,10 +858,7 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), e
                         fb.a = ap;
                         fb.dx = dx.p();
                         fb.draw = qdraw.p();
-                        // the product as fp32 (prod32) or as T (prodT, production's row-pass path;
-                        // T = float here, so the same values), by the shape's parity
-                        if (s.N % 2) fb.prodT = prod.p();
-                        else fb.prod32 = prod.p();
+                        fb.prod = prod.p();
                         const std::string bctx =
                             ctx_of("read_bwd_unwind_vjp_rls_warp", s, K, mode ? " gates dsrc" : "") + variant_name(var);
                         run_orders(

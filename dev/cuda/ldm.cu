@@ -382,7 +382,7 @@ void bench(bool quick) {
         fb.a = a.ptr;
         fb.dx = dx.ptr;
         fb.draw = draw.ptr;
-        fb.prod32 = prod.ptr;
+        fb.prod = reinterpret_cast<T*>(prod.ptr);
         // one BENCH line per layout: template arguments DK, PREG, ROWS as integral_constants
         auto fused_fwd = [&](auto dk, auto preg, auto rows, const Dims& D, const char* name, double bytes) {
             ms = time_median_ms([&] {
@@ -429,9 +429,9 @@ void bench(bool quick) {
     // The d-sized rows of the fused backward (train_ldm.cu output_backward, unwind mode): the row
     // pass (production, ldmk::row_backward) against the path it replaced (two GEMMs dsrc +=
     // dq·W_q, dvacc += dk·W_k with fp32 read-modify-write, restore_src_kernel, resid_sum_kernel,
-    // the gate's column sum of the fp32 product; production's only for HK > kRowMaxK). GB/s of
+    // the gate's column sum of the product in T; production's only for HK > kRowMaxK). GB/s of
     // both against the row pass's bytes (bf16: dsrc read + written, dx, dv, O, src32 read +
-    // written, srcT, d_o, the gate product dx ⊙ r read: 30 B per element; the GEMM path moves 48 B);
+    // written, srcT, d_o, the gate product dx ⊙ r read: 30 B per element; the GEMM path moves 46 B);
     // the dq, dk rows (HK floats per token), the weights and the partial sums are not counted.
     for (int dk : {8, 4}) {
         const int HK = Dm.Hm * dk;
@@ -461,7 +461,7 @@ void bench(bool quick) {
             from_f32<T>(dkr.ptr, dkT.ptr, N * HK, s);
             mm.gemm<T, float>(false, false, N, k.d, HK, 1.f, dkT.ptr, HK, Wk.ptr, k.d, 1.f, dvacc.ptr, k.d, nullptr, s);
             resid_sum_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc.ptr, dsrc.ptr, dx.ptr, d_o.ptr, nd);
-            colsum(gA.ptr, prod.ptr, nullptr, N, k.d, k.d, nullptr, gpart.ptr, s);
+            colsum(gA.ptr, (const T*)prodT.ptr, nullptr, N, k.d, k.d, nullptr, gpart.ptr, s);
         }, 2, reps, s);
         line(("rows-gemm" + tag).c_str(), ms, tb * nd);
         // the values drift over the reps (dsrc, src32 accumulate); timing does not depend on them
