@@ -92,6 +92,16 @@ inline const char* dtype_name<bf16>() { return "bf16"; }
 // Ceil division for grid sizes (64-bit safe).
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Grid of a kernel whose blocks cover `channels` channels, per_block each (x), and stride over
+// `tiles` token tiles (y: the token slices, at most one per tile, at least one), about `target`
+// blocks in all. A function of the shape only, not of the device, so that sums a block forms over
+// its slice have a fixed order (HC/mHC combine, LDM row pass).
+inline dim3 slice_grid(int64_t channels, int64_t per_block, int64_t tiles, int64_t target) {
+    const int64_t gx = ceil_div(channels, per_block);
+    const int64_t gy = std::min(std::max<int64_t>(tiles, 1), std::max<int64_t>(ceil_div(target, gx), 1));
+    return dim3((unsigned)gx, (unsigned)gy);
+}
+
 // True when at least one CUDA device is usable (driver present, device count > 0). Never throws;
 // clears the sticky error state of a failed probe.
 inline bool gpu_available() {

@@ -567,9 +567,7 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
 // the shape only, so the weight gradient's summation order does not depend on the device.
 template <int NS>
 inline dim3 combine_grid(int N, int d) {
-    const int64_t tiles = std::max<int64_t>(ceil_div(N, kCombineTokens), 1);
-    const int64_t gx = ceil_div(d, kCombineChannels<NS>);
-    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kCombineBlocks, gx), 1)));
+    return slice_grid(d, kCombineChannels<NS>, ceil_div(N, kCombineTokens), kCombineBlocks);
 }
 
 // HC backward combine (input_backward) with the weight gradient formed in the kernel:

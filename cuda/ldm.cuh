@@ -267,8 +267,7 @@ constexpr int kRowBlocks = 512;                // about this many blocks in all
 constexpr int kRowMaxK = 32;                   // the largest HK the pass takes
 // Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
 inline dim3 row_backward_grid(int N, int d) {
-    const int64_t gx = ceil_div(d, kRowChannels), tiles = ceil_div(N, kRowTokens);
-    return dim3((unsigned)gx, (unsigned)std::min<int64_t>(tiles, std::max<int64_t>(ceil_div(kRowBlocks, gx), 1)));
+    return slice_grid(d, kRowChannels, ceil_div(N, kRowTokens), kRowBlocks);
 }
 // Block kRowThreads threads; any grid.y (blocks stride over the token tiles); HK <= KMAX.
 template <typename T, int KMAX>
