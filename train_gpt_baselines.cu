@@ -419,6 +419,7 @@ struct GpuAttnRes : GpuScheme<T> {
         if (deferred_) {
             grow(stash_, (int64_t)(D_ + 1) * N * d);
             grow(pairs_, 3 * ar_detail::full_pair(D_ + 2, 0) * N);
+            if (flush_pairs()) grow(part_, N * d);
         } else {
             grow(dsrc_, K * N * d);
         }
@@ -466,6 +467,7 @@ struct GpuAttnRes : GpuScheme<T> {
     void readout(T* y, cudaStream_t s) override { aggregate(D_ + 1, y, nullptr, nullptr, nullptr, 0.f, s); }
 
     void readout_backward(const T* dy, cudaStream_t s) override {
+        pending_ = -1;  // (a backward that stopped early leaves no partial behind)
         if (deferred_) full_scores_backward(D_ + 1, dy, s);
         else aggregate_backward(D_ + 1, dy, true, s);
     }
@@ -490,13 +492,15 @@ struct GpuAttnRes : GpuScheme<T> {
     }
 
     // Every byte per token allocated in resize(): sources (T) + r + fp32 gradients (deferred Full:
-    // the dx stash (T) and the pair scalars instead of the gradients); Block also the partial-sum
+    // the dx stash (T), the pair scalars and the paired flush's fp32 partial row instead of the
+    // gradients); Block also the partial-sum
     // snapshots pv (T) + r; two-phase also the aggregates a_j (T), the log-sum-exps and e. (The dq
     // partials are per thread block, not per token.)
     int64_t extra_bytes_per_token() const override {
         const int64_t d = d_, K = nb_ + 1, tb = sizeof(T);
         int64_t v = K * d * tb + K * 4;
-        if (deferred_) v += (int64_t)(D_ + 1) * d * tb + 3 * ar_detail::full_pair(D_ + 2, 0) * 4;
+        if (deferred_)
+            v += (int64_t)(D_ + 1) * d * tb + 3 * ar_detail::full_pair(D_ + 2, 0) * 4 + (flush_pairs() ? d * 4 : 0);
         else v += K * d * 4;
         if (block_) v += (int64_t)D_ * d * tb + (int64_t)D_ * 4;
         if (two_phase_) v += (int64_t)(D_ - nb_) * (d * tb + 4) + 2 * (int64_t)(smax_ - 1) * 4;
@@ -535,6 +539,11 @@ struct GpuAttnRes : GpuScheme<T> {
     // s as three planes [pairs, N] (pairs = full_pair(D + 2, 0), pair (j, k) at full_pair(j, k))
     DeviceBuffer<T> stash_;
     DeviceBuffer<float> pairs_;
+    // deferred Full, paired flushes (full_flush): source pending_'s partial gradient [N, d] (fp32;
+    // pending_ = -1: none); pairs where J − k >= pair_min_ (the workbench moves it)
+    DeviceBuffer<float> part_;
+    int pending_ = -1;
+    int pair_min_ = 2 + 8 / (int)sizeof(T);
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
@@ -638,16 +647,50 @@ struct GpuAttnRes : GpuScheme<T> {
         LDM_LAUNCH_CHECK();
     }
     // Deferred Full: source k's whole gradient (every consumer j > k has run its backward), as T.
+    // Where source k still has pair_min_ or more consumers (J − k >= pair_min_) and k >= 1, one launch
+    // also sums source k−1's consumers j > k into the fp32 partial part_ (each stash row read once
+    // for both), and output_backward(k−1) then adds only j = k to it (pending_ = k−1 until then).
+    // Bytes per value against two single flushes: (m − 1)·tb − 8 fewer for m = J − k stash rows,
+    // so pair_min_ = 2 + 8/tb (bf16 6, fp32 4). Same sums in the same order: the results are those
+    // of one launch per source.
     void full_flush(int k, T* out, cudaStream_t s) {
         const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
+        const int J = D_ + 1;
+        const float* pa = pairs_.ptr;
+        const float* pds = pairs_.ptr + plane;
+        const float* psc = pairs_.ptr + 2 * plane;
+        if (pending_ >= 0 && pending_ != k)
+            throw Error(strprintf("attnres-full: flush of source %d while source %d's is pending", k, pending_));
+        if (pending_ == k) {  // source k's partial over j = J .. k+2 is in part_: add j = k+1
+            const int64_t o = ar_detail::full_pair(k + 1, k) * N_;
+            ar_detail::full_flush_last_kernel<T><<<(unsigned)ceil_div((int64_t)N_ * d_, ar_detail::kThreads),
+                                                   ar_detail::kThreads, 0, s>>>(
+                out, part_.ptr, U(k), RU(k), stash_.ptr + (int64_t)k * N_ * d_, pa + o, pds + o, psc + o, Wj(k + 1),
+                Wj(k + 1) + d_, N_, d_);
+            LDM_LAUNCH_CHECK();
+            pending_ = -1;
+            return;
+        }
         ar_detail::dispatch_vpt(d_, [&](auto c) {
             constexpr int VPT = decltype(c)::value;
-            constexpr int TT = ar_detail::flush_tokens<VPT>();
-            ar_detail::full_flush_kernel<T, VPT><<<(unsigned)ceil_div(N_, TT), ar_detail::kThreads, 0, s>>>(
-                out, U(k), RU(k), stash_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane, M_, k, D_ + 1, N_,
-                d_);
+            constexpr int TT = ar_detail::flush_tokens<VPT>(), TT2 = ar_detail::flush_tokens<VPT, 2>();
+            if (TT2 > 0 && k >= 1 && J - k >= pair_min_) {
+                if constexpr (TT2 > 0)
+                    ar_detail::full_flush_kernel<T, VPT, 2><<<(unsigned)ceil_div(N_, TT2), ar_detail::kThreads, 0, s>>>(
+                        out, part_.ptr, U(k), RU(k), U(k - 1), RU(k - 1), stash_.ptr, pa, pds, psc, M_, k, J, N_, d_);
+                pending_ = k - 1;
+            } else {
+                ar_detail::full_flush_kernel<T, VPT><<<(unsigned)ceil_div(N_, TT), ar_detail::kThreads, 0, s>>>(
+                    out, nullptr, U(k), RU(k), nullptr, nullptr, stash_.ptr, pa, pds, psc, M_, k, J, N_, d_);
+            }
         });
         LDM_LAUNCH_CHECK();
+    }
+    // Whether full_flush can pair sources at this d (full_flush_kernel's NS = 2 needs VPT <= 16).
+    bool flush_pairs() const {
+        bool ok = false;
+        ar_detail::dispatch_vpt(d_, [&](auto c) { ok = ar_detail::flush_tokens<decltype(c)::value, 2>() > 0; });
+        return ok;
     }
 
     // Two-phase forward of Block sublayer j at position i of block n: i = 1 runs the block's

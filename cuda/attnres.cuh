@@ -19,7 +19,8 @@
 //                         no memset), and dL/dq reduced per block in shared memory, then over
 //                         blocks in a fixed order (deterministic): no per-pair d-sized buffer.
 //   full_scores_backward, full_flush   Full, the deferred backward (section below): per sublayer
-//                         the pair scalars and a dx stash, per source one summing pass in T.
+//                         the pair scalars and a dx stash, per source one summing pass in T
+//                         (two sources per pass where many consumers remain).
 //   source_kernel         writes a new source (o_j, or p + o_j for Block) and its r in one pass.
 //   block_inter, block_merge, block_p_backward, block_flush2: Block, two-phase (section below).
 // Block: the partial sum p lives in place in the snapshot array pv (pv_j = p as sublayer j sees it,
@@ -366,6 +367,8 @@ __device__ inline void block_sum_db(float (&v)[R], float* buf, int live = R) {
 // q_j, v_k, d), in that order, and writes it straight in T. The arithmetic and its order are the
 // direct backward's (its first consumer writes, the later ones add), so the results are the same.
 // Per token and source pair: one read of dx_j in T instead of an fp32 read and write of v_k's row.
+// Where many consumers remain, one pass sums two sources (k, and k−1 but for its consumer j = k) per
+// read of the dx_j rows (full_flush_kernel, NS = 2; full_flush_last_kernel adds k−1's last term).
 
 // Index of the pair (sublayer j, source k), k < j <= D+1, in the planes [pairs, N].
 __host__ __device__ inline int64_t full_pair(int j, int k) { return (int64_t)j * (j - 1) / 2 + k; }
@@ -507,46 +510,60 @@ full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T
     }
 }
 
-// Tokens per thread block of full_flush_kernel: TT·VPT <= 32 values of the gradient sums (and as
-// many of v_k and of dx_j) per thread; a block of TT tokens reads each q_j = w_j ⊙ g_j once for all.
-template <int VPT>
-__host__ __device__ constexpr int flush_tokens() { return VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT); }
+// Tokens per thread block of full_flush_kernel with NS sources: TT·VPT·NS <= 32 values of the
+// gradient sums (and as many of the sources; TT·VPT of dx_j) per thread; a block of TT tokens reads
+// each q_j = w_j ⊙ g_j once for all. 0: NS = 2 does not apply (VPT > 16, d > 4096).
+template <int VPT, int NS = 1>
+__host__ __device__ constexpr int flush_tokens() { return (VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT)) / NS; }
 
 // dL/dv_k of every token, written as T: out[t] = Σ_{j = J .. k+1} (α_jk dx_j[t] +
 // attnres_score_grad(ds_jk, r_k, s_jk, w_j ⊙ g_j, v_k[t], d)) (fp32 sum in that order, rounded
-// once). u, r: source k [N, d] (T) and its r [N]; stash: dx_j at row j-1 of [J, N, d]; pa/pds/psc:
-// full_scores_backward_kernel's planes; wg: the fp32 master, (w_j, g_j) at (j-1)·2d; J = D+1 (the
-// readout). Grid ceil(N / TT), kThreads threads, channel c = threadIdx.x + v·kThreads (d <=
-// kThreads·VPT); no shared memory. Every load of a sublayer (TT rows) is issued before its sums.
-template <typename T, int VPT, int TT = flush_tokens<VPT>()>
+// once). NS = 2 also sums source k−1 (u1, r1) over the same j = J .. k+1 and writes that partial sum
+// to part (fp32 [N, d]); full_flush_last_kernel adds its last term (j = k) at output_backward(k−1):
+// each dx_j row is read once for both sources, and the sums, their terms and their order are those
+// of one launch per source. u, r: source k [N, d] (T) and its r [N]; stash: dx_j at row j-1 of
+// [J, N, d]; pa/pds/psc: full_scores_backward_kernel's planes; wg: the fp32 master, (w_j, g_j) at
+// (j-1)·2d; J = D+1 (the readout). Grid ceil(N / TT), kThreads threads, channel c = threadIdx.x +
+// v·kThreads (d <= kThreads·VPT); no shared memory. Every load of a sublayer (TT rows) is issued
+// before its sums.
+template <typename T, int VPT, int NS = 1, int TT = flush_tokens<VPT, NS>()>
 __global__ void __launch_bounds__(kThreads)
-full_flush_kernel(T* out, const T* u, const float* r, const T* stash, const float* pa, const float* pds,
-                  const float* psc, const float* wg, int k, int J, int N, int d) {
+full_flush_kernel(T* out, float* part, const T* u, const float* r, const T* u1, const float* r1, const T* stash,
+                  const float* pa, const float* pds, const float* psc, const float* wg, int k, int J, int N, int d) {
+    static_assert((NS == 1 || NS == 2) && TT >= 1, "full_flush_kernel: one or two sources, TT >= 1");
     const int64_t t0 = (int64_t)blockIdx.x * TT;
     const int nt = N - t0 < TT ? (int)(N - t0) : TT;  // the same in the whole block
-    float acc[TT][VPT], uk[TT][VPT], rk[TT];
+    float acc[NS][TT][VPT], uk[NS][TT][VPT], rk[NS][TT];
 #pragma unroll
-    for (int i = 0; i < TT; i++) {
-        rk[i] = i < nt ? r[t0 + i] : 0.f;
+    for (int s = 0; s < NS; s++) {
+        const T* us = s == 0 ? u : u1;
+        const float* rs = s == 0 ? r : r1;
 #pragma unroll
-        for (int v = 0; v < VPT; v++) {
-            const int c = threadIdx.x + v * kThreads;
-            uk[i][v] = i < nt && c < d ? to_f(u[(t0 + i) * d + c]) : 0.f;
-            acc[i][v] = 0.f;
+        for (int i = 0; i < TT; i++) {
+            rk[s][i] = i < nt ? rs[t0 + i] : 0.f;
+#pragma unroll
+            for (int v = 0; v < VPT; v++) {
+                const int c = threadIdx.x + v * kThreads;
+                uk[s][i][v] = i < nt && c < d ? to_f(us[(t0 + i) * d + c]) : 0.f;
+                acc[s][i][v] = 0.f;
+            }
         }
     }
     for (int j = J; j > k; j--) {
         const float* w = wg + (int64_t)(j - 1) * 2 * d;
         const float* g = w + d;
         const T* sx = stash + ((int64_t)(j - 1) * N + t0) * d;
-        const int64_t o = full_pair(j, k) * N + t0;
-        float q[VPT], x[TT][VPT], a[TT], ds[TT], sk[TT];
+        const int64_t o = full_pair(j, k) * N + t0;  // pair (j, k − 1) is the plane row before
+        float q[VPT], x[TT][VPT], a[NS][TT], ds[NS][TT], sk[NS][TT];
 #pragma unroll
         for (int i = 0; i < TT; i++) {  // every load of this sublayer first
             if (i >= nt) break;
-            a[i] = pa[o + i];
-            ds[i] = pds[o + i];
-            sk[i] = psc[o + i];
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+                a[s][i] = pa[o - s * N + i];
+                ds[s][i] = pds[o - s * N + i];
+                sk[s][i] = psc[o - s * N + i];
+            }
 #pragma unroll
             for (int v = 0; v < VPT; v++) {
                 const int c = threadIdx.x + v * kThreads;
@@ -562,9 +579,13 @@ full_flush_kernel(T* out, const T* u, const float* r, const T* stash, const floa
         for (int i = 0; i < TT; i++) {
             if (i >= nt) break;
 #pragma unroll
-            for (int v = 0; v < VPT; v++) {
-                const float val = a[i] * x[i][v] + attnres_score_grad(ds[i], rk[i], sk[i], q[v], uk[i][v], d);
-                acc[i][v] = j == J ? val : acc[i][v] + val;  // the direct backward's first write, then adds
+            for (int s = 0; s < NS; s++) {
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const float val =
+                        a[s][i] * x[i][v] + attnres_score_grad(ds[s][i], rk[s][i], sk[s][i], q[v], uk[s][i][v], d);
+                    acc[s][i][v] = j == J ? val : acc[s][i][v] + val;  // the direct backward's first write, then adds
+                }
             }
         }
     }
@@ -574,9 +595,28 @@ full_flush_kernel(T* out, const T* u, const float* r, const T* stash, const floa
 #pragma unroll
         for (int v = 0; v < VPT; v++) {
             const int c = threadIdx.x + v * kThreads;
-            if (c < d) out[(t0 + i) * d + c] = from_f<T>(acc[i][v]);
+            if (c >= d) continue;
+            out[(t0 + i) * d + c] = from_f<T>(acc[0][i][v]);
+            if (NS == 2) part[(t0 + i) * d + c] = acc[NS - 1][i][v];
         }
     }
+}
+
+// The last term of a paired source k's gradient (full_flush_kernel<T, VPT, 2> at k+1 summed j = J
+// .. k+2 into part): out[t] = T(part[t] + α dx_{k+1}[t] + attnres_score_grad(ds, r_k, s, w_{k+1} ⊙
+// g_{k+1}, v_k[t], d)), the same expression and order as full_flush_kernel's. pa/pds/psc: the
+// plane rows of pair (k+1, k) [N]; dx: the stash row of sublayer k+1 [N, d] (T); w, g: w_{k+1},
+// g_{k+1} (fp32 [d]). One thread per element (grid ceil(N·d / kThreads)).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+full_flush_last_kernel(T* out, const float* part, const T* u, const float* r, const T* dx, const float* pa,
+                       const float* pds, const float* psc, const float* w, const float* g, int N, int d) {
+    const int64_t e = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+    if (e >= (int64_t)N * d) return;
+    const int64_t t = e / d;
+    const int c = (int)(e - t * d);
+    const float val = pa[t] * to_f(dx[e]) + attnres_score_grad(pds[t], r[t], psc[t], w[c] * g[c], to_f(u[e]), d);
+    out[e] = from_f<T>(part[e] + val);
 }
 
 // New source: dst[t] = (p ? p[t] : 0) + o[t] (rounded to T) and rdst[t] = r of the rounded row.

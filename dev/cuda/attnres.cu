@@ -7,11 +7,13 @@
 // N = 16384, d = 1024, D = 48 (Block: 8 blocks). Block runs three ways: production's two-phase
 // path, the per-sublayer path it replaced (dev/cuda/attnres_onephase.cuh) and the per-sublayer
 // forward with the direct backward (production's fallback where the two-phase path does not
-// apply). Full runs three ways: production's deferred backward, the same with one source per
-// barrier and the sources read twice (attnres-full-g1), and the direct backward it replaced
+// apply). Full runs five ways: production's deferred backward (paired flushes), the same with one
+// source per barrier and the sources read twice (attnres-full-g1), with one source per flush
+// (-flush1, before the pairs) or a pair at every other flush (-pairall), and the direct backward
 // (production's Full path at d > 8192). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: attnres [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
+#include <limits>
 
 #define TESTING  // the trainer file without its main()
 #include "train_gpt_baselines.cu"
@@ -53,22 +55,48 @@ struct AttnResFullG1 : GpuAttnRes<T> {
     }
 };
 
-// Full: path TwoPhase means production (the deferred backward), OnePhase the deferred backward at
-// one source per barrier (AttnResFullG1), Direct the direct backward.
-inline const char* full_label(BlockPath p) {
-    return p == BlockPath::TwoPhase ? "attnres-full" : p == BlockPath::OnePhase ? "attnres-full-g1"
-                                                                               : "attnres-full-direct";
+// Full, deferred backward with the flush's pairing threshold moved: pair_min = INT_MAX flushes one
+// source per pass (production until the paired flush), pair_min = 1 pairs wherever a source below
+// remains (at every other k, from k = D down; also where it moves more bytes).
+template <typename T>
+struct AttnResFullPairMin : GpuAttnRes<T> {
+    AttnResFullPairMin(const ModelConfig& c, int pair_min) : GpuAttnRes<T>(c, false) { this->pair_min_ = pair_min; }
+};
+
+// Full's paths: production (the deferred backward with paired flushes), the deferred backward with
+// one source per barrier (AttnResFullG1), with one source per flush, with a pair at every other
+// flush, and the direct backward.
+enum class FullPath { Deferred, G1, Flush1, PairAll, Direct };
+constexpr FullPath kFullPaths[] = {FullPath::Deferred, FullPath::G1, FullPath::Flush1, FullPath::PairAll,
+                                   FullPath::Direct};
+inline const char* full_label(FullPath p) {
+    switch (p) {
+        case FullPath::Deferred: return "attnres-full";
+        case FullPath::G1: return "attnres-full-g1";
+        case FullPath::Flush1: return "attnres-full-flush1";
+        case FullPath::PairAll: return "attnres-full-pairall";
+        default: return "attnres-full-direct";
+    }
 }
 template <typename T>
-static wb::Factory<T> factory(bool block, BlockPath path = BlockPath::TwoPhase) {
-    return [block, path](const ModelConfig& c) {
-        if (!block && path == BlockPath::Direct) return std::unique_ptr<GpuScheme<T>>(new AttnResFullDirect<T>(c));
-        if (!block && path == BlockPath::OnePhase) return std::unique_ptr<GpuScheme<T>>(new AttnResFullG1<T>(c));
-        if (!block) {
-            auto s = std::make_unique<GpuAttnRes<T>>(c, false);
-            if (!s->deferred()) throw Error("attnres-full: the deferred backward does not apply at this shape");
-            return std::unique_ptr<GpuScheme<T>>(std::move(s));
+static wb::Factory<T> full_factory(FullPath path) {
+    return [path](const ModelConfig& c) {
+        std::unique_ptr<GpuAttnRes<T>> s;
+        switch (path) {
+            case FullPath::Direct: return std::unique_ptr<GpuScheme<T>>(new AttnResFullDirect<T>(c));
+            case FullPath::G1: s.reset(new AttnResFullG1<T>(c)); break;
+            case FullPath::Flush1: s.reset(new AttnResFullPairMin<T>(c, std::numeric_limits<int>::max())); break;
+            case FullPath::PairAll: s.reset(new AttnResFullPairMin<T>(c, 1)); break;
+            default: s.reset(new GpuAttnRes<T>(c, false));
         }
+        if (!s->deferred()) throw Error("attnres-full: the deferred backward does not apply at this shape");
+        return std::unique_ptr<GpuScheme<T>>(std::move(s));
+    };
+}
+// Block's paths (TwoPhase: production).
+template <typename T>
+static wb::Factory<T> factory(BlockPath path = BlockPath::TwoPhase) {
+    return [path](const ModelConfig& c) {
         if (path == BlockPath::OnePhase) return std::unique_ptr<GpuScheme<T>>(new AttnResOnePhase<T>(c));
         if (path == BlockPath::Direct) return std::unique_ptr<GpuScheme<T>>(new AttnResDirectBackward<T>(c));
         auto s = std::make_unique<GpuAttnRes<T>>(c, true);
@@ -80,13 +108,16 @@ static wb::Factory<T> factory(bool block, BlockPath path = BlockPath::TwoPhase) 
 template <typename T>
 static bool run_checks(bool quick, double tol_act, double tol_grad) {
     bool ok = true;
-    // Full, deferred (production) and direct backward. N = 66: 9 flush tiles of 8 tokens, the last
-    // partial; d = 2100: 9 values per thread (the forward's source groups of 2 with a remainder,
-    // flush tiles of 2 tokens, N = 3: one partial); D = 10 at d = 40: 11 sources, readout included.
-    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct}) {
+    // Full, every path. N = 66: 9 flush tiles of 8 tokens (17 paired tiles of 4), the last partial;
+    // d = 2100: 9 values per thread (the forward's source groups of 2 with a remainder, flush tiles
+    // of 2 tokens, paired 1, N = 3: one partial); D = 10 at d = 40: 11 sources, readout included.
+    // Production pairs sources (k, k−1) where J − k >= 6 in bf16, 4 in fp32 (J = D + 1): at D = 6
+    // (1, 0) in bf16, (3, 2), (1, 0) in fp32; at D = 10 (5, 4), (3, 2), (1, 0) in bf16, (7, 6) ..
+    // (1, 0) in fp32. pairall pairs (D, D−1), (D−2, D−3), .. (2, 1) (D is even: source 0 alone).
+    for (FullPath path : kFullPaths) {
         const char* label = full_label(path);
         auto chk = [&](const wb::Shape& sh, uint64_t seed) {
-            return wb::check_scheme<T>("attnres", "attnres-full", sh, factory<T>(false, path), tol_act, tol_grad, seed,
+            return wb::check_scheme<T>("attnres", "attnres-full", sh, full_factory<T>(path), tol_act, tol_grad, seed,
                                        0.3, label);
         };
         ok &= chk({2, 33, 67, 3, 4, 8}, 21);
@@ -104,7 +135,7 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     // blocks at d = 64 (up to 6 block sources in groups of 4: a partial group).
     for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct}) {
         auto chk = [&](const wb::Shape& sh, uint64_t seed, double scale = 0.3) {
-            return wb::check_scheme<T>("attnres", "attnres-block", sh, factory<T>(true, path), tol_act, tol_grad,
+            return wb::check_scheme<T>("attnres", "attnres-block", sh, factory<T>(path), tol_act, tol_grad,
                                        seed, scale, block_label(path));
         };
         ok &= chk({2, 33, 67, 3, 4, 2}, 23);
@@ -124,43 +155,30 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
 }
 
 // Estimated traffic per token of fwd+bwd. Per sublayer, every path: x, xn written, the new source
-// (o read, p read, written) and the fp32 rows of the gradient plumbing (6·d·tb + 8·d); Full's
-// sources are o_j itself (the trainer's GEMM writes o_j into the source array: output_buffer),
-// so one d·tb less there (the source is read for its RMS, not copied). Aggregation
+// (o read, p read, written) and the fp32 rows of the gradient plumbing (6·d·tb + 8·d). Aggregation
 // over K sources: the per-sublayer forward reads K·d·tb; the direct backward 2·K·d·tb + 8·K·d
-// (fp32 gradient read-modify-write). Full, deferred backward (path TwoPhase): no fp32 rows (8·d
-// less), the scores kernel reads the K sources once (kept in shared memory for dL/dq, which they
-// are at the bench shape in fp32 and bf16), dx and writes the stash, K·d·tb + 2·d·tb (path
-// OnePhase, attnres-full-g1: the sources read twice, 2·K·d·tb + 2·d·tb), and the flush of one source per sublayer reads the source and on
-// average K stash rows, (K + 1)·d·tb. Block, one-phase deferred backward: K·d·tb per sublayer, p's
+// (fp32 gradient read-modify-write). Block, one-phase deferred backward: K·d·tb per sublayer, p's
 // update d·(tb + 8), dx read + stash 2·d·tb, and once per block (tb + 8)·d per block source.
 // Block, two-phase: forward at position 1 the n block sources and the other positions' aggregates
 // written, (n + ns − 1)·d·tb, at i >= 2 the aggregate and p read, 2·d·tb; backward at i >= 2 dx
 // and a_j read and the stash written 3·d·tb plus p's update d·(tb + 8), at i = 1 dx_1 and the
 // ns − 1 stashes read, ns·d·tb, plus (tb + 8)·d per block source.
 template <typename T>
-static double traffic(bool block, int D, int nb, double d, BlockPath path = BlockPath::Direct) {
+static double block_traffic(int D, int nb, double d, BlockPath path) {
     const double tb = sizeof(T);
     double b = 0;
     const int S = D / nb;
     for (int j = 1; j <= D + 1; j++) {
         int K, n = 0, i = 1;
-        if (j == D + 1) K = (block ? nb : D) + 1;
-        else if (!block) K = j;
+        if (j == D + 1) K = nb + 1;
         else {
             n = std::min((j - 1) / S + 1, nb);
             i = j - (n - 1) * S;
             K = n + (i >= 2 ? 1 : 0);
         }
         const int ns = n < nb ? S : D - (nb - 1) * S;
-        if (!block && j <= D) b -= d * tb;  // o_j written in place (no copy)
-        if (!block && path != BlockPath::Direct) {
-            const int reads = path == BlockPath::OnePhase ? 2 : 1;
-            b += 6 * d * tb + K * d * tb + (reads * K + 2) * d * tb + (K + 1) * d * tb;
-            continue;
-        }
         b += 6 * d * tb + 8 * d;
-        if (!block || j == D + 1 || path == BlockPath::Direct) {
+        if (j == D + 1 || path == BlockPath::Direct) {
             b += K * d * tb + K * d * (2 * tb + 8);
         } else if (path == BlockPath::OnePhase) {
             b += K * d * tb;
@@ -174,15 +192,57 @@ static double traffic(bool block, int D, int nb, double d, BlockPath path = Bloc
     return b;
 }
 
+// Full (K = j sources at sublayer j, the readout j = D + 1 included): the per-sublayer rows as
+// above, less one d·tb (the sources are o_j itself, written by the trainer's GEMM into the source
+// array, output_buffer: read for their RMS, not copied), the forward's K·d·tb. Direct backward:
+// 2·K·d·tb + 8·K·d. Deferred backward: no fp32 rows (8·d less); the scores kernel reads the K
+// sources once (kept in shared memory for dL/dq, which they are at the bench shape in fp32 and
+// bf16), dx and writes the stash, K·d·tb + 2·d·tb (g1: the sources read twice, 2·K·d·tb + 2·d·tb);
+// then the flushes under GpuAttnRes::full_flush's pairing rule with threshold pair_min (their
+// d_o writes are in the per-sublayer rows): a single flush of source k reads it and its m = J − k
+// stash rows, (m + 1)·d·tb; a pair (k, k−1) reads both sources and the m rows and writes the fp32
+// partial, (m + 2)·d·tb + 4·d, and the flush of k−1 reads the partial, one stash row and the
+// source, 4·d + 2·d·tb.
+template <typename T>
+static double full_traffic(int D, double d, FullPath path, int pair_min) {
+    const double tb = sizeof(T);
+    double b = 0;
+    for (int j = 1; j <= D + 1; j++) {
+        const int K = j;
+        b += 6 * d * tb + K * d * tb - (j <= D ? d * tb : 0);
+        if (path == FullPath::Direct) b += 8 * d + K * d * (2 * tb + 8);
+        else b += ((path == FullPath::G1 ? 2 : 1) * K + 2) * d * tb;
+    }
+    if (path == FullPath::Direct) return b;
+    const int J = D + 1;
+    for (int k = D; k >= 0; k--) {
+        const int m = J - k;
+        if (k >= 1 && m >= pair_min) {
+            b += (m + 2) * d * tb + 4 * d + 4 * d + 2 * d * tb;
+            k--;
+        } else {
+            b += (m + 1) * d * tb;
+        }
+    }
+    return b;
+}
+// The pairing threshold of each Full path (production: GpuAttnRes's 2 + 8/tb).
+template <typename T>
+static int full_pair_min(FullPath path) {
+    return path == FullPath::Flush1 ? std::numeric_limits<int>::max()
+           : path == FullPath::PairAll ? 1
+                                       : 2 + 8 / (int)sizeof(T);
+}
+
 template <typename T>
 static void run_bench() {
     const wb::Shape full{8, 2048, 1024, 24, 4, 8};
     for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct})
-        wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(true, path),
-                            traffic<T>(true, 48, 8, 1024, path), 20, block_label(path));
-    for (BlockPath path : {BlockPath::TwoPhase, BlockPath::OnePhase, BlockPath::Direct})
-        wb::bench_scheme<T>("attnres", "attnres-full", full, factory<T>(false, path),
-                            traffic<T>(false, 48, 48, 1024, path), 20, full_label(path));
+        wb::bench_scheme<T>("attnres", "attnres-block", full, factory<T>(path), block_traffic<T>(48, 8, 1024, path), 20,
+                            block_label(path));
+    for (FullPath path : kFullPaths)
+        wb::bench_scheme<T>("attnres", "attnres-full", full, full_factory<T>(path),
+                            full_traffic<T>(48, 1024, path, full_pair_min<T>(path)), 20, full_label(path));
 }
 
 int main(int argc, char** argv) {
