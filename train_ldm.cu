@@ -563,6 +563,8 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
         fr.prod = prodT;
         const bool rows = HK_ <= kRowMaxK;  // the row pass takes the rest of the rows
         const bool f32 = std::is_same<T, float>::value;
+        // the write's dv: for the row pass in T straight into d_o (the pass reads it there and
+        // overwrites it with d_o); above HK = 32 an fp32 accumulator of the key GEMM (d_o itself in fp32)
         float* dvacc = f32 ? reinterpret_cast<float*>(d_o) : tmp32_.ptr;
         const float* Kn = Kn_.ptr + (int64_t)j * N * HK_;
         const float* Knrm = Knrm_.ptr + (int64_t)j * N * Hm_;
@@ -571,7 +573,9 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
         const dim3 gw(warp_blocks(dims_)), tw(32 * kWarpsPerBlock);
         dispatch_dk(dk_, [&](auto c) {
             constexpr int DK = decltype(c)::value;
-            if (rls_) read_bwd_unwind_vjp_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
+            if (rows && rls_) read_bwd_unwind_vjp_rls_warp_kernel<T, DK, kRegPMax, kBwdRows<DK>, T><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, d_o, draw_.ptr, dtok_.ptr, fr);
+            else if (rows) read_bwd_vjp_od_warp_kernel<kOuter, T, DK, true, T><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, nullptr, d_o, draw_.ptr, dtok_.ptr, fr);
+            else if (rls_) read_bwd_unwind_vjp_rls_warp_kernel<T, DK><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
             else read_bwd_vjp_od_warp_kernel<kOuter, T, DK, true><<<gw, tw, 0, s>>>(dims_, cur_.ptr, dS_.ptr, Kn, Knrm, Oj, lam, nullptr, nullptr, dvacc, draw_.ptr, dtok_.ptr, fr);
         });
         LDM_LAUNCH_CHECK();
@@ -580,7 +584,7 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             // rows, dsrc += dq·W_q (+ dx_{j+1}), d_o = T(dv + dk·W_k + dsrc), h_{j-1} and the gate's
             // gradient Σ dx ⊙ r, is one pass.
             read_backward_gemms(j + 1, drawq_.ptr, s, /*rows_fused=*/true);
-            write_backward_gemms(j, dvacc, s, /*dvacc_gemm=*/false);
+            write_backward_gemms(j, nullptr, s, /*dvacc_gemm=*/false);  // (rls / outer: no dvacc GEMM at all)
             RowBackward<T> rb;
             rb.N = (int)N;
             rb.d = d_;
@@ -590,7 +594,7 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             rb.Wq = Wq_[j + 1];
             rb.Wk = Wk_[j];
             rb.dx = dx_add_pending_ ? dxT_.ptr : nullptr;
-            rb.dv = dvacc;
+            rb.dv = d_o;
             rb.dsrc = dsrc_.ptr;
             rb.d_o = d_o;
             rb.O = residual_ ? Oj : Oj - nd;

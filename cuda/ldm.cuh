@@ -222,7 +222,7 @@ struct RowBackward {
     const T* Wq = nullptr;      // [HK, d]: W_q^{j+1}
     const T* Wk = nullptr;      // [HK, d]: W_k^j
     const T* dx = nullptr;      // [N, d] dL/dx_{j+1}, or nullptr (nothing pending)
-    const float* dv = nullptr;  // [N, d] fp32: the write's dv (may alias d_o when T = float)
+    const T* dv = nullptr;      // [N, d]: the write's dv as the fused state kernel stored it (may alias d_o)
     float* dsrc = nullptr;      // [N, d] fp32, read and written
     T* d_o = nullptr;           // [N, d]
     const T* O = nullptr;       // [N, d]: residual: O_j; else O_{j−1}
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T
                 if (live && t < nt) {
                     const int64_t i = (n0 + t) * p.d + c;
                     ds[u] = p.dsrc[i];
-                    dv[u] = p.dv[i];
+                    dv[u] = to_f(p.dv[i]);
                     ov[u] = to_f(p.O[i]);
                     if (p.residual) sr[u] = p.src32[i];
                     if (p.dx) dxv[u] = to_f(p.dx[i]);
@@ -906,9 +906,9 @@ write_read_rls_warp_kernel(Dims D, float* cur, const float* src_state, const flo
 // rls_write_vjp (ldm_math.h). One pass over the rows: each lane unwinds its S row in registers,
 // stores it, and applies the row's part of the VJP with its dS row; dk-vector sums are warp
 // reductions; the P part is computed redundantly by every lane from registers.
-template <int DK, bool UNWIND, bool READ, typename T, int PREG, int ROWS, typename V>
+template <int DK, bool UNWIND, bool READ, typename T, int PREG, int ROWS, typename V, typename DV = float>
 __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
-                                                const V* v32, const float* lam, const float* dsrc32, float* dvacc,
+                                                const V* v32, const float* lam, const float* dsrc32, DV* dvacc,
                                                 float* draw, float* dtok, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
     float q[DK], dq[DK];
@@ -1003,7 +1003,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
                 drow[i][b] -= t * k[b];
             }
             store_row<DK>(dSs + (int64_t)r * dk, drow[i], dk);
-            dvacc[vo + r] = dsr[i] + t;
+            dvacc[vo + r] = from_f<DV>(dsr[i] + t);
         });
     if (READ) fused_read_bwd_finish<T, DK>(fr, D, n, h, lane, q, dq);
 #pragma unroll
@@ -1101,15 +1101,16 @@ unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const
 }
 // Read i+1's backward, then the unwind + VJP of write i, in one pass over S, P, dS, dP (unwind mode
 // and checkpoint segments; the state in cur is the one after write i). dsrc32 == nullptr: dvacc
-// gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it). The
+// gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it), as
+// DV: fp32 where a GEMM accumulates into it, T where the row pass reads it (one rounding). The
 // values v are read as stored (O_i, type T) and widened in registers.
-template <typename T, int DK, int PREG = kRegPMax, int ROWS = kBwdRows<DK>>
+template <typename T, int DK, int PREG = kRegPMax, int ROWS = kBwdRows<DK>, typename DV = float>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 read_bwd_unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
-                                    const T* v, const float* lam, const float* dsrc32, float* dvacc,
+                                    const T* v, const float* lam, const float* dsrc32, DV* dvacc,
                                     float* draw, float* dtok, FusedRead<T> fr) {
-    unwind_vjp_rls_warp_body<DK, true, true, T, PREG, ROWS, T>(D, cur, dS, Kn, Knrm, v, lam, dsrc32, dvacc, draw, dtok,
-                                                               fr);
+    unwind_vjp_rls_warp_body<DK, true, true, T, PREG, ROWS, T, DV>(D, cur, dS, Kn, Knrm, v, lam, dsrc32, dvacc, draw,
+                                                                   dtok, fr);
 }
 
 // Warp outer / delta write (forward): same math as outer_write / delta_write (in place on cur).
@@ -1185,10 +1186,10 @@ write_read_od_warp_kernel(Dims D, float* cur, const float* raw, float* Kn, float
 // Warp VJP of an outer / delta write at the state before it (UNWIND, outer only: first unwinds the
 // row in place, S_prev = (S - v kᵀ)/λ). Same math as outer_write_vjp / delta_write_vjp; outputs
 // as write_vjp_thread_kernel (dtok = dL/dλ for outer, dL/dz for delta).
-template <int RULE, int DK, bool UNWIND, bool READ, typename T, typename V>
+template <int RULE, int DK, bool UNWIND, bool READ, typename T, typename V, typename DV = float>
 __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm,
                                         const V* v32, const float* lam, const float* beta, const float* dsrc32,
-                                        float* dvacc, float* draw, float* dtok, const FusedRead<T>& fr) {
+                                        DV* dvacc, float* draw, float* dtok, const FusedRead<T>& fr) {
     LDM_WARP_INDEX(D)
     float q[DK], dq[DK];
     if (READ) {
@@ -1237,7 +1238,7 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
                 dkk[b] += G[b] * vv;
                 G[b] = lm * G[b];
             }
-            dvacc[vo + r] = (dsrc32 ? dsrc32[vo + r] : 0.f) + t;
+            dvacc[vo + r] = from_f<DV>((dsrc32 ? dsrc32[vo + r] : 0.f) + t);
         } else {
             float s = 0.f;
 #pragma unroll
@@ -1253,7 +1254,7 @@ __device__ inline void vjp_od_warp_body(Dims D, float* cur, float* dS, const flo
                 dkk[b] += bt * G[b] * e - row[b] * de;
                 G[b] -= de * k[b];
             }
-            dvacc[vo + r] = (dsrc32 ? dsrc32[vo + r] : 0.f) + de;
+            dvacc[vo + r] = from_f<DV>((dsrc32 ? dsrc32[vo + r] : 0.f) + de);
         }
         store_row<DK>(dSs + (int64_t)r * dk, G, dk);
     }
@@ -1279,13 +1280,14 @@ vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* 
                                                             dtok, FusedRead<float>{});
 }
 // Read i+1's backward, then the (outer: unwind +) VJP of write i, in one pass (see the rls one); v
-// as stored (O_i, type T).
-template <int RULE, typename T, int DK, bool UNWIND>
+// as stored (O_i, type T), dvacc as DV (the rls one's rule).
+template <int RULE, typename T, int DK, bool UNWIND, typename DV = float>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 read_bwd_vjp_od_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const float* Knrm, const T* v,
-                            const float* lam, const float* beta, const float* dsrc32, float* dvacc, float* draw,
+                            const float* lam, const float* beta, const float* dsrc32, DV* dvacc, float* draw,
                             float* dtok, FusedRead<T> fr) {
-    vjp_od_warp_body<RULE, DK, UNWIND, true, T, T>(D, cur, dS, Kn, Knrm, v, lam, beta, dsrc32, dvacc, draw, dtok, fr);
+    vjp_od_warp_body<RULE, DK, UNWIND, true, T, T, DV>(D, cur, dS, Kn, Knrm, v, lam, beta, dsrc32, dvacc, draw, dtok,
+                                                       fr);
 }
 
 // Warp unwind of write i alone (cur: after -> before), rls / outer: same math as rls_unwind /

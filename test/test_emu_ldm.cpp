@@ -643,24 +643,24 @@ TEST_CASE("emu: warp read backward (fp32 and bf16 dx, with and without residual 
 // src32, and (with the residual) the gate's gradient gA += Σ_n prod, against the formula in double.
 // Shapes: HK below and at the register widths 16, 32 (padding), d not a multiple of the block
 // width (idle threads), N not a multiple of the token tile; token slices from production's grid
-// and forced to 1 and 2 (one block walks several tiles). fp32 with dv aliasing d_o (production's
-// T = float) and not; bf16 rows and weights; with and without the residual and the pending dx.
+// and forced to 1 and 2 (one block walks several tiles). dv (type T) aliasing d_o (production) and
+// not, in fp32 and in bf16 (bf16 rows and weights); with and without the residual and the pending dx.
 TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula", "[emu][ldm]") {
     struct RowShape {
         int N, d, HK;
     };
     const RowShape shapes[] = {{70, 300, 32}, {37, 64, 12}, {5, 257, 16}, {33, 40, 5}, {66, 256, 17}};
     for (const RowShape& sh : shapes)
-        for (int type = 0; type < 3; type++)  // 0 fp32, 1 fp32 with dv aliasing d_o, 2 bf16
+        for (int type = 0; type < 4; type++)  // 0 fp32, 1 fp32 with dv aliasing d_o, 2 bf16, 3 bf16 aliasing
             for (int residual = 0; residual < 2; residual++)
                 for (int has_dx = 0; has_dx < 2; has_dx++)
                     for (int gy : {0, 1, 2}) {  // 0: production's grid
                         if (!residual && has_dx) continue;  // (production: dx is pending only with the residual)
-                        const bool bf = type == 2, alias = type == 1;
+                        const bool bf = type >= 2, alias = type == 1 || type == 3;
                         const int N = sh.N, d = sh.d, HK = sh.HK;
                         const int64_t nd = (int64_t)N * d;
-                        const std::string ctx = strprintf("row_backward N=%d d=%d HK=%d %s%s%s grid.y=%d", N, d, HK,
-                                                          bf ? "bf16" : alias ? "fp32 dv=d_o" : "fp32",
+                        const std::string ctx = strprintf("row_backward N=%d d=%d HK=%d %s%s%s%s grid.y=%d", N, d, HK,
+                                                          bf ? "bf16" : "fp32", alias ? " dv=d_o" : "",
                                                           residual ? " residual" : "", has_dx ? " dx" : "", gy);
                         Rng r(7000 + N + d + HK + 10 * type + 100 * residual + 1000 * has_dx + gy);
                         auto rnd = [&](int64_t n) {  // T-representable values (the reference sees what the kernel reads)
@@ -670,13 +670,12 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                 for (int64_t i = 0; i < n; i++) b[i] = __bfloat162float(__float2bfloat16(b[i]));
                             return b;
                         };
-                        Buf dq(N * HK), dk(N * HK), dsrc_in(nd), dv_in(nd), src_in(nd);
+                        Buf dq(N * HK), dk(N * HK), dsrc_in(nd), src_in(nd);
                         r.fill(dq);
                         r.fill(dk);
                         r.fill(dsrc_in, 0.1f, 4.f);
-                        r.fill(dv_in);
                         r.fill(src_in, 0.1f, 4.f);
-                        Buf Wq = rnd(HK * d), Wk = rnd(HK * d), dx = rnd(nd), O = rnd(nd), prod = rnd(nd);
+                        Buf Wq = rnd(HK * d), Wk = rnd(HK * d), dx = rnd(nd), O = rnd(nd), prod = rnd(nd), dv_in = rnd(nd);
                         Buf gA_in(d), gA(d);
                         r.fill(gA_in);
                         Buf dsrc(nd), src32(nd), dvb(nd), d_o(nd), srcT(nd);  // outputs (d_o, srcT as floats)
@@ -686,7 +685,7 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                             return v;
                         };
                         std::vector<bf16> Wqb = bfv(Wq), Wkb = bfv(Wk), dxb = bfv(dx), Ob = bfv(O), prodb = bfv(prod);
-                        std::vector<bf16> d_ob((size_t)nd + kGuard), srcTb((size_t)nd + kGuard);
+                        std::vector<bf16> d_ob((size_t)nd + kGuard), srcTb((size_t)nd + kGuard), dvbb = bfv(dv_in);
                         auto poison_b = [&](std::vector<bf16>& v) {
                             for (auto& x : v) x = __float2bfloat16(std::nanf(""));
                         };
@@ -711,13 +710,15 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                 srcT.poison();
                                 poison_b(d_ob);
                                 poison_b(srcTb);
+                                if (bf && alias)  // dv in d_o's place, as production writes it
+                                    for (int64_t i = 0; i < nd; i++) d_ob[(size_t)i] = dvbb[(size_t)i];
                             },
                             [&] {
                                 if (bf) {
                                     RowBackward<bf16> p;
                                     p.N = N; p.d = d; p.HK = HK; p.dq = dq.p(); p.dk = dk.p();
                                     p.Wq = Wqb.data(); p.Wk = Wkb.data(); p.dx = has_dx ? dxb.data() : nullptr;
-                                    p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = d_ob.data(); p.O = Ob.data();
+                                    p.dv = alias ? d_ob.data() : dvbb.data(); p.dsrc = dsrc.p(); p.d_o = d_ob.data(); p.O = Ob.data();
                                     p.src32 = src32.p(); p.srcT = srcTb.data(); p.residual = residual;
                                     if (residual) { p.prod = prodb.data(); p.gpart = gpart.p(); p.gA = gA.p(); }
                                     if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 16>, p);

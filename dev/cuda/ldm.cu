@@ -301,7 +301,9 @@ void bench(bool quick) {
     DeviceBuffer<float> cur(st), dS(st), raw(N * Dm.HK), Kn(N * Dm.HK), Knrm(N * Dm.Hm), v32(nd),
         lam(Dm.Hm), dsrc(nd), dvacc(nd), draw(N * Dm.HK), dtok(N * Dm.Hm), src32(nd), r32(nd),
         prod(nd), scratch(N * Dm.Hm * thread_scratch_floats(Dm)), a(k.d), theta(Dm.Hm), lg(Dm.Hm);
-    DeviceBuffer<T> x(nd), dx(nd), vT(nd);  // vT: the values as the fused kernels read them (O_i, T)
+    // vT: the values as the fused kernels read them (O_i, T); dvT: the fused backward's dv as the row
+    // pass reads it (T, in d_o's place)
+    DeviceBuffer<T> x(nd), dx(nd), vT(nd), dvT(nd);
     cudaStream_t s = 0;
     init_state(Dm, cur.ptr, 0.1f, s);
     fill(dS.ptr, st, 0.f, s);
@@ -392,7 +394,7 @@ void bench(bool quick) {
         };
         auto fused_bwd = [&](auto dk, auto preg, auto rows, const Dims& D, const char* name, double bytes) {
             ms = time_median_ms([&] {
-                read_bwd_unwind_vjp_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, vT.ptr, lam.ptr, nullptr, dvacc.ptr, draw.ptr, dtok.ptr, fb);
+                read_bwd_unwind_vjp_rls_warp_kernel<T, decltype(dk)::value, decltype(preg)::value, decltype(rows)::value, T><<<warp_blocks(D), 32 * kWarpsPerBlock, 0, s>>>(D, cur.ptr, dS.ptr, Kn.ptr, Knrm.ptr, vT.ptr, lam.ptr, nullptr, dvT.ptr, draw.ptr, dtok.ptr, fb);
             }, 2, reps, s);
             line(name, ms, bytes);
         };
@@ -430,8 +432,9 @@ void bench(bool quick) {
     // pass (production, ldmk::row_backward) against the path it replaced (two GEMMs dsrc +=
     // dq·W_q, dvacc += dk·W_k with fp32 read-modify-write, restore_src_kernel, resid_sum_kernel,
     // the gate's column sum of the product in T; production's only for HK > kRowMaxK). GB/s of
-    // both against the row pass's bytes (bf16: dsrc read + written, dx, dv, O, src32 read +
-    // written, srcT, d_o, the gate product dx ⊙ r read: 30 B per element; the GEMM path moves 46 B);
+    // both against the row pass's bytes (bf16: dsrc read + written, dx, dv (T, in d_o's place), O,
+    // src32 read + written, srcT, d_o, the gate product dx ⊙ r read: 28 B per element; the GEMM
+    // path, with dv in fp32, moves 46 B);
     // the dq, dk rows (HK floats per token), the weights and the partial sums are not counted.
     for (int dk : {8, 4}) {
         const int HK = Dm.Hm * dk;
@@ -445,10 +448,10 @@ void bench(bool quick) {
         fill(dkr.ptr, dkr.n, 0.2f, s);
         RowBackward<T> rb;
         rb.N = (int)N; rb.d = k.d; rb.HK = HK; rb.dq = dq.ptr; rb.dk = dkr.ptr; rb.Wq = Wq.ptr; rb.Wk = Wk.ptr;
-        rb.dx = dx.ptr; rb.dv = dvacc.ptr; rb.dsrc = dsrc.ptr; rb.d_o = d_o.ptr; rb.O = vT.ptr; rb.src32 = src32.ptr;
+        rb.dx = dx.ptr; rb.dv = d_o.ptr; rb.dsrc = dsrc.ptr; rb.d_o = d_o.ptr; rb.O = vT.ptr; rb.src32 = src32.ptr;
         rb.srcT = std::is_same<T, float>::value ? nullptr : srcT.ptr;
         rb.prod = prodT.ptr; rb.gpart = gpart.ptr; rb.gA = gA.ptr;
-        const double tb = std::is_same<T, float>::value ? 36.0 : 30.0;  // bytes per element (fp32: srcT is src32)
+        const double tb = std::is_same<T, float>::value ? 36.0 : 28.0;  // bytes per element (fp32: srcT is src32)
         T* srcT_old = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32.ptr) : srcT.ptr;
         const std::string tag = strprintf("-dk%d", dk);
         ms = time_median_ms([&] { row_backward<T>(rb, s); }, 2, reps, s);
