@@ -404,6 +404,10 @@ struct GpuAttnRes : GpuScheme<T> {
     bool two_phase() const { return two_phase_; }
     // Full on the deferred backward (false: Block, or Full at d > 8192).
     bool deferred() const { return deferred_; }
+    // Full's flush pairs sources (k, k − 1) where m = D + 1 − k >= this many consumers remain
+    // (full_flush): a pair reads (m − 1)·sizeof(T) bytes per value fewer and moves the 8 bytes of
+    // the fp32 partial, so it pays from m = 2 + 8/sizeof(T) on (bf16 6, fp32 4).
+    static constexpr int kFlushPairMin = 2 + 8 / (int)sizeof(T);
 
     void bind(const T* params, const float* master, float* grads) override {
         P_ = params;
@@ -543,7 +547,7 @@ struct GpuAttnRes : GpuScheme<T> {
     // pending_ = -1: none); pairs where J − k >= pair_min_ (the workbench moves it)
     DeviceBuffer<float> part_;
     int pending_ = -1;
-    int pair_min_ = 2 + 8 / (int)sizeof(T);
+    int pair_min_ = kFlushPairMin;
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
@@ -686,11 +690,12 @@ struct GpuAttnRes : GpuScheme<T> {
         });
         LDM_LAUNCH_CHECK();
     }
-    // Whether full_flush can pair sources at this d (full_flush_kernel's NS = 2 needs VPT <= 16).
+    // Whether full_flush pairs any sources: d <= 4096 (full_flush_kernel's NS = 2 needs VPT <= 16)
+    // and some source k >= 1 with pair_min_ consumers (source 1 has D of them).
     bool flush_pairs() const {
         bool ok = false;
         ar_detail::dispatch_vpt(d_, [&](auto c) { ok = ar_detail::flush_tokens<decltype(c)::value, 2>() > 0; });
-        return ok;
+        return ok && D_ >= pair_min_;
     }
 
     // Two-phase forward of Block sublayer j at position i of block n: i = 1 runs the block's

@@ -78,6 +78,13 @@ inline const char* full_label(FullPath p) {
         default: return "attnres-full-direct";
     }
 }
+// The pairing threshold of each Full path (production's: GpuAttnRes::kFlushPairMin).
+template <typename T>
+static int full_pair_min(FullPath path) {
+    return path == FullPath::Flush1 ? std::numeric_limits<int>::max()
+           : path == FullPath::PairAll ? 1
+                                       : GpuAttnRes<T>::kFlushPairMin;
+}
 template <typename T>
 static wb::Factory<T> full_factory(FullPath path) {
     return [path](const ModelConfig& c) {
@@ -85,8 +92,8 @@ static wb::Factory<T> full_factory(FullPath path) {
         switch (path) {
             case FullPath::Direct: return std::unique_ptr<GpuScheme<T>>(new AttnResFullDirect<T>(c));
             case FullPath::G1: s.reset(new AttnResFullG1<T>(c)); break;
-            case FullPath::Flush1: s.reset(new AttnResFullPairMin<T>(c, std::numeric_limits<int>::max())); break;
-            case FullPath::PairAll: s.reset(new AttnResFullPairMin<T>(c, 1)); break;
+            case FullPath::Flush1:
+            case FullPath::PairAll: s.reset(new AttnResFullPairMin<T>(c, full_pair_min<T>(path))); break;
             default: s.reset(new GpuAttnRes<T>(c, false));
         }
         if (!s->deferred()) throw Error("attnres-full: the deferred backward does not apply at this shape");
@@ -110,20 +117,41 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     bool ok = true;
     // Full, every path. N = 66: 9 flush tiles of 8 tokens (17 paired tiles of 4), the last partial;
     // d = 2100: 9 values per thread (the forward's source groups of 2 with a remainder, flush tiles
-    // of 2 tokens, paired 1, N = 3: one partial); D = 10 at d = 40: 11 sources, readout included.
+    // of 2 tokens, paired 1, N = 3: one partial); D = 10 at d = 40: 11 sources, readout included;
+    // d = 300, 1100, 3100: the paired flush at 2, 8 and 16 values per thread (4, 2, 1 tokens).
     // Production pairs sources (k, k−1) where J − k >= 6 in bf16, 4 in fp32 (J = D + 1): at D = 6
     // (1, 0) in bf16, (3, 2), (1, 0) in fp32; at D = 10 (5, 4), (3, 2), (1, 0) in bf16, (7, 6) ..
     // (1, 0) in fp32. pairall pairs (D, D−1), (D−2, D−3), .. (2, 1) (D is even: source 0 alone).
-    for (FullPath path : kFullPaths) {
-        const char* label = full_label(path);
-        auto chk = [&](const wb::Shape& sh, uint64_t seed) {
-            return wb::check_scheme<T>("attnres", "attnres-full", sh, full_factory<T>(path), tol_act, tol_grad, seed,
-                                       0.3, label);
-        };
-        ok &= chk({2, 33, 67, 3, 4, 8}, 21);
-        ok &= chk({1, 3, 2100, 3, 4, 8}, 27);
-        ok &= chk({1, 7, 40, 5, 4, 8}, 31);
-        if (!quick) ok &= chk({3, 50, 1024, 2, 4, 8}, 22);
+    // Paired and single flushes add the same terms in the same order: production, flush1 and
+    // pairall must agree bit for bit (every x_j, y, d_o_j, de and gradient; g1 and direct sum in
+    // other orders).
+    std::vector<wb::Shape> shapes = {{2, 33, 67, 3, 4, 8}, {1, 3, 2100, 3, 4, 8}, {1, 7, 40, 5, 4, 8},
+                                     {1, 5, 300, 3, 4, 8},  {1, 5, 1100, 3, 4, 8}, {1, 2, 3100, 3, 4, 8}};
+    const uint64_t seeds[] = {21, 27, 31, 32, 33, 34, 22};
+    if (!quick) shapes.push_back({3, 50, 1024, 2, 4, 8});
+    for (size_t si = 0; si < shapes.size(); si++) {
+        std::vector<float> got[5];
+        for (FullPath path : kFullPaths) {
+            wb::g_capture = &got[(int)path];
+            ok &= wb::check_scheme<T>("attnres", "attnres-full", shapes[si], full_factory<T>(path), tol_act, tol_grad,
+                                      seeds[si], 0.3, full_label(path));
+            wb::g_capture = nullptr;
+        }
+        const std::vector<float>& a = got[(int)FullPath::Deferred];
+        for (FullPath other : {FullPath::Flush1, FullPath::PairAll}) {
+            const std::vector<float>& b = got[(int)other];
+            const bool same = a.size() == b.size() && !a.empty() &&
+                              std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+            double dmax = a.size() == b.size() ? 0.0 : INFINITY, amax = 0;
+            for (size_t i = 0; i < a.size() && i < b.size(); i++) {
+                dmax = std::max(dmax, std::fabs((double)a[i] - b[i]));
+                amax = std::max(amax, std::fabs((double)a[i]));
+            }
+            std::printf("CHECK attnres %s.bitwise=attnres-full %s %s rel=%.3e max_abs=%.3e %s\n", full_label(other),
+                        dtype_name<T>(), shapes[si].str().c_str(), amax > 0 ? dmax / amax : dmax, dmax,
+                        same ? "PASS" : "FAIL  (not bit for bit the same)");
+            ok &= same;
+        }
     }
     // Block: D = 6 in 2 blocks of 3; D = 6 in 4 blocks (S = 1, the last takes 3); N_b > D (clamped);
     // D = 8 in 3 blocks at d = 1024. Two-phase only: d = 2100 with 6 sublayers per block (12 values
@@ -225,13 +253,6 @@ static double full_traffic(int D, double d, FullPath path, int pair_min) {
         }
     }
     return b;
-}
-// The pairing threshold of each Full path (production: GpuAttnRes's 2 + 8/tb).
-template <typename T>
-static int full_pair_min(FullPath path) {
-    return path == FullPath::Flush1 ? std::numeric_limits<int>::max()
-           : path == FullPath::PairAll ? 1
-                                       : 2 + 8 / (int)sizeof(T);
 }
 
 template <typename T>

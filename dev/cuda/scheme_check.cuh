@@ -127,6 +127,13 @@ inline bool report(const char* family, const std::string& variant, const char* d
     return ok;
 }
 
+// When set, check_scheme appends every GPU result it compares (x_j, y, d_o_j, de, the gradients,
+// in that order) to *g_capture, so that a workbench can compare two paths bit for bit.
+inline std::vector<float>* g_capture = nullptr;
+inline void capture(const std::vector<float>& v) {
+    if (g_capture) g_capture->insert(g_capture->end(), v.begin(), v.end());
+}
+
 // Runs the comparison for one scheme / shape / dtype. tol_act: x, xn, y, d_o, de; tol_grad: the
 // parameter gradients (per tensor, relative to max(||g_cpu||, f·max over tensors), f = 1e-3 for
 // fp32 and 1e-2 for bf16, see grad_floor).
@@ -262,6 +269,7 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
         auto xg = download(dx_buf.ptr, Nd);
         auto xng = download(dxn.ptr, Nd);
         auto rsg = download(drstd.ptr, N);
+        capture(xg);
         wx.add(compare_d(xg, X[j], fX[j]), strprintf("x_%d", j));
         // xn reference: RMSNorm of the GPU's own x (isolates the fused norm from upstream error).
         std::vector<double> xgd(xg.begin(), xg.end()), xnr((size_t)Nd), rsr((size_t)N);
@@ -276,20 +284,27 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
     }
     fill(dyo.ptr, Nd, nanv, st);
     gs->readout(dyo.ptr, st);
-    wy.add(compare_d(download(dyo.ptr, Nd), y, fy), "y");
+    const auto yg = download(dyo.ptr, Nd);
+    capture(yg);
+    wy.add(compare_d(yg, y, fy), "y");
     gs->readout_backward(dy_.ptr, st);
     for (int j = D; j >= 1; j--) {
         fill(ddo.ptr, Nd, nanv, st);
         gs->output_backward(j, ddo.ptr, st);
-        wdo.add(compare_d(download(ddo.ptr, Nd), DO[j], fDO[j]), strprintf("d_o_%d", j));
+        const auto dog = download(ddo.ptr, Nd);
+        capture(dog);
+        wdo.add(compare_d(dog, DO[j], fDO[j]), strprintf("d_o_%d", j));
         upload(ddx.ptr, dx[j].data(), Nd);
         gs->input_backward(j, ddx.ptr, st);
     }
     fill(dded.ptr, Nd, nanv, st);
     gs->begin_backward(dded.ptr, st);
-    wde.add(compare_d(download(dded.ptr, Nd), de, fde), "de");
+    const auto deg = download(dded.ptr, Nd);
+    capture(deg);
+    wde.add(compare_d(deg, de, fde), "de");
     CUDA_CHECK(cudaDeviceSynchronize());
     auto gg = download(dgrads.ptr, P);
+    capture(gg);
     double gmax = 0;
     for (const auto& s : specs) {
         double nrm = 0;
