@@ -19,8 +19,9 @@
 //                         no memset), and dL/dq reduced per block in shared memory, then over
 //                         blocks in a fixed order (deterministic): no per-pair d-sized buffer.
 //   full_scores_backward, full_flush   Full, the deferred backward (section below): per sublayer
-//                         the pair scalars and a dx stash, per source one summing pass in T
-//                         (two sources per pass where many consumers remain).
+//                         the pair scalars and a dx stash; each source's gradient summed when
+//                         due and rounded once to T (two sources per pass where many consumers
+//                         remain; full_flush_last adds the lower one's last term).
 //   source_kernel         writes a new source (o_j, or p + o_j for Block) and its r in one pass.
 //   block_inter, block_merge, block_p_backward, block_flush2: Block, two-phase (section below).
 // Block: the partial sum p lives in place in the snapshot array pv (pv_j = p as sublayer j sees it,
