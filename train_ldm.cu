@@ -131,7 +131,9 @@ struct LdmGpuScheme : GpuScheme<T> {
     // write i's backward: the state before it (prev_state), the VJP kernel (unless vjp_done: it
     // ran fused with read i+1's backward), the GEMMs and column sums of its parameters.
     void write_backward(int i, T* d_o, cudaStream_t s, bool vjp_done = false);
-    void write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm = true);
+    void write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm = true, bool dw_gemm = true);
+    // The fused backward's row pass also sums the weight gradients dW_q, dW_k (residual, HK <= 16).
+    bool rows_dw() const { return warp_ && residual_ && !delta_ && HK_ <= ldmk::kRowDwMaxK; }
     void read_backward(int j, const T* dx, cudaStream_t s);
     // Make live_ the state before write i. Returns true when it is left to the VJP kernel, which
     // then unwinds cur_ in place itself (fused unwind + VJP).
@@ -186,7 +188,7 @@ struct LdmGpuScheme : GpuScheme<T> {
     float* gtheta_ = nullptr;
     // activations / state (fp32 unless noted)
     DeviceBuffer<float> src32_, cur_, stored_, dS_, dsrc_, tmp32_, prod32_, v32_, raw_, rawq_, draw_, drawq_,
-        Qn_, Qnrm_, Kn_, Knrm_, beta_, dtok_, lam_, lgrad_, scratch_, partial_;
+        Qn_, Qnrm_, Kn_, Knrm_, beta_, dtok_, lam_, lgrad_, scratch_, partial_, dwpart_;
     DeviceBuffer<float> Kt_, Et_, Lc_;  // window mode: pending writes per (n, h)
     DeviceBuffer<T> srcT_, O_, drawT_, dtokT_;  // srcT_/drawT_/dtokT_ only for T != float
     DeviceBuffer<T> dxT_;  // dL/dx_j of a read whose backward is deferred (fused backward)
@@ -307,6 +309,7 @@ void LdmGpuScheme<T>::resize(int B, int T_) {
     grow(scratch_, N * Hm_ * scr_stride());
     grow(partial_, std::max({ldmk::colsum_scratch(N, d_), ldmk::colsum_scratch(N, Hm_),
                              ldmk::row_backward_scratch(N_, d_)}));
+    grow(dwpart_, rows_dw() ? ldmk::row_backward_dw_scratch(N_, d_, HK_) : 0);
 }
 
 template <typename T>
@@ -315,7 +318,7 @@ int64_t LdmGpuScheme<T>::allocated_bytes() const {
            tmp32_.bytes() + prod32_.bytes() + v32_.bytes() + raw_.bytes() + rawq_.bytes() + draw_.bytes() +
            drawq_.bytes() + dxT_.bytes() +
            Qn_.bytes() + Qnrm_.bytes() + Kn_.bytes() + Knrm_.bytes() + beta_.bytes() +
-           dtok_.bytes() + scratch_.bytes() + partial_.bytes() + srcT_.bytes() + O_.bytes() +
+           dtok_.bytes() + scratch_.bytes() + partial_.bytes() + dwpart_.bytes() + srcT_.bytes() + O_.bytes() +
            drawT_.bytes() + dtokT_.bytes() + Kt_.bytes() + Et_.bytes() + Lc_.bytes();
 }
 
@@ -583,8 +586,10 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             // The GEMMs keep the weight gradients only (dW_q's src is still h_j); the rest of the
             // rows, dsrc += dq·W_q (+ dx_{j+1}), d_o = T(dv + dk·W_k + dsrc), h_{j-1} and the gate's
             // gradient Σ dx ⊙ r, is one pass.
-            read_backward_gemms(j + 1, drawq_.ptr, s, /*rows_fused=*/true);
-            write_backward_gemms(j, nullptr, s, /*dvacc_gemm=*/false);  // (rls / outer: no dvacc GEMM at all)
+            // (at HK <= 16 with the residual the row pass also sums dW_q, dW_k: no GEMM at all)
+            const bool dw = rows_dw();
+            if (!dw) read_backward_gemms(j + 1, drawq_.ptr, s, /*rows_fused=*/true);
+            write_backward_gemms(j, nullptr, s, /*dvacc_gemm=*/false, /*dw_gemm=*/!dw);  // (rls / outer: no dvacc)
             RowBackward<T> rb;
             rb.N = (int)N;
             rb.d = d_;
@@ -605,6 +610,11 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
                 rb.prod = prodT;
                 rb.gpart = partial_.ptr;
                 rb.gA = gA_[j + 1];
+            }
+            if (dw) {
+                rb.dwpart = dwpart_.ptr;
+                rb.gWq = gWq_[j + 1];
+                rb.gWk = gWk_[j];
             }
             row_backward<T>(rb, s);  // without residual it also restarts dsrc at 0
             dx_add_pending_ = false;
@@ -733,17 +743,21 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_don
 }
 
 // The rest of write i's backward once its VJP kernel has run: dvacc [N, d] += draw · W_k (unless
-// dvacc_gemm is false: the fused backward's row pass adds it), dW_k [HK, d] += drawᵀ · O_i, and for
+// dvacc_gemm is false: the fused backward's row pass adds it), dW_k [HK, d] += drawᵀ · O_i (unless
+// dw_gemm is false: the row pass sums it), and for
 // delta dvacc += dz · w_β, dw_β, db_β; dθ from the per-token dλ terms.
 template <typename T>
-void LdmGpuScheme<T>::write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm) {
+void LdmGpuScheme<T>::write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm, bool dw_gemm) {
     using namespace ldmk;
     const int64_t N = N_;
     const T* Oi = O_.ptr + (int64_t)i * N * d_;
-    const T* dr = to_T(draw_.ptr, N * HK_, drawT_.ptr, s);
-    if (dvacc_gemm)
-        mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wk_[i], d_, 1.f, dvacc, d_, nullptr, s);
-    mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, Oi, d_, 1.f, gWk_[i], d_, nullptr, s);
+    if (dvacc_gemm || dw_gemm) {
+        const T* dr = to_T(draw_.ptr, N * HK_, drawT_.ptr, s);
+        if (dvacc_gemm)
+            mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wk_[i], d_, 1.f, dvacc, d_, nullptr, s);
+        if (dw_gemm)
+            mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, Oi, d_, 1.f, gWk_[i], d_, nullptr, s);
+    }
     if (delta_) {
         const T* dz = to_T(dtok_.ptr, N * Hm_, dtokT_.ptr, s);
         mm_.template gemm<T, float>(false, false, N, d_, Hm_, 1.f, dz, Hm_, Wb_[i], d_, 1.f, dvacc, d_, nullptr, s);

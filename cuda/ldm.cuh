@@ -212,8 +212,11 @@ inline void colsum(float* out, const TA* A, const float* B, int64_t N, int C, in
 //   dsrc   = residual ? s : 0
 //   src32  = residual ? src32 − O_j : O_{j−1};  srcT = T(src32)   h_{j−1}, read j's input
 //   gA     += Σ_n prod[n, c]                               the gate a_{j+1}'s gradient (optional)
+//   gWq[k, c] += Σ_n dq[n,k]·T(h_j)[n,c],  gWk[k, c] += Σ_n dk[n,k]·O_j[n,c]   (optional, residual
+//                                          only: the weight gradients without their GEMMs)
 // Sums over k run in order k = 0..HK−1 in fp32, gA's per lane over its tokens in order, then the
-// pair of lanes, then the slices in order (deterministic; the grid depends on N and d only).
+// pair of lanes, then the slices in order; the weight gradients' per lane over its tokens in
+// order, then the slices in order (deterministic; the grid depends on N and d only).
 template <typename T>
 struct RowBackward {
     int N = 0, d = 0, HK = 0;
@@ -235,6 +238,14 @@ struct RowBackward {
     const T* prod = nullptr;
     float* gpart = nullptr;
     float* gA = nullptr;
+    // The weight gradients (or nullptr; residual and HK <= kRowDwMaxK only): each block sums its
+    // tokens' dq[n,k]·T(h_j)[n,c] and dk[n,k]·O_j[n,c] per (k, c) into dwpart [2, grid.y, HK, d]
+    // (fp32; row_backward_dw_scratch floats), then the slices are added in order to gWq = dL/dW_q^{j+1}
+    // and gWk = dL/dW_k^j ([HK, d] fp32 each). h_j is src32 as read, rounded to T as the forward's
+    // q GEMM read it (srcT); dq, dk enter in fp32 (the GEMMs took them rounded to T).
+    float* dwpart = nullptr;
+    float* gWq = nullptr;
+    float* gWk = nullptr;
 };
 // One element of the pass above, given its row values and the two dot products gq, gk.
 template <typename T>
@@ -265,12 +276,17 @@ constexpr int kRowTokens = 32;                 // tokens per tile
 constexpr int kRowPairs = 4;                   // token pairs per step (a lane's row loads in flight)
 constexpr int kRowBlocks = 512;                // about this many blocks in all
 constexpr int kRowMaxK = 32;                   // the largest HK the pass takes
+constexpr int kRowDwMaxK = 16;                 // the largest HK whose weight gradients it sums
+                                               // (+KMAX registers: 96 at width 16; 134 at 32)
 // Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
 inline dim3 row_backward_grid(int N, int d) {
     return slice_grid(d, kRowChannels, ceil_div(N, kRowTokens), kRowBlocks);
 }
-// Block kRowThreads threads; any grid.y (blocks stride over the token tiles); HK <= KMAX.
-template <typename T, int KMAX>
+// Block kRowThreads threads; any grid.y (blocks stride over the token tiles); HK <= KMAX. DW: the
+// weight gradients' slices too (p.dwpart; the low lane of a channel sums dW_q's column from the
+// dq rows, the high lane dW_k's from the dk rows, a shuffle per token pair hands each the other
+// token's h_j or O_j).
+template <typename T, int KMAX, bool DW = false>
 __global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T> p) {
     static_assert(KMAX % 4 == 0 && kRowTokens % (2 * kRowPairs) == 0, "row pass tiling");
     // dq rows at 0, dk rows at kDk (4 words off a multiple of 32: the two halves' broadcast
@@ -288,6 +304,9 @@ __global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T
     }
     const float* srow = sbuf + (half ? kDk : 0);
     float gsum = 0.f;  // this lane's share of Σ_n prod[n, c] over the block's tokens
+    float dw[DW ? KMAX : 1];  // DW: this block's Σ_n dq[n,k]·h[n,c] (low half) or dk[n,k]·O[n,c] (high)
+#pragma unroll
+    for (int k = 0; k < (DW ? KMAX : 1); k++) dw[k] = 0.f;
     const int tiles = (p.N + kRowTokens - 1) / kRowTokens;
     for (int tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
         const int64_t n0 = (int64_t)tile * kRowTokens;
@@ -330,6 +349,18 @@ __global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T
                 // needs gq(t+1) = the low lane's g1
                 const float other = __shfl_xor_sync(0xffffffffu, half ? g0 : g1, 16);
                 const float gq = half ? other : g0, gk = half ? g1 : other;
+                if (DW) {  // (zeros past nt and for idle channels: rows and values are 0 there)
+                    // low lane: T(h_j) of t (own) and t+1 (the high lane's); high lane: O_j of t
+                    // (the low lane's) and t+1 (own)
+                    const float hq = to_f(from_f<T>(sr[u]));
+                    const float x = __shfl_xor_sync(0xffffffffu, half ? hq : ov[u], 16);
+                    const float a0 = half ? x : hq, a1 = half ? ov[u] : x;
+#pragma unroll
+                    for (int k = 0; k < KMAX; k++) {
+                        dw[k] = fmaf(srow[t * KMAX + k], a0, dw[k]);
+                        dw[k] = fmaf(srow[(t + 1) * KMAX + k], a1, dw[k]);
+                    }
+                }
                 const int tm = t + half;
                 if (!live || tm >= nt) continue;
                 gsum += pv[u];
@@ -347,24 +378,48 @@ __global__ void __launch_bounds__(kRowThreads) row_backward_kernel(RowBackward<T
         gsum += __shfl_xor_sync(0xffffffffu, gsum, 16);  // the pair's two token sets
         if (half == 0 && live) p.gpart[(int64_t)blockIdx.y * p.d + c] = gsum;
     }
+    if (DW && live) {
+        float* o = p.dwpart + ((int64_t)half * gridDim.y + blockIdx.y) * p.HK * p.d + c;
+#pragma unroll
+        for (int k = 0; k < KMAX; k++)
+            if (k < p.HK) o[(int64_t)k * p.d] = dw[k];
+    }
 }
 // Launches row_backward_kernel (grid row_backward_grid), then, with prod, the slices' sum into gA
-// (colsum_final_kernel). Throws ldm::Error when HK > kRowMaxK or prod without gpart and gA.
+// and, with dwpart, into gWq and gWk (colsum_final_kernel). Throws ldm::Error when HK > kRowMaxK,
+// prod without gpart and gA, or dwpart without gWq and gWk, with HK > kRowDwMaxK or without the
+// residual.
 template <typename T>
 inline void row_backward(const RowBackward<T>& p, cudaStream_t s) {
     if (p.HK <= 0 || p.HK > kRowMaxK) throw Error(strprintf("row_backward: HK %d outside 1..%d", p.HK, kRowMaxK));
     if (p.prod && (!p.gpart || !p.gA)) throw Error("row_backward: prod given without gpart and gA");
+    if (p.dwpart && (!p.gWq || !p.gWk || p.HK > kRowDwMaxK || !p.residual))
+        throw Error(strprintf("row_backward: weight gradients need gWq, gWk, the residual and HK <= %d (HK %d)",
+                              kRowDwMaxK, p.HK));
     const dim3 g = row_backward_grid(p.N, p.d);
-    if (p.HK <= 16) row_backward_kernel<T, 16><<<g, kRowThreads, 0, s>>>(p);
+    if (p.dwpart) row_backward_kernel<T, 16, true><<<g, kRowThreads, 0, s>>>(p);
+    else if (p.HK <= 16) row_backward_kernel<T, 16><<<g, kRowThreads, 0, s>>>(p);
     else row_backward_kernel<T, 32><<<g, kRowThreads, 0, s>>>(p);
     LDM_LAUNCH_CHECK();
     if (p.prod) {
         colsum_final_kernel<<<(unsigned)ceil_div(p.d, 128), 128, 0, s>>>(p.gpart, (int)g.y, p.d, nullptr, p.gA);
         LDM_LAUNCH_CHECK();
     }
+    if (p.dwpart) {  // [2, grid.y, HK·d]: the slices of dW_q, then of dW_k
+        const int C = p.HK * p.d;
+        colsum_final_kernel<<<(unsigned)ceil_div(C, 128), 128, 0, s>>>(p.dwpart, (int)g.y, C, nullptr, p.gWq);
+        LDM_LAUNCH_CHECK();
+        colsum_final_kernel<<<(unsigned)ceil_div(C, 128), 128, 0, s>>>(p.dwpart + (int64_t)g.y * C, (int)g.y, C,
+                                                                       nullptr, p.gWk);
+        LDM_LAUNCH_CHECK();
+    }
 }
 // Floats of gpart row_backward needs at N tokens and width d.
 inline int64_t row_backward_scratch(int N, int d) { return (int64_t)row_backward_grid(N, d).y * d; }
+// Floats of dwpart row_backward needs at N tokens, width d and HK.
+inline int64_t row_backward_dw_scratch(int N, int d, int HK) {
+    return 2 * (int64_t)row_backward_grid(N, d).y * HK * d;
+}
 
 
 // Drift: out[0] = max(out[0], max|S - S_ref|), out[1] = max(out[1], max|δP - δP_ref|) over all

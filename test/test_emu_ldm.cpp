@@ -644,7 +644,8 @@ TEST_CASE("emu: warp read backward (fp32 and bf16 dx, with and without residual 
 // Shapes: HK below and at the register widths 16, 32 (padding), d not a multiple of the block
 // width (idle threads), N not a multiple of the token tile; token slices from production's grid
 // and forced to 1 and 2 (one block walks several tiles). dv (type T) aliasing d_o (production) and
-// not, in fp32 and in bf16 (bf16 rows and weights); with and without the residual and the pending dx.
+// not, in fp32 and in bf16 (bf16 rows and weights); with and without the residual and the pending dx;
+// with the residual at HK <= 16 also with and without the weight gradients (DW).
 TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula", "[emu][ldm]") {
     struct RowShape {
         int N, d, HK;
@@ -654,15 +655,18 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
         for (int type = 0; type < 4; type++)  // 0 fp32, 1 fp32 with dv aliasing d_o, 2 bf16, 3 bf16 aliasing
             for (int residual = 0; residual < 2; residual++)
                 for (int has_dx = 0; has_dx < 2; has_dx++)
-                    for (int gy : {0, 1, 2}) {  // 0: production's grid
+                    for (int gy : {0, 1, 2})  // 0: production's grid
+                    for (int dw = 0; dw < 2; dw++) {
                         if (!residual && has_dx) continue;  // (production: dx is pending only with the residual)
+                        if (dw && !(residual && sh.HK <= kRowDwMaxK)) continue;
                         const bool bf = type >= 2, alias = type == 1 || type == 3;
                         const int N = sh.N, d = sh.d, HK = sh.HK;
                         const int64_t nd = (int64_t)N * d;
-                        const std::string ctx = strprintf("row_backward N=%d d=%d HK=%d %s%s%s%s grid.y=%d", N, d, HK,
+                        const std::string ctx = strprintf("row_backward N=%d d=%d HK=%d %s%s%s%s%s grid.y=%d", N, d, HK,
                                                           bf ? "bf16" : "fp32", alias ? " dv=d_o" : "",
-                                                          residual ? " residual" : "", has_dx ? " dx" : "", gy);
-                        Rng r(7000 + N + d + HK + 10 * type + 100 * residual + 1000 * has_dx + gy);
+                                                          residual ? " residual" : "", has_dx ? " dx" : "",
+                                                          dw ? " dW" : "", gy);
+                        Rng r(7000 + N + d + HK + 10 * type + 100 * residual + 1000 * has_dx + gy + 50 * dw);
                         auto rnd = [&](int64_t n) {  // T-representable values (the reference sees what the kernel reads)
                             Buf b(n);
                             r.fill(b);
@@ -676,8 +680,10 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                         r.fill(dsrc_in, 0.1f, 4.f);
                         r.fill(src_in, 0.1f, 4.f);
                         Buf Wq = rnd(HK * d), Wk = rnd(HK * d), dx = rnd(nd), O = rnd(nd), prod = rnd(nd), dv_in = rnd(nd);
-                        Buf gA_in(d), gA(d);
+                        Buf gA_in(d), gA(d), gWq_in(HK * d), gWk_in(HK * d), gWq(HK * d), gWk(HK * d);
                         r.fill(gA_in);
+                        r.fill(gWq_in);
+                        r.fill(gWk_in);
                         Buf dsrc(nd), src32(nd), dvb(nd), d_o(nd), srcT(nd);  // outputs (d_o, srcT as floats)
                         auto bfv = [](const Buf& b) {
                             std::vector<bf16> v((size_t)b.n + kGuard);
@@ -691,12 +697,20 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                         };
                         dim3 g = row_backward_grid(N, d);
                         if (gy) g.y = gy;
-                        Buf gpart((int64_t)g.y * d);
+                        Buf gpart((int64_t)g.y * d), dwpart(2 * (int64_t)g.y * HK * d);
                         // the slices' sum into gA (row_backward's second launch)
                         auto final_sum = [&] {
                             if (residual)
                                 emu::launch(dim3((unsigned)((d + 127) / 128)), dim3(128), 0, 0, colsum_final_kernel,
                                             (const float*)gpart.p(), (int)g.y, d, (const float*)nullptr, gA.p());
+                            if (dw) {  // row_backward's launches: the slices of dW_q, then of dW_k
+                                const int C = HK * d;
+                                emu::launch(dim3((unsigned)((C + 127) / 128)), dim3(128), 0, 0, colsum_final_kernel,
+                                            (const float*)dwpart.p(), (int)g.y, C, (const float*)nullptr, gWq.p());
+                                emu::launch(dim3((unsigned)((C + 127) / 128)), dim3(128), 0, 0, colsum_final_kernel,
+                                            (const float*)dwpart.p() + (int64_t)g.y * C, (int)g.y, C,
+                                            (const float*)nullptr, gWk.p());
+                            }
                         };
                         run_orders(
                             ctx,
@@ -705,7 +719,10 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                 src32.v = src_in.v;
                                 dvb.v = dv_in.v;
                                 gA.v = gA_in.v;
+                                gWq.v = gWq_in.v;
+                                gWk.v = gWk_in.v;
                                 gpart.poison();
+                                dwpart.poison();
                                 d_o.poison();
                                 srcT.poison();
                                 poison_b(d_ob);
@@ -721,7 +738,9 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                     p.dv = alias ? d_ob.data() : dvbb.data(); p.dsrc = dsrc.p(); p.d_o = d_ob.data(); p.O = Ob.data();
                                     p.src32 = src32.p(); p.srcT = srcTb.data(); p.residual = residual;
                                     if (residual) { p.prod = prodb.data(); p.gpart = gpart.p(); p.gA = gA.p(); }
-                                    if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 16>, p);
+                                    if (dw) { p.dwpart = dwpart.p(); p.gWq = gWq.p(); p.gWk = gWk.p(); }
+                                    if (dw) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 16, true>, p);
+                                    else if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 16>, p);
                                     else emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<bf16, 32>, p);
                                     final_sum();
                                     for (size_t i = 0; i < d_ob.size(); i++) {  // (guards included)
@@ -735,13 +754,15 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                     p.dv = dvb.p(); p.dsrc = dsrc.p(); p.d_o = alias ? dvb.p() : d_o.p(); p.O = O.p();
                                     p.src32 = src32.p(); p.srcT = nullptr; p.residual = residual;
                                     if (residual) { p.prod = prod.p(); p.gpart = gpart.p(); p.gA = gA.p(); }
-                                    if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 16>, p);
+                                    if (dw) { p.dwpart = dwpart.p(); p.gWq = gWq.p(); p.gWk = gWk.p(); }
+                                    if (dw) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 16, true>, p);
+                                    else if (HK <= 16) emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 16>, p);
                                     else emu::launch(g, kRowThreads, 0, 0, row_backward_kernel<float, 32>, p);
                                     final_sum();
                                     if (alias) d_o.v = dvb.v;
                                 }
                             },
-                            {&dsrc, &src32, &d_o, &srcT, &gA});
+                            {&dsrc, &src32, &d_o, &srcT, &gA, &gWq, &gWk});
                         std::vector<double> rdsrc((size_t)nd), rdo((size_t)nd), rsrc((size_t)nd);
                         for (int n = 0; n < N; n++)
                             for (int c = 0; c < d; c++) {
@@ -762,6 +783,27 @@ TEST_CASE("emu: fused backward row pass (dsrc, d_o, h_{j-1}) against the formula
                                 for (int c = 0; c < d; c++) rgA[(size_t)c] += prod[(int64_t)n * d + c];
                         // gA: fp32 sums of N + 1 <= 71 terms of magnitude <= 1, |error| <= 71·2^-24·71 < 3.1e-4
                         expect_close("gA", gA, rgA, 3.1e-4, ctx);
+                        if (dw) {  // dW_q = Σ_n dq·T(h_j), dW_k = Σ_n dk·O_j, added to the initial values
+                            std::vector<double> rq(gWq_in.v.begin(), gWq_in.v.begin() + HK * d),
+                                rk(gWk_in.v.begin(), gWk_in.v.begin() + HK * d);
+                            for (int n = 0; n < N; n++)
+                                for (int k = 0; k < HK; k++)
+                                    for (int c = 0; c < d; c++) {
+                                        const int64_t i = (int64_t)n * d + c;
+                                        const double h = bf ? (double)__bfloat162float(__float2bfloat16(src_in[i]))
+                                                            : (double)src_in[i];
+                                        rq[(size_t)k * d + c] += (double)dq[(int64_t)n * HK + k] * h;
+                                        rk[(size_t)k * d + c] += (double)dk[(int64_t)n * HK + k] * O[i];
+                                    }
+                            // fp32 sums of at most N + slices + 1 <= 72 terms, Σ|terms| <= 70·1·4 + 1 = 281:
+                            // |error| <= 72·2^-24·281 < 1.3e-3 (expect_close scales by max(1, |ref|))
+                            expect_close("gWq", gWq, rq, 1.3e-3, ctx);
+                            expect_close("gWk", gWk, rk, 1.3e-3, ctx);
+                        } else {
+                            // not touched without DW
+                            CHECK(std::memcmp(gWq.v.data(), gWq_in.v.data(), sizeof(float) * HK * d) == 0);
+                            CHECK(std::memcmp(gWk.v.data(), gWk_in.v.data(), sizeof(float) * HK * d) == 0);
+                        }
                         expect_close("dsrc", dsrc, rdsrc, kTol, ctx);
                         expect_close("src32", src32, rsrc, kTol, ctx);
                         expect_close("d_o", d_o, rdo, bf ? 8e-3 : kTol, ctx);

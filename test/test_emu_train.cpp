@@ -93,6 +93,7 @@ const Config kConfigs[] = {
     {"ldm-outer-unwind", true, "--ldm-rule outer --ldm-mode unwind"},
     {"ldm-rls-nores", true, "--ldm-rule rls --ldm-mode unwind --no-residual", false},
     {"ldm-rls-noforget", true, "--ldm-rule rls --ldm-mode unwind --ldm-no-forget"},
+    {"ldm-rls-dk4", true, "--ldm-rule rls --ldm-mode unwind --ldm-dk 4"},  // [HK 16: the row pass sums dW_q, dW_k]
     {"ldm-rls-dk16", true, "--ldm-rule rls --ldm-mode unwind --ldm-heads 2 --ldm-dk 16"},  // [warp, P in shared memory]
     {"ldm-rls-dk24", true, "--ldm-rule rls --ldm-mode unwind --ldm-heads 2 --ldm-dk 24"},  // [thread kernels]
 };

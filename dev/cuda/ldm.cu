@@ -629,6 +629,8 @@ std::vector<Case> check_cases() {
       c.mode = "store"; c.rule = "delta"; add(c); c.rule = "outer"; add(c);
       c.rule = "rls"; c.mode = "window"; c.window = 3; add(c); }
     { Case c; c.N = 67; c.d = 96; c.Hm = 3; c.dk = 16; c.mode = "unwind"; add(c); }
+    // d_k 4 at H_m 4 (HK = 16, the widest at which the fused backward's row pass also sums dW_q, dW_k)
+    { Case c; c.dk = 4; c.mode = "unwind"; add(c); c.rule = "outer"; add(c); }
     { Case c; c.N = 33; c.d = 48; c.Hm = 2; c.dk = 3; c.n_layer = 3; c.mode = "store"; c.ckpt = 3; add(c); }
     // the thread kernels (d_k > 16) in every rule and mode, and the thread window path (w > 8)
     { Case c; c.N = 29; c.d = 48; c.Hm = 2; c.dk = 24; c.mode = "store"; add(c); c.mode = "unwind"; add(c);
