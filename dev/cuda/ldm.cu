@@ -434,12 +434,18 @@ void bench(bool quick) {
     // the gate's column sum of the product in T; production's only for HK > kRowMaxK). GB/s of
     // both against the row pass's bytes (bf16: dsrc read + written, dx, dv (T, in d_o's place), O,
     // src32 read + written, srcT, d_o, the gate product dx ⊙ r read: 28 B per element; the GEMM
-    // path, with dv in fp32, moves 46 B);
-    // the dq, dk rows (HK floats per token), the weights and the partial sums are not counted.
+    // path, with dv in fp32, moves 46 B); the dq, dk rows (HK floats per token), the weights and the
+    // partial sums are not counted. At d_k 4 (HK 16) production's pass also sums dW_q, dW_k
+    // (rows-fused-dk4), so the replaced path there also runs the two weight GEMMs (4 B more per
+    // element in bf16, counted in neither line).
     for (int dk : {8, 4}) {
         const int HK = Dm.Hm * dk;
         DeviceBuffer<T> Wq(HK * k.d), Wk(HK * k.d), dqT(N * HK), dkT(N * HK), srcT(nd), d_o(nd), prodT(nd);
         DeviceBuffer<float> dq(N * HK), dkr(N * HK), gA(k.d), gpart(std::max(row_backward_scratch((int)N, k.d), colsum_scratch(N, k.d)));
+        const bool dw = HK <= kRowDwMaxK;  // production sums the weight gradients in the pass
+        DeviceBuffer<float> dwpart(dw ? row_backward_dw_scratch((int)N, k.d, HK) : 1), gWq(HK * k.d), gWk(HK * k.d);
+        fill(gWq.ptr, gWq.n, 0.f, s);
+        fill(gWk.ptr, gWk.n, 0.f, s);
         fill(prodT.ptr, nd, 0.01f, s);
         fill(gA.ptr, k.d, 0.f, s);
         fill(Wq.ptr, Wq.n, 0.02f, s);
@@ -451,6 +457,7 @@ void bench(bool quick) {
         rb.dx = dx.ptr; rb.dv = d_o.ptr; rb.dsrc = dsrc.ptr; rb.d_o = d_o.ptr; rb.O = vT.ptr; rb.src32 = src32.ptr;
         rb.srcT = std::is_same<T, float>::value ? nullptr : srcT.ptr;
         rb.prod = prodT.ptr; rb.gpart = gpart.ptr; rb.gA = gA.ptr;
+        if (dw) { rb.dwpart = dwpart.ptr; rb.gWq = gWq.ptr; rb.gWk = gWk.ptr; }
         const double tb = std::is_same<T, float>::value ? 36.0 : 28.0;  // bytes per element (fp32: srcT is src32)
         T* srcT_old = std::is_same<T, float>::value ? reinterpret_cast<T*>(src32.ptr) : srcT.ptr;
         const std::string tag = strprintf("-dk%d", dk);
@@ -465,6 +472,10 @@ void bench(bool quick) {
             mm.gemm<T, float>(false, false, N, k.d, HK, 1.f, dkT.ptr, HK, Wk.ptr, k.d, 1.f, dvacc.ptr, k.d, nullptr, s);
             resid_sum_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc.ptr, dsrc.ptr, dx.ptr, d_o.ptr, nd);
             colsum(gA.ptr, (const T*)prodT.ptr, nullptr, N, k.d, k.d, nullptr, gpart.ptr, s);
+            if (dw) {  // the weight GEMMs production's pass replaces at this HK
+                mm.gemm<T, float>(true, false, HK, k.d, N, 1.f, dqT.ptr, HK, srcT_old, k.d, 1.f, gWq.ptr, k.d, nullptr, s);
+                mm.gemm<T, float>(true, false, HK, k.d, N, 1.f, dkT.ptr, HK, vT.ptr, k.d, 1.f, gWk.ptr, k.d, nullptr, s);
+            }
         }, 2, reps, s);
         line(("rows-gemm" + tag).c_str(), ms, tb * nd);
         // the values drift over the reps (dsrc, src32 accumulate); timing does not depend on them
