@@ -585,8 +585,8 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
         if (rows) {
             // The GEMMs keep the weight gradients only (dW_q's src is still h_j); the rest of the
             // rows, dsrc += dq·W_q (+ dx_{j+1}), d_o = T(dv + dk·W_k + dsrc), h_{j-1} and the gate's
-            // gradient Σ dx ⊙ r, is one pass.
-            // (at HK <= 16 with the residual the row pass also sums dW_q, dW_k: no GEMM at all)
+            // gradient Σ dx ⊙ r, is one pass. At HK <= 16 with the residual (rows_dw) that pass also
+            // sums dW_q, dW_k and no GEMM runs.
             const bool dw = rows_dw();
             if (!dw) read_backward_gemms(j + 1, drawq_.ptr, s, /*rows_fused=*/true);
             write_backward_gemms(j, nullptr, s, /*dvacc_gemm=*/false, /*dw_gemm=*/!dw);  // (rls / outer: no dvacc)
