@@ -132,8 +132,9 @@ struct LdmGpuScheme : GpuScheme<T> {
     // ran fused with read i+1's backward), the GEMMs and column sums of its parameters.
     void write_backward(int i, T* d_o, cudaStream_t s, bool vjp_done = false);
     void write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm = true, bool dw_gemm = true);
-    // The fused backward's row pass also sums the weight gradients dW_q, dW_k (residual, HK <= 16).
-    bool rows_dw() const { return warp_ && residual_ && !delta_ && HK_ <= ldmk::kRowDwMaxK; }
+    // The fused backward's row pass also sums the weight gradients dW_q, dW_k (residual, HK <= 16;
+    // store mode never fuses the backward).
+    bool rows_dw() const { return warp_ && residual_ && !delta_ && keep() != kAll && HK_ <= ldmk::kRowDwMaxK; }
     void read_backward(int j, const T* dx, cudaStream_t s);
     // Make live_ the state before write i. Returns true when it is left to the VJP kernel, which
     // then unwinds cur_ in place itself (fused unwind + VJP).
@@ -551,8 +552,9 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
     T* sT = const_cast<T*>(srcT());
     if (pending_read_bwd_ == j + 1) {
         // One pass over S, P, dS, dP: read j+1's backward on the state after write j, then write j
-        // unwound and its VJP; dvacc gets the write's dv alone (dsrc is added after the weight
-        // GEMMs have read src = h_j: by the row pass, or above HK = 32 after read j+1's dsrc GEMM).
+        // unwound and its VJP; the write's dv goes out alone (dsrc is added once h_j has been read
+        // for dW_q: by the row pass, or above HK = 32 after read j+1's GEMMs), in T into d_o where
+        // the row pass runs, else into the fp32 dvacc.
         pending_read_bwd_ = -1;
         FusedRead<T> fr;
         fr.Qn = Qn_.ptr + (int64_t)j * N * HK_;

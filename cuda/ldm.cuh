@@ -277,7 +277,8 @@ constexpr int kRowPairs = 4;                   // token pairs per step (a lane's
 constexpr int kRowBlocks = 512;                // about this many blocks in all
 constexpr int kRowMaxK = 32;                   // the largest HK the pass takes
 constexpr int kRowDwMaxK = 16;                 // the largest HK whose weight gradients it sums
-                                               // (+KMAX registers: 96 at width 16; 134 at 32)
+                                               // (sm_90: 104 registers at width 16 in bf16, 80
+                                               // without; a trial at width 32 took 134)
 // Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
 inline dim3 row_backward_grid(int N, int d) {
     return slice_grid(d, kRowChannels, ceil_div(N, kRowTokens), kRowBlocks);
