@@ -405,8 +405,9 @@ struct GpuAttnRes : GpuScheme<T> {
     // Full on the deferred backward (false: Block, or Full at d > 8192).
     bool deferred() const { return deferred_; }
     // Full's flush pairs sources (k, k − 1) where m = D + 1 − k >= this many consumers remain
-    // (full_flush): a pair reads (m − 1)·sizeof(T) bytes per value fewer and moves the 8 bytes of
-    // the fp32 partial, so it pays from m = 2 + 8/sizeof(T) on (bf16 6, fp32 4).
+    // (full_flush, ar_detail::full_flush_pairs): against two single flushes a pair reads
+    // (m − 1)·sizeof(T) bytes per value fewer and moves the 8 bytes of the fp32 partial (written
+    // once, read once), so it pays from m = 2 + 8/sizeof(T) on (bf16 6, fp32 4).
     static constexpr int kFlushPairMin = 2 + 8 / (int)sizeof(T);
 
     void bind(const T* params, const float* master, float* grads) override {
@@ -651,12 +652,10 @@ struct GpuAttnRes : GpuScheme<T> {
         LDM_LAUNCH_CHECK();
     }
     // Deferred Full: source k's whole gradient (every consumer j > k has run its backward), as T.
-    // Where source k still has pair_min_ or more consumers (J − k >= pair_min_) and k >= 1, one launch
+    // Where ar_detail::full_flush_pairs(k, J, pair_min_) holds (threshold: kFlushPairMin), one launch
     // also sums source k−1's consumers j > k into the fp32 partial part_ (each stash row read once
     // for both), and output_backward(k−1) then adds only j = k to it (pending_ = k−1 until then).
-    // Bytes per value against two single flushes: (m − 1)·tb − 8 fewer for m = J − k stash rows,
-    // so pair_min_ = 2 + 8/tb (bf16 6, fp32 4). Same sums in the same order: the results are those
-    // of one launch per source.
+    // Same sums in the same order: the results are those of one launch per source.
     void full_flush(int k, T* out, cudaStream_t s) {
         const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
         const int J = D_ + 1;
@@ -678,7 +677,7 @@ struct GpuAttnRes : GpuScheme<T> {
         ar_detail::dispatch_vpt(d_, [&](auto c) {
             constexpr int VPT = decltype(c)::value;
             constexpr int TT = ar_detail::flush_tokens<VPT>(), TT2 = ar_detail::flush_tokens<VPT, 2>();
-            if (TT2 > 0 && k >= 1 && J - k >= pair_min_) {
+            if (TT2 > 0 && ar_detail::full_flush_pairs(k, J, pair_min_)) {
                 if constexpr (TT2 > 0)
                     ar_detail::full_flush_kernel<T, VPT, 2><<<(unsigned)ceil_div(N_, TT2), ar_detail::kThreads, 0, s>>>(
                         out, part_.ptr, U(k), RU(k), U(k - 1), RU(k - 1), stash_.ptr, pa, pds, psc, M_, k, J, N_, d_);
@@ -691,11 +690,11 @@ struct GpuAttnRes : GpuScheme<T> {
         LDM_LAUNCH_CHECK();
     }
     // Whether full_flush pairs any sources: d <= 4096 (full_flush_kernel's NS = 2 needs VPT <= 16)
-    // and some source k >= 1 with pair_min_ consumers (source 1 has D of them).
+    // and the rule holds for some source (for k = 1, which has the most consumers, if for any).
     bool flush_pairs() const {
         bool ok = false;
         ar_detail::dispatch_vpt(d_, [&](auto c) { ok = ar_detail::flush_tokens<decltype(c)::value, 2>() > 0; });
-        return ok && D_ >= pair_min_;
+        return ok && ar_detail::full_flush_pairs(1, D_ + 1, pair_min_);
     }
 
     // Two-phase forward of Block sublayer j at position i of block n: i = 1 runs the block's

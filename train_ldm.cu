@@ -122,16 +122,27 @@ struct LdmGpuScheme : GpuScheme<T> {
         if (keep() == kNone) return true;
         return keep() == kSegments && (i - 1) % ckpt_ != 0;
     }
-    // after a read's backward kernel: dW_q and, unless rows_fused (the fused backward's row pass
-    // does them), dA (from the fp32 product prod32_, or from prodT, the fused kernels' product in
-    // T) and dsrc += draw · W_q
-    void read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused = false,
-                             const T* prodT = nullptr);
+    // After a read's backward kernel, in two parts: its row terms (read_row_grads: dA from the
+    // gate's product, the fp32 prod32_ or prodT, the fused kernels' product in T; dsrc += dr·W_q)
+    // and its weight gradient (read_weight_grad: dW_q += drᵀ·src). read_backward_gemms runs both;
+    // the fused backward's row pass does the row terms itself, and at HK <= 16 the weight gradient.
+    // dr: the raw query gradient [N, HK] as T (draw_T).
+    void read_row_grads(int j, const T* dr, const T* prodT, cudaStream_t s);
+    void read_weight_grad(int j, const T* dr, cudaStream_t s);
+    void read_backward_gemms(int j, const float* draw, cudaStream_t s, const T* prodT = nullptr);
+    const T* draw_T(const float* draw, cudaStream_t s) { return to_T(draw, (int64_t)N_ * HK_, drawT_.ptr, s); }
     // backward
     // write i's backward: the state before it (prev_state), the VJP kernel (unless vjp_done: it
     // ran fused with read i+1's backward), the GEMMs and column sums of its parameters.
     void write_backward(int i, T* d_o, cudaStream_t s, bool vjp_done = false);
-    void write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm = true, bool dw_gemm = true);
+    // After write i's VJP kernel, in three parts: its row term (write_row_grad: dvacc += dr·W_k),
+    // its weight gradient (write_weight_grad: dW_k += drᵀ·O_i) and the rest (write_param_grads:
+    // delta's β terms, forget's dθ). write_backward_gemms runs all three; the fused backward's row
+    // pass does the row term itself, and at HK <= 16 the weight gradient.
+    void write_row_grad(int i, const T* dr, float* dvacc, cudaStream_t s);
+    void write_weight_grad(int i, const T* dr, cudaStream_t s);
+    void write_param_grads(int i, float* dvacc, cudaStream_t s);
+    void write_backward_gemms(int i, float* dvacc, cudaStream_t s);
     // The fused backward's row pass also sums the weight gradients dW_q, dW_k (residual, HK <= 16;
     // store mode never fuses the backward).
     bool rows_dw() const { return warp_ && residual_ && !delta_ && keep() != kAll && HK_ <= ldmk::kRowDwMaxK; }
@@ -590,8 +601,11 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             // gradient Σ dx ⊙ r, is one pass. At HK <= 16 with the residual (rows_dw) that pass also
             // sums dW_q, dW_k and no GEMM runs.
             const bool dw = rows_dw();
-            if (!dw) read_backward_gemms(j + 1, drawq_.ptr, s, /*rows_fused=*/true);
-            write_backward_gemms(j, nullptr, s, /*dvacc_gemm=*/false, /*dw_gemm=*/!dw);  // (rls / outer: no dvacc)
+            if (!dw) {
+                read_weight_grad(j + 1, draw_T(drawq_.ptr, s), s);
+                write_weight_grad(j, draw_T(draw_.ptr, s), s);
+            }
+            write_param_grads(j, nullptr, s);  // (rls / outer: forget's dθ only, no dvacc)
             RowBackward<T> rb;
             rb.N = (int)N;
             rb.d = d_;
@@ -622,7 +636,7 @@ void LdmGpuScheme<T>::output_backward(int j, T* d_o, cudaStream_t s) {
             dx_add_pending_ = false;
             return;
         }
-        read_backward_gemms(j + 1, drawq_.ptr, s, false, prodT);  // src is still h_j
+        read_backward_gemms(j + 1, drawq_.ptr, s, prodT);  // src is still h_j
         restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, Oj, Oj - nd, src32_.ptr, sT, residual_);
         LDM_LAUNCH_CHECK();
         if (f32) {  // dvacc is d_o itself: (dsrc += dx_{j+1}), dvacc += dsrc (bf16: in write_backward)
@@ -680,21 +694,32 @@ void LdmGpuScheme<T>::read_backward(int j, const T* dx, cudaStream_t s) {
     read_backward_gemms(j, draw_.ptr, s);
 }
 
-// The rest of read j's backward once its kernel has run: the gate's gradient from the product and
-// dsrc [N, d] += draw · W_q (both skipped when rows_fused: the row pass does them), then
+// The rest of read j's backward once its kernel has run: the gate's gradient from the product
+// (prodT, or the fp32 prod32_ where it is null) and dsrc [N, d] += draw · W_q, then
 // dW_q [HK, d] += drawᵀ · src (src = h_{j-1}, read j's input).
 template <typename T>
-void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s, bool rows_fused,
-                                           const T* prodT) {
+void LdmGpuScheme<T>::read_backward_gemms(int j, const float* draw, cudaStream_t s, const T* prodT) {
+    const T* dr = draw_T(draw, s);
+    read_row_grads(j, dr, prodT, s);
+    read_weight_grad(j, dr, s);
+}
+
+// dA_j from the gate's product dx ⊙ r summed over the tokens (prodT in T, or the fp32 prod32_
+// where it is null; residual only) and dsrc [N, d] += dr · W_q^j (dr [N, HK] in T).
+template <typename T>
+void LdmGpuScheme<T>::read_row_grads(int j, const T* dr, const T* prodT, cudaStream_t s) {
     const int64_t N = N_;
-    if (residual_ && !rows_fused) {
+    if (residual_) {
         if (prodT) ldmk::colsum(gA_[j], prodT, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
         else ldmk::colsum(gA_[j], prod32_.ptr, nullptr, N, d_, d_, nullptr, partial_.ptr, s);
     }
-    const T* dr = to_T(draw, N * HK_, drawT_.ptr, s);
-    if (!rows_fused)
-        mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);
-    mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, srcT(), d_, 1.f, gWq_[j], d_, nullptr, s);
+    mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wq_[j], d_, 1.f, dsrc_.ptr, d_, nullptr, s);
+}
+
+// dW_q^j [HK, d] += drᵀ · src (src = h_{j-1}, read j's input, as T; dr [N, HK] in T).
+template <typename T>
+void LdmGpuScheme<T>::read_weight_grad(int j, const T* dr, cudaStream_t s) {
+    mm_.template gemm<T, float>(true, false, HK_, d_, N_, 1.f, dr, HK_, srcT(), d_, 1.f, gWq_[j], d_, nullptr, s);
 }
 
 template <typename T>
@@ -744,22 +769,36 @@ void LdmGpuScheme<T>::write_backward(int i, T* d_o, cudaStream_t s, bool vjp_don
     }
 }
 
-// The rest of write i's backward once its VJP kernel has run: dvacc [N, d] += draw · W_k (unless
-// dvacc_gemm is false: the fused backward's row pass adds it), dW_k [HK, d] += drawᵀ · O_i (unless
-// dw_gemm is false: the row pass sums it), and for
-// delta dvacc += dz · w_β, dw_β, db_β; dθ from the per-token dλ terms.
+// The rest of write i's backward once its VJP kernel has run (draw_: the raw key gradient):
+// dvacc [N, d] += draw · W_k, dW_k [HK, d] += drawᵀ · O_i, then write_param_grads.
 template <typename T>
-void LdmGpuScheme<T>::write_backward_gemms(int i, float* dvacc, cudaStream_t s, bool dvacc_gemm, bool dw_gemm) {
+void LdmGpuScheme<T>::write_backward_gemms(int i, float* dvacc, cudaStream_t s) {
+    const T* dr = draw_T(draw_.ptr, s);
+    write_row_grad(i, dr, dvacc, s);
+    write_weight_grad(i, dr, s);
+    write_param_grads(i, dvacc, s);
+}
+
+// dvacc [N, d] += dr · W_k^i (dr [N, HK] in T).
+template <typename T>
+void LdmGpuScheme<T>::write_row_grad(int i, const T* dr, float* dvacc, cudaStream_t s) {
+    mm_.template gemm<T, float>(false, false, N_, d_, HK_, 1.f, dr, HK_, Wk_[i], d_, 1.f, dvacc, d_, nullptr, s);
+}
+
+// dW_k^i [HK, d] += drᵀ · O_i (the stored values, T; dr [N, HK] in T).
+template <typename T>
+void LdmGpuScheme<T>::write_weight_grad(int i, const T* dr, cudaStream_t s) {
+    const T* Oi = O_.ptr + (int64_t)i * N_ * d_;
+    mm_.template gemm<T, float>(true, false, HK_, d_, N_, 1.f, dr, HK_, Oi, d_, 1.f, gWk_[i], d_, nullptr, s);
+}
+
+// write i's remaining gradients: for delta dvacc += dz · w_β, dw_β, db_β (dvacc: [N, d] fp32, not
+// null for delta); for forget dθ from the per-token dλ terms.
+template <typename T>
+void LdmGpuScheme<T>::write_param_grads(int i, float* dvacc, cudaStream_t s) {
     using namespace ldmk;
     const int64_t N = N_;
     const T* Oi = O_.ptr + (int64_t)i * N * d_;
-    if (dvacc_gemm || dw_gemm) {
-        const T* dr = to_T(draw_.ptr, N * HK_, drawT_.ptr, s);
-        if (dvacc_gemm)
-            mm_.template gemm<T, float>(false, false, N, d_, HK_, 1.f, dr, HK_, Wk_[i], d_, 1.f, dvacc, d_, nullptr, s);
-        if (dw_gemm)
-            mm_.template gemm<T, float>(true, false, HK_, d_, N, 1.f, dr, HK_, Oi, d_, 1.f, gWk_[i], d_, nullptr, s);
-    }
     if (delta_) {
         const T* dz = to_T(dtok_.ptr, N * Hm_, dtokT_.ptr, s);
         mm_.template gemm<T, float>(false, false, N, d_, Hm_, 1.f, dz, Hm_, Wb_[i], d_, 1.f, dvacc, d_, nullptr, s);

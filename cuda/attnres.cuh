@@ -517,6 +517,11 @@ full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T
 template <int VPT, int NS = 1>
 __host__ __device__ constexpr int flush_tokens() { return (VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT)) / NS; }
 
+// The deferred Full backward's pairing rule (GpuAttnRes::full_flush): source k's flush also sums
+// source k − 1 where k >= 1 and k still has J − k >= pair_min consumers (J = D + 1, the readout).
+// One predicate for the trainer's schedule, its allocation test and the workbench's byte count.
+__host__ __device__ constexpr bool full_flush_pairs(int k, int J, int pair_min) { return k >= 1 && J - k >= pair_min; }
+
 // dL/dv_k of every token, written as T: out[t] = Σ_{j = J .. k+1} (α_jk dx_j[t] +
 // attnres_score_grad(ds_jk, r_k, s_jk, w_j ⊙ g_j, v_k[t], d)) (fp32 sum in that order, rounded
 // once). NS = 2 also sums source k−1 (u1, r1) over the same j = J .. k+1 and writes that partial sum

@@ -132,10 +132,8 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     for (size_t si = 0; si < shapes.size(); si++) {
         std::vector<float> got[5];
         for (FullPath path : kFullPaths) {
-            wb::g_capture = &got[(int)path];
             ok &= wb::check_scheme<T>("attnres", "attnres-full", shapes[si], full_factory<T>(path), tol_act, tol_grad,
-                                      seeds[si], 0.3, full_label(path));
-            wb::g_capture = nullptr;
+                                      seeds[si], 0.3, full_label(path), &got[(int)path]);
         }
         const std::vector<float>& a = got[(int)FullPath::Deferred];
         for (FullPath other : {FullPath::Flush1, FullPath::PairAll}) {
@@ -245,7 +243,7 @@ static double full_traffic(int D, double d, FullPath path, int pair_min) {
     const int J = D + 1;
     for (int k = D; k >= 0; k--) {
         const int m = J - k;
-        if (k >= 1 && m >= pair_min) {
+        if (ar_detail::full_flush_pairs(k, J, pair_min)) {
             b += (m + 2) * d * tb + 4 * d + 4 * d + 2 * d * tb;
             k--;
         } else {

@@ -467,15 +467,15 @@ void bench(bool quick) {
         ms = time_median_ms([&] {
             from_f32<T>(dq.ptr, dqT.ptr, N * HK, s);
             mm.gemm<T, float>(false, false, N, k.d, HK, 1.f, dqT.ptr, HK, Wq.ptr, k.d, 1.f, dsrc.ptr, k.d, nullptr, s);
+            // the weight GEMMs production's pass replaces at this HK (dW_q reads src = h_j, so it
+            // runs before restore_src_kernel overwrites it, as in train_ldm.cu)
+            if (dw) mm.gemm<T, float>(true, false, HK, k.d, N, 1.f, dqT.ptr, HK, srcT_old, k.d, 1.f, gWq.ptr, k.d, nullptr, s);
             restore_src_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(nd, vT.ptr, vT.ptr, src32.ptr, srcT_old, true);
             from_f32<T>(dkr.ptr, dkT.ptr, N * HK, s);
             mm.gemm<T, float>(false, false, N, k.d, HK, 1.f, dkT.ptr, HK, Wk.ptr, k.d, 1.f, dvacc.ptr, k.d, nullptr, s);
+            if (dw) mm.gemm<T, float>(true, false, HK, k.d, N, 1.f, dkT.ptr, HK, vT.ptr, k.d, 1.f, gWk.ptr, k.d, nullptr, s);
             resid_sum_kernel<T><<<elem_blocks(nd), 256, 0, s>>>(dvacc.ptr, dsrc.ptr, dx.ptr, d_o.ptr, nd);
             colsum(gA.ptr, (const T*)prodT.ptr, nullptr, N, k.d, k.d, nullptr, gpart.ptr, s);
-            if (dw) {  // the weight GEMMs production's pass replaces at this HK
-                mm.gemm<T, float>(true, false, HK, k.d, N, 1.f, dqT.ptr, HK, srcT_old, k.d, 1.f, gWq.ptr, k.d, nullptr, s);
-                mm.gemm<T, float>(true, false, HK, k.d, N, 1.f, dkT.ptr, HK, vT.ptr, k.d, 1.f, gWk.ptr, k.d, nullptr, s);
-            }
         }, 2, reps, s);
         line(("rows-gemm" + tag).c_str(), ms, tb * nd);
         // the values drift over the reps (dsrc, src32 accumulate); timing does not depend on them

@@ -127,19 +127,18 @@ inline bool report(const char* family, const std::string& variant, const char* d
     return ok;
 }
 
-// When set, check_scheme appends every GPU result it compares (x_j, y, d_o_j, de, the gradients,
-// in that order) to *g_capture, so that a workbench can compare two paths bit for bit.
-inline std::vector<float>* g_capture = nullptr;
-inline void capture(const std::vector<float>& v) {
-    if (g_capture) g_capture->insert(g_capture->end(), v.begin(), v.end());
-}
-
 // Runs the comparison for one scheme / shape / dtype. tol_act: x, xn, y, d_o, de; tol_grad: the
 // parameter gradients (per tensor, relative to max(||g_cpu||, f·max over tensors), f = 1e-3 for
-// fp32 and 1e-2 for bf16, see grad_floor).
+// fp32 and 1e-2 for bf16, see grad_floor). results: when not null, every GPU result compared (x_j,
+// y, d_o_j, de, the gradients, in that order) is appended to it, so that a workbench can compare
+// two paths bit for bit.
 template <typename T>
 bool check_scheme_impl(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
-                       double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label) {
+                       double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label,
+                       std::vector<float>* results) {
+    auto capture = [results](const std::vector<float>& v) {
+        if (results) results->insert(results->end(), v.begin(), v.end());
+    };
     const ModelConfig c = make_config(scheme, sh);
     const int B = sh.B, Tn = sh.T, d = sh.d, D = c.n_sublayers();
     const int64_t N = (int64_t)B * Tn, Nd = N * d;
@@ -346,10 +345,11 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
 // line so that the remaining checks still run.
 template <typename T>
 bool check_scheme(const char* family, const std::string& scheme, const Shape& sh, const Factory<T>& make,
-                  double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label = "") {
+                  double tol_act, double tol_grad, uint64_t seed, double param_scale, std::string label = "",
+                  std::vector<float>* results = nullptr) {
     if (label.empty()) label = scheme;
     try {
-        return check_scheme_impl<T>(family, scheme, sh, make, tol_act, tol_grad, seed, param_scale, label);
+        return check_scheme_impl<T>(family, scheme, sh, make, tol_act, tol_grad, seed, param_scale, label, results);
     } catch (const std::exception& e) {
         std::printf("CHECK %s %s %s %s rel=- max_abs=- FAIL  exception: %s\n", family, label.c_str(), dtype_name<T>(),
                     sh.str().c_str(), e.what());
