@@ -180,11 +180,13 @@ struct GpuHC : GpuScheme<T> {
             hc_detail::begin_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(H(0), RS(0), e, d_, eps_, !mhc_);
         });
         LDM_LAUNCH_CHECK();
+        proj_ready_ = 0;
     }
 
-    // x_j (and, when xn != nullptr, xn = RMSNorm_w(x_j) with rstd) — see the file comment.
+    // x_j (and, when xn != nullptr, xn = RMSNorm_w(x_j) with rstd) — see the file comment. P_j comes
+    // from the projection GEMM, or from output(j-1) where that ran the fused post-mix + projection.
     void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
-        project(j, s);
+        if (proj_ready_ != j) project(j, s);
         coefficients(j, s);
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
@@ -195,6 +197,10 @@ struct GpuHC : GpuScheme<T> {
     }
 
     void output(int j, const T* o, cudaStream_t s) override {
+        if (fused_projection() && j < D_) {
+            postmix_project(j, o, s);
+            return;
+        }
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             hc_detail::postmix_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
@@ -284,6 +290,31 @@ struct GpuHC : GpuScheme<T> {
     }
 
    protected:  // (dev/cuda/hc.cu derives the workbench's earlier mHC paths to compare)
+    // Whether output(j < D) runs the post-mix fused with sublayer j+1's projection (mHC in bf16:
+    // the tensor-core kernel needs bf16 operands; fp32 runs and HC keep post-mix + GEMM).
+    virtual bool fused_projection() const { return mhc_ && std::is_same<T, bf16>::value; }
+    // output(j) for j < D with the projection of sublayer j+1: mhc_postmix_project_kernel writes
+    // H_j, its inverse RMS, the o_j copy (unless o is O(j) already) and P_{j+1}, so that
+    // input_norm(j+1) skips its GEMM (which would read H_j once more: n·d·2 bytes per token).
+    void postmix_project(int j, const T* o, cudaStream_t s) {
+        if constexpr (std::is_same<T, bf16>::value) {
+            dispatch([&](auto NSC) {
+                constexpr int NS = decltype(NSC)::value;
+                const size_t smem = hc_detail::postmix_project_smem<NS>();
+                auto kern = hc_detail::mhc_postmix_project_kernel<NS>;
+                if (smem > 48 * 1024)
+                    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                kern<<<(unsigned)ceil_div(N_, hc_detail::kPpTokens), hc_detail::kPpThreads, smem, s>>>(
+                    H(j), RS(j), Pj(j + 1), o == O(j) ? nullptr : O(j), H(j - 1), o, coef_.ptr,
+                    P_ + (int64_t)j * block_, N_, d_, ldp_, eps_);
+            });
+            LDM_LAUNCH_CHECK();
+            proj_ready_ = j + 1;
+        } else {
+            (void)j, (void)o, (void)s;
+            throw Error("mhc: the fused post-mix + projection is bf16 only");
+        }
+    }
     // The last step of input_backward: dL/dH_{j-1} into dHp_ from dH_ (= dL/dH_j), dx, dPp_, the
     // coefficients and β of sublayer j, and dW_j += dPpᵀ·H_{j-1} into gW (fp32 [wrows, kdim];
     // W = W_j / Φ_j, the working copy).
@@ -319,6 +350,7 @@ struct GpuHC : GpuScheme<T> {
     int wrows_ = 0, ldp_ = 0, kdim_ = 0, prow_ = 0, np_ = 0, cw_ = 0, ws_ = 0;
     int64_t block_ = 0;
     int N_ = 0;
+    int proj_ready_ = 0;  // P_j of this sublayer j is already written (by output(j-1)); 0: none
     Matmul mm_;
     const T* P_ = nullptr;
     const float* M_ = nullptr;

@@ -294,22 +294,9 @@ constexpr int kMmaRows = 64;      // query rows per block (fwd, dQ) = keys per t
 constexpr int kMmaThreads = 128;  // 4 warps, 16 rows each
 constexpr int kMmaPad = 8;
 
-__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    __trap();  // host: mma
-#endif
-}
+using ::ldm::gpu::ld_pair;  // (cuda/common.cuh, shared with the mHC projection kernel)
+using ::ldm::gpu::mma_16816;
 
-// Two consecutive bf16 of shared memory (even element index) as one register.
-__device__ __forceinline__ uint32_t ld_pair(const bf16* p) {
-    return *reinterpret_cast<const uint32_t*>(p);
-}
 // Two bf16 (lo in the low half) from separate addresses.
 __device__ __forceinline__ uint32_t pack_bf16(bf16 lo, bf16 hi) {
     return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);

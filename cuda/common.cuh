@@ -57,6 +57,28 @@ LDM_HD inline float from_f<float>(float x) { return x; }
 template <>
 LDM_HD inline bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80+): c += A·B, A 16x16 and B 16x8 bf16
+// in the PTX ISA fragment layout (gr = lane / 4, tg = lane % 4): a0 = A[gr][2tg, 2tg+1],
+// a1 = A[gr+8][2tg..], a2 = A[gr][2tg+8..], a3 = A[gr+8][2tg+8..]; b0 = B[2tg, 2tg+1][gr],
+// b1 = B[2tg+8, 2tg+9][gr]; c0, c1 = C[gr][2tg, 2tg+1], c2, c3 = C[gr+8][2tg, 2tg+1] (fp32). Two
+// bf16 per register, the lower index in the low half. Emulated by dev/emu (EMU_HOST_mma).
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();  // host: mma
+#endif
+}
+
+// Two consecutive bf16 of shared memory (even element index) as one register.
+__device__ __forceinline__ uint32_t ld_pair(const bf16* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+
 // The strided loop i = first, first + stride, ... < end in batches of U steps: load(u, i) for
 // every step of a batch, then use(u, i) for each, so all loads of a batch are issued before its
 // first store (the compiler does not move loads across stores that may alias). After unrolling, u

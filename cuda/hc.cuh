@@ -17,7 +17,9 @@
 //                gates and Sinkhorn-Knopp of Rt) into a scratch; fused pre-mix + RMSNorm_j:
 //                x_j = Σ_i a_i H_i, xn = w ⊙ x_j · rstd.
 //   output     : fused post-mix H_j[k] = Σ_i Mix[k,i] H_i + b_k o_j (each stream read and written
-//                once), o_j stored, inverse RMS of the new rows for sublayer j+1.
+//                once), o_j stored, inverse RMS of the new rows for sublayer j+1. mHC in bf16
+//                (j < D): the same kernel also forms P_{j+1} = vec(H_j)·Φ_{j+1}ᵀ on the tensor
+//                cores (mhc_postmix_project_kernel), and input_norm(j+1) skips its GEMM.
 // Backward (recomputes the coefficients, Sinkhorn included, from the stored P_j; never stores the
 // Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products;
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
@@ -261,6 +263,167 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
             for (int k = 0; k < NS; k++) tot += ss[k];
             rsn[t] = rms_scale(tot, NS * d, eps);
         }
+    }
+}
+
+// ---- mHC post-mix fused with the next sublayer's projection (bf16; doc/cuda.md "HC/mHC") ----
+// mhc_postmix_project_kernel writes what postmix_kernel writes (H_j, its per-token inverse RMS, the
+// o copy) and also P_{j+1} = vec(H_j)·Φ_{j+1}ᵀ, which the projection GEMM of sublayer j+1 would
+// compute by reading H_j back: the rows it has just rounded to bf16 are staged in shared memory and
+// multiplied by Φ_{j+1} on the tensor cores (mma.sync m16n8k16, fp32 accumulation).
+// A block takes kPpTokens tokens and walks the channels in chunks of C = kPpChannels<NS> (the
+// chunk's K = NS·C values of vec(H_j) per token: C channels of every stream).
+constexpr int kPpTokens = 64;    // tokens per block: 4 m-tiles of 16
+constexpr int kPpThreads = 256;  // 8 warps: (m-tile, half of the chunk's k-steps)
+template <int NS>
+constexpr int kPpChannels = NS <= 2 ? 64 : (NS <= 4 ? 32 : 16);  // K per chunk 64 .. 128
+// Shared memory of mhc_postmix_project_kernel (bytes), in order: the chunk's A tile
+// [kPpTokens, K + 8] and Φ tile [RP, K + 8] (bf16; RP = proj_ld(R) rows, R = 2n + n² outputs; after
+// the last chunk the second k-half's products [4·32, RP / 2] (fp32) take their place), the
+// squares' sums per (token, channel) slot [kPpTokens, C] and the block's mixing coefficients
+// [kPpTokens, n² + n] (fp32).
+template <int NS>
+LDM_HD constexpr size_t postmix_project_rss_offset() {
+    constexpr int C = kPpChannels<NS>, K = NS * C, LD = K + 8, R = 2 * NS + NS * NS, RP = proj_ld(R);
+    constexpr size_t tiles = (size_t)(kPpTokens + RP) * LD * sizeof(bf16);
+    constexpr size_t red = (size_t)4 * 32 * (RP / 2) * sizeof(float);
+    return tiles > red ? tiles : red;
+}
+template <int NS>
+LDM_HD constexpr size_t postmix_project_coef_offset() {
+    return postmix_project_rss_offset<NS>() + (size_t)kPpTokens * kPpChannels<NS> * sizeof(float);
+}
+template <int NS>
+LDM_HD constexpr size_t postmix_project_smem() {
+    return postmix_project_coef_offset<NS>() + (size_t)kPpTokens * (NS * NS + NS) * sizeof(float);
+}
+
+// Fused mHC post-mix and projection, T = bf16: for tokens t < N, Hn[t, k] = Σ_i Mix[k,i] H[t, i] +
+// b_k o[t] (the expressions of postmix_kernel, rounded to bf16), ocopy[t] = o[t] (unless null),
+// rsn[t] = inverse RMS of vec(Hn[t]) over n·d, and P[t, r] = Σ_e vec(Hn[t])_e Phi[r, e] for
+// r < R = 2n + n² (fp32, row stride ldp; padding columns not written). H, Hn [N, n, d]; o, ocopy
+// [N, d]; coef: the coefficient scratch (coef_width); Phi [R, n·d] (bf16, the next sublayer's
+// Φ). Grid ceil(N / kPpTokens), kPpThreads threads, postmix_project_smem<NS>() bytes of dynamic
+// shared memory. The products are exact in fp32; the sums' order is the mma's (each warp's
+// k-steps in order, the two halves of each chunk added at the end), not the GEMM's. A thread's
+// (token, channel) pairs of a chunk go in batches of U: every load of a batch before its stores.
+template <int NS>
+__global__ void __launch_bounds__(kPpThreads) mhc_postmix_project_kernel(bf16* Hn, float* rsn, float* P, bf16* ocopy,
+                                                                       const bf16* H, const bf16* o, const float* coef,
+                                                                       const bf16* Phi, int N, int d, int ldp, float eps) {
+    constexpr int C = kPpChannels<NS>, K = NS * C, LD = K + 8, R = 2 * NS + NS * NS, RP = proj_ld(R), NT = RP / 8;
+    constexpr int CW = 2 * NS + NS * NS, MC = NS * NS + NS;  // per token: Mix then b
+    constexpr int PR = kPpTokens * C / kPpThreads;           // (token, channel) pairs per thread and chunk
+    constexpr int U = NS <= 4 ? 4 : 2;                       // pairs per batch
+    constexpr int KS = K / 16;                               // k-steps per chunk
+    static_assert(K % 16 == 0 && KS % 2 == 0, "a chunk is an even number of whole k-steps");
+    static_assert(PR % U == 0, "whole batches");
+    extern __shared__ __align__(16) unsigned char pp_smem[];
+    bf16* sA = reinterpret_cast<bf16*>(pp_smem);
+    bf16* sB = sA + kPpTokens * LD;
+    float* racc = reinterpret_cast<float*>(pp_smem);  // after the last chunk: [4 m-tiles][32 lanes][NT·4]
+    float* rss = reinterpret_cast<float*>(pp_smem + postmix_project_rss_offset<NS>());  // [kPpTokens·C]
+    float* sc = reinterpret_cast<float*>(pp_smem + postmix_project_coef_offset<NS>());  // [kPpTokens, MC]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t0 = (int64_t)blockIdx.x * kPpTokens;
+    for (int e = tid; e < kPpTokens * MC; e += kPpThreads) {
+        const int64_t t = t0 + e / MC;
+        sc[e] = t < N ? coef[t * CW + NS + e % MC] : 0.f;
+    }
+    for (int e = tid; e < kPpTokens * C; e += kPpThreads) rss[e] = 0.f;  // (slot e: its own thread only)
+    const int mt = warp & 3, kh = warp >> 2, gr = lane >> 2, tg = lane & 3;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+    const int64_t dn = (int64_t)NS * d;
+    for (int c0 = 0; c0 < d; c0 += C) {
+        __syncthreads();  // (the coefficients staged; the previous chunk's tiles read)
+        for (int e = tid; e < RP * K; e += kPpThreads) {
+            const int r = e / K, kk = e % K, i = kk / C, c = c0 + kk % C;
+            sB[r * LD + kk] = (r < R && c < d) ? Phi[r * dn + (int64_t)i * d + c] : __float2bfloat16_rn(0.f);
+        }
+        // the post-mix of the chunk: pair slot idx = tid + r·kPpThreads is (token idx / C, channel idx % C)
+#pragma unroll 1
+        for (int r0 = 0; r0 < PR; r0 += U) {
+            float h[U][NS];
+            bf16 ov[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int idx = tid + (r0 + u) * kPpThreads, c = c0 + idx % C;
+                const int64_t t = t0 + idx / C;
+                const bool in = t < N && c < d;
+                ov[u] = in ? o[t * d + c] : __float2bfloat16_rn(0.f);
+#pragma unroll
+                for (int i = 0; i < NS; i++) h[u][i] = in ? to_f(H[(t * NS + i) * d + c]) : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int idx = tid + (r0 + u) * kPpThreads, tt = idx / C, cc = idx % C, c = c0 + cc;
+                const int64_t t = t0 + tt;
+                const bool in = t < N && c < d;
+                if (in && ocopy) ocopy[t * d + c] = ov[u];
+                const float of = to_f(ov[u]);
+                const float* mix = sc + tt * MC;
+                float sq = 0.f;
+#pragma unroll
+                for (int k = 0; k < NS; k++) {
+                    float v = mix[NS * NS + k] * of;
+#pragma unroll
+                    for (int i = 0; i < NS; i++) v += mix[k * NS + i] * h[u][i];
+                    const bf16 hv = in ? __float2bfloat16_rn(v) : __float2bfloat16_rn(0.f);
+                    if (in) Hn[(t * NS + k) * d + c] = hv;
+                    sA[tt * LD + k * C + cc] = hv;
+                    const float f = __bfloat162float(hv);
+                    sq += f * f;
+                }
+                rss[idx] += sq;
+            }
+        }
+        __syncthreads();
+        // P += A·Φᵀ over the chunk: warp (mt, kh) takes rows mt·16.. and the k-steps ks ≡ kh (mod 2)
+        const bf16* a0 = sA + (mt * 16 + gr) * LD + 2 * tg;
+#pragma unroll
+        for (int ks = kh; ks < KS; ks += 2) {
+            const int k0 = ks * 16;
+            uint32_t a[4];
+            a[0] = ld_pair(a0 + k0);
+            a[1] = ld_pair(a0 + 8 * LD + k0);
+            a[2] = ld_pair(a0 + k0 + 8);
+            a[3] = ld_pair(a0 + 8 * LD + k0 + 8);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const bf16* b0 = sB + (nt * 8 + gr) * LD + k0 + 2 * tg;
+                const uint32_t b[2] = {ld_pair(b0), ld_pair(b0 + 8)};
+                mma_16816(acc[nt], a, b);
+            }
+        }
+    }
+    __syncthreads();  // the tiles are free: the second half's products take their place
+    if (kh == 1) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) racc[(mt * 32 + lane) * NT * 4 + nt * 4 + e] = acc[nt][e];
+    }
+    __syncthreads();
+    if (kh == 0) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = acc[nt][e] + racc[(mt * 32 + lane) * NT * 4 + nt * 4 + e];
+                const int64_t t = t0 + mt * 16 + gr + (e >= 2 ? 8 : 0);
+                const int col = nt * 8 + 2 * tg + (e & 1);
+                if (t < N && col < R) P[t * ldp + col] = v;
+            }
+        }
+    }
+    if (tid < kPpTokens && t0 + tid < N) {
+        float tot = 0.f;
+        for (int cc = 0; cc < C; cc++) tot += rss[tid * C + cc];
+        rsn[t0 + tid] = rms_scale(tot, NS * d, eps);
     }
 }
 
