@@ -290,29 +290,31 @@ struct GpuHC : GpuScheme<T> {
     }
 
    protected:  // (dev/cuda/hc.cu derives the workbench's earlier mHC paths to compare)
-    // Whether output(j < D) runs the post-mix fused with sublayer j+1's projection (mHC in bf16:
-    // the tensor-core kernel needs bf16 operands; fp32 runs and HC keep post-mix + GEMM).
-    virtual bool fused_projection() const { return mhc_ && std::is_same<T, bf16>::value; }
-    // output(j) for j < D with the projection of sublayer j+1: mhc_postmix_project_kernel writes
-    // H_j, its inverse RMS, the o_j copy (unless o is O(j) already) and P_{j+1}, so that
+    // Whether output(j < D) runs the post-mix fused with sublayer j+1's projection (bf16: the
+    // tensor-core kernel needs bf16 operands; fp32 runs keep post-mix + GEMM).
+    virtual bool fused_projection() const { return std::is_same<T, bf16>::value; }
+    // output(j) for j < D with the projection of sublayer j+1: postmix_project_kernel writes H_j,
+    // its inverse RMS, the o_j copy (unless o is O(j) already) and P_{j+1}, so that
     // input_norm(j+1) skips its GEMM (which would read H_j once more: n·d·2 bytes per token).
     void postmix_project(int j, const T* o, cudaStream_t s) {
         if constexpr (std::is_same<T, bf16>::value) {
             dispatch([&](auto NSC) {
                 constexpr int NS = decltype(NSC)::value;
-                const size_t smem = hc_detail::postmix_project_smem<NS>();
-                auto kern = hc_detail::mhc_postmix_project_kernel<NS>;
-                if (smem > 48 * 1024)
-                    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                kern<<<(unsigned)ceil_div(N_, hc_detail::kPpTokens), hc_detail::kPpThreads, smem, s>>>(
-                    H(j), RS(j), Pj(j + 1), o == O(j) ? nullptr : O(j), H(j - 1), o, coef_.ptr,
-                    P_ + (int64_t)j * block_, N_, d_, ldp_, eps_);
+                auto launch = [&](auto kern, size_t smem) {
+                    if (smem > 48 * 1024)
+                        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                    kern<<<(unsigned)ceil_div(N_, hc_detail::kPpTokens), hc_detail::kPpThreads, smem, s>>>(
+                        H(j), RS(j), Pj(j + 1), o == O(j) ? nullptr : O(j), H(j - 1), o, coef_.ptr,
+                        P_ + (int64_t)j * block_, N_, d_, ldp_, eps_);
+                };
+                if (mhc_) launch(hc_detail::postmix_project_kernel<NS, false>, hc_detail::PpShape<NS, false>::smem);
+                else launch(hc_detail::postmix_project_kernel<NS, true>, hc_detail::PpShape<NS, true>::smem);
             });
             LDM_LAUNCH_CHECK();
             proj_ready_ = j + 1;
         } else {
             (void)j, (void)o, (void)s;
-            throw Error("mhc: the fused post-mix + projection is bf16 only");
+            throw Error("hc: the fused post-mix + projection is bf16 only");
         }
     }
     // The last step of input_backward: dL/dH_{j-1} into dHp_ from dH_ (= dL/dH_j), dx, dPp_, the

@@ -11,15 +11,15 @@
 // the projection input is folded into the coefficients: u = rstd·P (HC rows, mHC whole vec(H)),
 // so the GEMM reads H directly and no normalised copy is ever written.
 //
-// Per sublayer j, forward (4 launches):
+// Per sublayer j, forward (4 launches; 3 in bf16 for j > 1, where the post-mix formed P_j):
 //   input_norm : GEMM P_j = H_{j-1} W_jᵀ (Matmul; HC over [N·n, d] rows, mHC over the flattened
 //                [N, n·d]); per-token coefficients in fp32 (HC: A_m, A_r, B via tanh; mHC: sigmoid
 //                gates and Sinkhorn-Knopp of Rt) into a scratch; fused pre-mix + RMSNorm_j:
 //                x_j = Σ_i a_i H_i, xn = w ⊙ x_j · rstd.
 //   output     : fused post-mix H_j[k] = Σ_i Mix[k,i] H_i + b_k o_j (each stream read and written
-//                once), o_j stored, inverse RMS of the new rows for sublayer j+1. mHC in bf16
-//                (j < D): the same kernel also forms P_{j+1} = vec(H_j)·Φ_{j+1}ᵀ on the tensor
-//                cores (mhc_postmix_project_kernel), and input_norm(j+1) skips its GEMM.
+//                once), o_j stored, inverse RMS of the new rows for sublayer j+1. In bf16
+//                (j < D) the same kernel also forms P_{j+1} on the tensor cores
+//                (postmix_project_kernel), and input_norm(j+1) skips its GEMM.
 // Backward (recomputes the coefficients, Sinkhorn included, from the stored P_j; never stores the
 // Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products;
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
@@ -266,83 +266,87 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
     }
 }
 
-// ---- mHC post-mix fused with the next sublayer's projection (bf16; doc/cuda.md "HC/mHC") ----
-// mhc_postmix_project_kernel writes what postmix_kernel writes (H_j, its per-token inverse RMS, the
-// o copy) and also P_{j+1} = vec(H_j)·Φ_{j+1}ᵀ, which the projection GEMM of sublayer j+1 would
-// compute by reading H_j back: the rows it has just rounded to bf16 are staged in shared memory and
-// multiplied by Φ_{j+1} on the tensor cores (mma.sync m16n8k16, fp32 accumulation).
-// A block takes kPpTokens tokens and walks the channels in chunks of C = kPpChannels<NS> (the
-// chunk's K = NS·C values of vec(H_j) per token: C channels of every stream).
-constexpr int kPpTokens = 64;    // tokens per block: 4 m-tiles of 16
-constexpr int kPpThreads = 256;  // 8 warps: (m-tile, half of the chunk's k-steps)
+// ---- Post-mix fused with the next sublayer's projection (bf16; doc/cuda.md "HC/mHC") ----
+// postmix_project_kernel writes what postmix_kernel writes (H_j, its inverse RMS, the o copy) and
+// also the next sublayer's raw projection P_{j+1}, which its GEMM would compute by reading H_j
+// back: the rows it has just rounded to bf16 are staged in shared memory and multiplied by the
+// next weight on the tensor cores (mma.sync m16n8k16, fp32 accumulation). mHC (PER_ROW false):
+// P[t] = vec(H_j[t])·Φᵀ, R = 2n + n² outputs per token over K = n·d; HC (PER_ROW true):
+// P[t, k] = H_j[t, k]·Wᵀ, R = n + 2 outputs per stream row over K = d.
+// A block takes kPpTokens tokens and walks the channels in chunks of C = kPpChannels<NS>.
+constexpr int kPpTokens = 64;    // tokens per block (mHC: 4 m-tiles of 16 tokens; HC: 4·n of 16 rows)
+constexpr int kPpThreads = 256;  // 8 warps
 template <int NS>
-constexpr int kPpChannels = NS <= 2 ? 64 : (NS <= 4 ? 32 : 16);  // K per chunk 64 .. 128
-// Shared memory of mhc_postmix_project_kernel (bytes), in order: the chunk's A tile
-// [kPpTokens, K + 8] and Φ tile [RP, K + 8] (bf16; RP = proj_ld(R) rows, R = 2n + n² outputs; after
-// the last chunk the second k-half's products [4·32, RP / 2] (fp32) take their place), the
-// squares' sums per (token, channel) slot [kPpTokens, C] and the block's mixing coefficients
-// [kPpTokens, n² + n] (fp32).
-template <int NS>
-LDM_HD constexpr size_t postmix_project_rss_offset() {
-    constexpr int C = kPpChannels<NS>, K = NS * C, LD = K + 8, R = 2 * NS + NS * NS, RP = proj_ld(R);
-    constexpr size_t tiles = (size_t)(kPpTokens + RP) * LD * sizeof(bf16);
-    constexpr size_t red = (size_t)4 * 32 * (RP / 2) * sizeof(float);
-    return tiles > red ? tiles : red;
-}
-template <int NS>
-LDM_HD constexpr size_t postmix_project_coef_offset() {
-    return postmix_project_rss_offset<NS>() + (size_t)kPpTokens * kPpChannels<NS> * sizeof(float);
-}
-template <int NS>
-LDM_HD constexpr size_t postmix_project_smem() {
-    return postmix_project_coef_offset<NS>() + (size_t)kPpTokens * (NS * NS + NS) * sizeof(float);
-}
+constexpr int kPpChannels = NS <= 2 ? 64 : (NS <= 4 ? 32 : 16);  // n·C = 64 .. 128
+// The kernel's shapes: R outputs per projected row, RP = proj_ld(R) (the mma's n-tiles of 8), the
+// A tile's row stride LDA (one token's n·C values + 8) and the weight tile's K and stride LDB.
+template <int NS, bool PER_ROW>
+struct PpShape {
+    static constexpr int C = kPpChannels<NS>, R = PER_ROW ? NS + 2 : 2 * NS + NS * NS, RP = proj_ld(R);
+    static constexpr int LDA = NS * C + 8, KB = PER_ROW ? C : NS * C, LDB = KB + 8;
+    static constexpr int MC = NS * NS + NS;  // mixing coefficients per token: Mix then b
+    static constexpr size_t tiles = ((size_t)kPpTokens * LDA + (size_t)RP * LDB) * sizeof(bf16);
+    static constexpr size_t red = PER_ROW ? 0 : (size_t)4 * 32 * (RP / 2) * sizeof(float);  // mHC's k-halves
+    static constexpr size_t rss_offset = tiles > red ? tiles : red;
+    static constexpr size_t rss_floats = (size_t)kPpTokens * C * (PER_ROW ? NS : 1);  // squares per slot
+    static constexpr size_t coef_offset = rss_offset + rss_floats * sizeof(float);
+    // dynamic shared memory (bytes): A tile [kPpTokens, LDA] and weight tile [RP, LDB] (bf16; mHC:
+    // after the last chunk the second k-half's products take their place), the squares' sums per
+    // (token, channel[, stream]) slot, the block's mixing coefficients [kPpTokens, MC] (fp32)
+    static constexpr size_t smem = coef_offset + (size_t)kPpTokens * MC * sizeof(float);
+};
 
-// Fused mHC post-mix and projection, T = bf16: for tokens t < N, Hn[t, k] = Σ_i Mix[k,i] H[t, i] +
+// Fused post-mix and projection, T = bf16: for tokens t < N, Hn[t, k] = Σ_i Mix[k,i] H[t, i] +
 // b_k o[t] (the expressions of postmix_kernel, rounded to bf16), ocopy[t] = o[t] (unless null),
-// rsn[t] = inverse RMS of vec(Hn[t]) over n·d, and P[t, r] = Σ_e vec(Hn[t])_e Phi[r, e] for
-// r < R = 2n + n² (fp32, row stride ldp; padding columns not written). H, Hn [N, n, d]; o, ocopy
-// [N, d]; coef: the coefficient scratch (coef_width); Phi [R, n·d] (bf16, the next sublayer's
-// Φ). Grid ceil(N / kPpTokens), kPpThreads threads, postmix_project_smem<NS>() bytes of dynamic
-// shared memory. The products are exact in fp32; the sums' order is the mma's (each warp's
-// k-steps in order, the two halves of each chunk added at the end), not the GEMM's. A thread's
-// (token, channel) pairs of a chunk go in batches of U: every load of a batch before its stores.
-template <int NS>
-__global__ void __launch_bounds__(kPpThreads) mhc_postmix_project_kernel(bf16* Hn, float* rsn, float* P, bf16* ocopy,
-                                                                       const bf16* H, const bf16* o, const float* coef,
-                                                                       const bf16* Phi, int N, int d, int ldp, float eps) {
-    constexpr int C = kPpChannels<NS>, K = NS * C, LD = K + 8, R = 2 * NS + NS * NS, RP = proj_ld(R), NT = RP / 8;
-    constexpr int CW = 2 * NS + NS * NS, MC = NS * NS + NS;  // per token: Mix then b
-    constexpr int PR = kPpTokens * C / kPpThreads;           // (token, channel) pairs per thread and chunk
-    constexpr int U = NS <= 4 ? 4 : 2;                       // pairs per batch
-    constexpr int KS = K / 16;                               // k-steps per chunk
-    static_assert(K % 16 == 0 && KS % 2 == 0, "a chunk is an even number of whole k-steps");
+// rsn = inverse RMS of the new rows (HC per row [N, n] over d, mHC per token [N] over n·d), and
+// P = the next projection of the rounded rows (fp32, row stride ldp; padding columns not written):
+// mHC P[t, r] = Σ_e vec(Hn[t])_e W[r, e] (W = Φ [R, n·d]), HC P[t·n + k, r] = Σ_c Hn[t, k, c]
+// W[r, c] (W [R, d]). H, Hn [N, n, d]; o, ocopy [N, d]; coef: the coefficient scratch
+// (coef_width). Grid ceil(N / kPpTokens), kPpThreads threads, PpShape<NS, PER_ROW>::smem bytes of
+// dynamic shared memory. The products are exact in fp32; the sums run in the mma's order (each
+// warp's k-steps in order; mHC: the two k-halves of the block added at the end), not the GEMM's.
+// A thread's (token, channel) pairs of a chunk go in batches of U: every load before its stores.
+template <int NS, bool PER_ROW>
+__global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn, float* rsn, float* P, bf16* ocopy,
+                                                                   const bf16* H, const bf16* o, const float* coef,
+                                                                   const bf16* W, int N, int d, int ldp, float eps) {
+    using S = PpShape<NS, PER_ROW>;
+    constexpr int C = S::C, R = S::R, NT = S::RP / 8, LDA = S::LDA, KB = S::KB, LDB = S::LDB, MC = S::MC;
+    constexpr int CW = 2 * NS + NS * NS;
+    constexpr int PR = kPpTokens * C / kPpThreads;  // (token, channel) pairs per thread and chunk
+    constexpr int U = NS <= 4 ? 4 : 2;              // pairs per batch
+    constexpr int KS = KB / 16;                     // k-steps per chunk and projected row
+    // mHC: warp (m-tile, k-half) over 4 m-tiles of 16 tokens; HC: the 4·n m-tiles of 16 stream rows
+    // (row m = token m / n, stream m % n) dealt to the 8 warps in turn, all k-steps each
+    constexpr int MTW = PER_ROW ? (4 * NS + 7) / 8 : 1;  // m-tiles per warp
+    static_assert(KB % 16 == 0 && (PER_ROW || KS % 2 == 0), "whole k-steps (mHC: an even number)");
     static_assert(PR % U == 0, "whole batches");
     extern __shared__ __align__(16) unsigned char pp_smem[];
     bf16* sA = reinterpret_cast<bf16*>(pp_smem);
-    bf16* sB = sA + kPpTokens * LD;
-    float* racc = reinterpret_cast<float*>(pp_smem);  // after the last chunk: [4 m-tiles][32 lanes][NT·4]
-    float* rss = reinterpret_cast<float*>(pp_smem + postmix_project_rss_offset<NS>());  // [kPpTokens·C]
-    float* sc = reinterpret_cast<float*>(pp_smem + postmix_project_coef_offset<NS>());  // [kPpTokens, MC]
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    bf16* sB = sA + kPpTokens * LDA;
+    float* racc = reinterpret_cast<float*>(pp_smem);  // mHC, after the last chunk: [4 m-tiles][32 lanes][NT·4]
+    float* rss = reinterpret_cast<float*>(pp_smem + S::rss_offset);   // [kPpTokens·C (·n)]
+    float* sc = reinterpret_cast<float*>(pp_smem + S::coef_offset);  // [kPpTokens, MC]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int64_t t0 = (int64_t)blockIdx.x * kPpTokens;
     for (int e = tid; e < kPpTokens * MC; e += kPpThreads) {
         const int64_t t = t0 + e / MC;
         sc[e] = t < N ? coef[t * CW + NS + e % MC] : 0.f;
     }
-    for (int e = tid; e < kPpTokens * C; e += kPpThreads) rss[e] = 0.f;  // (slot e: its own thread only)
-    const int mt = warp & 3, kh = warp >> 2, gr = lane >> 2, tg = lane & 3;
-    float acc[NT][4];
+    for (int e = tid; e < (int)S::rss_floats; e += kPpThreads) rss[e] = 0.f;  // (a slot: its own thread only)
+    float acc[MTW][NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+    for (int m = 0; m < MTW; m++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
-    const int64_t dn = (int64_t)NS * d;
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.f;
+    const int64_t wld = PER_ROW ? d : (int64_t)NS * d;  // W's row length
     for (int c0 = 0; c0 < d; c0 += C) {
         __syncthreads();  // (the coefficients staged; the previous chunk's tiles read)
-        for (int e = tid; e < RP * K; e += kPpThreads) {
-            const int r = e / K, kk = e % K, i = kk / C, c = c0 + kk % C;
-            sB[r * LD + kk] = (r < R && c < d) ? Phi[r * dn + (int64_t)i * d + c] : __float2bfloat16_rn(0.f);
+        for (int e = tid; e < S::RP * KB; e += kPpThreads) {  // W's chunk: column kk = i·C + cc (mHC) or cc (HC)
+            const int r = e / KB, kk = e % KB, i = kk / C, c = c0 + kk % C;
+            sB[r * LDB + kk] = (r < R && c < d) ? W[r * wld + (int64_t)i * d + c] : __float2bfloat16_rn(0.f);
         }
         // the post-mix of the chunk: pair slot idx = tid + r·kPpThreads is (token idx / C, channel idx % C)
 #pragma unroll 1
@@ -374,56 +378,85 @@ __global__ void __launch_bounds__(kPpThreads) mhc_postmix_project_kernel(bf16* H
                     for (int i = 0; i < NS; i++) v += mix[k * NS + i] * h[u][i];
                     const bf16 hv = in ? __float2bfloat16_rn(v) : __float2bfloat16_rn(0.f);
                     if (in) Hn[(t * NS + k) * d + c] = hv;
-                    sA[tt * LD + k * C + cc] = hv;
+                    sA[tt * LDA + k * C + cc] = hv;
                     const float f = __bfloat162float(hv);
-                    sq += f * f;
+                    if constexpr (PER_ROW) rss[idx * NS + k] += f * f;
+                    else sq += f * f;
                 }
-                rss[idx] += sq;
+                if constexpr (!PER_ROW) rss[idx] += sq;
             }
         }
         __syncthreads();
-        // P += A·Φᵀ over the chunk: warp (mt, kh) takes rows mt·16.. and the k-steps ks ≡ kh (mod 2)
-        const bf16* a0 = sA + (mt * 16 + gr) * LD + 2 * tg;
+        // P += A·Wᵀ over the chunk
 #pragma unroll
-        for (int ks = kh; ks < KS; ks += 2) {
-            const int k0 = ks * 16;
-            uint32_t a[4];
-            a[0] = ld_pair(a0 + k0);
-            a[1] = ld_pair(a0 + 8 * LD + k0);
-            a[2] = ld_pair(a0 + k0 + 8);
-            a[3] = ld_pair(a0 + 8 * LD + k0 + 8);
+        for (int m = 0; m < MTW; m++) {
+            const int mt = PER_ROW ? warp + 8 * m : (warp & 3);
+            if (PER_ROW && mt >= 4 * NS) continue;  // (warp-uniform)
+            // this lane's A rows gr and gr + 8 of the m-tile
+            const bf16* ar0 = PER_ROW ? sA + ((mt * 16 + gr) / NS) * LDA + ((mt * 16 + gr) % NS) * C
+                                      : sA + (mt * 16 + gr) * LDA;
+            const bf16* ar8 = PER_ROW ? sA + ((mt * 16 + gr + 8) / NS) * LDA + ((mt * 16 + gr + 8) % NS) * C
+                                      : ar0 + 8 * LDA;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const bf16* b0 = sB + (nt * 8 + gr) * LD + k0 + 2 * tg;
-                const uint32_t b[2] = {ld_pair(b0), ld_pair(b0 + 8)};
-                mma_16816(acc[nt], a, b);
+            for (int ks = PER_ROW ? 0 : (warp >> 2); ks < KS; ks += PER_ROW ? 1 : 2) {
+                const int k0 = ks * 16 + 2 * tg;
+                const uint32_t a[4] = {ld_pair(ar0 + k0), ld_pair(ar8 + k0), ld_pair(ar0 + k0 + 8), ld_pair(ar8 + k0 + 8)};
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const bf16* b0 = sB + (nt * 8 + gr) * LDB + k0;
+                    const uint32_t b[2] = {ld_pair(b0), ld_pair(b0 + 8)};
+                    mma_16816(acc[m][nt], a, b);
+                }
             }
         }
     }
-    __syncthreads();  // the tiles are free: the second half's products take their place
-    if (kh == 1) {
+    __syncthreads();  // the tiles are free (mHC: the second k-half's products take their place)
+    if constexpr (PER_ROW) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int m = 0; m < MTW; m++) {
+            const int mt = warp + 8 * m;
+            if (mt >= 4 * NS) continue;
 #pragma unroll
-            for (int e = 0; e < 4; e++) racc[(mt * 32 + lane) * NT * 4 + nt * 4 + e] = acc[nt][e];
-    }
-    __syncthreads();
-    if (kh == 0) {
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float v = acc[nt][e] + racc[(mt * 32 + lane) * NT * 4 + nt * 4 + e];
-                const int64_t t = t0 + mt * 16 + gr + (e >= 2 ? 8 : 0);
-                const int col = nt * 8 + 2 * tg + (e & 1);
-                if (t < N && col < R) P[t * ldp + col] = v;
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int64_t row = t0 * NS + mt * 16 + gr + (e >= 2 ? 8 : 0);  // = t·n + k
+                    const int col = nt * 8 + 2 * tg + (e & 1);
+                    if (row < (int64_t)N * NS && col < R) P[row * ldp + col] = acc[m][nt][e];
+                }
         }
-    }
-    if (tid < kPpTokens && t0 + tid < N) {
-        float tot = 0.f;
-        for (int cc = 0; cc < C; cc++) tot += rss[tid * C + cc];
-        rsn[t0 + tid] = rms_scale(tot, NS * d, eps);
+        for (int e = tid; e < kPpTokens * NS; e += kPpThreads) {  // (token e / n, stream e % n)
+            const int tt = e / NS, k = e % NS;
+            if (t0 + tt >= N) continue;
+            float tot = 0.f;
+            for (int cc = 0; cc < C; cc++) tot += rss[(tt * C + cc) * NS + k];
+            rsn[(t0 + tt) * NS + k] = rms_scale(tot, d, eps);
+        }
+    } else {
+        const int mt = warp & 3, kh = warp >> 2;
+        if (kh == 1) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) racc[(mt * 32 + lane) * NT * 4 + nt * 4 + e] = acc[0][nt][e];
+        }
+        __syncthreads();
+        if (kh == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float v = acc[0][nt][e] + racc[(mt * 32 + lane) * NT * 4 + nt * 4 + e];
+                    const int64_t t = t0 + mt * 16 + gr + (e >= 2 ? 8 : 0);
+                    const int col = nt * 8 + 2 * tg + (e & 1);
+                    if (t < N && col < R) P[t * ldp + col] = v;
+                }
+        }
+        if (tid < kPpTokens && t0 + tid < N) {
+            float tot = 0.f;
+            for (int cc = 0; cc < C; cc++) tot += rss[tid * C + cc];
+            rsn[t0 + tid] = rms_scale(tot, NS * d, eps);
+        }
     }
 }
 

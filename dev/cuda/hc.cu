@@ -5,8 +5,9 @@
 // and bf16 (loose), for production, for production with 2 token slices in the combine kernels
 // ("hc-2slices", "mhc-2slices"), for the earlier stream-gradient paths ("hc-gemm-dw",
 // "mhc-gemm-dw": the weight gradient by a GEMM; "mhc-gemm-dz": dZ by a GEMM too;
-// dev/cuda/hc_variants.cuh) and for mHC's earlier forward ("mhc-gemm-proj": post-mix, then the
-// next sublayer's projection by a GEMM; bf16 production fuses them, fp32 production is this); then the forward+backward time of all D sublayers at N = 16384,
+// dev/cuda/hc_variants.cuh) and for the earlier forward ("hc-gemm-proj", "mhc-gemm-proj": the
+// post-mix, then the next sublayer's projection by a GEMM; bf16 production fuses them, fp32
+// production is this); the fused post-mix + projection kernel on its own; then the forward+backward time of all D sublayers at N = 16384,
 // d = 1024, D = 48, n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: hc [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
@@ -33,20 +34,21 @@ struct TwoSlices : GpuHC<T> {
     }
 };
 
-// mHC with the post-mix and the next sublayer's projection GEMM as separate passes (production
-// before mhc_postmix_project_kernel, and production's fp32 path; "mhc-gemm-proj").
+// HC / mHC with the post-mix and the next sublayer's projection GEMM as separate passes
+// (production before postmix_project_kernel, and production's fp32 path; "hc-gemm-proj",
+// "mhc-gemm-proj").
 template <typename T>
-struct MhcGemmProj : GpuHC<T> {
-    explicit MhcGemmProj(const ModelConfig& cfg) : GpuHC<T>(cfg, true) {}
+struct GemmProj : GpuHC<T> {
+    GemmProj(const ModelConfig& cfg, bool manifold) : GpuHC<T>(cfg, manifold) {}
 
    protected:
     bool fused_projection() const override { return false; }
 };
 
-enum class Variant { HC, HcTwoSlices, HcGemmDw, MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz, MhcGemmProj };
+enum class Variant { HC, HcTwoSlices, HcGemmDw, HcGemmProj, MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz, MhcGemmProj };
 constexpr Variant kVariants[] = {Variant::HC,           Variant::HcTwoSlices, Variant::HcGemmDw,
-                                 Variant::MHC,          Variant::MhcTwoSlices, Variant::MhcGemmDw,
-                                 Variant::MhcGemmDz,    Variant::MhcGemmProj};
+                                 Variant::HcGemmProj,   Variant::MHC,         Variant::MhcTwoSlices,
+                                 Variant::MhcGemmDw,    Variant::MhcGemmDz,   Variant::MhcGemmProj};
 inline bool is_mhc(Variant v) { return v >= Variant::MHC; }
 inline bool checks_only(Variant v) { return v == Variant::HcTwoSlices || v == Variant::MhcTwoSlices; }
 inline const char* label(Variant v) {
@@ -54,6 +56,7 @@ inline const char* label(Variant v) {
         case Variant::HC: return "hc";
         case Variant::HcTwoSlices: return "hc-2slices";
         case Variant::HcGemmDw: return "hc-gemm-dw";
+        case Variant::HcGemmProj: return "hc-gemm-proj";
         case Variant::MHC: return "mhc";
         case Variant::MhcTwoSlices: return "mhc-2slices";
         case Variant::MhcGemmDw: return "mhc-gemm-dw";
@@ -72,76 +75,79 @@ static wb::Factory<T> factory(Variant v) {
             case Variant::HcGemmDw: return std::unique_ptr<GpuScheme<T>>(new HcGemmDw<T>(c));
             case Variant::MhcGemmDw: return std::unique_ptr<GpuScheme<T>>(new MhcGemmDw<T>(c));
             case Variant::MhcGemmDz: return std::unique_ptr<GpuScheme<T>>(new MhcGemmDz<T>(c));
-            case Variant::MhcGemmProj: return std::unique_ptr<GpuScheme<T>>(new MhcGemmProj<T>(c));
+            case Variant::HcGemmProj: return std::unique_ptr<GpuScheme<T>>(new GemmProj<T>(c, false));
+            case Variant::MhcGemmProj: return std::unique_ptr<GpuScheme<T>>(new GemmProj<T>(c, true));
             default: return std::unique_ptr<GpuScheme<T>>(new GpuHC<T>(c, is_mhc(v)));
         }
     };
 }
 
-// mhc_postmix_project_kernel<NS> on its own (bf16), N = 70 tokens (a partial block of 64) and
-// d = 150 (3, 5 or 10 chunks of C = 64, 32 or 16 channels, the last one partial): against
-// postmix_kernel<bf16, NS> on the same inputs, the streams H_j within one bf16 ulp, 2⁻⁷ relative (the same expressions; where the compiler
-// contracts them differently, the fp32 sums differ in their last bits and may round apart),
-// the o copy exactly, the inverse RMS within 2·n·d·2⁻²⁴ relative (two fp32 sums of the same n·d
-// squares in different orders) and P against Σ_e vec(H_j)_e Φ_{r,e} in double over the kernel's
-// own H_j (exact bf16 products; fp32 accumulation of n·d terms: |err| <= (n·d + 2)·2⁻²⁴·Σ|h φ|).
-template <int NS>
+// postmix_project_kernel<NS, PER_ROW> on its own (bf16; mHC: PER_ROW false, HC: true), N = 70
+// tokens (a partial block of 64) and d = 150 (3, 5 or 10 chunks of C = 64, 32 or 16 channels, the
+// last one partial): against postmix_kernel<bf16, NS> on the same inputs, the streams H_j within
+// one bf16 ulp, 2⁻⁷ relative (the same expressions; where the compiler contracts them
+// differently, the fp32 sums differ in their last bits and may round apart), the o copy exactly,
+// the inverse RMS within 2·m·2⁻²⁴ relative (two fp32 sums of the same m squares, m = d per row
+// or n·d per token, in different orders), and P against the projection in double over the
+// kernel's own H_j (exact bf16 products; fp32 accumulation of K terms, K = n·d (mHC) or d (HC):
+// |err| <= (K + 2)·2⁻²⁴·Σ|h w|).
+template <int NS, bool PER_ROW>
 static bool check_postmix_project() {
-    constexpr int R = 2 * NS + NS * NS, LDP = hc_detail::proj_ld(R), CW = 2 * NS + NS * NS;
+    using S = hc_detail::PpShape<NS, PER_ROW>;
+    constexpr int R = S::R, LDP = hc_detail::proj_ld(R), CW = 2 * NS + NS * NS;
     const int N = 70, d = 150;
-    const int64_t nd = (int64_t)NS * d;
-    const uint64_t seed = init_stream(0x9e11 + NS, 0);
-    std::vector<float> H(N * nd), o((size_t)N * d), coef((size_t)N * CW), phi(R * nd);
+    const int64_t nd = (int64_t)NS * d, K = PER_ROW ? d : nd, rows = PER_ROW ? (int64_t)N * NS : N;
+    const uint64_t seed = init_stream(0x9e11 + NS + (PER_ROW ? 100 : 0), 0);
+    std::vector<float> H(N * nd), o((size_t)N * d), coef((size_t)N * CW), w(R * K);
     uint64_t k = 0;
     for (auto& v : H) v = (float)stream_uniform(seed, k++) * 2 - 1;
     for (auto& v : o) v = (float)stream_uniform(seed, k++) * 2 - 1;
     for (auto& v : coef) v = (float)stream_uniform(seed, k++) * 1.5f - 0.5f;
-    for (auto& v : phi) v = (float)stream_uniform(seed, k++) * 0.2f - 0.1f;
-    DeviceBuffer<bf16> dH(N * nd), dHn(N * nd), dHr(N * nd), dO((int64_t)N * d), dOc((int64_t)N * d), dPhi(R * nd);
-    DeviceBuffer<float> dC((int64_t)N * CW), dP((int64_t)N * LDP), dRs(N), dRr(N);
+    for (auto& v : w) v = (float)stream_uniform(seed, k++) * 0.2f - 0.1f;
+    DeviceBuffer<bf16> dH(N * nd), dHn(N * nd), dHr(N * nd), dO((int64_t)N * d), dOc((int64_t)N * d), dW(R * K);
+    DeviceBuffer<float> dC((int64_t)N * CW), dP(rows * LDP), dRs(rows), dRr(rows);
     upload(dH.ptr, H.data(), dH.n);
     upload(dO.ptr, o.data(), dO.n);
     upload(dC.ptr, coef.data(), dC.n);
-    upload(dPhi.ptr, phi.data(), dPhi.n);
+    upload(dW.ptr, w.data(), dW.n);
     const float eps = 1e-5f;
-    const size_t smem = hc_detail::postmix_project_smem<NS>();
-    auto kern = hc_detail::mhc_postmix_project_kernel<NS>;
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kern<<<(unsigned)ceil_div(N, hc_detail::kPpTokens), hc_detail::kPpThreads, smem>>>(
-        dHn.ptr, dRs.ptr, dP.ptr, dOc.ptr, dH.ptr, dO.ptr, dC.ptr, dPhi.ptr, N, d, LDP, eps);
+    auto kern = hc_detail::postmix_project_kernel<NS, PER_ROW>;
+    if (S::smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
+    kern<<<(unsigned)ceil_div(N, hc_detail::kPpTokens), hc_detail::kPpThreads, S::smem>>>(
+        dHn.ptr, dRs.ptr, dP.ptr, dOc.ptr, dH.ptr, dO.ptr, dC.ptr, dW.ptr, N, d, LDP, eps);
     LDM_LAUNCH_CHECK();
     hc_detail::postmix_kernel<bf16, NS><<<N, hc_detail::kThreads>>>(dHr.ptr, dRr.ptr, nullptr, dH.ptr, dO.ptr, dC.ptr,
-                                                                    d, eps, false);
+                                                                    d, eps, PER_ROW);
     LDM_LAUNCH_CHECK();
     CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> hn = download(dHn.ptr, dHn.n), hr = download(dHr.ptr, dHr.n);
     const std::vector<float> oc = download(dOc.ptr, dOc.n), P = download(dP.ptr, dP.n);
     const std::vector<float> rs = download(dRs.ptr, dRs.n), rr = download(dRr.ptr, dRr.n);
-    const std::vector<float> phib = download(dPhi.ptr, dPhi.n), ob = download(dO.ptr, dO.n);
+    const std::vector<float> wb_ = download(dW.ptr, dW.n), ob = download(dO.ptr, dO.n);
     double wh = 0, wo = 0, wr = 0, wp = 0;  // worst error / its bound
     for (size_t i = 0; i < hn.size(); i++)
         wh = std::max(wh, std::fabs((double)hn[i] - hr[i]) / (std::ldexp(std::max(std::fabs(hr[i]), 1e-30f), -7)));
     for (size_t i = 0; i < oc.size(); i++) wo = std::max(wo, oc[i] == ob[i] ? 0.0 : INFINITY);
-    for (int t = 0; t < N; t++) wr = std::max(wr, std::fabs((double)rs[t] - rr[t]) / (rr[t] * 2.0 * nd * 0x1p-24));
-    for (int t = 0; t < N; t++)
+    for (int64_t q = 0; q < rows; q++) wr = std::max(wr, std::fabs((double)rs[q] - rr[q]) / (rr[q] * 2.0 * K * 0x1p-24));
+    for (int64_t q = 0; q < rows; q++)  // projected row q: K values of H_j from q·K on (token-major either way)
         for (int r = 0; r < R; r++) {
             double ref = 0, mag = 0;
-            for (int64_t e = 0; e < nd; e++) {
-                const double pr = (double)hn[t * nd + e] * phib[r * nd + e];
+            for (int64_t e = 0; e < K; e++) {
+                const double pr = (double)hn[q * K + e] * wb_[r * K + e];
                 ref += pr;
                 mag += std::fabs(pr);
             }
-            const double bound = (nd + 2) * 0x1p-24 * mag + 1e-30;
-            wp = std::max(wp, std::fabs(P[(size_t)t * LDP + r] - ref) / bound);
+            const double bound = (K + 2) * 0x1p-24 * mag + 1e-30;
+            wp = std::max(wp, std::fabs(P[(size_t)q * LDP + r] - ref) / bound);
         }
     bool ok = true;
     const std::string shape = strprintf("N%dd%dn%d", N, d, NS);
-    const struct { const char* what; double w; } rows[] = {{"Hn", wh}, {"ocopy", wo}, {"rsn", wr}, {"P", wp}};
-    for (const auto& row : rows) {
-        const bool pass = std::isfinite(row.w) && row.w <= 1.0;
-        std::printf("CHECK hc mhc-postmix-project.%s bf16 %s err/bound=%.3e %s\n", row.what, shape.c_str(), row.w,
-                    pass ? "PASS" : "FAIL");
+    const struct { const char* what; double w; } lines[] = {{"Hn", wh}, {"ocopy", wo}, {"rsn", wr}, {"P", wp}};
+    for (const auto& l : lines) {
+        const bool pass = std::isfinite(l.w) && l.w <= 1.0;
+        std::printf("CHECK hc %s-postmix-project.%s bf16 %s err/bound=%.3e %s\n", PER_ROW ? "hc" : "mhc", l.what,
+                    shape.c_str(), l.w, pass ? "PASS" : "FAIL");
         ok &= pass;
     }
     return ok;
@@ -163,8 +169,15 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     };
     bool ok = true;
     if (std::is_same<T, bf16>::value)  // (every n the scheme supports)
-        ok &= check_postmix_project<1>() & check_postmix_project<2>() & check_postmix_project<3>() &
-              check_postmix_project<4>() & check_postmix_project<8>();
+        for (bool per_row : {false, true}) {
+            auto one = [&](auto c) {
+                constexpr int NS = decltype(c)::value;
+                return per_row ? check_postmix_project<NS, true>() : check_postmix_project<NS, false>();
+            };
+            ok &= one(std::integral_constant<int, 1>{}) & one(std::integral_constant<int, 2>{}) &
+                  one(std::integral_constant<int, 3>{}) & one(std::integral_constant<int, 4>{}) &
+                  one(std::integral_constant<int, 8>{});
+        }
     for (size_t k = 0; k < cases.size(); k++) {
         if (quick && k == cases.size() - 1) break;
         for (Variant v : kVariants) {
@@ -183,15 +196,15 @@ static void run_bench() {
     for (Variant v : kVariants) {
         if (checks_only(v)) continue;  // a check of production's kernels, not a contender
         // Estimated traffic per sublayer and token (doc/cuda.md): forward (4n+3)·d·tb (o_j is
-        // written by the trainer's GEMM into the scheme's O_j: output_buffer), (3n+3)·d·tb for mHC
-        // in bf16 (the post-mix forms the next projection: H_j is not read again); backward
+        // written by the trainer's GEMM into the scheme's O_j: output_buffer), (3n+3)·d·tb in bf16
+        // (the post-mix forms the next projection: H_j is not read again; not *-gemm-proj); backward
         // (3n+4)·d·tb (production HC and mHC: the weight gradient in the combine kernel, plus its
         // slices' fp32 partials written and read once per sublayer), (4n+4)·d·tb (the dW GEMM reads
         // H_{j-1} once more: hc-gemm-dw, mhc-gemm-dw) or (6n+4)·d·tb (mhc-gemm-dz: dZ written and
         // read as well); + 3·n·d·tb (stream gradients, type T: read twice, written once).
         const bool gemm_dw = v == Variant::HcGemmDw || v == Variant::MhcGemmDw;
         double own = v == Variant::MhcGemmDz ? 10 * n + 7 : gemm_dw ? 8 * n + 7 : 7 * n + 7;
-        if (is_mhc(v) && v != Variant::MhcGemmProj && std::is_same<T, bf16>::value) own -= n;  // fused projection
+        if (v != Variant::HcGemmProj && v != Variant::MhcGemmProj && std::is_same<T, bf16>::value) own -= n;
         double part = 0;
         if (v == Variant::HC || v == Variant::MHC) {
             const double wsize = v == Variant::MHC ? (2 * n + n * n) * n * d : (n + 2) * d;
