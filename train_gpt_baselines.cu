@@ -162,6 +162,7 @@ struct GpuHC : GpuScheme<T> {
         grow(Ps_, D * N * prow_ * ldp_);
         grow(rs_, (D + 1) * N * nr());
         grow(coef_, N * cw_);
+        grow(coefp_, N * cw_);
         grow(dcoef_, N * cw_);
         grow(work_, mhc_ ? N * ws_ : 0);
         grow(dPp_, N * prow_ * ldp_);
@@ -225,19 +226,42 @@ struct GpuHC : GpuScheme<T> {
                 dH_.ptr, dy, N_, d_);
         });
         LDM_LAUNCH_CHECK();
+        coef_j_ = 0;  // (output_backward(D) recomputes its coefficients)
+        do_j_ = 0;
     }
 
+    // d_o = dL/do_j. Where input_backward(j+1)'s combine kernel already wrote it (into the d_o_next
+    // it was given, which must be this d_o), only the coefficients of sublayer j are left (made
+    // there too) and the coefficient dots move to input_backward(j) (coef_dots_kernel); else
+    // post_backward_kernel writes d_o and the dots, reading dL/dH_j, o_j and H_{j-1}.
     void output_backward(int j, T* d_o, cudaStream_t s) override {
-        coefficients(j, s);  // recomputed from the stored P_j (Sinkhorn included)
+        if (coef_j_ != j) coefficients(j, s);  // recomputed from the stored P_j (Sinkhorn included)
+        if (do_j_ == j) {
+            if (d_o != do_buf_)
+                throw Error(strprintf("hc: output_backward(%d): input_backward(%d) wrote dL/do_%d into another buffer "
+                                      "(d_o must be its d_o_next)", j, j + 1, j));
+            do_j_ = 0;
+            dots_done_ = false;
+            return;
+        }
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             hc_detail::post_backward_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
                 d_o, dcoef_.ptr, dH_.ptr, O(j), H(j - 1), coef_.ptr, d_);
         });
         LDM_LAUNCH_CHECK();
+        dots_done_ = true;
     }
 
-    void input_backward(int j, const T* dx, cudaStream_t s) override {
+    void input_backward(int j, const T* dx, cudaStream_t s) override { input_backward_next(j, dx, nullptr, s); }
+    // With d_o_next (j > 1, n <= 4, production's combine): the combine kernel also writes
+    // dL/do_{j-1} into it from the dL/dH_{j-1} it forms (coefficients of sublayer j-1 made here,
+    // after sublayer j's coefficient backward has used the Sinkhorn scratch): output_backward(j-1)
+    // then reads neither dL/dH_{j-1} nor o_{j-1} nor H_{j-2}, and its dots are formed with the
+    // pre-mix dots of input_backward(j-1) in one pass (coef_dots_kernel): one read of H fewer.
+    void input_backward_next(int j, const T* dx, T* d_o_next, cudaStream_t s) override {
+        bool fuse = d_o_next && j > 1 && combine_writes_d_o();
+        dispatch([&](auto NSC) { fuse = fuse && hc_detail::kCombineDo<decltype(NSC)::value>; });
         const int tpb = 128;
         const unsigned tb = (unsigned)ceil_div(N_, tpb);
         const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;
@@ -246,7 +270,11 @@ struct GpuHC : GpuScheme<T> {
         const T* W = P_ + (int64_t)(j - 1) * block_;
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
-            hc_detail::pre_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, H(j - 1), d_);
+            if (dots_done_)  // output_backward(j) formed the post-mix dots
+                hc_detail::pre_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, H(j - 1), d_);
+            else
+                hc_detail::coef_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, dH_.ptr, O(j),
+                                                                                      H(j - 1), d_);
             LDM_LAUNCH_CHECK();
             if (mhc_)
                 hc_detail::mhc_coef_backward_kernel<T, NS><<<tb, tpb, 0, s>>>(
@@ -258,8 +286,17 @@ struct GpuHC : GpuScheme<T> {
         });
         hc_detail::column_sums_kernel<float><<<np_, 256, 0, s>>>(gq, part_.ptr, N_, np_);
         LDM_LAUNCH_CHECK();
+        if (fuse) coefficients(j - 1, s, coefp_.ptr);
+        comb_do_ = fuse ? d_o_next : nullptr;
         stream_gradient(j, dx, W, gW, s);
+        comb_do_ = nullptr;
         std::swap(dH_, dHp_);
+        if (fuse) {  // sublayer j-1's coefficients are now coef_'s; dL/do_{j-1} is in d_o_next
+            std::swap(coef_, coefp_);
+            coef_j_ = j - 1;
+            do_j_ = j - 1;
+            do_buf_ = d_o_next;
+        }
     }
 
     void begin_backward(T* de, cudaStream_t s) override {
@@ -272,7 +309,7 @@ struct GpuHC : GpuScheme<T> {
     }
 
     // Every byte per token this scheme allocates in resize(): kept for backward (H_0..H_D, o_j,
-    // P_j, inverse RMS) plus backward/scratch buffers (coefficients, dcoef, dP, β, partials,
+    // P_j, inverse RMS) plus backward/scratch buffers (coefficients of two sublayers, dcoef, dP, β, partials,
     // dH, dH_prev (type T like the streams themselves; see cuda/hc.cuh), mHC Sinkhorn work). (The
     // weight-gradient partials are per token slice of the combine kernel, not per token: at most
     // ceil(kCombineBlocks / grid.x) slices of the weight's size, 6 MiB for mHC at llama-400m.)
@@ -280,7 +317,7 @@ struct GpuHC : GpuScheme<T> {
         const int64_t n = n_, d = d_, D = D_, tb = sizeof(T);
         const int64_t kept = (D + 1) * n * d * tb + D * d * tb + D * prow_ * ldp_ * 4 + (D + 1) * nr() * 4;
         const int64_t scratch =
-            2 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 + 2 * n * d * tb;
+            3 * (int64_t)cw_ * 4 + (int64_t)ws_ * 4 + prow_ * ldp_ * tb + n * 4 + np_ * 4 + 2 * n * d * tb;
         return kept + scratch;
     }
     // Only the part kept for backward (for documentation / tests).
@@ -290,6 +327,9 @@ struct GpuHC : GpuScheme<T> {
     }
 
    protected:  // (dev/cuda/hc.cu derives the workbench's earlier mHC paths to compare)
+    // Whether stream_gradient's kernel writes dL/do_{j-1} when comb_do_ is set (production's
+    // combine; the workbench's earlier paths do not).
+    virtual bool combine_writes_d_o() const { return true; }
     // Whether output(j < D) runs the post-mix fused with sublayer j+1's projection (bf16: the
     // tensor-core kernel needs bf16 operands; fp32 runs keep post-mix + GEMM).
     virtual bool fused_projection() const { return std::is_same<T, bf16>::value; }
@@ -323,7 +363,8 @@ struct GpuHC : GpuScheme<T> {
     virtual void stream_gradient(int j, const T* dx, const T* W, float* gW, cudaStream_t s) {
         combine(j, dx, W, gW, 0, s);
     }
-    // The combine kernel writes dL/dH_{j-1} and the weight gradient's partial per token slice
+    // The combine kernel writes dL/dH_{j-1} (and, when comb_do_ is set, dL/do_{j-1} into it from
+    // the coefficients of sublayer j-1 in coefp_) and the weight gradient's partial per token slice
     // (combine_grid's slices, at most max_slices when > 0: the workbench's multi-tile check), then
     // the fixed-order sum of the slices into gW.
     void combine(int j, const T* dx, const T* W, float* gW, unsigned max_slices, cudaStream_t s) {
@@ -333,11 +374,13 @@ struct GpuHC : GpuScheme<T> {
             if (max_slices > 0) grid.y = std::min(grid.y, max_slices);
             const dim3 block(hc_detail::kCombineChannels<NS>, NS);
             if (mhc_)
-                hc_detail::mhc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
-                    dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, N_, d_);
+                hc_detail::mhc_combine_kernel<T, NS><<<grid, block, 0, s>>>(dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W,
+                                                                          H(j - 1), coef_.ptr, beta_.ptr, comb_do_,
+                                                                          coefp_.ptr, N_, d_);
             else
-                hc_detail::hc_combine_kernel<T, NS><<<grid, block, 0, s>>>(
-                    dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr, beta_.ptr, N_, d_);
+                hc_detail::hc_combine_kernel<T, NS><<<grid, block, 0, s>>>(dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W,
+                                                                         H(j - 1), coef_.ptr, beta_.ptr, comb_do_,
+                                                                         coefp_.ptr, N_, d_);
             LDM_LAUNCH_CHECK();
             const int64_t E = (int64_t)wrows_ * kdim_;
             hc_detail::dw_slices_reduce_kernel<<<hc_detail::grid_1d(E, 256), 256, 0, s>>>(gW, dWp_.ptr, E,
@@ -353,12 +396,19 @@ struct GpuHC : GpuScheme<T> {
     int64_t block_ = 0;
     int N_ = 0;
     int proj_ready_ = 0;  // P_j of this sublayer j is already written (by output(j-1)); 0: none
+    // backward: coef_ holds sublayer coef_j_'s coefficients (0: none); dL/do_{do_j_} is already in
+    // do_buf_ (0: none; written by the combine kernel); dots_done_: output_backward(j) formed the
+    // post-mix dots; comb_do_: the combine kernel's d_o target during input_backward
+    int coef_j_ = 0, do_j_ = 0;
+    T* do_buf_ = nullptr;
+    T* comb_do_ = nullptr;
+    bool dots_done_ = true;
     Matmul mm_;
     const T* P_ = nullptr;
     const float* M_ = nullptr;
     float* G_ = nullptr;
     DeviceBuffer<T> Hs_, Os_, dPp_, dH_, dHp_;
-    DeviceBuffer<float> Ps_, rs_, coef_, dcoef_, work_, beta_, part_, dWp_;
+    DeviceBuffer<float> Ps_, rs_, coef_, coefp_, dcoef_, work_, beta_, part_, dWp_;
 
     template <typename E>
     static void grow(DeviceBuffer<E>& b, int64_t n) {  // allocations only grow (resize per step)
@@ -378,18 +428,22 @@ struct GpuHC : GpuScheme<T> {
         mm_.gemm<T, float>(false, true, (int64_t)N_ * prow_, wrows_, kdim_, 1.f, H(j - 1), kdim_, W, kdim_, 0.f,
                            Pj(j), ldp_, nullptr, s);
     }
-    // Per-token coefficients of sublayer j into coef_ (from P_j and the inverse RMS of H_{j-1}).
-    void coefficients(int j, cudaStream_t s) {
+    // Per-token coefficients of sublayer j into out (coef_ by default; from P_j and the inverse RMS
+    // of H_{j-1}; mHC's Sinkhorn iterates into work_).
+    void coefficients(int j, cudaStream_t s, float* out = nullptr) {
+        if (!out) {
+            out = coef_.ptr;
+            coef_j_ = j;
+        }
         const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;
         const int tpb = 128;
         const unsigned tb = (unsigned)ceil_div(N_, tpb);
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             if (mhc_)
-                hc_detail::mhc_coef_kernel<NS><<<tb, tpb, 0, s>>>(coef_.ptr, work_.ptr, Pj(j), RS(j - 1), q, N_,
-                                                                  iters_, ws_);
+                hc_detail::mhc_coef_kernel<NS><<<tb, tpb, 0, s>>>(out, work_.ptr, Pj(j), RS(j - 1), q, N_, iters_, ws_);
             else
-                hc_detail::hc_coef_kernel<NS><<<tb, tpb, 0, s>>>(coef_.ptr, Pj(j), RS(j - 1), q, N_);
+                hc_detail::hc_coef_kernel<NS><<<tb, tpb, 0, s>>>(out, Pj(j), RS(j - 1), q, N_);
         });
         LDM_LAUNCH_CHECK();
     }

@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
         const int64_t t = t0 + e / MC;
         sc[e] = t < N ? coef[t * CW + NS + e % MC] : 0.f;
     }
-    for (int e = tid; e < (int)S::rss_floats; e += kPpThreads) rss[e] = 0.f;  // (a slot: its own thread only)
+    for (int e = tid; e < (int)S::rss_floats; e += kPpThreads) rss[e] = 0.f;  // (before the first chunk's barrier)
     float acc[MTW][NT][4];
 #pragma unroll
     for (int m = 0; m < MTW; m++)
@@ -531,7 +531,7 @@ __global__ void post_backward_kernel(T* d_o, float* dcoef, const T* G, const T* 
             float v = 0.f;
 #pragma unroll
             for (int k = 0; k < NS; k++) {
-                v += b[k] * g[u][k];
+                v = fmaf(b[k], g[u][k], v);  // (explicit FMA: combine_do_tile forms the same sum)
 #pragma unroll
                 for (int i = 0; i < NS; i++) acc[k * NS + i] += g[u][k] * h[u][i];
                 acc[NS * NS + k] += g[u][k] * of[u];
@@ -559,6 +559,49 @@ __global__ void pre_dots_kernel(float* dcoef, const T* dx, const T* H, int d) {
     }
     block_sums<NS>(acc, smem);
     for (int i = threadIdx.x; i < NS; i += blockDim.x) dcoef[t * CW + i] = acc[i];
+}
+
+// All of sublayer j's coefficient dot products in one pass, where output_backward(j) left them out
+// because input_backward(j+1)'s combine kernel already wrote dL/do_j: dcoef[t] = (<dx, H_i>
+// (i < n), <G_k, H_i> at n + k·n + i, <G_k, o> at n + n² + k), i.e. what pre_dots_kernel and
+// post_backward_kernel write, with their loop, expressions and block sums (bit for bit the same
+// values). G = dL/dH_j [N, n, d], O = o_j, H = H_{j-1}, dx = dL/dx_j. Grid N blocks.
+template <typename T, int NS>
+__global__ void coef_dots_kernel(float* dcoef, const T* dx, const T* G, const T* O, const T* H, int d) {
+    constexpr int CW = 2 * NS + NS * NS;  // = NS pre-mix dots + V = NS² + NS post-mix dots
+    __shared__ float smem[32 * CW];
+    const int64_t t = blockIdx.x;
+    float acc[CW];
+#pragma unroll
+    for (int e = 0; e < CW; e++) acc[e] = 0.f;
+    const T* Gt = G + t * NS * d;
+    const T* Ht = H + t * NS * d;
+    constexpr int U = kSteps<NS>;
+    float g[U][NS], h[U][NS], of[U], xv[U];
+    batched_strided_loop<U>(
+        threadIdx.x, d, blockDim.x,
+        [&](int u, int c) {
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                g[u][i] = to_f(Gt[(int64_t)i * d + c]);
+                h[u][i] = to_f(Ht[(int64_t)i * d + c]);
+            }
+            of[u] = to_f(O[t * d + c]);
+            xv[u] = to_f(dx[t * d + c]);
+        },
+        [&](int u, int c) {
+            (void)c;
+#pragma unroll
+            for (int i = 0; i < NS; i++) acc[i] += xv[u] * h[u][i];
+#pragma unroll
+            for (int k = 0; k < NS; k++) {
+#pragma unroll
+                for (int i = 0; i < NS; i++) acc[NS + k * NS + i] += g[u][k] * h[u][i];
+                acc[NS + NS * NS + k] += g[u][k] * of[u];
+            }
+        });
+    block_sums<CW>(acc, smem);
+    for (int e = threadIdx.x; e < CW; e += blockDim.x) dcoef[t * CW + e] = acc[e];
 }
 
 // HC coefficient backward per token (one thread per token). From dcoef (dA_m, dMix, dB), P and
@@ -679,6 +722,31 @@ template <int NS>
 constexpr int kCombineChannels = NS <= 4 ? 64 : 32;
 constexpr int kCombineTokens = 32;
 constexpr int kCombineBlocks = 256;
+// Whether the combine kernels can also write dL/do_{j-1} (d_o, from the stream gradient they write
+// and the previous sublayer's H_post / B): n <= 4, where the tile's staged values (kCombineTokens ×
+// n × kCombineChannels floats, 32 KiB) fit the static shared memory beside the rest.
+template <int NS>
+constexpr bool kCombineDo = NS <= 4;
+
+// The combine kernels' d_o for one tile of nt tokens and the block's channels c0 .. c0 + CB − 1:
+// d_o[t, c] = Σ_k b_k dHp[t, k, c] in k order (post_backward_kernel's expression), from the
+// staged b (bps) and stored dHp values (dos); after a barrier that every thread of the block
+// reaches (the next tile's first barrier protects the staging).
+template <typename T, int NS, int DT, int CB>
+__device__ inline void combine_do_tile(T* d_o, const float (&bps)[DT][NS], const float (&dos)[DT][NS][CB], int64_t t0,
+                                       int nt, int c0, int d, int tid, int nthr) {
+    if constexpr (kCombineDo<NS>) {
+        __syncthreads();
+        for (int x = tid; x < nt * CB; x += nthr) {
+            const int tl = x / CB, cl = x % CB, c = c0 + cl;
+            if (c >= d) continue;
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < NS; k++) v = fmaf(bps[tl][k], dos[tl][k][cl], v);  // (explicit: as post_backward_kernel)
+            d_o[(t0 + tl) * d + c] = from_f<T>(v);
+        }
+    }
+}
 
 // mHC backward combine (input_backward) with the stream projection's input and weight gradients
 // formed in the kernel:
@@ -692,16 +760,23 @@ constexpr int kCombineBlocks = 256;
 // keeps its Φ column and its dΦ column's partial (R floats each) in registers for the whole
 // block, so Φ is read once per block; the tiles' dP rows, a, Mix and β are staged in shared
 // memory (read as broadcasts). The NS threads of one channel share G and dx through L1.
+// d_o (kCombineDo<NS>; else nullptr): also d_o[t, c] = Σ_k b_k dHp[t, k, c] (written, T; b = the
+// previous sublayer's H_post from coefp, its coefficient scratch): dL/do_{j-1} from the values of
+// dHp as stored, with post_backward_kernel's expression and order, so that output_backward(j-1)
+// need not read dHp back (combine_do_tile).
 // Grid combine_grid (grid.y strides over the token tiles); block (kCombineChannels<NS>, NS).
 template <typename T, int NS>
-__global__ void __launch_bounds__(kCombineChannels<NS> * NS)
+__global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
     mhc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* Phi, const T* H,
-                       const float* coef, const float* beta, int N, int d) {
+                       const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
     constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
     constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
+    constexpr int DT = kCombineDo<NS> ? TB : 1;  // (the d_o staging exists where kCombineDo)
     __shared__ float dps[TB][R];
     __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
     __shared__ float bts[TB];
+    __shared__ float bps[DT][NS];      // the previous sublayer's b_k (d_o)
+    __shared__ float dos[DT][NS][CB];  // dHp as stored (d_o)
     const int i = threadIdx.y, c = blockIdx.x * CB + threadIdx.x;
     const int tid = threadIdx.y * CB + threadIdx.x, nthr = CB * NS;
     const bool live = c < d;
@@ -718,9 +793,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
         for (int e = tid; e < nt * R; e += nthr) dps[e / R][e % R] = to_f(dPp[(t0 + e / R) * L + e % R]);
         for (int e = tid; e < nt * NM; e += nthr) cfs[e / NM][e % NM] = coef[(t0 + e / NM) * CW + e % NM];
         for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
+        if (d_o)
+            for (int e = tid; e < nt * NS; e += nthr) bps[e / NS][e % NS] = coefp[(t0 + e / NS) * CW + NS + NS * NS + e % NS];
         __syncthreads();
-        if (!live) continue;
-        for (int u0 = 0; u0 < nt; u0 += U) {
+        for (int u0 = 0; live && u0 < nt; u0 += U) {
             // every load of U tokens before the first store (the pointers may alias as far as
             // the compiler knows)
             float g[U][NS], dxv[U], hl[U];
@@ -747,9 +823,12 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
                     dw[r] += dps[tl][r] * hl[u];
                 }
                 v += z - bts[tl] * hl[u];
-                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = from_f<T>(v);
+                const T hv = from_f<T>(v);
+                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
+                if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
             }
         }
+        if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
     if (live) {
         float* out = dWp + (int64_t)blockIdx.y * R * nd + (int64_t)i * d + c;
@@ -776,18 +855,22 @@ inline dim3 combine_grid(int N, int d) {
 // each) in registers for the whole block; the n stream shares of a column are added in stream
 // order at the block's end (shared memory). The tiles' dP rows, a, Mix and β are staged in shared
 // memory (broadcast reads); the NS threads of one channel share G and dx through L1. This replaces
-// a Matmul GEMM dW_j += dPpᵀ·H_{j-1}, which read H_{j-1} once more. Grid combine_grid (grid.y
-// strides over the token tiles); block (kCombineChannels<NS>, NS).
+// a Matmul GEMM dW_j += dPpᵀ·H_{j-1}, which read H_{j-1} once more. d_o, coefp: as in
+// mhc_combine_kernel (b = the previous sublayer's B). Grid combine_grid (grid.y strides over the
+// token tiles); block (kCombineChannels<NS>, NS).
 template <typename T, int NS>
 __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
     hc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* W, const T* H,
-                      const float* coef, const float* beta, int N, int d) {
+                      const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
     constexpr int m = NS + 2, L = proj_ld(m), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
     constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
+    constexpr int DT = kCombineDo<NS> ? TB : 1;
     __shared__ float dps[TB][NS][m];
     __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
     __shared__ float bts[TB][NS];
     __shared__ float red[NS][m][CB];  // the stream shares of the block's dW columns, at the end
+    __shared__ float bps[DT][NS];      // the previous sublayer's b_k (d_o)
+    __shared__ float dos[DT][NS][CB];  // dHp as stored (d_o)
     const int i = threadIdx.y, c = blockIdx.x * CB + threadIdx.x;
     const int tid = threadIdx.y * CB + threadIdx.x, nthr = CB * NS;
     const bool live = c < d;
@@ -807,9 +890,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
         }
         for (int x = tid; x < nt * NM; x += nthr) cfs[x / NM][x % NM] = coef[(t0 + x / NM) * CW + x % NM];
         for (int x = tid; x < nt * NS; x += nthr) bts[x / NS][x % NS] = beta[t0 * NS + x];
+        if (d_o)
+            for (int x = tid; x < nt * NS; x += nthr) bps[x / NS][x % NS] = coefp[(t0 + x / NS) * CW + NS + NS * NS + x % NS];
         __syncthreads();
-        if (!live) continue;
-        for (int u0 = 0; u0 < nt; u0 += U) {
+        for (int u0 = 0; live && u0 < nt; u0 += U) {
             // every load of U tokens before the first store (the pointers may alias as far as
             // the compiler knows)
             float g[U][NS], dxv[U], hl[U];
@@ -836,9 +920,12 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
                     dw[e] += dps[tl][i][e] * hl[u];
                 }
                 v += z - bts[tl][i] * hl[u];
-                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = from_f<T>(v);
+                const T hv = from_f<T>(v);
+                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
+                if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
             }
         }
+        if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
 #pragma unroll
     for (int e = 0; e < m; e++) red[i][e][threadIdx.x] = dw[e];

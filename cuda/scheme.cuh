@@ -51,20 +51,27 @@ struct GpuScheme {
     virtual void readout_backward(const T* dy, cudaStream_t) = 0;
     virtual void output_backward(int j, T* d_o, cudaStream_t) = 0;  // writes (=) dL/do_j
     virtual void input_backward(int j, const T* dx, cudaStream_t) = 0;  // dx = dL/dx_j
+    // input_backward with d_o_next as in input_norm_backward (the buffer the caller passes to the
+    // next output_backward(j-1); nullptr: none). Default: input_backward(j, dx). A scheme may
+    // already write dL/do_{j-1} into d_o_next here (HC / mHC: their combine kernel); its
+    // output_backward(j-1) then writes nothing and throws ldm::Error if handed another buffer.
+    virtual void input_backward_next(int j, const T* dx, T* d_o_next, cudaStream_t s) {
+        (void)d_o_next;
+        input_backward(j, dx, s);
+    }
     // The backward of sublayer j's input RMSNorm, then the scheme's input backward: dln [N, d] =
     // dL/dxn_j; x = x_j, w [d], rstd [N] as in input_norm; dw [d] += (fp32, deterministic;
     // scratch >= rmsnorm_backward_scratch(N, d) floats). dx_buf [N, d]: buffer for dL/dx_j.
     // d_o_next [N, d] (or nullptr): the buffer the caller passes to the next output_backward(j-1)
-    // (no meaning for j == 1). Default: rmsnorm_backward into dx_buf, then input_backward(j, dx_buf).
-    // A scheme may instead fuse and already write dL/do_{j-1} into d_o_next here; its
-    // output_backward(j-1) then writes nothing and throws ldm::Error if handed another buffer
-    // (PreLN: rmsnorm_backward_residual).
+    // (no meaning for j == 1). Default: rmsnorm_backward into dx_buf, then
+    // input_backward_next(j, dx_buf, d_o_next). A scheme may instead fuse and already write
+    // dL/do_{j-1} into d_o_next here; its output_backward(j-1) then writes nothing and throws
+    // ldm::Error if handed another buffer (PreLN: rmsnorm_backward_residual).
     virtual void input_norm_backward(int j, const T* dln, const T* x, const T* w, const float* rstd,
                                      int64_t N, int d, float* dw, float* scratch, T* dx_buf,
                                      T* d_o_next, cudaStream_t s) {
-        (void)d_o_next;
         rmsnorm_backward<T>(dx_buf, dw, scratch, dln, x, w, rstd, N, d, false, s);
-        input_backward(j, dx_buf, s);
+        input_backward_next(j, dx_buf, d_o_next, s);
     }
     virtual void begin_backward(T* de, cudaStream_t) = 0;            // writes (=) dL/de
     // Host-side bookkeeping after a micro-batch's backward (eager and micro-batch graphs), or once

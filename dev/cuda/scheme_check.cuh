@@ -2,7 +2,7 @@
 // dev/cuda/attnres.cu): runs the CPU reference Scheme<double> (cpu/scheme.h make_scheme) and a
 // GpuScheme<T> through the same sequence
 //   begin(e) / input_norm(j) / output(j, o_j) ... / readout / readout_backward(dy) /
-//   output_backward(j) / input_backward(j, dx_j) ... / begin_backward
+//   output_backward(j) / input_backward_next(j, dx_j, d_o buffer) ... / begin_backward
 // with the same random parameters (rounded to T, master = the rounded values) and tensors, and
 // compares every x_j, xn_j (vs cpu::rmsnorm_forward of the CPU x_j), y, d_o_j, de and every scheme
 // parameter gradient tensor (accumulated onto non-zero initial gradients). Prints CHECK lines
@@ -287,14 +287,17 @@ bool check_scheme_impl(const char* family, const std::string& scheme, const Shap
     capture(yg);
     wy.add(compare_d(yg, y, fy), "y");
     gs->readout_backward(dy_.ptr, st);
+    fill(ddo.ptr, Nd, nanv, st);
     for (int j = D; j >= 1; j--) {
-        fill(ddo.ptr, Nd, nanv, st);
         gs->output_backward(j, ddo.ptr, st);
         const auto dog = download(ddo.ptr, Nd);
         capture(dog);
         wdo.add(compare_d(dog, DO[j], fDO[j]), strprintf("d_o_%d", j));
         upload(ddx.ptr, dx[j].data(), Nd);
-        gs->input_backward(j, ddx.ptr, st);
+        // NaN again: whichever of input_backward_next(j) (into d_o_next, as HC / mHC do) and
+        // output_backward(j-1) writes dL/do_{j-1}, every value must be written
+        fill(ddo.ptr, Nd, nanv, st);
+        gs->input_backward_next(j, ddx.ptr, ddo.ptr, st);
     }
     fill(dded.ptr, Nd, nanv, st);
     gs->begin_backward(dded.ptr, st);
@@ -429,7 +432,7 @@ void bench_scheme_impl(const char* family, const std::string& scheme, const Shap
         gs->readout_backward(y.ptr, st);
         for (int j = D; j >= 1; j--) {
             gs->output_backward(j, dobuf.ptr, st);
-            gs->input_backward(j, dx.ptr, st);
+            gs->input_backward_next(j, dx.ptr, dobuf.ptr, st);
         }
         gs->begin_backward(de.ptr, st);
     };
