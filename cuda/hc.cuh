@@ -21,7 +21,9 @@
 //                (j < D) the same kernel also forms P_{j+1} on the tensor cores
 //                (postmix_project_kernel), and input_norm(j+1) skips its GEMM.
 // Backward (recomputes the coefficients, Sinkhorn included, from the stored P_j; never stores the
-// Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products;
+// Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products
+// (at n <= 4 for j < D input_backward(j+1)'s combine kernel has written dL/do_j already, and
+// input_backward(j) forms all n²+2n dots in one pass, coef_dots_kernel);
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
 // reduces the small parameter gradients deterministically (per-token partials, fixed-order column
 // sums), and one fused kernel writes dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i with
@@ -737,6 +739,7 @@ __device__ inline void combine_do_tile(T* d_o, const float (&bps)[DT][NS], const
                                        int nt, int c0, int d, int tid, int nthr) {
     if constexpr (kCombineDo<NS>) {
         __syncthreads();
+#pragma unroll 1
         for (int x = tid; x < nt * CB; x += nthr) {
             const int tl = x / CB, cl = x % CB, c = c0 + cl;
             if (c >= d) continue;
