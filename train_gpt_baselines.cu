@@ -270,11 +270,12 @@ struct GpuHC : GpuScheme<T> {
         const T* W = P_ + (int64_t)(j - 1) * block_;
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
-            if (dots_done_)  // output_backward(j) formed the post-mix dots
+            if (dots_done_) {  // output_backward(j) formed the post-mix dots
                 hc_detail::pre_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, H(j - 1), d_);
-            else
+            } else if constexpr (hc_detail::kCombineDo<NS>) {  // (dots_done_ always holds otherwise)
                 hc_detail::coef_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, dH_.ptr, O(j),
                                                                                       H(j - 1), d_);
+            }
             LDM_LAUNCH_CHECK();
             if (mhc_)
                 hc_detail::mhc_coef_backward_kernel<T, NS><<<tb, tpb, 0, s>>>(
@@ -300,6 +301,9 @@ struct GpuHC : GpuScheme<T> {
     }
 
     void begin_backward(T* de, cudaStream_t s) override {
+        if (do_j_ != 0)
+            throw Error(strprintf("hc: begin_backward: output_backward(%d) did not run after input_backward(%d) wrote "
+                                  "its dL/do", do_j_, do_j_ + 1));
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             hc_detail::stream_sum_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(

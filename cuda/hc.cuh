@@ -796,7 +796,7 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
         for (int e = tid; e < nt * R; e += nthr) dps[e / R][e % R] = to_f(dPp[(t0 + e / R) * L + e % R]);
         for (int e = tid; e < nt * NM; e += nthr) cfs[e / NM][e % NM] = coef[(t0 + e / NM) * CW + e % NM];
         for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
-        if (d_o)
+        if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
             for (int e = tid; e < nt * NS; e += nthr) bps[e / NS][e % NS] = coefp[(t0 + e / NS) * CW + NS + NS * NS + e % NS];
         __syncthreads();
         for (int u0 = 0; live && u0 < nt; u0 += U) {
@@ -893,7 +893,7 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
         }
         for (int x = tid; x < nt * NM; x += nthr) cfs[x / NM][x % NM] = coef[(t0 + x / NM) * CW + x % NM];
         for (int x = tid; x < nt * NS; x += nthr) bts[x / NS][x % NS] = beta[t0 * NS + x];
-        if (d_o)
+        if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
             for (int x = tid; x < nt * NS; x += nthr) bps[x / NS][x % NS] = coefp[(t0 + x / NS) * CW + NS + NS * NS + x % NS];
         __syncthreads();
         for (int u0 = 0; live && u0 < nt; u0 += U) {

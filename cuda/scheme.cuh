@@ -9,7 +9,7 @@
 //   readout_backward(dy); for j = D..1: output_backward(j, do_j); ...;
 //     input_norm_backward(j, dln_j, x_j, w_j, rstd_j, ..., dx_buf, d_o_next);   begin_backward(de)
 // where input_norm_backward's default is rmsnorm_backward into dx_buf, then
-// input_backward(j, dx_buf) (workbenches may call input_backward directly).
+// input_backward_next(j, dx_buf, d_o_next) (workbenches may call input_backward(_next) directly).
 // All tensors are [N, d] row-major of the activation type T (float or bf16); N = B·T tokens.
 // The backbone keeps x_j (the scheme's input of sublayer j) for every j for the RMSNorm backward
 // and never overwrites it during a step, so a scheme may read x_j back later (PreLN does).
@@ -52,9 +52,10 @@ struct GpuScheme {
     virtual void output_backward(int j, T* d_o, cudaStream_t) = 0;  // writes (=) dL/do_j
     virtual void input_backward(int j, const T* dx, cudaStream_t) = 0;  // dx = dL/dx_j
     // input_backward with d_o_next as in input_norm_backward (the buffer the caller passes to the
-    // next output_backward(j-1); nullptr: none). Default: input_backward(j, dx). A scheme may
-    // already write dL/do_{j-1} into d_o_next here (HC / mHC: their combine kernel); its
-    // output_backward(j-1) then writes nothing and throws ldm::Error if handed another buffer.
+    // next output_backward(j-1); nullptr: none; it must not alias dx or any buffer the scheme
+    // reads). Default: input_backward(j, dx). A scheme may already write dL/do_{j-1} into
+    // d_o_next here (HC / mHC: their combine kernel); its output_backward(j-1) then writes
+    // nothing and throws ldm::Error if handed another buffer.
     virtual void input_backward_next(int j, const T* dx, T* d_o_next, cudaStream_t s) {
         (void)d_o_next;
         input_backward(j, dx, s);
