@@ -170,6 +170,7 @@ struct GpuHC : GpuScheme<T> {
         grow(part_, N * np_);
         grow(dH_, N * n * d);
         grow(dHp_, N * n * d);
+        premix_ok_ = premix_fits();
         dispatch([&](auto NSC) {  // the combine kernel's per-slice partials of dW_j / dΦ_j
             grow(dWp_, (int64_t)hc_detail::combine_grid<decltype(NSC)::value>(N_, d_).y * wrows_ * kdim_);
         });
@@ -182,11 +183,27 @@ struct GpuHC : GpuScheme<T> {
         });
         LDM_LAUNCH_CHECK();
         proj_ready_ = 0;
+        pend_j_ = 0;
     }
 
     // x_j (and, when xn != nullptr, xn = RMSNorm_w(x_j) with rstd) — see the file comment. P_j comes
     // from the projection GEMM, or from output(j-1) where that ran the fused post-mix + projection.
+    // Where output(j-1) was deferred (fused_premix), one kernel does output(j-1)'s post-mix, P_j
+    // and this pre-mix + RMSNorm; then the coefficients of sublayer j for output(j).
     void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) override {
+        if (pend_j_) {
+            if (pend_j_ != j - 1)
+                throw Error(strprintf("hc: input_norm(%d) after output(%d) (expected input_norm(%d))", j, pend_j_,
+                                      pend_j_ + 1));
+            if (aligned8(x) && aligned8(xn) && aligned8(pend_o_)) {
+                postmix_premix(j, x, xn, rstd, w, eps, s);
+                coefficients(j, s);
+                return;
+            }
+            const int jo = pend_j_;  // (a caller's buffer without the 8-byte alignment: the split path)
+            pend_j_ = 0;
+            output_now(jo, pend_o_, s);
+        }
         if (proj_ready_ != j) project(j, s);
         coefficients(j, s);
         dispatch([&](auto NSC) {
@@ -197,21 +214,21 @@ struct GpuHC : GpuScheme<T> {
         LDM_LAUNCH_CHECK();
     }
 
+    // output(j < D) in bf16 where premix_fits() (premix_ok_): deferred into input_norm(j+1) (o must stay
+    // unchanged until then; the backbone writes it into O(j) and does not touch it).
     void output(int j, const T* o, cudaStream_t s) override {
-        if (fused_projection() && j < D_) {
-            postmix_project(j, o, s);
+        no_pending("output");
+        if (j < D_ && premix_ok_) {
+            pend_j_ = j;
+            pend_o_ = o;
             return;
         }
-        dispatch([&](auto NSC) {
-            constexpr int NS = decltype(NSC)::value;
-            hc_detail::postmix_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
-                H(j), RS(j), o == O(j) ? nullptr : O(j), H(j - 1), o, coef_.ptr, d_, eps_, !mhc_);
-        });
-        LDM_LAUNCH_CHECK();
+        output_now(j, o, s);
     }
     T* output_buffer(int j) override { return O(j); }  // o_j is kept for the backward
 
     void readout(T* y, cudaStream_t s) override {
+        no_pending("readout");
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             hc_detail::mean_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(y, H(D_), N_, d_);
@@ -220,6 +237,7 @@ struct GpuHC : GpuScheme<T> {
     }
 
     void readout_backward(const T* dy, cudaStream_t s) override {
+        no_pending("readout_backward");
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             hc_detail::mean_backward_kernel<T, NS><<<hc_detail::grid_1d((int64_t)N_ * d_, 256), 256, 0, s>>>(
@@ -337,6 +355,73 @@ struct GpuHC : GpuScheme<T> {
     // Whether output(j < D) runs the post-mix fused with sublayer j+1's projection (bf16: the
     // tensor-core kernel needs bf16 operands; fp32 runs keep post-mix + GEMM).
     virtual bool fused_projection() const { return std::is_same<T, bf16>::value; }
+    // Whether output(j < D) is deferred into input_norm(j+1) for postmix_premix_kernel (which also
+    // forms sublayer j+1's pre-mix + RMSNorm from the rows it keeps on chip: H_j is not read back).
+    // Production: HC in bf16 (its W_{j+1} is n+2 rows of d, read from L2 once per 8 tokens). mHC
+    // would read its Φ_{j+1} (2n+n² rows of n·d, 192 KiB at llama-400m) from L2 once per 16 tokens;
+    // whether that pays is not measured: workbench "mhc-premix-fused".
+    virtual bool fused_premix() const { return std::is_same<T, bf16>::value && !mhc_; }
+    // fused_premix() and the kernel applies: d % 4 == 0 (8-byte row accesses) and its shared
+    // memory (the block's rows: 8 or 16 tokens × n·d bf16) fits the device's opt-in limit (a
+    // device query: cached in premix_ok_ by resize()).
+    bool premix_fits() const {
+        if (!fused_premix() || d_ % 4 != 0) return false;
+        size_t smem = 0;
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            smem = mhc_ ? hc_detail::PnShape<NS, false>::smem(d_) : hc_detail::PnShape<NS, true>::smem(d_);
+        });
+        return smem <= max_dynamic_smem_optin();
+    }
+    // output(j) now: the post-mix, fused with sublayer j+1's projection where fused_projection().
+    void output_now(int j, const T* o, cudaStream_t s) {
+        if (fused_projection() && j < D_) {
+            postmix_project(j, o, s);
+            return;
+        }
+        dispatch([&](auto NSC) {
+            constexpr int NS = decltype(NSC)::value;
+            hc_detail::postmix_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
+                H(j), RS(j), o == O(j) ? nullptr : O(j), H(j - 1), o, coef_.ptr, d_, eps_, !mhc_);
+        });
+        LDM_LAUNCH_CHECK();
+    }
+    static bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+    void no_pending(const char* what) const {
+        if (pend_j_)
+            throw Error(strprintf("hc: %s after output(%d) (expected input_norm(%d))", what, pend_j_, pend_j_ + 1));
+    }
+    // The deferred output(j - 1) and input_norm(j): postmix_premix_kernel writes H_{j-1}, its
+    // inverse RMS, the o_{j-1} copy (unless o is O(j-1) already), P_j, x_j, rstd and xn.
+    void postmix_premix(int j, T* x, T* xn, float* rstd, const T* w, float eps, cudaStream_t s) {
+        const int jo = pend_j_;
+        const T* o = pend_o_;
+        pend_j_ = 0;
+        if constexpr (std::is_same<T, bf16>::value) {
+            const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;
+            dispatch([&](auto NSC) {
+                constexpr int NS = decltype(NSC)::value;
+                auto launch = [&](auto kern, size_t smem, int M) {
+                    if (smem > 48 * 1024)
+                        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                    kern<<<(unsigned)ceil_div(N_, M), hc_detail::kPnThreads, smem, s>>>(
+                        H(jo), RS(jo), Pj(j), o == O(jo) ? nullptr : O(jo), x, xn, rstd, H(jo - 1), o, coef_.ptr,
+                        P_ + (int64_t)(j - 1) * block_, q, w, N_, d_, ldp_, eps_, eps);
+                };
+                if (mhc_)
+                    launch(hc_detail::postmix_premix_kernel<NS, false>, hc_detail::PnShape<NS, false>::smem(d_),
+                           hc_detail::PnShape<NS, false>::M);
+                else
+                    launch(hc_detail::postmix_premix_kernel<NS, true>, hc_detail::PnShape<NS, true>::smem(d_),
+                           hc_detail::PnShape<NS, true>::M);
+            });
+            LDM_LAUNCH_CHECK();
+            proj_ready_ = j;
+        } else {
+            (void)j, (void)x, (void)xn, (void)rstd, (void)w, (void)eps, (void)s, (void)jo, (void)o;
+            throw Error("hc: the fused post-mix + pre-mix is bf16 only");
+        }
+    }
     // output(j) for j < D with the projection of sublayer j+1: postmix_project_kernel writes H_j,
     // its inverse RMS, the o_j copy (unless o is O(j) already) and P_{j+1}, so that
     // input_norm(j+1) skips its GEMM (which would read H_j once more: n·d·2 bytes per token).
@@ -400,6 +485,9 @@ struct GpuHC : GpuScheme<T> {
     int64_t block_ = 0;
     int N_ = 0;
     int proj_ready_ = 0;  // P_j of this sublayer j is already written (by output(j-1)); 0: none
+    bool premix_ok_ = false;  // premix_fits() (set by resize())
+    int pend_j_ = 0;      // output(pend_j_) deferred into input_norm(pend_j_ + 1) (0: none), with o = pend_o_
+    const T* pend_o_ = nullptr;
     // backward: coef_ holds sublayer coef_j_'s coefficients (0: none); dL/do_{do_j_} is already in
     // do_buf_ (0: none; written by the combine kernel); dots_done_: output_backward(j) formed the
     // post-mix dots; comb_do_: the combine kernel's d_o target during input_backward

@@ -126,6 +126,17 @@ __global__ void begin_kernel(T* H0, float* rs0, const T* e, int d, float eps, bo
     }
 }
 
+// The pre-mix weight a_i of stream i of one token (HC: A_m[i], spec §2.2; mHC: H_pre[i], spec
+// §2.3) from the raw projection p (HC: row i's column 0; mHC: column i) and the inverse RMS r of
+// the projected row (HC: stream row i's; mHC: the token's); q = the sublayer's fp32 scalars as in
+// hc_coef_kernel / mhc_coef_kernel (which use these same functions).
+__device__ inline float hc_pre_weight(float p, float r, const float* q, int i) {
+    return hc_coef(q[0], ldm_tanh(r * p), q[2 + i]);
+}
+__device__ inline float mhc_pre_weight(float p, float r, const float* q, int i) {
+    return mhc_gate(1.f, q[0] * (r * p) + q[3 + i]);
+}
+
 // HC coefficients (spec §2.2) per token from P [N, n, n+2] (raw, row stride proj_ld(n+2)) and row rstd [N, n]; q = the
 // sublayer's fp32 scalars (s_a, s_b, A_m0 [n], A_r0 [n,n], B0 [n]). One thread per token.
 template <int NS>
@@ -140,7 +151,7 @@ __global__ void hc_coef_kernel(float* coef, const float* P, const float* rs, con
     const float* Pt = P + t * NS * L;
     const float* r = rs + t * NS;
     float* ct = coef + t * CW;
-    for (int i = 0; i < NS; i++) ct[i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * L]), am0[i]);
+    for (int i = 0; i < NS; i++) ct[i] = hc_pre_weight(Pt[i * L], r[i], q, i);
     for (int k = 0; k < NS; k++)
         for (int i = 0; i < NS; i++)
             ct[NS + k * NS + i] = hc_coef(s_a, ldm_tanh(r[i] * Pt[i * L + 1 + k]), ar0[i * NS + k]);
@@ -157,9 +168,8 @@ __global__ void mhc_coef_kernel(float* coef, float* work, const float* P, const 
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (t >= N) return;
     constexpr int L = proj_ld(2 * NS + NS * NS), CW = 2 * NS + NS * NS, nn = NS * NS;
-    const float a_pre = q[0], a_post = q[1], a_res = q[2];
-    const float* b_pre = q + 3;
-    const float* b_post = b_pre + NS;
+    const float a_post = q[1], a_res = q[2];
+    const float* b_post = q + 3 + NS;  // (after a_pre, a_post, a_res, b_pre)
     const float* b_res = b_post + NS;
     const float r = rs[t];
     const float* Pt = P + t * L;
@@ -167,7 +177,7 @@ __global__ void mhc_coef_kernel(float* coef, float* work, const float* P, const 
     float* w = work + t * ws;
     float* Rt = w + sinkhorn_work_size(NS, iters);
     float* Hres = Rt + nn;
-    for (int i = 0; i < NS; i++) ct[i] = mhc_gate(1.f, a_pre * (r * Pt[i]) + b_pre[i]);
+    for (int i = 0; i < NS; i++) ct[i] = mhc_pre_weight(Pt[i], r, q, i);
     for (int k = 0; k < NS; k++) ct[NS + nn + k] = mhc_gate(2.f, a_post * (r * Pt[NS + k]) + b_post[k]);
     for (int e = 0; e < nn; e++) Rt[e] = a_res * (r * Pt[2 * NS + e]) + b_res[e];
     sinkhorn_forward(Rt, NS, iters, Hres, w);
@@ -458,6 +468,245 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
             float tot = 0.f;
             for (int cc = 0; cc < C; cc++) tot += rss[tid * C + cc];
             rsn[t0 + tid] = rms_scale(tot, NS * d, eps);
+        }
+    }
+}
+
+// ---- Post-mix, next projection and next pre-mix + RMSNorm in one kernel (bf16; doc/cuda.md "HC/mHC") ----
+// postmix_premix_kernel writes what postmix_project_kernel writes (H_j, its inverse RMS, the o
+// copy, P_{j+1}) and also what premix_norm_kernel writes for sublayer j+1 (x_{j+1}, its rstd and
+// xn_{j+1}), which read H_j back once more: a block keeps the whole rounded rows H_j of its M
+// tokens in shared memory until their projection, and so their pre-mix weights, are known. Only
+// the pre-mix weights a_i of sublayer j+1 are formed here (the other coefficients, mHC's Sinkhorn
+// among them, are not needed before output(j+1); the coefficient kernel makes all of them, a_i
+// with the same expression). Layout of the staged rows: [M·n rows (token, stream), LDH] bf16, a
+// row's d channels then zeros up to DP = d rounded up to 16 (whole k-steps), then 8 more elements
+// (a bank offset between rows, so the mma's A-fragment loads are conflict-free).
+constexpr int kPnThreads = 256;  // 8 warps
+template <bool PER_ROW>
+constexpr int kPnTokens = PER_ROW ? 8 : 16;  // tokens per block (HC: 8·n projected rows; mHC: 16)
+template <int NS, bool PER_ROW>
+struct PnShape {
+    static constexpr int M = kPnTokens<PER_ROW>, R = PER_ROW ? NS + 2 : 2 * NS + NS * NS, RP = proj_ld(R);
+    static constexpr int NT = RP / 8, ROWS = PER_ROW ? M * NS : M, MT = (ROWS + 15) / 16;  // mma n-, m-tiles
+    static constexpr int MC = NS * NS + NS;  // mixing coefficients per token of sublayer j: Mix then b
+    static constexpr size_t red_floats = (size_t)8 * MT * 16 * RP;  // the 8 warps' partial P
+    static int dp(int d) { return (d + 15) / 16 * 16; }
+    static int ldh(int d) { return dp(d) + 8; }
+    static size_t red_offset(int d) { return ((size_t)M * NS * ldh(d) * sizeof(bf16) + 15) / 16 * 16; }
+    // dynamic shared memory (bytes): the rows, the warps' partial P (warp 0's slot then holds the
+    // block's P), Mix and b of sublayer j [M, MC], the pre-mix weights [M, n] and the inverse RMS
+    // of the new rows [M, n] (mHC: [M])
+    static size_t smem(int d) { return red_offset(d) + (red_floats + (size_t)M * MC + 2 * (size_t)M * NS) * sizeof(float); }
+};
+struct alignas(8) Bf16x4 {  // four consecutive bf16 (8-byte loads and stores)
+    bf16 v[4];
+};
+// Two bf16 as one mma operand register (the first in the low half), from any address.
+__device__ __forceinline__ uint32_t pack_pair(bf16 lo, bf16 hi) {
+    uint16_t l, h;
+    memcpy(&l, &lo, 2);
+    memcpy(&h, &hi, 2);
+    return (uint32_t)l | (uint32_t)h << 16;
+}
+
+// Fused post-mix of sublayer j, projection of sublayer j+1 and its pre-mix + RMSNorm, T = bf16:
+// Hn, rsn, ocopy and P as postmix_project_kernel (the same expressions and roundings; P's sums in
+// another order), then for tokens t < N the pre-mix weights a_i of sublayer j+1 (hc_pre_weight /
+// mhc_pre_weight of P and rsn, q = that sublayer's fp32 scalars as in hc_coef_kernel /
+// mhc_coef_kernel), x[t] = Σ_i a_i Hn[t, i] (explicit FMAs in i order, rounded to bf16),
+// rstd[t] = rms_scale of the rounded x (eps_n), xn[t] = wn ⊙ (x · rstd) (unless xn is null: x
+// only, as premix_norm_kernel). Requires d % 4 == 0 and H, Hn, o, ocopy, x, xn 8-byte aligned
+// (8-byte row accesses; W and wn may have any alignment). W: HC [R, d], mHC
+// [R, n·d]. Grid ceil(N / M), kPnThreads threads, PnShape::smem(d) bytes of dynamic shared memory.
+// A warp takes a token at a time, its lanes 4 channels each (loads of U groups before their
+// stores); the projection's k-steps are dealt to the 8 warps and their partials added in warp order.
+template <int NS, bool PER_ROW>
+__global__ void __launch_bounds__(kPnThreads, 2) postmix_premix_kernel(
+    bf16* Hn, float* rsn, float* P, bf16* ocopy, bf16* x, bf16* xn, float* rstd, const bf16* H, const bf16* o,
+    const float* coef, const bf16* W, const float* q, const bf16* wn, int N, int d, int ldp, float eps, float eps_n) {
+    using S = PnShape<NS, PER_ROW>;
+    constexpr int M = S::M, R = S::R, RP = S::RP, NT = S::NT, MT = S::MT, ROWS = S::ROWS, MC = S::MC;
+    constexpr int CW = 2 * NS + NS * NS, U = NS <= 4 ? 2 : 1;
+    const int DP = S::dp(d), LDH = DP + 8;
+    extern __shared__ __align__(16) unsigned char pn_smem[];
+    bf16* sH = reinterpret_cast<bf16*>(pn_smem);
+    float* red = reinterpret_cast<float*>(pn_smem + S::red_offset(d));
+    float* sc = red + S::red_floats;
+    float* sa = sc + M * MC;
+    float* sr = sa + M * NS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
+    const int64_t t0 = (int64_t)blockIdx.x * M;
+    for (int e = tid; e < M * MC; e += kPnThreads) {
+        const int64_t t = t0 + e / MC;
+        sc[e] = t < N ? coef[t * CW + NS + e % MC] : 0.f;
+    }
+    for (int e = tid; e < M * NS * (DP - d); e += kPnThreads)  // the k-steps' padding channels
+        sH[(e / (DP - d)) * LDH + d + e % (DP - d)] = __float2bfloat16_rn(0.f);
+    __syncthreads();
+    // 1. post-mix (rows of tokens >= N are staged as zeros)
+    for (int tt = warp; tt < M; tt += 8) {
+        const int64_t t = t0 + tt;
+        const bool tok = t < N;  // (warp-uniform)
+        const float* mix = sc + tt * MC;
+        float ss[NS];
+#pragma unroll
+        for (int k = 0; k < NS; k++) ss[k] = 0.f;
+        for (int g0 = 0; g0 < d; g0 += 128 * U) {
+            Bf16x4 ov[U], hv[U][NS];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = g0 + 128 * u + 4 * lane;
+                if (tok && c < d) {
+                    ov[u] = *reinterpret_cast<const Bf16x4*>(o + t * d + c);
+#pragma unroll
+                    for (int i = 0; i < NS; i++) hv[u][i] = *reinterpret_cast<const Bf16x4*>(H + (t * NS + i) * d + c);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        ov[u].v[e] = __float2bfloat16_rn(0.f);
+#pragma unroll
+                        for (int i = 0; i < NS; i++) hv[u][i].v[e] = __float2bfloat16_rn(0.f);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = g0 + 128 * u + 4 * lane;
+                if (c >= d) continue;
+                if (tok && ocopy) *reinterpret_cast<Bf16x4*>(ocopy + t * d + c) = ov[u];
+#pragma unroll
+                for (int k = 0; k < NS; k++) {
+                    Bf16x4 out;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float v = mix[NS * NS + k] * __bfloat162float(ov[u].v[e]);
+#pragma unroll
+                        for (int i = 0; i < NS; i++) v += mix[k * NS + i] * __bfloat162float(hv[u][i].v[e]);
+                        out.v[e] = __float2bfloat16_rn(v);
+                        const float f = __bfloat162float(out.v[e]);
+                        ss[k] += f * f;
+                    }
+                    if (tok) *reinterpret_cast<Bf16x4*>(Hn + (t * NS + k) * d + c) = out;
+                    *reinterpret_cast<Bf16x4*>(sH + (tt * NS + k) * LDH + c) = out;
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NS; k++) ss[k] = warp_sum(ss[k]);
+        if (lane == 0) {
+            if constexpr (PER_ROW) {
+#pragma unroll
+                for (int k = 0; k < NS; k++) {
+                    const float r = rms_scale(ss[k], d, eps);
+                    sr[tt * NS + k] = r;
+                    if (tok) rsn[t * NS + k] = r;
+                }
+            } else {
+                float tot = 0.f;
+#pragma unroll
+                for (int k = 0; k < NS; k++) tot += ss[k];
+                const float r = rms_scale(tot, NS * d, eps);
+                sr[tt] = r;
+                if (tok) rsn[t] = r;
+            }
+        }
+    }
+    __syncthreads();
+    // 2. P = A·Wᵀ: mHC A rows = tokens over K = n·DP (stream by stream), HC A rows = (token,
+    // stream) over K = DP; warp w takes the k-steps w, w + 8, ... for every m-tile
+    const int KSR = DP / 16, KS = PER_ROW ? KSR : NS * KSR;
+    const int64_t wld = PER_ROW ? d : (int64_t)NS * d;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.f;
+    for (int ks = warp; ks < KS; ks += 8) {
+        const int i = PER_ROW ? 0 : ks / KSR, ca = (ks % KSR) * 16 + 2 * tg;
+        uint32_t b[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int r = nt * 8 + gr;
+            const bf16* wr = W + r * wld + (int64_t)i * d;  // (a sublayer's W need not be 4-byte aligned)
+            b[nt][0] = r < R && ca < d ? pack_pair(wr[ca], wr[ca + 1]) : 0u;  // (ca even, d even: ca + 1 < d too)
+            b[nt][1] = r < R && ca + 8 < d ? pack_pair(wr[ca + 8], wr[ca + 9]) : 0u;
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            const int r0 = m * 16 + gr, r8 = r0 + 8;
+            const bf16* a0 = sH + (PER_ROW ? r0 : r0 * NS + i) * LDH + ca;
+            const bf16* a8 = sH + (PER_ROW ? r8 : r8 * NS + i) * LDH + ca;
+            const uint32_t a[4] = {r0 < ROWS ? ld_pair(a0) : 0u, r8 < ROWS ? ld_pair(a8) : 0u,
+                                   r0 < ROWS ? ld_pair(a0 + 8) : 0u, r8 < ROWS ? ld_pair(a8 + 8) : 0u};
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mma_16816(acc[m][nt], a, b[nt]);
+        }
+    }
+    float* rw = red + warp * (MT * 16 * RP);
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                rw[(m * 16 + gr + (e >= 2 ? 8 : 0)) * RP + nt * 8 + 2 * tg + (e & 1)] = acc[m][nt][e];
+    __syncthreads();
+    for (int e = tid; e < ROWS * RP; e += kPnThreads) {  // warps in order; the block's P into warp 0's slot
+        float v = red[e];
+        for (int w = 1; w < 8; w++) v += red[w * (MT * 16 * RP) + e];
+        red[e] = v;
+        const int row = e / RP, col = e % RP;
+        if (t0 + (PER_ROW ? row / NS : row) < N && col < R) P[(t0 * (PER_ROW ? NS : 1) + row) * ldp + col] = v;
+    }
+    __syncthreads();
+    // 3. the pre-mix weights of sublayer j+1
+    for (int e = tid; e < M * NS; e += kPnThreads) {
+        const int tt = e / NS, i = e % NS;
+        if constexpr (PER_ROW) sa[e] = hc_pre_weight(red[(tt * NS + i) * RP], sr[tt * NS + i], q, i);
+        else sa[e] = mhc_pre_weight(red[tt * RP + i], sr[tt], q, i);
+    }
+    __syncthreads();
+    // 4. pre-mix + RMSNorm of sublayer j+1 from the staged rows
+    for (int tt = warp; tt < M; tt += 8) {
+        const int64_t t = t0 + tt;
+        if (t >= N) break;  // (warp-uniform; later tokens too)
+        float a[NS];
+#pragma unroll
+        for (int i = 0; i < NS; i++) a[i] = sa[tt * NS + i];
+        auto premix4 = [&](int c, Bf16x4& xv) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = 0.f;  // explicit FMAs: premix_norm_kernel's expression
+#pragma unroll
+                for (int i = 0; i < NS; i++) v = fmaf(a[i], __bfloat162float(sH[(tt * NS + i) * LDH + c + e]), v);
+                xv.v[e] = __float2bfloat16_rn(v);
+            }
+        };
+        float ss = 0.f;
+        for (int c = 4 * lane; c < d; c += 128) {
+            Bf16x4 xv;
+            premix4(c, xv);
+            *reinterpret_cast<Bf16x4*>(x + t * d + c) = xv;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float f = __bfloat162float(xv.v[e]);
+                ss += f * f;
+            }
+        }
+        if (xn == nullptr) continue;
+        ss = warp_sum(ss);
+        const float s = rms_scale(ss, d, eps_n);
+        if (lane == 0) rstd[t] = s;
+        for (int c = 4 * lane; c < d; c += 128) {
+            Bf16x4 xv, out;
+            premix4(c, xv);
+#pragma unroll
+            for (int e = 0; e < 4; e++)  // (wn: a norm weight of the parameter array, any alignment)
+                out.v[e] = __float2bfloat16_rn(__bfloat162float(wn[c + e]) * (__bfloat162float(xv.v[e]) * s));
+            *reinterpret_cast<Bf16x4*>(xn + t * d + c) = out;
         }
     }
 }

@@ -43,12 +43,29 @@ struct GemmProj : GpuHC<T> {
 
    protected:
     bool fused_projection() const override { return false; }
+    bool fused_premix() const override { return false; }
 };
 
-enum class Variant { HC, HcTwoSlices, HcGemmDw, HcGemmProj, MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz, MhcGemmProj };
-constexpr Variant kVariants[] = {Variant::HC,           Variant::HcTwoSlices, Variant::HcGemmDw,
-                                 Variant::HcGemmProj,   Variant::MHC,         Variant::MhcTwoSlices,
-                                 Variant::MhcGemmDw,    Variant::MhcGemmDz,   Variant::MhcGemmProj};
+// HC / mHC with the pre-mix + RMSNorm of sublayer j+1 in its own pass or fused into the post-mix
+// of sublayer j (postmix_premix_kernel): "hc-premix-split" (HC production before the fusion),
+// "mhc-premix-fused" (mHC with the fused kernel, which production's mHC does not use).
+template <typename T>
+struct PremixToggle : GpuHC<T> {
+    PremixToggle(const ModelConfig& cfg, bool manifold, bool on) : GpuHC<T>(cfg, manifold), on_(on) {}
+
+   protected:
+    bool fused_premix() const override { return on_ && std::is_same<T, bf16>::value; }
+    bool on_;
+};
+
+enum class Variant {
+    HC, HcTwoSlices, HcGemmDw, HcGemmProj, HcPremixSplit,
+    MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz, MhcGemmProj, MhcPremixFused
+};
+constexpr Variant kVariants[] = {Variant::HC,          Variant::HcTwoSlices,  Variant::HcGemmDw,
+                                 Variant::HcGemmProj,  Variant::HcPremixSplit, Variant::MHC,
+                                 Variant::MhcTwoSlices, Variant::MhcGemmDw,   Variant::MhcGemmDz,
+                                 Variant::MhcGemmProj, Variant::MhcPremixFused};
 inline bool is_mhc(Variant v) { return v >= Variant::MHC; }
 inline bool checks_only(Variant v) { return v == Variant::HcTwoSlices || v == Variant::MhcTwoSlices; }
 inline const char* label(Variant v) {
@@ -57,11 +74,13 @@ inline const char* label(Variant v) {
         case Variant::HcTwoSlices: return "hc-2slices";
         case Variant::HcGemmDw: return "hc-gemm-dw";
         case Variant::HcGemmProj: return "hc-gemm-proj";
+        case Variant::HcPremixSplit: return "hc-premix-split";
         case Variant::MHC: return "mhc";
         case Variant::MhcTwoSlices: return "mhc-2slices";
         case Variant::MhcGemmDw: return "mhc-gemm-dw";
         case Variant::MhcGemmDz: return "mhc-gemm-dz";
         case Variant::MhcGemmProj: return "mhc-gemm-proj";
+        case Variant::MhcPremixFused: return "mhc-premix-fused";
     }
     return "?";
 }
@@ -77,6 +96,8 @@ static wb::Factory<T> factory(Variant v) {
             case Variant::MhcGemmDz: return std::unique_ptr<GpuScheme<T>>(new MhcGemmDz<T>(c));
             case Variant::HcGemmProj: return std::unique_ptr<GpuScheme<T>>(new GemmProj<T>(c, false));
             case Variant::MhcGemmProj: return std::unique_ptr<GpuScheme<T>>(new GemmProj<T>(c, true));
+            case Variant::HcPremixSplit: return std::unique_ptr<GpuScheme<T>>(new PremixToggle<T>(c, false, false));
+            case Variant::MhcPremixFused: return std::unique_ptr<GpuScheme<T>>(new PremixToggle<T>(c, true, true));
             default: return std::unique_ptr<GpuScheme<T>>(new GpuHC<T>(c, is_mhc(v)));
         }
     };
@@ -154,6 +175,115 @@ static bool check_postmix_project() {
     return ok;
 }
 
+// postmix_premix_kernel<NS, PER_ROW> on its own (bf16; mHC: PER_ROW false, HC: true), N = 21
+// tokens (partial blocks of 8 or 16) and d = 200 (the k-steps' zero padding: DP = 208): H_j, the
+// o copy, the inverse RMS and P as in check_postmix_project (against postmix_kernel and the
+// projection in double); then, with the pre-mix weights a_i that the coefficient kernel
+// (hc_coef_kernel / mhc_coef_kernel) forms from the kernel's own P and inverse RMS: x against
+// Σ_i a_i H_j[i] in double over the kernel's own H_j, within the bf16 rounding 2⁻⁸·|x| plus the
+// fp32 sum's n roundings and a_i's own (its expression may be contracted differently in the two
+// kernels): (n+3)·2⁻²⁴·Σ|a h|; rstd against 1/sqrt(mean(x²) + eps) in double over the kernel's
+// own x, within (d + 4)·2⁻²⁴ relative; xn against w·x·rstd in double over the kernel's own x and
+// rstd, within (2⁻⁸ + 2⁻²²) relative (one bf16 rounding of a two-rounding fp32 product).
+template <int NS, bool PER_ROW>
+static bool check_postmix_premix() {
+    using S = hc_detail::PnShape<NS, PER_ROW>;
+    constexpr int R = S::R, LDP = hc_detail::proj_ld(R), CW = 2 * NS + NS * NS;
+    const int N = 21, d = 200, iters = 20;
+    const int64_t nd = (int64_t)NS * d, K = PER_ROW ? d : nd, rows = PER_ROW ? (int64_t)N * NS : N;
+    const int nq = PER_ROW ? 2 + 2 * NS + NS * NS : 3 + 2 * NS + NS * NS;  // the sublayer's fp32 scalars
+    const uint64_t seed = init_stream(0x9e21 + NS + (PER_ROW ? 100 : 0), 0);
+    std::vector<float> H(N * nd), o((size_t)N * d), coef((size_t)N * CW), w(R * K), q(nq), wn(d);
+    uint64_t k = 0;
+    for (auto& v : H) v = (float)stream_uniform(seed, k++) * 2 - 1;
+    for (auto& v : o) v = (float)stream_uniform(seed, k++) * 2 - 1;
+    for (auto& v : coef) v = (float)stream_uniform(seed, k++) * 1.5f - 0.5f;
+    for (auto& v : w) v = (float)stream_uniform(seed, k++) * 0.2f - 0.1f;
+    for (auto& v : q) v = (float)stream_uniform(seed, k++) * 1.6f - 0.8f;
+    for (auto& v : wn) v = (float)stream_uniform(seed, k++) + 0.5f;
+    DeviceBuffer<bf16> dH(N * nd), dHn(N * nd), dHr(N * nd), dO((int64_t)N * d), dOc((int64_t)N * d), dW(R * K),
+        dWn(d), dX((int64_t)N * d), dXn((int64_t)N * d);
+    DeviceBuffer<float> dC((int64_t)N * CW), dC2((int64_t)N * CW), dP(rows * LDP), dRs(rows), dRr(rows), dQ(nq),
+        dRstd(N), dWork((int64_t)N * (sinkhorn_work_size(NS, iters) + 2 * NS * NS));
+    upload(dH.ptr, H.data(), dH.n);
+    upload(dO.ptr, o.data(), dO.n);
+    upload(dC.ptr, coef.data(), dC.n);
+    upload(dW.ptr, w.data(), dW.n);
+    upload(dQ.ptr, q.data(), dQ.n);
+    upload(dWn.ptr, wn.data(), dWn.n);
+    const float eps = 1e-5f;
+    auto kern = hc_detail::postmix_premix_kernel<NS, PER_ROW>;
+    const size_t smem = S::smem(d);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<(unsigned)ceil_div(N, S::M), hc_detail::kPnThreads, smem>>>(
+        dHn.ptr, dRs.ptr, dP.ptr, dOc.ptr, dX.ptr, dXn.ptr, dRstd.ptr, dH.ptr, dO.ptr, dC.ptr, dW.ptr, dQ.ptr, dWn.ptr,
+        N, d, LDP, eps, eps);
+    LDM_LAUNCH_CHECK();
+    hc_detail::postmix_kernel<bf16, NS><<<N, hc_detail::kThreads>>>(dHr.ptr, dRr.ptr, nullptr, dH.ptr, dO.ptr, dC.ptr,
+                                                                    d, eps, PER_ROW);
+    LDM_LAUNCH_CHECK();
+    if (PER_ROW)
+        hc_detail::hc_coef_kernel<NS><<<N, 1>>>(dC2.ptr, dP.ptr, dRs.ptr, dQ.ptr, N);
+    else
+        hc_detail::mhc_coef_kernel<NS><<<N, 1>>>(dC2.ptr, dWork.ptr, dP.ptr, dRs.ptr, dQ.ptr, N, iters,
+                                                 sinkhorn_work_size(NS, iters) + 2 * NS * NS);
+    LDM_LAUNCH_CHECK();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> hn = download(dHn.ptr, dHn.n), hr = download(dHr.ptr, dHr.n);
+    const std::vector<float> oc = download(dOc.ptr, dOc.n), P = download(dP.ptr, dP.n);
+    const std::vector<float> rs = download(dRs.ptr, dRs.n), rr = download(dRr.ptr, dRr.n);
+    const std::vector<float> wb_ = download(dW.ptr, dW.n), ob = download(dO.ptr, dO.n), wnb = download(dWn.ptr, d);
+    const std::vector<float> c2 = download(dC2.ptr, dC2.n), xg = download(dX.ptr, dX.n), xng = download(dXn.ptr, dXn.n);
+    const std::vector<float> rstd = download(dRstd.ptr, N);
+    double wh = 0, wo = 0, wr = 0, wp = 0, wx = 0, wrs = 0, wxn = 0;  // worst error / its bound
+    for (size_t i = 0; i < hn.size(); i++)
+        wh = std::max(wh, std::fabs((double)hn[i] - hr[i]) / (std::ldexp(std::max(std::fabs(hr[i]), 1e-30f), -7)));
+    for (size_t i = 0; i < oc.size(); i++) wo = std::max(wo, oc[i] == ob[i] ? 0.0 : INFINITY);
+    for (int64_t r = 0; r < rows; r++) wr = std::max(wr, std::fabs((double)rs[r] - rr[r]) / (rr[r] * 2.0 * K * 0x1p-24));
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < R; c++) {
+            double ref = 0, mag = 0;
+            for (int64_t e = 0; e < K; e++) {
+                const double pr = (double)hn[r * K + e] * wb_[c * K + e];
+                ref += pr;
+                mag += std::fabs(pr);
+            }
+            wp = std::max(wp, std::fabs(P[(size_t)r * LDP + c] - ref) / ((K + 2) * 0x1p-23 * mag + 1e-30));
+        }
+    for (int t = 0; t < N; t++) {
+        double ss = 0;
+        for (int c = 0; c < d; c++) {
+            double ref = 0, mag = 0;
+            for (int i = 0; i < NS; i++) {
+                const double pr = (double)c2[(size_t)t * CW + i] * hn[((size_t)t * NS + i) * d + c];
+                ref += pr;
+                mag += std::fabs(pr);
+            }
+            const double xv = xg[(size_t)t * d + c];
+            wx = std::max(wx, std::fabs(xv - ref) / (0x1p-8 * std::fabs(ref) + (NS + 3) * 0x1p-24 * mag + 1e-30));
+            ss += xv * xv;
+        }
+        const double rref = 1.0 / std::sqrt(ss / d + eps);
+        wrs = std::max(wrs, std::fabs(rstd[t] - rref) / (rref * (d + 4) * 0x1p-24));
+        for (int c = 0; c < d; c++) {
+            const double ref = (double)wnb[c] * xg[(size_t)t * d + c] * rstd[t];
+            wxn = std::max(wxn, std::fabs(xng[(size_t)t * d + c] - ref) / ((0x1p-8 + 0x1p-22) * std::fabs(ref) + 1e-30));
+        }
+    }
+    bool ok = true;
+    const std::string shape = strprintf("N%dd%dn%d", N, d, NS);
+    const struct { const char* what; double w; } lines[] = {{"Hn", wh}, {"ocopy", wo}, {"rsn", wr}, {"P", wp},
+                                                            {"x", wx},  {"rstd", wrs}, {"xn", wxn}};
+    for (const auto& l : lines) {
+        const bool pass = std::isfinite(l.w) && l.w <= 1.0;
+        std::printf("CHECK hc %s-postmix-premix.%s bf16 %s err/bound=%.3e %s\n", PER_ROW ? "hc" : "mhc", l.what,
+                    shape.c_str(), l.w, pass ? "PASS" : "FAIL");
+        ok &= pass;
+    }
+    return ok;
+}
+
 template <typename T>
 static bool run_checks(bool quick, double tol_act, double tol_grad) {
     struct Case {
@@ -173,7 +303,8 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
         for (bool per_row : {false, true}) {
             auto one = [&](auto c) {
                 constexpr int NS = decltype(c)::value;
-                return per_row ? check_postmix_project<NS, true>() : check_postmix_project<NS, false>();
+                return per_row ? check_postmix_project<NS, true>() & check_postmix_premix<NS, true>()
+                               : check_postmix_project<NS, false>() & check_postmix_premix<NS, false>();
             };
             ok &= one(std::integral_constant<int, 1>{}) & one(std::integral_constant<int, 2>{}) &
                   one(std::integral_constant<int, 3>{}) & one(std::integral_constant<int, 4>{}) &
@@ -208,8 +339,15 @@ static void run_bench() {
         const bool gemm_dw = v == Variant::HcGemmDw || v == Variant::MhcGemmDw;
         double own = v == Variant::MhcGemmDz ? 10 * n + 7 : gemm_dw ? 8 * n + 7 : 6 * n + 7;
         if (v != Variant::HcGemmProj && v != Variant::MhcGemmProj && std::is_same<T, bf16>::value) own -= n;
+        // (2n+3)·d·tb where the pre-mix does not read H_j back either (bf16 HC but hc-gemm-proj and
+        // hc-premix-split, and mhc-premix-fused; d = 1024 fits). Their weight is read from L2 per
+        // block, not counted: HC (n+2)·d·2 bytes per 8 tokens, mHC (2n+n²)·n·d·2 per 16.
+        const bool premix = v == Variant::MhcPremixFused ||
+                            (!is_mhc(v) && v != Variant::HcGemmProj && v != Variant::HcPremixSplit);
+        if (premix && std::is_same<T, bf16>::value) own -= n;
         double part = 0;
-        if (v == Variant::HC || v == Variant::MHC || v == Variant::HcGemmProj || v == Variant::MhcGemmProj) {
+        if (v == Variant::HC || v == Variant::MHC || v == Variant::HcGemmProj || v == Variant::MhcGemmProj ||
+            v == Variant::HcPremixSplit || v == Variant::MhcPremixFused) {
             const double wsize = is_mhc(v) ? (2 * n + n * n) * n * d : (n + 2) * d;
             const double slices = hc_detail::combine_grid<4>(big.B * big.T, (int)d).y;
             part = 2 * slices * wsize * 4 / (big.B * big.T);
