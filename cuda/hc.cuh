@@ -19,7 +19,9 @@
 //   output     : fused post-mix H_j[k] = Σ_i Mix[k,i] H_i + b_k o_j (each stream read and written
 //                once), o_j stored, inverse RMS of the new rows for sublayer j+1. In bf16
 //                (j < D) the same kernel also forms P_{j+1} on the tensor cores
-//                (postmix_project_kernel), and input_norm(j+1) skips its GEMM.
+//                (postmix_project_kernel), and input_norm(j+1) skips its GEMM. HC in bf16
+//                (where it fits): output(j) is deferred, and one kernel in input_norm(j+1) also
+//                forms its pre-mix + RMSNorm from the rows it keeps on chip (postmix_premix_kernel).
 // Backward (recomputes the coefficients, Sinkhorn included, from the stored P_j; never stores the
 // Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products
 // (at n <= 4 for j < D input_backward(j+1)'s combine kernel has written dL/do_j already, and
@@ -491,13 +493,13 @@ struct PnShape {
     static constexpr int NT = RP / 8, ROWS = PER_ROW ? M * NS : M, MT = (ROWS + 15) / 16;  // mma n-, m-tiles
     static constexpr int MC = NS * NS + NS;  // mixing coefficients per token of sublayer j: Mix then b
     static constexpr size_t red_floats = (size_t)8 * MT * 16 * RP;  // the 8 warps' partial P
-    static int dp(int d) { return (d + 15) / 16 * 16; }
-    static int ldh(int d) { return dp(d) + 8; }
-    static size_t red_offset(int d) { return ((size_t)M * NS * ldh(d) * sizeof(bf16) + 15) / 16 * 16; }
+    LDM_HD static int dp(int d) { return (d + 15) / 16 * 16; }
+    LDM_HD static int ldh(int d) { return dp(d) + 8; }
+    LDM_HD static size_t red_offset(int d) { return ((size_t)M * NS * ldh(d) * sizeof(bf16) + 15) / 16 * 16; }
     // dynamic shared memory (bytes): the rows, the warps' partial P (warp 0's slot then holds the
     // block's P), Mix and b of sublayer j [M, MC], the pre-mix weights [M, n] and the inverse RMS
     // of the new rows [M, n] (mHC: [M])
-    static size_t smem(int d) { return red_offset(d) + (red_floats + (size_t)M * MC + 2 * (size_t)M * NS) * sizeof(float); }
+    LDM_HD static size_t smem(int d) { return red_offset(d) + (red_floats + (size_t)M * MC + 2 * (size_t)M * NS) * sizeof(float); }
 };
 struct alignas(8) Bf16x4 {  // four consecutive bf16 (8-byte loads and stores)
     bf16 v[4];
@@ -522,7 +524,7 @@ __device__ __forceinline__ uint32_t pack_pair(bf16 lo, bf16 hi) {
 // A warp takes a token at a time, its lanes 4 channels each (loads of U groups before their
 // stores); the projection's k-steps are dealt to the 8 warps and their partials added in warp order.
 template <int NS, bool PER_ROW>
-__global__ void __launch_bounds__(kPnThreads, 2) postmix_premix_kernel(
+__global__ void __launch_bounds__(kPnThreads, PER_ROW && NS <= 4 ? 3 : 2) postmix_premix_kernel(
     bf16* Hn, float* rsn, float* P, bf16* ocopy, bf16* x, bf16* xn, float* rstd, const bf16* H, const bf16* o,
     const float* coef, const bf16* W, const float* q, const bf16* wn, int N, int d, int ldp, float eps, float eps_n) {
     using S = PnShape<NS, PER_ROW>;

@@ -42,7 +42,9 @@ struct GpuScheme {
     // residual add (residual_rmsnorm_forward).
     virtual void input_norm(int j, T* x, T* xn, float* rstd, const T* w, float eps,
                             cudaStream_t) = 0;
-    virtual void output(int j, const T* o, cudaStream_t) = 0;  // o_j [N, d] (read before the next input_norm)
+    // o_j [N, d], read at the latest by the next input_norm (or readout): o must stay unchanged
+    // until that returns (HC in bf16 defers output(j)'s work into input_norm(j+1)).
+    virtual void output(int j, const T* o, cudaStream_t) = 0;
     // Where the backbone should write o_j [N, d] for output(j, o_j), j = 1..D (valid after
     // resize()): a buffer in which the scheme keeps o_j for its backward, so that output() need not
     // copy it; nullptr (default): the backbone's own buffer. output(j, o) accepts any buffer.
