@@ -250,8 +250,8 @@ struct GpuHC : GpuScheme<T> {
 
     // d_o = dL/do_j. Where input_backward(j+1)'s combine kernel already wrote it (into the d_o_next
     // it was given, which must be this d_o), only the coefficients of sublayer j are left (made
-    // there too) and the coefficient dots move to input_backward(j) (coef_dots_kernel); else
-    // post_backward_kernel writes d_o and the dots, reading dL/dH_j, o_j and H_{j-1}.
+    // there too) and the coefficient dots move to input_backward(j) (coef_dots_kernel<Dots::All>);
+    // else coef_dots_kernel<Dots::Post> writes d_o and the dots, reading dL/dH_j, o_j and H_{j-1}.
     void output_backward(int j, T* d_o, cudaStream_t s) override {
         if (coef_j_ != j) coefficients(j, s);  // recomputed from the stored P_j (Sinkhorn included)
         if (do_j_ == j) {
@@ -264,8 +264,8 @@ struct GpuHC : GpuScheme<T> {
         }
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
-            hc_detail::post_backward_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(
-                d_o, dcoef_.ptr, dH_.ptr, O(j), H(j - 1), coef_.ptr, d_);
+            hc_detail::coef_dots_kernel<T, NS, hc_detail::Dots::Post><<<N_, hc_detail::kThreads, 0, s>>>(
+                dcoef_.ptr, d_o, coef_.ptr, nullptr, dH_.ptr, O(j), H(j - 1), d_);
         });
         LDM_LAUNCH_CHECK();
         dots_done_ = true;
@@ -276,7 +276,8 @@ struct GpuHC : GpuScheme<T> {
     // dL/do_{j-1} into it from the dL/dH_{j-1} it forms (coefficients of sublayer j-1 made here,
     // after sublayer j's coefficient backward has used the Sinkhorn scratch): output_backward(j-1)
     // then reads neither dL/dH_{j-1} nor o_{j-1} nor H_{j-2}, and its dots are formed with the
-    // pre-mix dots of input_backward(j-1) in one pass (coef_dots_kernel): one read of H fewer.
+    // pre-mix dots of input_backward(j-1) in one pass (coef_dots_kernel<Dots::All>): one read of
+    // H fewer.
     void input_backward_next(int j, const T* dx, T* d_o_next, cudaStream_t s) override {
         bool fuse = d_o_next && j > 1 && combine_writes_d_o();
         dispatch([&](auto NSC) { fuse = fuse && hc_detail::kCombineDo<decltype(NSC)::value>; });
@@ -289,10 +290,11 @@ struct GpuHC : GpuScheme<T> {
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             if (dots_done_) {  // output_backward(j) formed the post-mix dots
-                hc_detail::pre_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, H(j - 1), d_);
+                hc_detail::coef_dots_kernel<T, NS, hc_detail::Dots::Pre><<<N_, hc_detail::kThreads, 0, s>>>(
+                    dcoef_.ptr, nullptr, nullptr, dx, nullptr, nullptr, H(j - 1), d_);
             } else if constexpr (hc_detail::kCombineDo<NS>) {  // (dots_done_ always holds otherwise)
-                hc_detail::coef_dots_kernel<T, NS><<<N_, hc_detail::kThreads, 0, s>>>(dcoef_.ptr, dx, dH_.ptr, O(j),
-                                                                                      H(j - 1), d_);
+                hc_detail::coef_dots_kernel<T, NS, hc_detail::Dots::All><<<N_, hc_detail::kThreads, 0, s>>>(
+                    dcoef_.ptr, nullptr, nullptr, dx, dH_.ptr, O(j), H(j - 1), d_);
             }
             LDM_LAUNCH_CHECK();
             if (mhc_)

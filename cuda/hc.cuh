@@ -25,7 +25,7 @@
 // Backward (recomputes the coefficients, Sinkhorn included, from the stored P_j; never stores the
 // Sinkhorn iterates): output_backward writes dL/do_j and the n²+n coefficient dot products
 // (at n <= 4 for j < D input_backward(j+1)'s combine kernel has written dL/do_j already, and
-// input_backward(j) forms all n²+2n dots in one pass, coef_dots_kernel);
+// input_backward(j) forms all n²+2n dots in one pass; coef_dots_kernel either way);
 // input_backward adds the n pre-mix dot products, runs the per-token coefficient backward (fp32),
 // reduces the small parameter gradients deterministically (per-token partials, fixed-order column
 // sums), and one fused kernel writes dL/dH_{j-1} = Σ_k Mix[k,i] G_k + a_i dx + dZ_i − β_i H_i with
@@ -753,80 +753,32 @@ __global__ void stream_sum_kernel(T* de, const T* dH, int64_t N, int d) {
     }
 }
 
-// Post-mix backward (output_backward): G = dL/dH_j. d_o[t] = Σ_k b_k G[t, k] (written);
-// dcoef[t] Mix part: <G_k, H_i> at [n + k·n + i], b part: <G_k, o> at [n + n² + k]. Grid N blocks.
-template <typename T, int NS>
-__global__ void post_backward_kernel(T* d_o, float* dcoef, const T* G, const T* O, const T* H,
-                                     const float* coef, int d) {
-    constexpr int CW = 2 * NS + NS * NS, V = NS * NS + NS;
+// The coefficient dot products of sublayer j per token, in one pass over what they read (G =
+// dL/dH_j [N, n, d], O = o_j, H = H_{j-1}, dx = dL/dx_j); dcoef[t] in the coefficient layout:
+// <dx, H_i> at i, <G_k, H_i> at n + k·n + i, <G_k, o> at n + n² + k. What:
+//   Dots::Post (output_backward): the Mix and b dots, and d_o[t] = Σ_k b_k G[t, k] (explicit FMAs
+//              in k order: combine_do_tile forms the same sum); dx is not read;
+//   Dots::Pre  (input_backward after Dots::Post): the a dots; G, O, d_o, coef are not used;
+//   Dots::All  (input_backward where the combine kernel of sublayer j+1 wrote d_o already): all.
+// Each dot is its own per-thread sum in channel order and block sum (block_sums), so the three
+// give the same bits for the same dot. Grid N blocks.
+enum class Dots { Post, Pre, All };
+template <typename T, int NS, Dots W>
+__global__ void coef_dots_kernel(float* dcoef, T* d_o, const float* coef, const T* dx, const T* G, const T* O,
+                                 const T* H, int d) {
+    constexpr int CW = 2 * NS + NS * NS;
+    constexpr int E0 = W == Dots::Post ? NS : 0;                         // first dot written
+    constexpr int V = W == Dots::Pre ? NS : (W == Dots::Post ? CW - NS : CW);  // dots written
+    constexpr bool kPre = W != Dots::Post, kPost = W != Dots::Pre;
     __shared__ float smem[32 * V];
     const int64_t t = blockIdx.x;
     float b[NS], acc[V];
+    if constexpr (W == Dots::Post) {
 #pragma unroll
-    for (int k = 0; k < NS; k++) b[k] = coef[t * CW + NS + NS * NS + k];
+        for (int k = 0; k < NS; k++) b[k] = coef[t * CW + NS + NS * NS + k];
+    }
 #pragma unroll
     for (int e = 0; e < V; e++) acc[e] = 0.f;
-    const T* Gt = G + t * NS * d;
-    const T* Ht = H + t * NS * d;
-    constexpr int U = kSteps<NS>;
-    float g[U][NS], h[U][NS], of[U];
-    batched_strided_loop<U>(
-        threadIdx.x, d, blockDim.x,
-        [&](int u, int c) {
-#pragma unroll
-            for (int i = 0; i < NS; i++) {
-                g[u][i] = to_f(Gt[(int64_t)i * d + c]);
-                h[u][i] = to_f(Ht[(int64_t)i * d + c]);
-            }
-            of[u] = to_f(O[t * d + c]);
-        },
-        [&](int u, int c) {
-            float v = 0.f;
-#pragma unroll
-            for (int k = 0; k < NS; k++) {
-                v = fmaf(b[k], g[u][k], v);  // (explicit FMA: combine_do_tile forms the same sum)
-#pragma unroll
-                for (int i = 0; i < NS; i++) acc[k * NS + i] += g[u][k] * h[u][i];
-                acc[NS * NS + k] += g[u][k] * of[u];
-            }
-            d_o[t * d + c] = from_f<T>(v);
-        });
-    block_sums<V>(acc, smem);
-    for (int e = threadIdx.x; e < V; e += blockDim.x) dcoef[t * CW + NS + e] = acc[e];
-}
-
-// Pre-mix backward dots (input_backward): dcoef[t, i] = <dx[t], H[t, i]>. Grid N blocks.
-template <typename T, int NS>
-__global__ void pre_dots_kernel(float* dcoef, const T* dx, const T* H, int d) {
-    constexpr int CW = 2 * NS + NS * NS;
-    __shared__ float smem[32 * NS];
-    const int64_t t = blockIdx.x;
-    float acc[NS];
-#pragma unroll
-    for (int i = 0; i < NS; i++) acc[i] = 0.f;
-    const T* Ht = H + t * NS * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        const float g = to_f(dx[t * d + c]);
-#pragma unroll
-        for (int i = 0; i < NS; i++) acc[i] += g * to_f(Ht[(int64_t)i * d + c]);
-    }
-    block_sums<NS>(acc, smem);
-    for (int i = threadIdx.x; i < NS; i += blockDim.x) dcoef[t * CW + i] = acc[i];
-}
-
-// All of sublayer j's coefficient dot products in one pass, where output_backward(j) left them out
-// because input_backward(j+1)'s combine kernel already wrote dL/do_j: dcoef[t] = (<dx, H_i>
-// (i < n), <G_k, H_i> at n + k·n + i, <G_k, o> at n + n² + k), i.e. what pre_dots_kernel and
-// post_backward_kernel write, with their loop, expressions and block sums (bit for bit the same
-// values). G = dL/dH_j [N, n, d], O = o_j, H = H_{j-1}, dx = dL/dx_j. Grid N blocks.
-template <typename T, int NS>
-__global__ void coef_dots_kernel(float* dcoef, const T* dx, const T* G, const T* O, const T* H, int d) {
-    constexpr int CW = 2 * NS + NS * NS;  // = NS pre-mix dots + V = NS² + NS post-mix dots
-    __shared__ float smem[32 * CW];
-    const int64_t t = blockIdx.x;
-    float acc[CW];
-#pragma unroll
-    for (int e = 0; e < CW; e++) acc[e] = 0.f;
     const T* Gt = G + t * NS * d;
     const T* Ht = H + t * NS * d;
     constexpr int U = kSteps<NS>;
@@ -836,25 +788,32 @@ __global__ void coef_dots_kernel(float* dcoef, const T* dx, const T* G, const T*
         [&](int u, int c) {
 #pragma unroll
             for (int i = 0; i < NS; i++) {
-                g[u][i] = to_f(Gt[(int64_t)i * d + c]);
+                if constexpr (kPost) g[u][i] = to_f(Gt[(int64_t)i * d + c]);
                 h[u][i] = to_f(Ht[(int64_t)i * d + c]);
             }
-            of[u] = to_f(O[t * d + c]);
-            xv[u] = to_f(dx[t * d + c]);
+            if constexpr (kPost) of[u] = to_f(O[t * d + c]);
+            if constexpr (kPre) xv[u] = to_f(dx[t * d + c]);
         },
         [&](int u, int c) {
             (void)c;
+            if constexpr (kPre) {
 #pragma unroll
-            for (int i = 0; i < NS; i++) acc[i] += xv[u] * h[u][i];
+                for (int i = 0; i < NS; i++) acc[i] += xv[u] * h[u][i];
+            }
+            if constexpr (kPost) {
+                float v = 0.f;
 #pragma unroll
-            for (int k = 0; k < NS; k++) {
+                for (int k = 0; k < NS; k++) {
+                    if constexpr (W == Dots::Post) v = fmaf(b[k], g[u][k], v);
 #pragma unroll
-                for (int i = 0; i < NS; i++) acc[NS + k * NS + i] += g[u][k] * h[u][i];
-                acc[NS + NS * NS + k] += g[u][k] * of[u];
+                    for (int i = 0; i < NS; i++) acc[NS + k * NS + i - E0] += g[u][k] * h[u][i];
+                    acc[NS + NS * NS + k - E0] += g[u][k] * of[u];
+                }
+                if constexpr (W == Dots::Post) d_o[t * d + c] = from_f<T>(v);
             }
         });
-    block_sums<CW>(acc, smem);
-    for (int e = threadIdx.x; e < CW; e += blockDim.x) dcoef[t * CW + e] = acc[e];
+    block_sums<V>(acc, smem);
+    for (int e = threadIdx.x; e < V; e += blockDim.x) dcoef[t * CW + E0 + e] = acc[e];
 }
 
 // HC coefficient backward per token (one thread per token). From dcoef (dA_m, dMix, dB), P and
@@ -982,7 +941,7 @@ template <int NS>
 constexpr bool kCombineDo = NS <= 4;
 
 // The combine kernels' d_o for one tile of nt tokens and the block's channels c0 .. c0 + CB − 1:
-// d_o[t, c] = Σ_k b_k dHp[t, k, c] in k order (post_backward_kernel's expression), from the
+// d_o[t, c] = Σ_k b_k dHp[t, k, c] in k order (coef_dots_kernel<Dots::Post>'s expression), from the
 // staged b (bps) and stored dHp values (dos); after a barrier that every thread of the block
 // reaches (the next tile's first barrier protects the staging).
 template <typename T, int NS, int DT, int CB>
@@ -996,7 +955,7 @@ __device__ inline void combine_do_tile(T* d_o, const float (&bps)[DT][NS], const
             if (c >= d) continue;
             float v = 0.f;
 #pragma unroll
-            for (int k = 0; k < NS; k++) v = fmaf(bps[tl][k], dos[tl][k][cl], v);  // (explicit: as post_backward_kernel)
+            for (int k = 0; k < NS; k++) v = fmaf(bps[tl][k], dos[tl][k][cl], v);  // (explicit: as coef_dots_kernel<Dots::Post>)
             d_o[(t0 + tl) * d + c] = from_f<T>(v);
         }
     }
@@ -1016,7 +975,7 @@ __device__ inline void combine_do_tile(T* d_o, const float (&bps)[DT][NS], const
 // memory (read as broadcasts). The NS threads of one channel share G and dx through L1.
 // d_o (kCombineDo<NS>; else nullptr): also d_o[t, c] = Σ_k b_k dHp[t, k, c] (written, T; b = the
 // previous sublayer's H_post from coefp, its coefficient scratch): dL/do_{j-1} from the values of
-// dHp as stored, with post_backward_kernel's expression and order, so that output_backward(j-1)
+// dHp as stored, with coef_dots_kernel<Dots::Post>'s expression and order, so that output_backward(j-1)
 // need not read dHp back (combine_do_tile).
 // Grid combine_grid (grid.y strides over the token tiles); block (kCombineChannels<NS>, NS).
 template <typename T, int NS>

@@ -171,7 +171,7 @@ struct HcGemmDwBase : GpuHC<T> {
 
    protected:
     // The earlier paths' combine kernels do not write dL/do_{j-1}: output_backward keeps
-    // post_backward_kernel (as production did when these were production).
+    // coef_dots_kernel<Dots::Post> (as production did when these were production).
     bool combine_writes_d_o() const override { return false; }
     // dW_j += dPpᵀ · H_{j-1}   ([wrows, N·prow] x [N·prow, kdim], Matmul; fp32 gW).
     void weight_gradient_gemm(int j, float* gW, cudaStream_t s) {
