@@ -225,6 +225,17 @@ __global__ void premix_norm_kernel(T* x, T* xn, float* rstd, const T* H, const f
         xn[t * d + c] = from_f<T>(to_f(w[c]) * (to_f(xt[c]) * s));
 }
 
+// One value of the post-mix (spec §2.2, §2.3) of output stream k: b_k·o + Σ_i Mix[k, i]·h_i, in
+// that order, fp32 (mix_k = row k of Mix, h = the n input streams' values at one channel). Every
+// post-mix kernel forms its values with this function.
+template <int NS>
+LDM_HD inline float postmix_value(const float* mix_k, float b_k, float o, const float (&h)[NS]) {
+    float v = b_k * o;
+#pragma unroll
+    for (int i = 0; i < NS; i++) v += mix_k[i] * h[i];
+    return v;
+}
+
 // Fused post-mix: Hn[t, k] = Σ_i Mix[k,i] H[t, i] + b_k o[t] for every stream (each stream read
 // and written once), ocopy[t] = o[t] (unless ocopy is nullptr: o is already kept), and the inverse RMS of the new (rounded) rows into rsn
 // (per row [N, n] or per token [N]). Grid N blocks.
@@ -259,10 +270,7 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
             const float of = to_f(ov[u]);
 #pragma unroll
             for (int k = 0; k < NS; k++) {
-                float v = b[k] * of;
-#pragma unroll
-                for (int i = 0; i < NS; i++) v += mix[k * NS + i] * h[u][i];
-                const T hv = from_f<T>(v);
+                const T hv = from_f<T>(postmix_value<NS>(mix + k * NS, b[k], of, h[u]));
                 Hnt[(int64_t)k * d + c] = hv;
                 const float f = to_f(hv);
                 ss[k] += f * f;
@@ -311,7 +319,7 @@ struct PpShape {
 };
 
 // Fused post-mix and projection, T = bf16: for tokens t < N, Hn[t, k] = Σ_i Mix[k,i] H[t, i] +
-// b_k o[t] (the expressions of postmix_kernel, rounded to bf16), ocopy[t] = o[t] (unless null),
+// b_k o[t] (postmix_value, rounded to bf16), ocopy[t] = o[t] (unless null),
 // rsn = inverse RMS of the new rows (HC per row [N, n] over d, mHC per token [N] over n·d), and
 // P = the next projection of the rounded rows (fp32, row stride ldp; padding columns not written):
 // mHC P[t, r] = Σ_e vec(Hn[t])_e W[r, e] (W = Φ [R, n·d]), HC P[t·n + k, r] = Σ_c Hn[t, k, c]
@@ -387,9 +395,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
                 float sq = 0.f;
 #pragma unroll
                 for (int k = 0; k < NS; k++) {
-                    float v = mix[NS * NS + k] * of;
-#pragma unroll
-                    for (int i = 0; i < NS; i++) v += mix[k * NS + i] * h[u][i];
+                    const float v = postmix_value<NS>(mix + k * NS, mix[NS * NS + k], of, h[u]);
                     const bf16 hv = in ? __float2bfloat16_rn(v) : __float2bfloat16_rn(0.f);
                     if (in) Hn[(t * NS + k) * d + c] = hv;
                     sA[tt * LDA + k * C + cc] = hv;
@@ -582,10 +588,11 @@ __global__ void __launch_bounds__(kPnThreads, PER_ROW && NS <= 4 ? 3 : 2) postmi
                     Bf16x4 out;
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        float v = mix[NS * NS + k] * __bfloat162float(ov[u].v[e]);
+                        float hf[NS];
 #pragma unroll
-                        for (int i = 0; i < NS; i++) v += mix[k * NS + i] * __bfloat162float(hv[u][i].v[e]);
-                        out.v[e] = __float2bfloat16_rn(v);
+                        for (int i = 0; i < NS; i++) hf[i] = __bfloat162float(hv[u][i].v[e]);
+                        out.v[e] = __float2bfloat16_rn(
+                            postmix_value<NS>(mix + k * NS, mix[NS * NS + k], __bfloat162float(ov[u].v[e]), hf));
                         const float f = __bfloat162float(out.v[e]);
                         ss[k] += f * f;
                     }
