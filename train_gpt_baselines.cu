@@ -358,22 +358,29 @@ struct GpuHC : GpuScheme<T> {
     // tensor-core kernel needs bf16 operands; fp32 runs keep post-mix + GEMM).
     virtual bool fused_projection() const { return std::is_same<T, bf16>::value; }
     // Whether output(j < D) is deferred into input_norm(j+1) for postmix_premix_kernel (which also
-    // forms sublayer j+1's pre-mix + RMSNorm from the rows it keeps on chip: H_j is not read back).
-    // Production: HC in bf16 (its W_{j+1} is n+2 rows of d, read from L2 once per 8 tokens). mHC
-    // would read its Φ_{j+1} (2n+n² rows of n·d, 192 KiB at llama-400m) from L2 once per 16 tokens;
-    // whether that pays is not measured: workbench "mhc-premix-fused".
-    virtual bool fused_premix() const { return std::is_same<T, bf16>::value && !mhc_; }
-    // fused_premix() and the kernel applies: d % 4 == 0 (8-byte row accesses) and its shared
-    // memory (the block's rows: 8 or 16 tokens × n·d bf16) fits the device's opt-in limit (a
-    // device query: cached in premix_ok_ by resize()).
-    bool premix_fits() const {
-        if (!fused_premix() || d_ % 4 != 0) return false;
+    // forms sublayer j+1's pre-mix + RMSNorm from the rows it keeps on chip: H_j is not read back),
+    // where premix_fits(). Production: HC in bf16 where two blocks fit in an SM's shared memory
+    // (the kernel's phases, stream / mma / pre-mix, overlap only across blocks; at llama-400m
+    // three fit). Its W_{j+1} is n+2 rows of d, read from L2 once per 8 tokens. mHC would read its
+    // Φ_{j+1} (2n+n² rows of n·d, 192 KiB at llama-400m) from L2 once per 16 tokens with one block
+    // per SM; whether that pays is not measured: workbench "mhc-premix-fused".
+    virtual bool fused_premix() const {
+        return std::is_same<T, bf16>::value && !mhc_ && 2 * premix_smem() + 1024 <= max_dynamic_smem_optin();
+    }
+    // Dynamic shared memory of postmix_premix_kernel at this n and d (bytes).
+    size_t premix_smem() const {
         size_t smem = 0;
         dispatch([&](auto NSC) {
             constexpr int NS = decltype(NSC)::value;
             smem = mhc_ ? hc_detail::PnShape<NS, false>::smem(d_) : hc_detail::PnShape<NS, true>::smem(d_);
         });
-        return smem <= max_dynamic_smem_optin();
+        return smem;
+    }
+    // fused_premix() and the kernel applies: d % 4 == 0 (8-byte row accesses) and its shared
+    // memory (the block's rows: 8 or 16 tokens × n·d bf16) fits the device's opt-in limit (device
+    // queries: cached in premix_ok_ by resize()).
+    bool premix_fits() const {
+        return fused_premix() && d_ % 4 == 0 && premix_smem() <= max_dynamic_smem_optin();
     }
     // output(j) now: the post-mix, fused with sublayer j+1's projection where fused_projection().
     void output_now(int j, const T* o, cudaStream_t s) {
