@@ -170,6 +170,7 @@ struct GpuHC : GpuScheme<T> {
         grow(part_, N * np_);
         grow(dH_, N * n * d);
         grow(dHp_, N * n * d);
+        if (optin_ == 0) optin_ = max_dynamic_smem_optin();  // (a device query: once)
         premix_ok_ = premix_fits();
         dispatch([&](auto NSC) {  // the combine kernel's per-slice partials of dW_j / dΦ_j
             grow(dWp_, (int64_t)hc_detail::combine_grid<decltype(NSC)::value>(N_, d_).y * wrows_ * kdim_);
@@ -365,7 +366,7 @@ struct GpuHC : GpuScheme<T> {
     // Φ_{j+1} (2n+n² rows of n·d, 192 KiB at llama-400m) from L2 once per 16 tokens with one block
     // per SM; whether that pays is not measured: workbench "mhc-premix-fused".
     virtual bool fused_premix() const {
-        return std::is_same<T, bf16>::value && !mhc_ && 2 * premix_smem() + 1024 <= max_dynamic_smem_optin();
+        return std::is_same<T, bf16>::value && !mhc_ && 2 * premix_smem() + 1024 <= optin_;
     }
     // Dynamic shared memory of postmix_premix_kernel at this n and d (bytes).
     size_t premix_smem() const {
@@ -377,10 +378,10 @@ struct GpuHC : GpuScheme<T> {
         return smem;
     }
     // fused_premix() and the kernel applies: d % 4 == 0 (8-byte row accesses) and its shared
-    // memory (the block's rows: 8 or 16 tokens × n·d bf16) fits the device's opt-in limit (device
-    // queries: cached in premix_ok_ by resize()).
+    // memory (the block's rows: 8 or 16 tokens × n·d bf16) fits the device's opt-in limit optin_
+    // (resize() caches the answer in premix_ok_).
     bool premix_fits() const {
-        return fused_premix() && d_ % 4 == 0 && premix_smem() <= max_dynamic_smem_optin();
+        return fused_premix() && d_ % 4 == 0 && premix_smem() <= optin_;
     }
     // output(j) now: the post-mix, fused with sublayer j+1's projection where fused_projection().
     void output_now(int j, const T* o, cudaStream_t s) {
@@ -495,6 +496,7 @@ struct GpuHC : GpuScheme<T> {
     int N_ = 0;
     int proj_ready_ = 0;  // P_j of this sublayer j is already written (by output(j-1)); 0: none
     bool premix_ok_ = false;  // premix_fits() (set by resize())
+    size_t optin_ = 0;        // max_dynamic_smem_optin() (set by the first resize())
     int pend_j_ = 0;      // output(pend_j_) deferred into input_norm(pend_j_ + 1) (0: none), with o = pend_o_
     const T* pend_o_ = nullptr;
     // backward: coef_ holds sublayer coef_j_'s coefficients (0: none); dL/do_{do_j_} is already in
