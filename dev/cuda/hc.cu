@@ -284,6 +284,63 @@ static bool check_postmix_premix() {
     return ok;
 }
 
+// GpuHC's deferred output (HC in bf16, where the fused post-mix + pre-mix applies): a call other
+// than input_norm(j+1) after output(j) is an ldm::Error (readout; input_norm of another sublayer;
+// output again), begin() clears a pending output, and the backbone's order runs.
+static bool check_deferred_output() {
+    const wb::Shape sh{1, 5, 64, 1, 4, 8};  // D = 2: output(1) is deferred, output(2) is not
+    const ModelConfig c = wb::make_config("hc", sh);
+    int64_t P = 0;
+    for (const auto& s : scheme_param_specs(c)) P = std::max(P, s.offset + s.numel);
+    const int64_t N = (int64_t)sh.B * sh.T, Nd = N * sh.d;
+    DeviceBuffer<bf16> params(P), e(Nd), x(Nd), xn(Nd), o(Nd), y(Nd), wn(sh.d);
+    DeviceBuffer<float> master(P), grads(P), rstd(N);
+    fill(params.ptr, P, 0.f, 0);
+    fill(master.ptr, P, 0.f, 0);
+    fill(e.ptr, Nd, 0.5f, 0);
+    fill(o.ptr, Nd, 0.25f, 0);
+    fill(wn.ptr, sh.d, 1.f, 0);
+    GpuHC<bf16> s(c, false);
+    s.bind(params.ptr, master.ptr, grads.ptr);
+    s.resize(sh.B, sh.T);
+    const float eps = 1e-5f;
+    auto throws = [](auto&& f) {
+        try {
+            f();
+        } catch (const Error&) {
+            return true;
+        }
+        return false;
+    };
+    auto start = [&] {  // begin, sublayer 1's input, its output (deferred)
+        s.begin(e.ptr, 0);
+        s.input_norm(1, x.ptr, xn.ptr, rstd.ptr, wn.ptr, eps, 0);
+        s.output(1, o.ptr, 0);
+    };
+    start();
+    const bool readout = throws([&] { s.readout(y.ptr, 0); });
+    start();
+    const bool other = throws([&] { s.input_norm(3, x.ptr, xn.ptr, rstd.ptr, wn.ptr, eps, 0); });
+    start();
+    const bool again = throws([&] { s.output(2, o.ptr, 0); });
+    start();
+    const bool order = !throws([&] {
+        s.input_norm(2, x.ptr, xn.ptr, rstd.ptr, wn.ptr, eps, 0);
+        s.output(2, o.ptr, 0);
+        s.readout(y.ptr, 0);
+    });
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const struct { const char* what; bool pass; } lines[] = {
+        {"readout-after-deferred-output-throws", readout}, {"other-input-norm-throws", other},
+        {"second-output-throws", again}, {"backbone-order-runs", order}};
+    bool ok = true;
+    for (const auto& l : lines) {
+        std::printf("CHECK hc hc-deferred-output.%s bf16 %s %s\n", l.what, sh.str().c_str(), l.pass ? "PASS" : "FAIL");
+        ok &= l.pass;
+    }
+    return ok;
+}
+
 template <typename T>
 static bool run_checks(bool quick, double tol_act, double tol_grad) {
     struct Case {
@@ -299,6 +356,7 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
         {{3, 50, 1024, 2, 4, 8}, 14},  // realistic d
     };
     bool ok = true;
+    if (std::is_same<T, bf16>::value) ok &= check_deferred_output();
     if (std::is_same<T, bf16>::value)  // (every n the scheme supports)
         for (bool per_row : {false, true}) {
             auto one = [&](auto c) {
