@@ -231,8 +231,7 @@ __global__ void premix_norm_kernel(T* x, T* xn, float* rstd, const T* H, const f
 template <int NS>
 LDM_HD inline float postmix_value(const float* mix_k, float b_k, float o, const float (&h)[NS]) {
     float v = b_k * o;
-#pragma unroll
-    for (int i = 0; i < NS; i++) v += mix_k[i] * h[i];
+    for (int i = 0; i < NS; i++) v += mix_k[i] * h[i];  // (NS is a constant: the device compiler unrolls it)
     return v;
 }
 
