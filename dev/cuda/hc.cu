@@ -7,8 +7,11 @@
 // "mhc-gemm-dw": the weight gradient by a GEMM; "mhc-gemm-dz": dZ by a GEMM too;
 // dev/cuda/hc_variants.cuh) and for the earlier forward ("hc-gemm-proj", "mhc-gemm-proj": the
 // post-mix, then the next sublayer's projection by a GEMM; bf16 production fuses them, fp32
-// production is this); the fused post-mix + projection kernel on its own; then the forward+backward time of all D sublayers at N = 16384,
-// d = 1024, D = 48, n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
+// production is this) and for the forward's pre-mix ("hc-premix-split": HC with the pre-mix in its
+// own pass, as mHC; "mhc-premix-fused": mHC with the post-mix + pre-mix kernel, as HC); the fused
+// post-mix + projection and post-mix + pre-mix kernels on their own, and the deferred output's
+// misuse errors; then the forward+backward time of all D sublayers at N = 16384, d = 1024, D = 48,
+// n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: hc [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
 
