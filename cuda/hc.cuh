@@ -355,13 +355,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
         sc[e] = t < N ? coef[t * CW + NS + e % MC] : 0.f;
     }
     for (int e = tid; e < (int)S::rss_floats; e += kPpThreads) rss[e] = 0.f;  // (before the first chunk's barrier)
-    float acc[MTW][NT][4];
-#pragma unroll
-    for (int m = 0; m < MTW; m++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.f;
+    float acc[MTW][NT][4] = {};  // (fp32 mma accumulators)
     const int64_t wld = PER_ROW ? d : (int64_t)NS * d;  // W's row length
     for (int c0 = 0; c0 < d; c0 += C) {
         __syncthreads();  // (the coefficients staged; the previous chunk's tiles read)
@@ -625,13 +619,7 @@ __global__ void __launch_bounds__(kPnThreads, PER_ROW && NS <= 4 ? 3 : 2) postmi
     // stream) over K = DP; warp w takes the k-steps w, w + 8, ... for every m-tile
     const int KSR = DP / 16, KS = PER_ROW ? KSR : NS * KSR;
     const int64_t wld = PER_ROW ? d : (int64_t)NS * d;
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.f;
+    float acc[MT][NT][4] = {};  // (fp32 mma accumulators)
     for (int ks = warp; ks < KS; ks += 8) {
         const int i = PER_ROW ? 0 : ks / KSR, ca = (ks % KSR) * 16 + 2 * tg;
         uint32_t b[NT][2];

@@ -14,6 +14,7 @@
 // n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: hc [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
+#include <initializer_list>
 
 #define TESTING  // the trainer file without its main()
 #include "train_gpt_baselines.cu"
@@ -106,6 +107,24 @@ static wb::Factory<T> factory(Variant v) {
     };
 }
 
+// Prints one CHECK line per (name, worst error / its bound) of a kernel check and returns whether
+// every ratio is finite and <= 1.
+struct BoundLine {
+    const char* what;
+    double w;
+};
+static bool print_bound_checks(const char* kernel, bool per_row, const std::string& shape,
+                               std::initializer_list<BoundLine> lines) {
+    bool ok = true;
+    for (const auto& l : lines) {
+        const bool pass = std::isfinite(l.w) && l.w <= 1.0;
+        std::printf("CHECK hc %s-%s.%s bf16 %s err/bound=%.3e %s\n", per_row ? "hc" : "mhc", kernel, l.what,
+                    shape.c_str(), l.w, pass ? "PASS" : "FAIL");
+        ok &= pass;
+    }
+    return ok;
+}
+
 // postmix_project_kernel<NS, PER_ROW> on its own (bf16; mHC: PER_ROW false, HC: true), N = 70
 // tokens (a partial block of 64) and d = 150 (3, 5 or 10 chunks of C = 64, 32 or 16 channels, the
 // last one partial): against postmix_kernel<bf16, NS> on the same inputs, the streams H_j within
@@ -166,16 +185,8 @@ static bool check_postmix_project() {
             const double bound = (K + 2) * 0x1p-23 * mag + 1e-30;
             wp = std::max(wp, std::fabs(P[(size_t)q * LDP + r] - ref) / bound);
         }
-    bool ok = true;
-    const std::string shape = strprintf("N%dd%dn%d", N, d, NS);
-    const struct { const char* what; double w; } lines[] = {{"Hn", wh}, {"ocopy", wo}, {"rsn", wr}, {"P", wp}};
-    for (const auto& l : lines) {
-        const bool pass = std::isfinite(l.w) && l.w <= 1.0;
-        std::printf("CHECK hc %s-postmix-project.%s bf16 %s err/bound=%.3e %s\n", PER_ROW ? "hc" : "mhc", l.what,
-                    shape.c_str(), l.w, pass ? "PASS" : "FAIL");
-        ok &= pass;
-    }
-    return ok;
+    return print_bound_checks("postmix-project", PER_ROW, strprintf("N%dd%dn%d", N, d, NS),
+                              {{"Hn", wh}, {"ocopy", wo}, {"rsn", wr}, {"P", wp}});
 }
 
 // postmix_premix_kernel<NS, PER_ROW> on its own (bf16; mHC: PER_ROW false, HC: true), N = 21
@@ -274,17 +285,8 @@ static bool check_postmix_premix() {
             wxn = std::max(wxn, std::fabs(xng[(size_t)t * d + c] - ref) / ((0x1p-8 + 0x1p-22) * std::fabs(ref) + 1e-30));
         }
     }
-    bool ok = true;
-    const std::string shape = strprintf("N%dd%dn%d", N, d, NS);
-    const struct { const char* what; double w; } lines[] = {{"Hn", wh}, {"ocopy", wo}, {"rsn", wr}, {"P", wp},
-                                                            {"x", wx},  {"rstd", wrs}, {"xn", wxn}};
-    for (const auto& l : lines) {
-        const bool pass = std::isfinite(l.w) && l.w <= 1.0;
-        std::printf("CHECK hc %s-postmix-premix.%s bf16 %s err/bound=%.3e %s\n", PER_ROW ? "hc" : "mhc", l.what,
-                    shape.c_str(), l.w, pass ? "PASS" : "FAIL");
-        ok &= pass;
-    }
-    return ok;
+    return print_bound_checks("postmix-premix", PER_ROW, strprintf("N%dd%dn%d", N, d, NS),
+                              {{"Hn", wh}, {"ocopy", wo}, {"rsn", wr}, {"P", wp}, {"x", wx}, {"rstd", wrs}, {"xn", wxn}});
 }
 
 // GpuHC's deferred output (HC in bf16, where the fused post-mix + pre-mix applies): a call other
