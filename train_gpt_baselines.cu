@@ -383,9 +383,11 @@ struct GpuHC : GpuScheme<T> {
     bool premix_fits() const {
         return fused_premix() && d_ % 4 == 0 && premix_smem() <= optin_;
     }
-    // output(j) now: the post-mix, fused with sublayer j+1's projection where fused_projection().
+    // output(j) now: the post-mix, fused with sublayer j+1's projection where fused_projection()
+    // and the kernel's 8-byte row accesses apply (d % 4 == 0, o 8-byte aligned; else input_norm(j+1)
+    // runs the projection GEMM).
     void output_now(int j, const T* o, cudaStream_t s) {
-        if (fused_projection() && j < D_) {
+        if (fused_projection() && j < D_ && d_ % 4 == 0 && aligned8(o)) {
             postmix_project(j, o, s);
             return;
         }

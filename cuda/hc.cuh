@@ -287,6 +287,10 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
     }
 }
 
+struct alignas(8) Bf16x4 {  // four consecutive bf16 (8-byte loads and stores)
+    bf16 v[4];
+};
+
 // ---- Post-mix fused with the next sublayer's projection (bf16; doc/cuda.md "HC/mHC") ----
 // postmix_project_kernel writes what postmix_kernel writes (H_j, its inverse RMS, the o copy) and
 // also the next sublayer's raw projection P_{j+1}, which its GEMM would compute by reading H_j
@@ -309,11 +313,11 @@ struct PpShape {
     static constexpr size_t tiles = ((size_t)kPpTokens * LDA + (size_t)RP * LDB) * sizeof(bf16);
     static constexpr size_t red = PER_ROW ? 0 : (size_t)4 * 32 * (RP / 2) * sizeof(float);  // mHC's k-halves
     static constexpr size_t rss_offset = tiles > red ? tiles : red;
-    static constexpr size_t rss_floats = (size_t)kPpTokens * C * (PER_ROW ? NS : 1);  // squares per slot
+    static constexpr size_t rss_floats = (size_t)kPpTokens * (C / 4) * (PER_ROW ? NS : 1);  // squares per slot
     static constexpr size_t coef_offset = rss_offset + rss_floats * sizeof(float);
     // dynamic shared memory (bytes): A tile [kPpTokens, LDA] and weight tile [RP, LDB] (bf16; mHC:
     // after the last chunk the second k-half's products take their place), the squares' sums per
-    // (token, channel[, stream]) slot, the block's mixing coefficients [kPpTokens, MC] (fp32)
+    // (token, 4-channel group[, stream]) slot, the block's mixing coefficients [kPpTokens, MC] (fp32)
     static constexpr size_t smem = coef_offset + (size_t)kPpTokens * MC * sizeof(float);
 };
 
@@ -323,10 +327,11 @@ struct PpShape {
 // P = the next projection of the rounded rows (fp32, row stride ldp; padding columns not written):
 // mHC P[t, r] = Σ_e vec(Hn[t])_e W[r, e] (W = Φ [R, n·d]), HC P[t·n + k, r] = Σ_c Hn[t, k, c]
 // W[r, c] (W [R, d]). H, Hn [N, n, d]; o, ocopy [N, d]; coef: the coefficient scratch
-// (coef_width). Grid ceil(N / kPpTokens), kPpThreads threads, PpShape<NS, PER_ROW>::smem bytes of
-// dynamic shared memory. The products are exact in fp32; the sums run in the mma's order (each
-// warp's k-steps in order; mHC: the two k-halves of the block added at the end), not the GEMM's.
-// A thread's (token, channel) pairs of a chunk go in batches of U: every load before its stores.
+// (coef_width). Requires d % 4 == 0 and H, Hn, o, ocopy 8-byte aligned (8-byte row accesses; W
+// may have any alignment). Grid ceil(N / kPpTokens), kPpThreads threads, PpShape<NS, PER_ROW>::smem
+// bytes of dynamic shared memory. The products are exact in fp32; the sums run in the mma's order
+// (each warp's k-steps in order; mHC: the two k-halves of the block added at the end), not the
+// GEMM's. A thread takes U (token, 4-channel group) slots of a chunk, every load before its stores.
 template <int NS, bool PER_ROW>
 __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn, float* rsn, float* P, bf16* ocopy,
                                                                    const bf16* H, const bf16* o, const float* coef,
@@ -334,14 +339,15 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
     using S = PpShape<NS, PER_ROW>;
     constexpr int C = S::C, R = S::R, NT = S::RP / 8, LDA = S::LDA, KB = S::KB, LDB = S::LDB, MC = S::MC;
     constexpr int CW = 2 * NS + NS * NS;
-    constexpr int PR = kPpTokens * C / kPpThreads;  // (token, channel) pairs per thread and chunk
-    constexpr int U = NS <= 4 ? 4 : 2;              // pairs per batch
+    constexpr int G = C / 4;                        // 4-channel groups per token and chunk
+    constexpr int U = kPpTokens * G / kPpThreads;   // (token, group) slots per thread and chunk
+    [[maybe_unused]] constexpr int KU = NS <= 4 ? NS : 1;  // output streams unrolled (n = 8 unrolled spills)
     constexpr int KS = KB / 16;                     // k-steps per chunk and projected row
     // mHC: warp (m-tile, k-half) over 4 m-tiles of 16 tokens; HC: the 4·n m-tiles of 16 stream rows
     // (row m = token m / n, stream m % n) dealt to the 8 warps in turn, all k-steps each
     constexpr int MTW = PER_ROW ? (4 * NS + 7) / 8 : 1;  // m-tiles per warp
     static_assert(KB % 16 == 0 && (PER_ROW || KS % 2 == 0), "whole k-steps (mHC: an even number)");
-    static_assert(PR % U == 0, "whole batches");
+    static_assert(C % 4 == 0 && kPpTokens * G % kPpThreads == 0, "whole slots per thread");
     extern __shared__ __align__(16) unsigned char pp_smem[];
     bf16* sA = reinterpret_cast<bf16*>(pp_smem);
     bf16* sB = sA + kPpTokens * LDA;
@@ -363,41 +369,54 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
             const int r = e / KB, kk = e % KB, i = kk / C, c = c0 + kk % C;
             sB[r * LDB + kk] = (r < R && c < d) ? W[r * wld + (int64_t)i * d + c] : __float2bfloat16_rn(0.f);
         }
-        // the post-mix of the chunk: pair slot idx = tid + r·kPpThreads is (token idx / C, channel idx % C)
-#pragma unroll 1
-        for (int r0 = 0; r0 < PR; r0 += U) {
-            float h[U][NS];
-            bf16 ov[U];
+        // the post-mix of the chunk: slot idx = tid + u·kPpThreads is (token idx / G, channels
+        // 4·(idx % G) .. +3 of the chunk); all U slots' loads before their stores
+        Bf16x4 ov[U], hv[U][NS];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int idx = tid + (r0 + u) * kPpThreads, c = c0 + idx % C;
-                const int64_t t = t0 + idx / C;
-                const bool in = t < N && c < d;
-                ov[u] = in ? o[t * d + c] : __float2bfloat16_rn(0.f);
+        for (int u = 0; u < U; u++) {
+            const int idx = tid + u * kPpThreads, c = c0 + 4 * (idx % G);
+            const int64_t t = t0 + idx / G;
+            if (t < N && c < d) {  // (d % 4 == 0: a group is wholly in or out)
+                ov[u] = *reinterpret_cast<const Bf16x4*>(o + t * d + c);
 #pragma unroll
-                for (int i = 0; i < NS; i++) h[u][i] = in ? to_f(H[(t * NS + i) * d + c]) : 0.f;
+                for (int i = 0; i < NS; i++) hv[u][i] = *reinterpret_cast<const Bf16x4*>(H + (t * NS + i) * d + c);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    ov[u].v[e] = __float2bfloat16_rn(0.f);
+#pragma unroll
+                    for (int i = 0; i < NS; i++) hv[u][i].v[e] = __float2bfloat16_rn(0.f);
+                }
             }
+        }
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int idx = tid + (r0 + u) * kPpThreads, tt = idx / C, cc = idx % C, c = c0 + cc;
-                const int64_t t = t0 + tt;
-                const bool in = t < N && c < d;
-                if (in && ocopy) ocopy[t * d + c] = ov[u];
-                const float of = to_f(ov[u]);
-                const float* mix = sc + tt * MC;
-                float sq = 0.f;
+        for (int u = 0; u < U; u++) {
+            const int idx = tid + u * kPpThreads, tt = idx / G, cc = 4 * (idx % G), c = c0 + cc;
+            const int64_t t = t0 + tt;
+            const bool in = t < N && c < d;
+            if (in && ocopy) *reinterpret_cast<Bf16x4*>(ocopy + t * d + c) = ov[u];
+            const float* mix = sc + tt * MC;
+            float sq = 0.f;
+#pragma unroll KU
+            for (int k = 0; k < NS; k++) {
+                Bf16x4 out;
+                float sqk = 0.f;
 #pragma unroll
-                for (int k = 0; k < NS; k++) {
-                    const float v = postmix_value<NS>(mix + k * NS, mix[NS * NS + k], of, h[u]);
-                    const bf16 hv = in ? __float2bfloat16_rn(v) : __float2bfloat16_rn(0.f);
-                    if (in) Hn[(t * NS + k) * d + c] = hv;
-                    sA[tt * LDA + k * C + cc] = hv;
-                    const float f = __bfloat162float(hv);
-                    if constexpr (PER_ROW) rss[idx * NS + k] += f * f;
+                for (int e = 0; e < 4; e++) {
+                    float hf[NS];
+#pragma unroll
+                    for (int i = 0; i < NS; i++) hf[i] = __bfloat162float(hv[u][i].v[e]);
+                    const float v = postmix_value<NS>(mix + k * NS, mix[NS * NS + k], __bfloat162float(ov[u].v[e]), hf);
+                    out.v[e] = in ? __float2bfloat16_rn(v) : __float2bfloat16_rn(0.f);
+                    const float f = __bfloat162float(out.v[e]);
+                    if constexpr (PER_ROW) sqk += f * f;
                     else sq += f * f;
                 }
-                if constexpr (!PER_ROW) rss[idx] += sq;
+                if (in) *reinterpret_cast<Bf16x4*>(Hn + (t * NS + k) * d + c) = out;
+                *reinterpret_cast<Bf16x4*>(sA + tt * LDA + k * C + cc) = out;
+                if constexpr (PER_ROW) rss[idx * NS + k] += sqk;
             }
+            if constexpr (!PER_ROW) rss[idx] += sq;
         }
         __syncthreads();
         // P += A·Wᵀ over the chunk
@@ -442,7 +461,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
             const int tt = e / NS, k = e % NS;
             if (t0 + tt >= N) continue;
             float tot = 0.f;
-            for (int cc = 0; cc < C; cc++) tot += rss[(tt * C + cc) * NS + k];
+            for (int g = 0; g < G; g++) tot += rss[(tt * G + g) * NS + k];
             rsn[(t0 + tt) * NS + k] = rms_scale(tot, d, eps);
         }
     } else {
@@ -467,7 +486,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
         }
         if (tid < kPpTokens && t0 + tid < N) {
             float tot = 0.f;
-            for (int cc = 0; cc < C; cc++) tot += rss[tid * C + cc];
+            for (int g = 0; g < G; g++) tot += rss[tid * G + g];
             rsn[t0 + tid] = rms_scale(tot, NS * d, eps);
         }
     }
@@ -499,9 +518,6 @@ struct PnShape {
     // block's P), Mix and b of sublayer j [M, MC], the pre-mix weights [M, n] and the inverse RMS
     // of the new rows [M, n] (mHC: [M])
     LDM_HD static size_t smem(int d) { return red_offset(d) + (red_floats + (size_t)M * MC + 2 * (size_t)M * NS) * sizeof(float); }
-};
-struct alignas(8) Bf16x4 {  // four consecutive bf16 (8-byte loads and stores)
-    bf16 v[4];
 };
 // Two bf16 as one mma operand register (the first in the low half), from any address.
 __device__ __forceinline__ uint32_t pack_pair(bf16 lo, bf16 hi) {
