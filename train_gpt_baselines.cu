@@ -280,8 +280,7 @@ struct GpuHC : GpuScheme<T> {
     // pre-mix dots of input_backward(j-1) in one pass (coef_dots_kernel<Dots::All>): one read of
     // H fewer.
     void input_backward_next(int j, const T* dx, T* d_o_next, cudaStream_t s) override {
-        bool fuse = d_o_next && j > 1 && combine_writes_d_o();
-        dispatch([&](auto NSC) { fuse = fuse && hc_detail::kCombineDo<decltype(NSC)::value>; });
+        const bool fuse = d_o_next && j > 1 && combine_writes_d_o() && hc_detail::combine_do_fits(n_);
         const int tpb = 128;
         const unsigned tb = (unsigned)ceil_div(N_, tpb);
         const float* q = M_ + (int64_t)(j - 1) * block_ + (int64_t)wrows_ * kdim_;

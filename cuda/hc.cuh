@@ -287,6 +287,19 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
     }
 }
 
+// Stages W consecutive coefficients from offset off of the coefficient rows (coef_width(NS) floats
+// per token) of tokens t0 .. t0 + rows − 1 into dst [rows, W] (fp32; zeros for tokens ≥ N), by
+// the block's nthr threads (this one: tid); the caller synchronises before reading dst.
+template <int NS, int W>
+__device__ inline void stage_coef(float* dst, const float* coef, int64_t t0, int rows, int off, int64_t N, int tid,
+                                  int nthr) {
+    constexpr int CW = 2 * NS + NS * NS;
+    for (int e = tid; e < rows * W; e += nthr) {
+        const int64_t t = t0 + e / W;
+        dst[e] = t < N ? coef[t * CW + off + e % W] : 0.f;
+    }
+}
+
 struct alignas(8) Bf16x4 {  // four consecutive bf16 (8-byte loads and stores)
     bf16 v[4];
 };
@@ -338,7 +351,6 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
                                                                    const bf16* W, int N, int d, int ldp, float eps) {
     using S = PpShape<NS, PER_ROW>;
     constexpr int C = S::C, R = S::R, NT = S::RP / 8, LDA = S::LDA, KB = S::KB, LDB = S::LDB, MC = S::MC;
-    constexpr int CW = 2 * NS + NS * NS;
     constexpr int G = C / 4;                        // 4-channel groups per token and chunk
     constexpr int U = kPpTokens * G / kPpThreads;   // (token, group) slots per thread and chunk
     [[maybe_unused]] constexpr int KU = NS <= 4 ? NS : 1;  // output streams unrolled (n = 8 unrolled spills)
@@ -356,10 +368,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
     float* sc = reinterpret_cast<float*>(pp_smem + S::coef_offset);  // [kPpTokens, MC]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int64_t t0 = (int64_t)blockIdx.x * kPpTokens;
-    for (int e = tid; e < kPpTokens * MC; e += kPpThreads) {
-        const int64_t t = t0 + e / MC;
-        sc[e] = t < N ? coef[t * CW + NS + e % MC] : 0.f;
-    }
+    stage_coef<NS, MC>(sc, coef, t0, kPpTokens, NS, N, tid, kPpThreads);  // Mix, then b
     for (int e = tid; e < (int)S::rss_floats; e += kPpThreads) rss[e] = 0.f;  // (before the first chunk's barrier)
     float acc[MTW][NT][4] = {};  // (fp32 mma accumulators)
     const int64_t wld = PER_ROW ? d : (int64_t)NS * d;  // W's row length
@@ -544,7 +553,7 @@ __global__ void __launch_bounds__(kPnThreads, PER_ROW && NS <= 4 ? 3 : 2) postmi
     const float* coef, const bf16* W, const float* q, const bf16* wn, int N, int d, int ldp, float eps, float eps_n) {
     using S = PnShape<NS, PER_ROW>;
     constexpr int M = S::M, R = S::R, RP = S::RP, NT = S::NT, MT = S::MT, ROWS = S::ROWS, MC = S::MC;
-    constexpr int CW = 2 * NS + NS * NS, U = NS <= 4 ? 2 : 1;
+    constexpr int U = NS <= 4 ? 2 : 1;
     const int DP = S::dp(d), LDH = DP + 8;
     extern __shared__ __align__(16) unsigned char pn_smem[];
     bf16* sH = reinterpret_cast<bf16*>(pn_smem);
@@ -554,10 +563,7 @@ __global__ void __launch_bounds__(kPnThreads, PER_ROW && NS <= 4 ? 3 : 2) postmi
     float* sr = sa + M * NS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int64_t t0 = (int64_t)blockIdx.x * M;
-    for (int e = tid; e < M * MC; e += kPnThreads) {
-        const int64_t t = t0 + e / MC;
-        sc[e] = t < N ? coef[t * CW + NS + e % MC] : 0.f;
-    }
+    stage_coef<NS, MC>(sc, coef, t0, M, NS, N, tid, kPnThreads);  // Mix, then b
     for (int e = tid; e < M * NS * (DP - d); e += kPnThreads)  // the k-steps' padding channels
         sH[(e / (DP - d)) * LDH + d + e % (DP - d)] = __float2bfloat16_rn(0.f);
     __syncthreads();
@@ -947,8 +953,9 @@ constexpr int kCombineBlocks = 256;
 // Whether the combine kernels can also write dL/do_{j-1} (d_o, from the stream gradient they write
 // and the previous sublayer's H_post / B): n <= 4, where the tile's staged values (kCombineTokens ×
 // n × kCombineChannels floats, 32 KiB) fit the static shared memory beside the rest.
+LDM_HD constexpr bool combine_do_fits(int n) { return n <= 4; }
 template <int NS>
-constexpr bool kCombineDo = NS <= 4;
+constexpr bool kCombineDo = combine_do_fits(NS);
 
 // The combine kernels' d_o for one tile of nt tokens and the block's channels c0 .. c0 + CB − 1:
 // d_o[t, c] = Σ_k b_k dHp[t, k, c] in k order (coef_dots_kernel<Dots::Post>'s expression), from the
@@ -992,7 +999,7 @@ template <typename T, int NS>
 __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
     mhc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* Phi, const T* H,
                        const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
-    constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
+    constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), NM = NS + NS * NS;
     constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
     constexpr int DT = kCombineDo<NS> ? TB : 1;  // (the d_o staging exists where kCombineDo)
     __shared__ float dps[TB][R];
@@ -1014,10 +1021,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
         const int nt = (int)(N - t0 < TB ? N - t0 : TB);
         __syncthreads();  // the previous tile's readers are done with the staging arrays
         for (int e = tid; e < nt * R; e += nthr) dps[e / R][e % R] = to_f(dPp[(t0 + e / R) * L + e % R]);
-        for (int e = tid; e < nt * NM; e += nthr) cfs[e / NM][e % NM] = coef[(t0 + e / NM) * CW + e % NM];
+        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
         for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            for (int e = tid; e < nt * NS; e += nthr) bps[e / NS][e % NS] = coefp[(t0 + e / NS) * CW + NS + NS * NS + e % NS];
+            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
         for (int u0 = 0; live && u0 < nt; u0 += U) {
             // every load of U tokens before the first store (the pointers may alias as far as
@@ -1085,7 +1092,7 @@ template <typename T, int NS>
 __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
     hc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* W, const T* H,
                       const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
-    constexpr int m = NS + 2, L = proj_ld(m), CW = 2 * NS + NS * NS, NM = NS + NS * NS;
+    constexpr int m = NS + 2, L = proj_ld(m), NM = NS + NS * NS;
     constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
     constexpr int DT = kCombineDo<NS> ? TB : 1;
     __shared__ float dps[TB][NS][m];
@@ -1111,10 +1118,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
             const int tl = x / (NS * m), k = x / m % NS, e = x % m;
             dps[tl][k][e] = to_f(dPp[((t0 + tl) * NS + k) * L + e]);
         }
-        for (int x = tid; x < nt * NM; x += nthr) cfs[x / NM][x % NM] = coef[(t0 + x / NM) * CW + x % NM];
+        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
         for (int x = tid; x < nt * NS; x += nthr) bts[x / NS][x % NS] = beta[t0 * NS + x];
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            for (int x = tid; x < nt * NS; x += nthr) bps[x / NS][x % NS] = coefp[(t0 + x / NS) * CW + NS + NS * NS + x % NS];
+            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
         for (int u0 = 0; live && u0 < nt; u0 += U) {
             // every load of U tokens before the first store (the pointers may alias as far as
