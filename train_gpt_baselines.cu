@@ -354,6 +354,9 @@ struct GpuHC : GpuScheme<T> {
     // Whether stream_gradient's kernel writes dL/do_{j-1} when comb_do_ is set (production's
     // combine; the workbench's earlier paths do not).
     virtual bool combine_writes_d_o() const { return true; }
+    // Whether the combine kernel stages G, dx and H through cp.async where combine_staged() allows
+    // (production; the workbench's "*-combine-direct" variants load them directly).
+    virtual bool staged_combine() const { return true; }
     // Whether output(j < D) runs the post-mix fused with sublayer j+1's projection (bf16: the
     // tensor-core kernel needs bf16 operands; fp32 runs keep post-mix + GEMM).
     virtual bool fused_projection() const { return std::is_same<T, bf16>::value; }
@@ -473,14 +476,19 @@ struct GpuHC : GpuScheme<T> {
             dim3 grid = hc_detail::combine_grid<NS>(N_, d_);
             if (max_slices > 0) grid.y = std::min(grid.y, max_slices);
             const dim3 block(hc_detail::kCombineChannels<NS>, NS);
-            if (mhc_)
-                hc_detail::mhc_combine_kernel<T, NS><<<grid, block, 0, s>>>(dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W,
-                                                                          H(j - 1), coef_.ptr, beta_.ptr, comb_do_,
-                                                                          coefp_.ptr, N_, d_);
-            else
-                hc_detail::hc_combine_kernel<T, NS><<<grid, block, 0, s>>>(dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W,
-                                                                         H(j - 1), coef_.ptr, beta_.ptr, comb_do_,
-                                                                         coefp_.ptr, N_, d_);
+            auto launch = [&](auto kern, size_t ring) {
+                if (ring > 0) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ring));
+                kern<<<grid, block, ring, s>>>(dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr,
+                                               beta_.ptr, comb_do_, coefp_.ptr, N_, d_);
+            };
+            constexpr size_t ring = hc_detail::CombineSource<T, NS, true>::ring_bytes;
+            if (staged_combine() && hc_detail::combine_staged<T>(d_, dH_.ptr, dx, H(j - 1))) {
+                if (mhc_) launch(hc_detail::mhc_combine_kernel<T, NS, true>, ring);
+                else launch(hc_detail::hc_combine_kernel<T, NS, true>, ring);
+            } else {
+                if (mhc_) launch(hc_detail::mhc_combine_kernel<T, NS, false>, 0);
+                else launch(hc_detail::hc_combine_kernel<T, NS, false>, 0);
+            }
             LDM_LAUNCH_CHECK();
             const int64_t E = (int64_t)wrows_ * kdim_;
             hc_detail::dw_slices_reduce_kernel<<<hc_detail::grid_1d(E, 256), 256, 0, s>>>(gW, dWp_.ptr, E,

@@ -52,6 +52,7 @@
 
 #include "core/config.h"
 #include "cuda/common.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/scheme.cuh"
 #include "cpu/scheme_hc.h"
@@ -288,16 +289,14 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
 }
 
 // Stages W consecutive coefficients from offset off of the coefficient rows (coef_width(NS) floats
-// per token) of tokens t0 .. t0 + rows − 1 into dst [rows, W] (fp32; zeros for tokens ≥ N), by
-// the block's nthr threads (this one: tid); the caller synchronises before reading dst.
+// per token) of tokens t0 .. t0 + valid − 1 into dst [rows, W] (fp32; rows valid .. rows − 1
+// zero), by the block's nthr threads (this one: tid); the caller synchronises before reading dst.
 template <int NS, int W>
-__device__ inline void stage_coef(float* dst, const float* coef, int64_t t0, int rows, int off, int64_t N, int tid,
+__device__ inline void stage_coef(float* dst, const float* coef, int64_t t0, int rows, int valid, int off, int tid,
                                   int nthr) {
     constexpr int CW = 2 * NS + NS * NS;
-    for (int e = tid; e < rows * W; e += nthr) {
-        const int64_t t = t0 + e / W;
-        dst[e] = t < N ? coef[t * CW + off + e % W] : 0.f;
-    }
+    for (int e = tid; e < valid * W; e += nthr) dst[e] = coef[(t0 + e / W) * CW + off + e % W];
+    for (int e = valid * W + tid; e < rows * W; e += nthr) dst[e] = 0.f;
 }
 
 struct alignas(8) Bf16x4 {  // four consecutive bf16 (8-byte loads and stores)
@@ -368,7 +367,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
     float* sc = reinterpret_cast<float*>(pp_smem + S::coef_offset);  // [kPpTokens, MC]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int64_t t0 = (int64_t)blockIdx.x * kPpTokens;
-    stage_coef<NS, MC>(sc, coef, t0, kPpTokens, NS, N, tid, kPpThreads);  // Mix, then b
+    stage_coef<NS, MC>(sc, coef, t0, kPpTokens, (int)min((int64_t)kPpTokens, N - t0), NS, tid, kPpThreads);  // Mix, then b
     for (int e = tid; e < (int)S::rss_floats; e += kPpThreads) rss[e] = 0.f;  // (before the first chunk's barrier)
     float acc[MTW][NT][4] = {};  // (fp32 mma accumulators)
     const int64_t wld = PER_ROW ? d : (int64_t)NS * d;  // W's row length
@@ -563,7 +562,7 @@ __global__ void __launch_bounds__(kPnThreads, PER_ROW && NS <= 4 ? 3 : 2) postmi
     float* sr = sa + M * NS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int64_t t0 = (int64_t)blockIdx.x * M;
-    stage_coef<NS, MC>(sc, coef, t0, M, NS, N, tid, kPnThreads);  // Mix, then b
+    stage_coef<NS, MC>(sc, coef, t0, M, (int)min((int64_t)M, N - t0), NS, tid, kPnThreads);  // Mix, then b
     for (int e = tid; e < M * NS * (DP - d); e += kPnThreads)  // the k-steps' padding channels
         sH[(e / (DP - d)) * LDH + d + e % (DP - d)] = __float2bfloat16_rn(0.f);
     __syncthreads();
@@ -978,6 +977,91 @@ __device__ inline void combine_do_tile(T* d_o, const float (&bps)[DT][NS], const
     }
 }
 
+// Where the combine kernels' per-token values G[t, k, c] (k < n), dx[t, c] and H[t, i, c] come from.
+// STAGED (d·sizeof(T) % 16 == 0 and G, dx, H 16-byte aligned: combine_staged): the block's
+// channels of them are copied to shared memory with cp.async, kCombineStages − 1 sub-tiles of
+// kCombineSub tokens ahead of the one being combined, so that a block keeps about 18 KiB (bf16,
+// n = 4) of loads in flight without holding them in registers (the direct loads, U tokens at a
+// time, kept about 2.3 KiB per block in flight). Else: direct loads from global memory. The values,
+// and so the results, are the same either way.
+// Ring layout (dynamic shared memory, ring_bytes): [kCombineStages][kCombineSub tokens][2n + 1
+// rows: G_0 .. G_{n-1}, dx, H_0 .. H_{n-1}][kCombineChannels] of T. Sub-tile s of a block is part
+// s % SPT of its tile s / SPT (the tiles of slice blockIdx.y, as the kernels walk them).
+constexpr int kCombineSub = 8;     // tokens per sub-tile (a multiple of the kernels' U = 2)
+constexpr int kCombineStages = 3;  // ring slots: 2 sub-tiles in flight while one is combined
+template <typename T, int NS, bool STAGED>
+struct CombineSource {
+    static constexpr int CB = kCombineChannels<NS>, ROWS = 2 * NS + 1, ST = kCombineSub, S = kCombineStages;
+    static constexpr int V = 16 / (int)sizeof(T), CH = CB / V, SPT = kCombineTokens / ST;
+    static_assert(kCombineTokens % ST == 0 && CB % V == 0, "whole sub-tiles and 16-byte chunks");
+    static constexpr size_t slot_elems = (size_t)ST * ROWS * CB;
+    static constexpr size_t ring_bytes = STAGED ? S * slot_elems * sizeof(T) : 0;
+    T* ring;
+    const T *G, *dx, *H;
+    int64_t N, nd;
+    int d, c0, tid, nthr;
+    const T* cur = nullptr;  // the slot of the sub-tile being combined (STAGED)
+
+    // The first token of sub-tile s of this block.
+    __device__ int64_t sub_start(int64_t s) const {
+        return ((int64_t)blockIdx.y + s / SPT * (int64_t)gridDim.y) * kCombineTokens + s % SPT * ST;
+    }
+    // Issues sub-tile s's copies into slot s % S (none past token N or channel d) and commits them.
+    __device__ void prefetch(int64_t s) {
+        const int64_t tok0 = sub_start(s);
+        T* slot = ring + (s % S) * slot_elems;
+        for (int e = tid; e < ST * ROWS * CH; e += nthr) {
+            const int u = e / (ROWS * CH), r = e / CH % ROWS, q = e % CH, c = c0 + q * V;
+            const int64_t t = tok0 + u;
+            if (t >= N || c >= d) continue;  // (d % V == 0: a chunk is wholly in or out; never read)
+            const T* src = r < NS ? G + t * nd + (int64_t)r * d + c
+                                  : (r == NS ? dx + t * d + c : H + t * nd + (int64_t)(r - NS - 1) * d + c);
+            cp_async_16(slot + ((size_t)u * ROWS + r) * CB + q * V, src, true);
+        }
+        cp_async_commit();
+    }
+    // Before the block's first tile: the first S − 1 sub-tiles in flight.
+    __device__ void begin() {
+        if constexpr (STAGED)
+            for (int s = 0; s < S - 1; s++) prefetch(s);
+    }
+    // Before combining sub-tile s (every thread of the block; a barrier): waits for its copies,
+    // then issues sub-tile s + S − 1's into the slot that sub-tile s − 1 used.
+    __device__ void enter(int64_t s) {
+        if constexpr (STAGED) {
+            cp_async_wait<S - 2>();
+            __syncthreads();  // every thread's copies of s landed; every reader of s − 1 done
+            prefetch(s + S - 1);
+            cur = ring + (s % S) * slot_elems;
+        }
+    }
+    // Token t (tl within its tile) at this thread's channel c (lane x of the block's channels), stream i.
+    __device__ void load(int64_t t, int tl, int x, int c, int i, float (&g)[NS], float& dxv, float& h) const {
+        if constexpr (STAGED) {
+            const T* b = cur + (size_t)(tl % ST) * ROWS * CB + x;
+#pragma unroll
+            for (int k = 0; k < NS; k++) g[k] = to_f(b[k * CB]);
+            dxv = to_f(b[NS * CB]);
+            h = to_f(b[(NS + 1 + i) * CB]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < NS; k++) g[k] = to_f(G[t * nd + (int64_t)k * d + c]);
+            dxv = to_f(dx[t * d + c]);
+            h = to_f(H[t * nd + (int64_t)i * d + c]);
+        }
+    }
+    // After the last tile: no copy left pending at exit (the ring's trailing sub-tiles are empty).
+    __device__ void end() {
+        if constexpr (STAGED) cp_async_wait<0>();
+    }
+};
+// Whether the combine kernels can stage through cp.async at this d and these operands.
+template <typename T>
+inline bool combine_staged(int d, const void* G, const void* dx, const void* H) {
+    auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return (int64_t)d * (int64_t)sizeof(T) % 16 == 0 && a16(G) && a16(dx) && a16(H);
+}
+
 // mHC backward combine (input_backward) with the stream projection's input and weight gradients
 // formed in the kernel:
 //   dHp[t, i, c] = Σ_k Mix[k,i] G[t, k, c] + a_i dx[t, c] + dZ[t, i, c] − β_t H[t, i, c]  (written, T),
@@ -995,7 +1079,7 @@ __device__ inline void combine_do_tile(T* d_o, const float (&bps)[DT][NS], const
 // dHp as stored, with coef_dots_kernel<Dots::Post>'s expression and order, so that output_backward(j-1)
 // need not read dHp back (combine_do_tile).
 // Grid combine_grid (grid.y strides over the token tiles); block (kCombineChannels<NS>, NS).
-template <typename T, int NS>
+template <typename T, int NS, bool STAGED>
 __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
     mhc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* Phi, const T* H,
                        const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
@@ -1017,49 +1101,55 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
         phi[r] = live ? to_f(Phi[r * nd + (int64_t)i * d + c]) : 0.f;
         dw[r] = 0.f;
     }
-    for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB) {
+    using Src = CombineSource<T, NS, STAGED>;
+    extern __shared__ __align__(16) unsigned char comb_ring[];
+    Src src{reinterpret_cast<T*>(comb_ring), G, dx, H, N, nd, d, (int)blockIdx.x * CB, tid, nthr};
+    src.begin();
+    int64_t sub0 = 0;  // the block's sub-tile index of this tile's first token
+    for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB, sub0 += Src::SPT) {
         const int nt = (int)(N - t0 < TB ? N - t0 : TB);
         __syncthreads();  // the previous tile's readers are done with the staging arrays
         for (int e = tid; e < nt * R; e += nthr) dps[e / R][e % R] = to_f(dPp[(t0 + e / R) * L + e % R]);
-        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
+        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, nt, 0, tid, nthr);
         for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
+            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, nt, NS + NS * NS, tid, nthr);
         __syncthreads();
-        for (int u0 = 0; live && u0 < nt; u0 += U) {
-            // every load of U tokens before the first store (the pointers may alias as far as
-            // the compiler knows)
-            float g[U][NS], dxv[U], hl[U];
+        for (int s0 = 0; s0 < nt; s0 += Src::ST) {  // sub-tiles (every thread: src.enter has a barrier)
+            src.enter(sub0 + s0 / Src::ST);
+            const int se = nt - s0 < Src::ST ? nt : s0 + Src::ST;
+            for (int u0 = s0; live && u0 < se; u0 += U) {
+                // every load of U tokens before the first store (the pointers may alias as far as
+                // the compiler knows)
+                float g[U][NS], dxv[U], hl[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u0 + u >= nt) break;
-                const int64_t t = t0 + u0 + u;
-#pragma unroll
-                for (int k = 0; k < NS; k++) g[u][k] = to_f(G[t * nd + (int64_t)k * d + c]);
-                dxv[u] = to_f(dx[t * d + c]);
-                hl[u] = to_f(H[t * nd + (int64_t)i * d + c]);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u0 + u >= nt) break;
-                const int tl = u0 + u;
-                float v = cfs[tl][i] * dxv[u];
-#pragma unroll
-                for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
-                float z = 0.f;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    z += dps[tl][r] * phi[r];
-                    dw[r] += dps[tl][r] * hl[u];
+                for (int u = 0; u < U; u++) {
+                    if (u0 + u >= se) break;
+                    src.load(t0 + u0 + u, u0 + u, threadIdx.x, c, i, g[u], dxv[u], hl[u]);
                 }
-                v += z - bts[tl] * hl[u];
-                const T hv = from_f<T>(v);
-                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
-                if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (u0 + u >= se) break;
+                    const int tl = u0 + u;
+                    float v = cfs[tl][i] * dxv[u];
+#pragma unroll
+                    for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
+                    float z = 0.f;
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        z += dps[tl][r] * phi[r];
+                        dw[r] += dps[tl][r] * hl[u];
+                    }
+                    v += z - bts[tl] * hl[u];
+                    const T hv = from_f<T>(v);
+                    dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
+                    if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+                }
             }
         }
         if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
+    src.end();
     if (live) {
         float* out = dWp + (int64_t)blockIdx.y * R * nd + (int64_t)i * d + c;
 #pragma unroll
@@ -1088,7 +1178,7 @@ inline dim3 combine_grid(int N, int d) {
 // a Matmul GEMM dW_j += dPpᵀ·H_{j-1}, which read H_{j-1} once more. d_o, coefp: as in
 // mhc_combine_kernel (b = the previous sublayer's B). Grid combine_grid (grid.y strides over the
 // token tiles); block (kCombineChannels<NS>, NS).
-template <typename T, int NS>
+template <typename T, int NS, bool STAGED>
 __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
     hc_combine_kernel(T* dHp, float* dWp, const T* G, const T* dx, const T* dPp, const T* W, const T* H,
                       const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
@@ -1111,52 +1201,58 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
         w[e] = live ? to_f(W[(int64_t)e * d + c]) : 0.f;
         dw[e] = 0.f;
     }
-    for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB) {
+    using Src = CombineSource<T, NS, STAGED>;
+    extern __shared__ __align__(16) unsigned char comb_ring[];
+    Src src{reinterpret_cast<T*>(comb_ring), G, dx, H, N, nd, d, (int)blockIdx.x * CB, tid, nthr};
+    src.begin();
+    int64_t sub0 = 0;  // the block's sub-tile index of this tile's first token
+    for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB, sub0 += Src::SPT) {
         const int nt = (int)(N - t0 < TB ? N - t0 : TB);
         __syncthreads();  // the previous tile's readers are done with the staging arrays
         for (int x = tid; x < nt * NS * m; x += nthr) {
             const int tl = x / (NS * m), k = x / m % NS, e = x % m;
             dps[tl][k][e] = to_f(dPp[((t0 + tl) * NS + k) * L + e]);
         }
-        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
+        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, nt, 0, tid, nthr);
         for (int x = tid; x < nt * NS; x += nthr) bts[x / NS][x % NS] = beta[t0 * NS + x];
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
+            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, nt, NS + NS * NS, tid, nthr);
         __syncthreads();
-        for (int u0 = 0; live && u0 < nt; u0 += U) {
-            // every load of U tokens before the first store (the pointers may alias as far as
-            // the compiler knows)
-            float g[U][NS], dxv[U], hl[U];
+        for (int s0 = 0; s0 < nt; s0 += Src::ST) {  // sub-tiles (every thread: src.enter has a barrier)
+            src.enter(sub0 + s0 / Src::ST);
+            const int se = nt - s0 < Src::ST ? nt : s0 + Src::ST;
+            for (int u0 = s0; live && u0 < se; u0 += U) {
+                // every load of U tokens before the first store (the pointers may alias as far as
+                // the compiler knows)
+                float g[U][NS], dxv[U], hl[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u0 + u >= nt) break;
-                const int64_t t = t0 + u0 + u;
-#pragma unroll
-                for (int k = 0; k < NS; k++) g[u][k] = to_f(G[t * nd + (int64_t)k * d + c]);
-                dxv[u] = to_f(dx[t * d + c]);
-                hl[u] = to_f(H[t * nd + (int64_t)i * d + c]);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u0 + u >= nt) break;
-                const int tl = u0 + u;
-                float v = cfs[tl][i] * dxv[u];
-#pragma unroll
-                for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
-                float z = 0.f;
-#pragma unroll
-                for (int e = 0; e < m; e++) {
-                    z += dps[tl][i][e] * w[e];
-                    dw[e] += dps[tl][i][e] * hl[u];
+                for (int u = 0; u < U; u++) {
+                    if (u0 + u >= se) break;
+                    src.load(t0 + u0 + u, u0 + u, threadIdx.x, c, i, g[u], dxv[u], hl[u]);
                 }
-                v += z - bts[tl][i] * hl[u];
-                const T hv = from_f<T>(v);
-                dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
-                if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (u0 + u >= se) break;
+                    const int tl = u0 + u;
+                    float v = cfs[tl][i] * dxv[u];
+#pragma unroll
+                    for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
+                    float z = 0.f;
+#pragma unroll
+                    for (int e = 0; e < m; e++) {
+                        z += dps[tl][i][e] * w[e];
+                        dw[e] += dps[tl][i][e] * hl[u];
+                    }
+                    v += z - bts[tl][i] * hl[u];
+                    const T hv = from_f<T>(v);
+                    dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
+                    if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+                }
             }
         }
         if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
+    src.end();
 #pragma unroll
     for (int e = 0; e < m; e++) red[i][e][threadIdx.x] = dw[e];
     __syncthreads();

@@ -1,6 +1,6 @@
 // dev/cuda/attention_pipelined.cuh — workbench variant "mma-pipe" of the bf16 tensor-core attention
 // of cuda/attention.cuh (same contract, layouts and deterministic dQ / dK-dV decomposition; doc/cuda.md
-// "Attention kernels"): global -> shared loads are cp.async multi-stage pipelines (dev/cuda/cp_async.cuh;
+// "Attention kernels"): global -> shared loads are cp.async multi-stage pipelines (cuda/cp_async.cuh;
 // the next K/V tile, or Q/dO tile in dK/dV, lands while the current one is computed, one barrier per
 // tile), the causal mask is applied only on the tiles that cross the diagonal (per warp; tiles entirely
 // above it are skipped), logits stay unscaled until one FFMA inside exp2 (pre-scaled by scale·log2e),
@@ -9,7 +9,7 @@
 // Checked by dev/cuda/attention.cu and, under dev/emu, by test/test_emu_attention.cpp.
 #pragma once
 #include "cuda/attention.cuh"
-#include "dev/cuda/cp_async.cuh"
+#include "cuda/cp_async.cuh"
 
 namespace ldm {
 namespace gpu {

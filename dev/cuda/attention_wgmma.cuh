@@ -5,13 +5,13 @@
 // with an online softmax in log2 units. Backward: D from the production rowdot, then a dK/dV kernel
 // over key blocks (Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q) and a dQ kernel over query
 // blocks (S, dP, dQ += dS·K): every dqkv element written once, no atomics. Streamed tiles come
-// through cp.async pipelines (dev/cuda/cp_async.cuh) as in mma-pipe; the causal mask only on tiles
+// through cp.async pipelines (cuda/cp_async.cuh) as in mma-pipe; the causal mask only on tiles
 // that cross the diagonal, fully masked tiles skipped per warpgroup. hd 64 / 128, bf16, compute
 // capability 9.0 built for sm_90a. Checked by dev/cuda/attention.cu and, under dev/emu, by
 // test/test_emu_attention.cpp.
 #pragma once
 #include "cuda/attention.cuh"
-#include "dev/cuda/cp_async.cuh"
+#include "cuda/cp_async.cuh"
 #include "dev/cuda/wgmma.cuh"
 
 namespace ldm {

@@ -8,13 +8,17 @@
 // dev/cuda/hc_variants.cuh) and for the earlier forward ("hc-gemm-proj", "mhc-gemm-proj": the
 // post-mix, then the next sublayer's projection by a GEMM; bf16 production fuses them, fp32
 // production is this) and for the forward's pre-mix ("hc-premix-split": HC with the pre-mix in its
-// own pass, as mHC; "mhc-premix-fused": mHC with the post-mix + pre-mix kernel, as HC); the fused
+// own pass, as mHC; "mhc-premix-fused": mHC with the post-mix + pre-mix kernel, as HC) and for the
+// combine kernel's loads ("hc-combine-direct", "mhc-combine-direct": from global memory, not
+// staged through cp.async; bit for bit production's results); the fused
 // post-mix + projection and post-mix + pre-mix kernels on their own, and the deferred output's
 // misuse errors; then the forward+backward time of all D sublayers at N = 16384, d = 1024, D = 48,
 // n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: hc [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 
 #define TESTING  // the trainer file without its main()
 #include "train_gpt_baselines.cu"
@@ -62,14 +66,26 @@ struct PremixToggle : GpuHC<T> {
     bool on_;
 };
 
-enum class Variant {
-    HC, HcTwoSlices, HcGemmDw, HcGemmProj, HcPremixSplit,
-    MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz, MhcGemmProj, MhcPremixFused
+// HC / mHC with the combine kernel's G, dx and H loaded directly from global memory instead of
+// staged through cp.async (production before the staging, and production where combine_staged
+// does not hold; "hc-combine-direct", "mhc-combine-direct"): the same values, bit for bit.
+template <typename T>
+struct CombineDirect : GpuHC<T> {
+    CombineDirect(const ModelConfig& cfg, bool manifold) : GpuHC<T>(cfg, manifold) {}
+
+   protected:
+    bool staged_combine() const override { return false; }
 };
-constexpr Variant kVariants[] = {Variant::HC,          Variant::HcTwoSlices,  Variant::HcGemmDw,
-                                 Variant::HcGemmProj,  Variant::HcPremixSplit, Variant::MHC,
-                                 Variant::MhcTwoSlices, Variant::MhcGemmDw,   Variant::MhcGemmDz,
-                                 Variant::MhcGemmProj, Variant::MhcPremixFused};
+
+enum class Variant {
+    HC, HcTwoSlices, HcGemmDw, HcGemmProj, HcPremixSplit, HcCombineDirect,
+    MHC, MhcTwoSlices, MhcGemmDw, MhcGemmDz, MhcGemmProj, MhcPremixFused, MhcCombineDirect
+};
+constexpr Variant kVariants[] = {Variant::HC,          Variant::HcTwoSlices,   Variant::HcGemmDw,
+                                 Variant::HcGemmProj,  Variant::HcPremixSplit, Variant::HcCombineDirect,
+                                 Variant::MHC,         Variant::MhcTwoSlices,  Variant::MhcGemmDw,
+                                 Variant::MhcGemmDz,   Variant::MhcGemmProj,   Variant::MhcPremixFused,
+                                 Variant::MhcCombineDirect};
 inline bool is_mhc(Variant v) { return v >= Variant::MHC; }
 inline bool checks_only(Variant v) { return v == Variant::HcTwoSlices || v == Variant::MhcTwoSlices; }
 inline const char* label(Variant v) {
@@ -79,12 +95,14 @@ inline const char* label(Variant v) {
         case Variant::HcGemmDw: return "hc-gemm-dw";
         case Variant::HcGemmProj: return "hc-gemm-proj";
         case Variant::HcPremixSplit: return "hc-premix-split";
+        case Variant::HcCombineDirect: return "hc-combine-direct";
         case Variant::MHC: return "mhc";
         case Variant::MhcTwoSlices: return "mhc-2slices";
         case Variant::MhcGemmDw: return "mhc-gemm-dw";
         case Variant::MhcGemmDz: return "mhc-gemm-dz";
         case Variant::MhcGemmProj: return "mhc-gemm-proj";
         case Variant::MhcPremixFused: return "mhc-premix-fused";
+        case Variant::MhcCombineDirect: return "mhc-combine-direct";
     }
     return "?";
 }
@@ -102,6 +120,8 @@ static wb::Factory<T> factory(Variant v) {
             case Variant::MhcGemmProj: return std::unique_ptr<GpuScheme<T>>(new GemmProj<T>(c, true));
             case Variant::HcPremixSplit: return std::unique_ptr<GpuScheme<T>>(new PremixToggle<T>(c, false, false));
             case Variant::MhcPremixFused: return std::unique_ptr<GpuScheme<T>>(new PremixToggle<T>(c, true, true));
+            case Variant::HcCombineDirect: return std::unique_ptr<GpuScheme<T>>(new CombineDirect<T>(c, false));
+            case Variant::MhcCombineDirect: return std::unique_ptr<GpuScheme<T>>(new CombineDirect<T>(c, true));
             default: return std::unique_ptr<GpuScheme<T>>(new GpuHC<T>(c, is_mhc(v)));
         }
     };
@@ -375,10 +395,28 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
         }
     for (size_t k = 0; k < cases.size(); k++) {
         if (quick && k == cases.size() - 1) break;
-        for (Variant v : kVariants) {
+        std::vector<float> got[std::size(kVariants)];
+        for (size_t vi = 0; vi < std::size(kVariants); vi++) {
+            const Variant v = kVariants[vi];
             const bool m = is_mhc(v);
             ok &= wb::check_scheme<T>("hc", m ? "mhc" : "hc", cases[k].shape, factory<T>(v), tol_act, tol_grad,
-                                      cases[k].seed, m ? 0.1 : 0.3, label(v));
+                                      cases[k].seed, m ? 0.1 : 0.3, label(v), &got[vi]);
+        }
+        // The staged combine (production where d·sizeof(T) % 16 == 0) moves the values the direct
+        // loads read, into the same expressions: every result bit for bit the same.
+        for (const auto& pr : {std::make_pair(Variant::HC, Variant::HcCombineDirect),
+                               std::make_pair(Variant::MHC, Variant::MhcCombineDirect)}) {
+            const auto idx = [](Variant v) { return (size_t)(std::find(std::begin(kVariants), std::end(kVariants), v) -
+                                                              std::begin(kVariants)); };
+            const std::vector<float>& a = got[idx(pr.first)];
+            const std::vector<float>& b = got[idx(pr.second)];
+            const bool same = a.size() == b.size() && !a.empty() &&
+                              std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+            std::printf("CHECK hc %s.bitwise=%s %s %s staged=%d %s\n", label(pr.second), label(pr.first),
+                        dtype_name<T>(), cases[k].shape.str().c_str(),
+                        (int)((int64_t)cases[k].shape.d * (int64_t)sizeof(T) % 16 == 0),
+                        same ? "PASS" : "FAIL  (not bit for bit the same)");
+            ok &= same;
         }
     }
     return ok;
@@ -410,7 +448,8 @@ static void run_bench() {
         if (premix && std::is_same<T, bf16>::value) own -= n;
         double part = 0;
         if (v == Variant::HC || v == Variant::MHC || v == Variant::HcGemmProj || v == Variant::MhcGemmProj ||
-            v == Variant::HcPremixSplit || v == Variant::MhcPremixFused) {
+            v == Variant::HcPremixSplit || v == Variant::MhcPremixFused || v == Variant::HcCombineDirect ||
+            v == Variant::MhcCombineDirect) {
             const double wsize = is_mhc(v) ? (2 * n + n * n) * n * d : (n + 2) * d;
             const double slices = hc_detail::combine_grid<4>(big.B * big.T, (int)d).y;
             part = 2 * slices * wsize * 4 / (big.B * big.T);

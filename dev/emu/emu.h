@@ -1680,7 +1680,7 @@ inline cudaError_t device_props_(cudaDeviceProp* p, int) {
 #ifndef EMU_HOST_ldsm_trans
 #define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
 #endif
-// dev/cuda/cp_async.cuh
+// cuda/cp_async.cuh
 #ifndef EMU_HOST_cp_async_16
 #define EMU_HOST_cp_async_16 ::emu::cp_async(dst, src, 16, valid ? 16 : 0)
 #endif

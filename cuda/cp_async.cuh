@@ -1,5 +1,6 @@
-// dev/cuda/cp_async.cuh — asynchronous global -> shared copies (PTX cp.async, sm_80+) for the
-// workbench kernels (dev/cuda/attention_pipelined.cuh). A thread issues copies, groups the ones
+// cuda/cp_async.cuh — asynchronous global -> shared copies (PTX cp.async, sm_80+): the HC / mHC
+// combine kernels' staging (cuda/hc.cuh) and the workbench's pipelined attention
+// (dev/cuda/attention_pipelined.cuh, attention_wgmma.cuh). A thread issues copies, groups the ones
 // issued so far with cp_async_commit(), and cp_async_wait<N>() blocks it until all but its N most
 // recent groups have landed; other threads see the data only after a barrier that follows the
 // wait. Until then the destination bytes are undefined (dev/emu poisons them at issue and writes
