@@ -289,14 +289,18 @@ __global__ void postmix_kernel(T* Hn, float* rsn, T* ocopy, const T* H, const T*
 }
 
 // Stages W consecutive coefficients from offset off of the coefficient rows (coef_width(NS) floats
-// per token) of tokens t0 .. t0 + valid − 1 into dst [rows, W] (fp32; rows valid .. rows − 1
-// zero), by the block's nthr threads (this one: tid); the caller synchronises before reading dst.
-template <int NS, int W>
-__device__ inline void stage_coef(float* dst, const float* coef, int64_t t0, int rows, int valid, int off, int tid,
+// per token) of tokens t0 .. t0 + rows − 1 into dst [rows, W] (fp32), by the block's nthr threads
+// (this one: tid); the caller synchronises before reading dst. TAIL: rows of tokens ≥ N are
+// zeros; else the caller guarantees t0 + rows ≤ N (no test per element: in the combine kernels
+// that test cost a spill).
+template <int NS, int W, bool TAIL>
+__device__ inline void stage_coef(float* dst, const float* coef, int64_t t0, int rows, int off, int64_t N, int tid,
                                   int nthr) {
     constexpr int CW = 2 * NS + NS * NS;
-    for (int e = tid; e < valid * W; e += nthr) dst[e] = coef[(t0 + e / W) * CW + off + e % W];
-    for (int e = valid * W + tid; e < rows * W; e += nthr) dst[e] = 0.f;
+    for (int e = tid; e < rows * W; e += nthr) {
+        const int64_t t = t0 + e / W;
+        dst[e] = !TAIL || t < N ? coef[t * CW + off + e % W] : 0.f;
+    }
 }
 
 struct alignas(8) Bf16x4 {  // four consecutive bf16 (8-byte loads and stores)
@@ -367,7 +371,7 @@ __global__ void __launch_bounds__(kPpThreads, 2) postmix_project_kernel(bf16* Hn
     float* sc = reinterpret_cast<float*>(pp_smem + S::coef_offset);  // [kPpTokens, MC]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int64_t t0 = (int64_t)blockIdx.x * kPpTokens;
-    stage_coef<NS, MC>(sc, coef, t0, kPpTokens, (int)min((int64_t)kPpTokens, N - t0), NS, tid, kPpThreads);  // Mix, then b
+    stage_coef<NS, MC, true>(sc, coef, t0, kPpTokens, NS, N, tid, kPpThreads);  // Mix, then b
     for (int e = tid; e < (int)S::rss_floats; e += kPpThreads) rss[e] = 0.f;  // (before the first chunk's barrier)
     float acc[MTW][NT][4] = {};  // (fp32 mma accumulators)
     const int64_t wld = PER_ROW ? d : (int64_t)NS * d;  // W's row length
@@ -562,7 +566,7 @@ __global__ void __launch_bounds__(kPnThreads, PER_ROW && NS <= 4 ? 3 : 2) postmi
     float* sr = sa + M * NS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int64_t t0 = (int64_t)blockIdx.x * M;
-    stage_coef<NS, MC>(sc, coef, t0, M, (int)min((int64_t)M, N - t0), NS, tid, kPnThreads);  // Mix, then b
+    stage_coef<NS, MC, true>(sc, coef, t0, M, NS, N, tid, kPnThreads);  // Mix, then b
     for (int e = tid; e < M * NS * (DP - d); e += kPnThreads)  // the k-steps' padding channels
         sH[(e / (DP - d)) * LDH + d + e % (DP - d)] = __float2bfloat16_rn(0.f);
     __syncthreads();
@@ -1110,10 +1114,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
         const int nt = (int)(N - t0 < TB ? N - t0 : TB);
         __syncthreads();  // the previous tile's readers are done with the staging arrays
         for (int e = tid; e < nt * R; e += nthr) dps[e / R][e % R] = to_f(dPp[(t0 + e / R) * L + e % R]);
-        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, nt, 0, tid, nthr);
+        stage_coef<NS, NM, false>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
         for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, nt, NS + NS * NS, tid, nthr);
+            stage_coef<NS, NS, false>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
         for (int s0 = 0; s0 < nt; s0 += Src::ST) {  // sub-tiles (every thread: src.enter has a barrier)
             src.enter(sub0 + s0 / Src::ST);
@@ -1213,10 +1217,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
             const int tl = x / (NS * m), k = x / m % NS, e = x % m;
             dps[tl][k][e] = to_f(dPp[((t0 + tl) * NS + k) * L + e]);
         }
-        stage_coef<NS, NM>(&cfs[0][0], coef, t0, nt, nt, 0, tid, nthr);
+        stage_coef<NS, NM, false>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
         for (int x = tid; x < nt * NS; x += nthr) bts[x / NS][x % NS] = beta[t0 * NS + x];
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            stage_coef<NS, NS>(&bps[0][0], coefp, t0, nt, nt, NS + NS * NS, tid, nthr);
+            stage_coef<NS, NS, false>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
         for (int s0 = 0; s0 < nt; s0 += Src::ST) {  // sub-tiles (every thread: src.enter has a barrier)
             src.enter(sub0 + s0 / Src::ST);
