@@ -1090,7 +1090,8 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
     constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), NM = NS + NS * NS;
     constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
     constexpr int DT = kCombineDo<NS> ? TB : 1;  // (the d_o staging exists where kCombineDo)
-    __shared__ float dps[TB][R];
+    constexpr int R4 = (R + 3) / 4 * 4;  // dps rows padded to whole float4 (zeros)
+    __shared__ __align__(16) float dps[TB][R4];
     __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
     __shared__ float bts[TB];
     __shared__ float bps[DT][NS];      // the previous sublayer's b_k (d_o)
@@ -1113,7 +1114,8 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
     for (int64_t t0 = (int64_t)blockIdx.y * TB; t0 < N; t0 += (int64_t)gridDim.y * TB, sub0 += Src::SPT) {
         const int nt = (int)(N - t0 < TB ? N - t0 : TB);
         __syncthreads();  // the previous tile's readers are done with the staging arrays
-        for (int e = tid; e < nt * R; e += nthr) dps[e / R][e % R] = to_f(dPp[(t0 + e / R) * L + e % R]);
+        for (int e = tid; e < nt * R4; e += nthr)
+            dps[e / R4][e % R4] = e % R4 < R ? to_f(dPp[(t0 + e / R4) * L + e % R4]) : 0.f;
         stage_coef<NS, NM, false>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
         for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
@@ -1140,9 +1142,15 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
                     for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
                     float z = 0.f;
 #pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        z += dps[tl][r] * phi[r];
-                        dw[r] += dps[tl][r] * hl[u];
+                    for (int r4 = 0; r4 < R4; r4 += 4) {  // (dP read 4 at a time: one broadcast each)
+                        const float4 p4 = *reinterpret_cast<const float4*>(&dps[tl][r4]);
+                        const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            if (r4 + q >= R) break;
+                            z += pv[q] * phi[r4 + q];
+                            dw[r4 + q] += pv[q] * hl[u];
+                        }
                     }
                     v += z - bts[tl] * hl[u];
                     const T hv = from_f<T>(v);
