@@ -1054,6 +1054,32 @@ struct CombineSource {
             h = to_f(H[t * nd + (int64_t)i * d + c]);
         }
     }
+    // The combine of one tile (tokens t0 .. t0 + nt − 1; sub0: the block's index of its first
+    // sub-tile): sub-tile by sub-tile (every thread enters each: a barrier where STAGED), then where
+    // live (this thread's channel c < d) in batches of U tokens, every load of a batch before the
+    // first store, body(tl, g, dx, h) for each token tl of the batch in order (x: the thread's lane
+    // in the block's channels, i: its stream).
+    template <int U, typename Body>
+    __device__ __forceinline__ void walk_tile(int64_t t0, int nt, int64_t sub0, bool live, int x, int c, int i,
+                                              Body&& body) {
+        for (int s0 = 0; s0 < nt; s0 += ST) {
+            enter(sub0 + s0 / ST);
+            const int se = nt - s0 < ST ? nt : s0 + ST;
+            for (int u0 = s0; live && u0 < se; u0 += U) {
+                float g[U][NS], dxv[U], hl[U];  // (the pointers may alias as far as the compiler knows)
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (u0 + u >= se) break;
+                    load(t0 + u0 + u, u0 + u, x, c, i, g[u], dxv[u], hl[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (u0 + u >= se) break;
+                    body(u0 + u, g[u], dxv[u], hl[u]);
+                }
+            }
+        }
+    }
     // After the last tile: no copy left pending at exit (the ring's trailing sub-tiles are empty).
     __device__ void end() {
         if constexpr (STAGED) cp_async_wait<0>();
@@ -1121,44 +1147,28 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
             stage_coef<NS, NS, false>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
-        for (int s0 = 0; s0 < nt; s0 += Src::ST) {  // sub-tiles (every thread: src.enter has a barrier)
-            src.enter(sub0 + s0 / Src::ST);
-            const int se = nt - s0 < Src::ST ? nt : s0 + Src::ST;
-            for (int u0 = s0; live && u0 < se; u0 += U) {
-                // every load of U tokens before the first store (the pointers may alias as far as
-                // the compiler knows)
-                float g[U][NS], dxv[U], hl[U];
+        src.template walk_tile<U>(t0, nt, sub0, live, threadIdx.x, c, i,
+                                  [&](int tl, const float (&g)[NS], float dxv, float hl) {
+            float v = cfs[tl][i] * dxv;
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u0 + u >= se) break;
-                    src.load(t0 + u0 + u, u0 + u, threadIdx.x, c, i, g[u], dxv[u], hl[u]);
-                }
+            for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[k];
+            float z = 0.f;
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u0 + u >= se) break;
-                    const int tl = u0 + u;
-                    float v = cfs[tl][i] * dxv[u];
+            for (int r4 = 0; r4 < R4; r4 += 4) {  // (dP read 4 at a time: one broadcast each)
+                const float4 p4 = *reinterpret_cast<const float4*>(&dps[tl][r4]);
+                const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-                    for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
-                    float z = 0.f;
-#pragma unroll
-                    for (int r4 = 0; r4 < R4; r4 += 4) {  // (dP read 4 at a time: one broadcast each)
-                        const float4 p4 = *reinterpret_cast<const float4*>(&dps[tl][r4]);
-                        const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                        for (int q = 0; q < 4; q++) {
-                            if (r4 + q >= R) break;
-                            z += pv[q] * phi[r4 + q];
-                            dw[r4 + q] += pv[q] * hl[u];
-                        }
-                    }
-                    v += z - bts[tl] * hl[u];
-                    const T hv = from_f<T>(v);
-                    dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
-                    if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+                for (int q = 0; q < 4; q++) {
+                    if (r4 + q >= R) break;
+                    z += pv[q] * phi[r4 + q];
+                    dw[r4 + q] += pv[q] * hl;
                 }
             }
-        }
+            v += z - bts[tl] * hl;
+            const T hv = from_f<T>(v);
+            dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
+            if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+            });
         if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
     src.end();
@@ -1230,38 +1240,22 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
         if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
             stage_coef<NS, NS, false>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
-        for (int s0 = 0; s0 < nt; s0 += Src::ST) {  // sub-tiles (every thread: src.enter has a barrier)
-            src.enter(sub0 + s0 / Src::ST);
-            const int se = nt - s0 < Src::ST ? nt : s0 + Src::ST;
-            for (int u0 = s0; live && u0 < se; u0 += U) {
-                // every load of U tokens before the first store (the pointers may alias as far as
-                // the compiler knows)
-                float g[U][NS], dxv[U], hl[U];
+        src.template walk_tile<U>(t0, nt, sub0, live, threadIdx.x, c, i,
+                                  [&](int tl, const float (&g)[NS], float dxv, float hl) {
+            float v = cfs[tl][i] * dxv;
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u0 + u >= se) break;
-                    src.load(t0 + u0 + u, u0 + u, threadIdx.x, c, i, g[u], dxv[u], hl[u]);
-                }
+            for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[k];
+            float z = 0.f;
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u0 + u >= se) break;
-                    const int tl = u0 + u;
-                    float v = cfs[tl][i] * dxv[u];
-#pragma unroll
-                    for (int k = 0; k < NS; k++) v += cfs[tl][NS + k * NS + i] * g[u][k];
-                    float z = 0.f;
-#pragma unroll
-                    for (int e = 0; e < m; e++) {
-                        z += dps[tl][i][e] * w[e];
-                        dw[e] += dps[tl][i][e] * hl[u];
-                    }
-                    v += z - bts[tl][i] * hl[u];
-                    const T hv = from_f<T>(v);
-                    dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
-                    if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
-                }
+            for (int e = 0; e < m; e++) {
+                z += dps[tl][i][e] * w[e];
+                dw[e] += dps[tl][i][e] * hl;
             }
-        }
+            v += z - bts[tl][i] * hl;
+            const T hv = from_f<T>(v);
+            dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
+            if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+            });
         if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
     src.end();
