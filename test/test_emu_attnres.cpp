@@ -10,11 +10,18 @@
 #include "cuda_emu/dev_cuda/attnres.cu.h"
 #include "dev/emu/harness.h"
 
+// The ThreadSanitizer build (build/tsan) runs the Race subset (dev/cuda/scheme_check.cuh Checks).
+#if EMU_TSAN
+constexpr ldm::gpu::wb::Checks kChecks = ldm::gpu::wb::Checks::Race;
+#else
+constexpr ldm::gpu::wb::Checks kChecks = ldm::gpu::wb::Checks::Quick;
+#endif
+
 TEST_CASE("emu: AttnRes scheme workbench checks (--quick shapes)", "[emu][attnres]") {
     bool ok = true;
     const std::string out = emu::capture_stdout([&] {
-        ok &= run_checks<float>(true, 1e-4, 1e-4);
-        ok &= run_checks<bf16>(true, 3e-2, 5e-2);
+        ok &= run_checks<float>(kChecks, 1e-4, 1e-4);
+        ok &= run_checks<bf16>(kChecks, 3e-2, 5e-2);
     });
     const emu::CheckLines c = emu::check_lines(out);
     std::string failed;

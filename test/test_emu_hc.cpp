@@ -1,17 +1,24 @@
 // CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of GpuHC (train_gpt_baselines.cu, kernels cuda/hc.cuh):
 // the --quick workbench checks of dev/cuda/hc.cu (GpuHC for HC and mHC, forward and backward of
-// every scheme call at two small odd shapes, fp32 and bf16, vs the CPU Scheme<double>), with the
+// every scheme call at five small shapes, fp32 and bf16, vs the CPU Scheme<double>), with the
 // cuBLASLt GEMMs replaced by the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS.
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/hc.cu.h"
 #include "dev/emu/harness.h"
 
+// The ThreadSanitizer build (build/tsan) runs the Race subset (dev/cuda/scheme_check.cuh Checks).
+#if EMU_TSAN
+constexpr ldm::gpu::wb::Checks kChecks = ldm::gpu::wb::Checks::Race;
+#else
+constexpr ldm::gpu::wb::Checks kChecks = ldm::gpu::wb::Checks::Quick;
+#endif
+
 TEST_CASE("emu: HC / mHC scheme workbench checks (--quick shapes)", "[emu][hc]") {
     bool ok = true;
     const std::string out = emu::capture_stdout([&] {
-        ok &= run_checks<float>(true, 1e-4, 1e-4);
-        ok &= run_checks<bf16>(true, 3e-2, 5e-2);
+        ok &= run_checks<float>(kChecks, 1e-4, 1e-4);
+        ok &= run_checks<bf16>(kChecks, 3e-2, 5e-2);
     });
     const emu::CheckLines c = emu::check_lines(out);
     std::string failed;

@@ -113,7 +113,8 @@ static wb::Factory<T> factory(BlockPath path = BlockPath::TwoPhase) {
 }
 
 template <typename T>
-static bool run_checks(bool quick, double tol_act, double tol_grad) {
+static bool run_checks(wb::Checks which, double tol_act, double tol_grad) {
+    const bool quick = which != wb::Checks::Full;
     bool ok = true;
     // Full, every path. N = 66: 9 flush tiles of 8 tokens (17 paired tiles of 4), the last partial;
     // d = 2100: 9 values per thread (the forward's source groups of 2 with a remainder, flush tiles
@@ -130,11 +131,15 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
     const uint64_t seeds[] = {21, 27, 31, 32, 33, 34, 22};
     if (!quick) shapes.push_back({3, 50, 1024, 2, 4, 8});
     for (size_t si = 0; si < shapes.size(); si++) {
+        // Race: shape 0 (66 tokens, the most emulated work) on production's path only.
+        const bool all_paths = !(which == wb::Checks::Race && si == 0);
         std::vector<float> got[5];
         for (FullPath path : kFullPaths) {
+            if (!all_paths && path != FullPath::Deferred) continue;
             ok &= wb::check_scheme<T>("attnres", "attnres-full", shapes[si], full_factory<T>(path), tol_act, tol_grad,
                                       seeds[si], 0.3, full_label(path), &got[(int)path]);
         }
+        if (!all_paths) continue;
         const std::vector<float>& a = got[(int)FullPath::Deferred];
         for (FullPath other : {FullPath::Flush1, FullPath::PairAll}) {
             const std::vector<float>& b = got[(int)other];
@@ -164,7 +169,7 @@ static bool run_checks(bool quick, double tol_act, double tol_grad) {
             return wb::check_scheme<T>("attnres", "attnres-block", sh, factory<T>(path), tol_act, tol_grad,
                                        seed, scale, block_label(path));
         };
-        ok &= chk({2, 33, 67, 3, 4, 2}, 23);
+        if (which != wb::Checks::Race || path == BlockPath::TwoPhase) ok &= chk({2, 33, 67, 3, 4, 2}, 23);
         ok &= chk({1, 9, 96, 3, 4, 4}, 24);
         if (path == BlockPath::TwoPhase) {
             ok &= chk({1, 3, 2100, 6, 4, 2}, 28, 0.05);
@@ -269,8 +274,9 @@ int main(int argc, char** argv) {
     const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
     try {
         std::printf("# %s\n", device_description().c_str());
-        bool ok = run_checks<float>(quick, 1e-4, 1e-4);
-        ok &= run_checks<bf16>(quick, 3e-2, 5e-2);
+        const wb::Checks which = quick ? wb::Checks::Quick : wb::Checks::Full;
+        bool ok = run_checks<float>(which, 1e-4, 1e-4);
+        ok &= run_checks<bf16>(which, 3e-2, 5e-2);
         if (!quick) {
             run_bench<bf16>();
             run_bench<float>();

@@ -45,6 +45,13 @@ inline ModelConfig make_config(const std::string& scheme, const Shape& s) {
     return c;
 }
 
+// Which checks a workbench's run_checks runs: Full (the workbench on a GPU: every shape), Quick
+// (CI's emulation tests: all but the realistic shape) or Race (the same tests built with
+// ThreadSanitizer: Quick less the variants production does not use at the shape with the most
+// tokens, which holds most of the emulated work; production's kernels still run at every Quick
+// shape, and every variant at the others).
+enum class Checks { Full, Quick, Race };
+
 template <typename T>
 using Factory = std::function<std::unique_ptr<GpuScheme<T>>(const ModelConfig&)>;
 
