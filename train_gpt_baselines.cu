@@ -416,8 +416,7 @@ struct GpuHC : GpuScheme<T> {
             dispatch([&](auto NSC) {
                 constexpr int NS = decltype(NSC)::value;
                 auto launch = [&](auto kern, size_t smem, int M) {
-                    if (smem > 48 * 1024)
-                        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                    ensure_dynamic_smem(kern, smem);
                     kern<<<(unsigned)ceil_div(N_, M), hc_detail::kPnThreads, smem, s>>>(
                         H(jo), RS(jo), Pj(j), o == O(jo) ? nullptr : O(jo), x, xn, rstd, H(jo - 1), o, coef_.ptr,
                         P_ + (int64_t)(j - 1) * block_, q, w, N_, d_, ldp_, eps_, eps);
@@ -444,8 +443,7 @@ struct GpuHC : GpuScheme<T> {
             dispatch([&](auto NSC) {
                 constexpr int NS = decltype(NSC)::value;
                 auto launch = [&](auto kern, size_t smem) {
-                    if (smem > 48 * 1024)
-                        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                    ensure_dynamic_smem(kern, smem);
                     kern<<<(unsigned)ceil_div(N_, hc_detail::kPpTokens), hc_detail::kPpThreads, smem, s>>>(
                         H(j), RS(j), Pj(j + 1), o == O(j) ? nullptr : O(j), H(j - 1), o, coef_.ptr,
                         P_ + (int64_t)j * block_, N_, d_, ldp_, eps_);
@@ -477,7 +475,7 @@ struct GpuHC : GpuScheme<T> {
             if (max_slices > 0) grid.y = std::min(grid.y, max_slices);
             const dim3 block(hc_detail::kCombineChannels<NS>, NS);
             auto launch = [&](auto kern, size_t ring) {
-                if (ring > 0) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ring));
+                ensure_dynamic_smem(kern, ring);
                 kern<<<grid, block, ring, s>>>(dHp_.ptr, dWp_.ptr, dH_.ptr, dx, dPp_.ptr, W, H(j - 1), coef_.ptr,
                                                beta_.ptr, comb_do_, coefp_.ptr, N_, d_);
             };
@@ -810,9 +808,7 @@ struct GpuAttnRes : GpuScheme<T> {
         float* gg = gw + d_;
         const int nw = ar_detail::kThreads / 32, nb = bwd_blocks();
         const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::aggregate_backward_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ensure_dynamic_smem(ar_detail::aggregate_backward_kernel<T>, smem);
         ar_detail::aggregate_backward_kernel<T><<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, dx, S, w, g, N_,
                                                                                        d_, overwrite);
         LDM_LAUNCH_CHECK();
@@ -841,8 +837,7 @@ struct GpuAttnRes : GpuScheme<T> {
         const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
         const size_t smem = ar_detail::full_scores_smem<T>(G, STAGE, j, d_);
         auto kern = ar_detail::full_scores_backward_kernel<T, VPT, G, STAGE>;
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ensure_dynamic_smem(kern, smem);
         kern<<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane,
                                                    stash_.ptr + (int64_t)(j - 1) * N_ * d_, dx, U(0), RU(0), j, w, g,
                                                    ar_detail::full_pair(j, 0), N_, d_);
@@ -946,9 +941,7 @@ struct GpuAttnRes : GpuScheme<T> {
                 return;
             }
             const size_t fsm = ar_detail::flush2_smem_floats(ns, d_, n) * sizeof(float);
-            if (fsm > 48 * 1024)
-                CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush2_kernel<T, VPT>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
+            ensure_dynamic_smem(ar_detail::block_flush2_kernel<T, VPT>, fsm);
             ar_detail::block_flush2_kernel<T, VPT><<<nbk, ar_detail::kThreads, fsm, s>>>(
                 dq2_part_.ptr, ns > 1 ? BP(2) : nullptr, ns > 1 ? E(2) : nullptr, dx, ns > 1 ? A(j0 + 1, n) : nullptr,
                 U(0), RU(0), DU(0), n, Wj(j0), ns, N_, d_);

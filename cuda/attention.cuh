@@ -728,7 +728,7 @@ template <int HD, class Frags>
 inline void mma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_, int nh, int nkv,
                        float scale, cudaStream_t s) {
     constexpr int smem = mma_fwd_smem<HD>();
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HD, Frags>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ensure_dynamic_smem(attn_fwd_mma<HD, Frags>, smem);
     dim3 grid((unsigned)ceil_div(T_, kMmaRows), (unsigned)nh, (unsigned)B);
     attn_fwd_mma<HD, Frags><<<grid, kMmaThreads, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
     LDM_LAUNCH_CHECK();
@@ -739,8 +739,8 @@ inline void mma_backward(bf16* dqkv, const float* D, const bf16* dout, const flo
                         const bf16* qkv, int B, int T_, int nh, int nkv, float scale,
                         cudaStream_t s) {
     constexpr int smem_kv = mma_dkdv_smem<HD>(), smem_q = mma_dq_smem<HD>();
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<HD, Frags>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_mma<HD, Frags>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+    ensure_dynamic_smem(attn_bwd_dkdv_mma<HD, Frags>, smem_kv);
+    ensure_dynamic_smem(attn_bwd_dq_mma<HD, Frags>, smem_q);
     dim3 gkv((unsigned)ceil_div(T_, kMmaRows), (unsigned)nkv, (unsigned)B);
     attn_bwd_dkdv_mma<HD, Frags><<<gkv, kMmaThreads, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv,
                                                           scale, scale * kLog2e);

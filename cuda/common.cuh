@@ -12,7 +12,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/common.h"
@@ -155,6 +158,34 @@ inline size_t max_dynamic_smem_optin() {
         return 227 * 1024;
     }
     return p.sharedMemPerBlockOptin;
+}
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory on the current device: raises its
+// cudaFuncAttributeMaxDynamicSharedMemorySize where the value this function set before (for this
+// device and kernel) is lower, and never lowers it. The attribute is per kernel and process-wide:
+// setting a smaller value for one launch site would break another's launches. (Set even below
+// 48 KiB: the default limit is 48 KiB of static + dynamic.) No CUDA call for 0 bytes, nor once
+// the value suffices (so none inside a CUDA-graph capture after the first eager step). Throws
+// ldm::Error (CUDA_CHECK) where the device refuses the value.
+struct DynamicSmemSet {  // (device, kernel) -> the value ensure_dynamic_smem set
+    std::mutex mu;
+    std::map<std::pair<int, const void*>, size_t> value;
+};
+inline DynamicSmemSet& dynamic_smem_set() {
+    static DynamicSmemSet s;
+    return s;
+}
+template <typename K>
+inline void ensure_dynamic_smem(K kernel, size_t bytes) {
+    if (bytes == 0) return;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    DynamicSmemSet& set = dynamic_smem_set();
+    std::lock_guard<std::mutex> lock(set.mu);
+    size_t& cur = set.value[{dev, reinterpret_cast<const void*>(kernel)}];
+    if (cur >= bytes) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    cur = bytes;
 }
 
 // One-line description of device 0: "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB".

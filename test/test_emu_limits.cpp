@@ -34,6 +34,7 @@ __device__ void fill_and_sum(float* out, int n) {
 __global__ void dyn_kernel_a(float* out, int n) { fill_and_sum(out, n); }
 __global__ void dyn_kernel_b(float* out, int n) { fill_and_sum(out, n); }
 __global__ void dyn_kernel_c(float* out, int n) { fill_and_sum(out, n); }
+__global__ void dyn_kernel_d(float* out, int n) { fill_and_sum(out, n); }
 
 // A kernel with a static __shared__ array of NB bytes, declared as gen.py writes it, plus the
 // dynamic part: out[blockIdx.x] = sum of both after every thread wrote its share.
@@ -147,6 +148,41 @@ TEST_CASE("emu limits: static __shared__ counts toward the shared-memory limits"
     INFO("child stderr: " << r.err);
     CHECK(r.aborted);
     CHECK_THAT(r.err, Catch::Contains("static shared memory + cudaFuncAttributeMaxDynamicSharedMemorySize above 227 KiB"));
+    cudaFree(out);
+}
+
+TEST_CASE("ensure_dynamic_smem (cuda/common.cuh) raises a kernel's opt-in and never lowers it", "[emu][limits]") {
+    using ldm::gpu::ensure_dynamic_smem;
+    float* out = nullptr;
+    REQUIRE(cudaMalloc(&out, sizeof(float)) == cudaSuccess);
+    const void* key = reinterpret_cast<const void*>(dyn_kernel_d);
+    ensure_dynamic_smem(dyn_kernel_d, 0);  // nothing to allow: no opt-in recorded
+    CHECK(emu::detail::optin_of(key) == -1);
+    ensure_dynamic_smem(dyn_kernel_d, 100 * 1024);
+    CHECK(emu::detail::optin_of(key) == 100 * 1024);
+    emu::launch(dim3(1), dim3(128), 100 * 1024, nullptr, dyn_kernel_d, out, 25600);
+    CHECK(out[0] == expect_sum(25600));
+    // a launch site asking for less leaves the larger opt-in (cudaFuncSetAttribute would lower it:
+    // dyn_kernel_c above), so the 100 KiB launch still runs
+    ensure_dynamic_smem(dyn_kernel_d, 60 * 1024);
+    ensure_dynamic_smem(dyn_kernel_d, 1024);
+    CHECK(emu::detail::optin_of(key) == 100 * 1024);
+    emu::launch(dim3(1), dim3(128), 100 * 1024, nullptr, dyn_kernel_d, out, 25600);
+    CHECK(out[0] == expect_sum(25600));
+    ensure_dynamic_smem(dyn_kernel_d, 150 * 1024);  // more: raised
+    CHECK(emu::detail::optin_of(key) == 150 * 1024);
+    // below 48 KiB of dynamic memory it still opts in, for the static part: 40 KiB static + 12 KiB
+    // dynamic is refused without (static_kernel<40 KiB> has no opt-in yet) and runs with it
+    constexpr int k40 = 40 * 1024;
+    ChildResult r = run_child([&] { emu::launch(dim3(1), dim3(64), 12 * 1024, nullptr, static_kernel<k40>, out, 16); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    ensure_dynamic_smem(static_kernel<k40>, 12 * 1024);
+    emu::launch(dim3(1), dim3(128), 12 * 1024, nullptr, static_kernel<k40>, out, 3072);
+    CHECK(out[0] == expect_sum(3072) + (float)(k40 / 4));
+    // a value the device refuses: ldm::Error, and nothing recorded
+    CHECK_THROWS_AS(ensure_dynamic_smem(dyn_kernel_d, 228 * 1024), ldm::Error);
+    CHECK(emu::detail::optin_of(key) == 150 * 1024);
     cudaFree(out);
 }
 

@@ -551,7 +551,7 @@ inline void pipe_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_, 
     constexpr int smem = pipe_fwd_smem<HD>();
     static_assert(smem <= 227 * 1024, "forward shared memory above 227 KiB");
     auto kern = attn_fwd_pipe<HD, C::fwd_warps, C::fwd_mt, C::fwd_stages, C::fwd_qregs, LdsmFrags>;
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ensure_dynamic_smem(kern, smem);
     dim3 grid((unsigned)ceil_div(T_, C::fwd_warps * C::fwd_mt * 16), (unsigned)nh, (unsigned)B);
     kern<<<grid, C::fwd_warps * 32, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
     LDM_LAUNCH_CHECK();
@@ -566,8 +566,8 @@ inline void pipe_backward(bf16* dqkv, const float* D, const bf16* dout, const fl
     static_assert(smem_kv <= 227 * 1024 && smem_q <= 227 * 1024, "backward shared memory above 227 KiB");
     auto kkv = attn_bwd_dkdv_pipe<HD, C::dkdv_warps, C::dkdv_bq, C::dkdv_stages, LdsmFrags>;
     auto kq = attn_bwd_dq_pipe<HD, C::dq_warps, C::dq_stages, LdsmFrags>;
-    CUDA_CHECK(cudaFuncSetAttribute(kkv, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute(kq, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+    ensure_dynamic_smem(kkv, smem_kv);
+    ensure_dynamic_smem(kq, smem_q);
     dim3 gkv((unsigned)ceil_div(T_, C::dkdv_warps * 16), (unsigned)nkv, (unsigned)B);
     kkv<<<gkv, C::dkdv_warps * 32, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv, scale, scale * kLog2e);
     LDM_LAUNCH_CHECK();

@@ -487,7 +487,7 @@ inline void wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T_,
     constexpr int smem = wgmma_fwd_smem<HD>();
     static_assert(smem <= 227 * 1024, "forward shared memory above 227 KiB");
     auto kern = attn_fwd_wgmma<HD, C::wg, C::bn, C::stages>;
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ensure_dynamic_smem(kern, smem);
     dim3 grid((unsigned)ceil_div(T_, 64 * C::wg), (unsigned)nh, (unsigned)B);
     kern<<<grid, C::wg * 128, smem, s>>>(out, lse, qkv, T_, nh, nkv, scale * kLog2e);
     LDM_LAUNCH_CHECK();
@@ -514,8 +514,8 @@ inline void wgmma_backward(bf16* dqkv, const float* D, const bf16* dout, const f
     static_assert(smem_kv <= 227 * 1024 && smem_q <= 227 * 1024, "backward shared memory above 227 KiB");
     auto kkv = attn_bwd_dkdv_wgmma<HD, C::dkdv_wg, C::dkdv_bq, C::dkdv_stages>;
     auto kq = attn_bwd_dq_wgmma<HD, C::dq_wg, C::dq_bn, C::dq_stages>;
-    CUDA_CHECK(cudaFuncSetAttribute(kkv, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute(kq, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+    ensure_dynamic_smem(kkv, smem_kv);
+    ensure_dynamic_smem(kq, smem_q);
     dim3 gkv((unsigned)ceil_div(T_, 64 * C::dkdv_wg), (unsigned)nkv, (unsigned)B);
     kkv<<<gkv, C::dkdv_wg * 128, smem_kv, s>>>(dqkv, dout, lse, D, qkv, T_, nh, nkv, scale, scale * kLog2e);
     LDM_LAUNCH_CHECK();

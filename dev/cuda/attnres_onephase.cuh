@@ -132,9 +132,7 @@ struct AttnResOnePhase : GpuAttnRes<T> {
         const int64_t plane = (int64_t)this->smax_ * N * nb;
         float* ca = co_.ptr + (int64_t)(i - 1) * N * nb;
         const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d) * sizeof(float);
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_scores_backward_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ensure_dynamic_smem(ar_detail::block_scores_backward_kernel<T>, smem);
         ar_detail::block_scores_backward_kernel<T><<<nbk, ar_detail::kThreads, smem, s>>>(
             this->dq_part_.ptr, ca, ca + plane, ca + 2 * plane, nb, stash_.ptr + (int64_t)(i - 1) * N * d, dx, S, w,
             g, N, d);
@@ -147,9 +145,7 @@ struct AttnResOnePhase : GpuAttnRes<T> {
         if (i != 1) return;
         const int ns = this->block_len(n);
         const size_t fsm = ((size_t)ns * d + 3 * (size_t)ns) * sizeof(float);
-        if (fsm > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(ar_detail::block_flush_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
+        ensure_dynamic_smem(ar_detail::block_flush_kernel<T>, fsm);
         ar_detail::block_flush_kernel<T><<<nbk, ar_detail::kThreads, fsm, s>>>(
             dq2_.ptr, co_.ptr, co_.ptr + plane, co_.ptr + 2 * plane, nb, stash_.ptr, this->U(0), this->DU(0), n, w, ns,
             N, d);

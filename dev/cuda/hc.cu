@@ -176,8 +176,7 @@ static bool check_postmix_project() {
     upload(dW.ptr, w.data(), dW.n);
     const float eps = 1e-5f;
     auto kern = hc_detail::postmix_project_kernel<NS, PER_ROW>;
-    if (S::smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
+    ensure_dynamic_smem(kern, S::smem);
     kern<<<(unsigned)ceil_div(N, hc_detail::kPpTokens), hc_detail::kPpThreads, S::smem>>>(
         dHn.ptr, dRs.ptr, dP.ptr, dOc.ptr, dH.ptr, dO.ptr, dC.ptr, dW.ptr, N, d, LDP, eps);
     LDM_LAUNCH_CHECK();
@@ -248,8 +247,7 @@ static bool check_postmix_premix() {
     const float eps = 1e-5f;
     auto kern = hc_detail::postmix_premix_kernel<NS, PER_ROW>;
     const size_t smem = S::smem(d);
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ensure_dynamic_smem(kern, smem);
     kern<<<(unsigned)ceil_div(N, S::M), hc_detail::kPnThreads, smem>>>(
         dHn.ptr, dRs.ptr, dP.ptr, dOc.ptr, dX.ptr, dXn.ptr, dRstd.ptr, dH.ptr, dO.ptr, dC.ptr, dW.ptr, dQ.ptr, dWn.ptr,
         N, d, LDP, eps, eps);
