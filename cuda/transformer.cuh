@@ -330,7 +330,6 @@ Transformer<T>::Transformer(const ModelConfig& c, int B_max, int T_max, int reco
         upload(sin_.ptr, st.data(), (int64_t)st.size());
     }
     alloc(emb_, N * d);
-    alloc(o_, N * d);
     alloc(y_, N * d);
     alloc(yn_, N * d);
     alloc(rstd_f_, N);
@@ -351,6 +350,13 @@ Transformer<T>::Transformer(const ModelConfig& c, int B_max, int T_max, int reco
     fs = std::max(fs, global_norm_scratch());
     alloc(fscratch_, std::max<int64_t>(fs, 1));
     scheme_->resize(B_max, T_max);
+    // The backbone's o_j buffer only where the scheme keeps some o_j nowhere itself (PreLN,
+    // AttnRes-Block); HC, mHC, AttnRes-Full and LDM give every sublayer an output_buffer.
+    for (int j = 1; j <= cfg.n_sublayers(); j++)
+        if (!scheme_->output_buffer(j)) {
+            alloc(o_, N * d);
+            break;
+        }
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -727,8 +733,10 @@ double Transformer<T>::finish_micro_batch(int slot) {
 
 // Byte counts of a configuration without allocating anything (also for --dry-run without a GPU):
 // the same buffers as the Transformer constructor. elt = sizeof(T) (4 fp32, 2 bf16).
+// backbone_o: whether the backbone's o_j buffer exists (true unless the scheme keeps every o_j
+// itself; counting it anyway keeps the estimate below the need: such a scheme holds ≥ N·d more).
 inline TransformerMemory transformer_memory_estimate(const ModelConfig& cfg, int recompute, int64_t elt,
-                                     int64_t scheme_bytes_per_token) {
+                                     int64_t scheme_bytes_per_token, bool backbone_o = true) {
     TransformerMemory m;
     const int64_t n = count_params(cfg), d = cfg.d_model, qd = cfg.q_dim(),
                   qkvd = cfg.q_dim() + 2 * cfg.kv_dim(), F = cfg.ffn, nh = cfg.n_head,
@@ -741,9 +749,9 @@ inline TransformerMemory transformer_memory_estimate(const ModelConfig& cfg, int
     const int64_t layer = et * (d + (recompute < 2 ? d : 0) + (cfg.qk_norm ? qkvd : 0) + qkvd + qd + d +
                                 (recompute < 2 ? d : 0) + 2 * F + (recompute < 1 ? F : 0)) +
                           4 * (1 + (cfg.qk_norm ? nh + nkv : 0) + nh + 1);
-    // shared: ln_tmp / a_tmp (recompute), emb, o, y, yn, dyn, dy, d_o, dln, dx, dao, dqkvr, dqkv,
+    // shared: ln_tmp / a_tmp (recompute), emb, o (backbone_o), y, yn, dyn, dy, d_o, dln, dx, dao, dqkvr, dqkv,
     // da, dh13; fp32 rstd_f, rstd_tmp; int32 tokens, targets, uniq, start, pos
-    const int64_t shared = et * ((recompute >= 2 ? d : 0) + (recompute >= 1 ? F : 0) + 9 * d + qd +
+    const int64_t shared = et * ((recompute >= 2 ? d : 0) + (recompute >= 1 ? F : 0) + (backbone_o ? 9 : 8) * d + qd +
                                  2 * qkvd + F + 2 * F) +
                            4 * 2 + 4 * 5;
     m.act_per_token = cfg.n_layer * layer + shared;
@@ -754,7 +762,8 @@ inline TransformerMemory transformer_memory_estimate(const ModelConfig& cfg, int
 
 template <typename T>
 TransformerMemory Transformer<T>::memory() const {
-    TransformerMemory m = transformer_memory_estimate(cfg, recompute_, sizeof(T), scheme_->extra_bytes_per_token());
+    TransformerMemory m =
+        transformer_memory_estimate(cfg, recompute_, sizeof(T), scheme_->extra_bytes_per_token(), o_.ptr != nullptr);
     m.fixed = fscratch_.bytes() + cos_.bytes() * 2;
     return m;
 }
