@@ -759,6 +759,8 @@ struct GpuAttnRes : GpuScheme<T> {
     float* RP(int j) const { return rp_.ptr + (int64_t)(j - 1) * N_; }
     bool block_end(int j, int n) const { return (n < nb_) ? (j == n * S_) : (j == D_); }
     int block_len(int n) const { return n < nb_ ? S_ : D_ - (nb_ - 1) * S_; }
+    // The most thread blocks of a persistent backward kernel (the partial buffers' rows); each
+    // launch takes one wave of them (resident_blocks).
     int bwd_blocks() const { return std::max(1, std::min(N_, ar_detail::kBackwardBlocks)); }
     const float* Wj(int j) const { return M_ + (int64_t)(j - 1) * 2 * d_; }  // w_j; g_j = Wj(j) + d
     float* GWj(int j) const { return G_ + (int64_t)(j - 1) * 2 * d_; }
@@ -806,9 +808,10 @@ struct GpuAttnRes : GpuScheme<T> {
         const float* g = w + d_;
         float* gw = GWj(j);
         float* gg = gw + d_;
-        const int nw = ar_detail::kThreads / 32, nb = bwd_blocks();
+        const int nw = ar_detail::kThreads / 32;
         const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
         ensure_dynamic_smem(ar_detail::aggregate_backward_kernel<T>, smem);
+        const int nb = resident_blocks(ar_detail::aggregate_backward_kernel<T>, ar_detail::kThreads, smem, bwd_blocks());
         ar_detail::aggregate_backward_kernel<T><<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, dx, S, w, g, N_,
                                                                                        d_, overwrite);
         LDM_LAUNCH_CHECK();
@@ -833,11 +836,11 @@ struct GpuAttnRes : GpuScheme<T> {
     void launch_full_scores(int j, const T* dx, cudaStream_t s) {
         const float* w = Wj(j);
         const float* g = w + d_;
-        const int nb = bwd_blocks();
         const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
         const size_t smem = ar_detail::full_scores_smem<T>(G, STAGE, j, d_);
         auto kern = ar_detail::full_scores_backward_kernel<T, VPT, G, STAGE>;
         ensure_dynamic_smem(kern, smem);
+        const int nb = resident_blocks(kern, ar_detail::kThreads, smem, bwd_blocks());
         kern<<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane,
                                                    stash_.ptr + (int64_t)(j - 1) * N_ * d_, dx, U(0), RU(0), j, w, g,
                                                    ar_detail::full_pair(j, 0), N_, d_);
@@ -926,14 +929,15 @@ struct GpuAttnRes : GpuScheme<T> {
     void block_backward_2p(int j, const T* dx, cudaStream_t s) {
         int n, i;
         locate(j, &n, &i);
-        const int j0 = j - i + 1, ns = block_len(n), nbk = bwd_blocks();
+        const int j0 = j - i + 1, ns = block_len(n);
         ar_detail::dispatch_vpt(d_, [&](auto c) {
             constexpr int VPT = decltype(c)::value;
             if (i >= 2) {
-                ar_detail::block_p_backward_kernel<T, VPT>
-                    <<<nbk, ar_detail::kThreads, 2 * 3 * (ar_detail::kThreads / 32) * sizeof(float), s>>>(
-                        dq_part_.ptr, BP(i), E(i), A(j, n), dx, PV(j), RP(j), DU(n), LSEI(j, n), Wj(j), Wj(j) + d_,
-                        N_, d_);
+                const size_t psm = 2 * 3 * (ar_detail::kThreads / 32) * sizeof(float);
+                const int nbk = resident_blocks(ar_detail::block_p_backward_kernel<T, VPT>, ar_detail::kThreads, psm,
+                                                bwd_blocks());
+                ar_detail::block_p_backward_kernel<T, VPT><<<nbk, ar_detail::kThreads, psm, s>>>(
+                    dq_part_.ptr, BP(i), E(i), A(j, n), dx, PV(j), RP(j), DU(n), LSEI(j, n), Wj(j), Wj(j) + d_, N_, d_);
                 LDM_LAUNCH_CHECK();
                 ar_detail::dq_reduce_kernel<float><<<(unsigned)ceil_div(d_, 256), 256, 0, s>>>(
                     GWj(j), GWj(j) + d_, dq_part_.ptr, nbk, Wj(j), Wj(j) + d_, d_);
@@ -942,6 +946,8 @@ struct GpuAttnRes : GpuScheme<T> {
             }
             const size_t fsm = ar_detail::flush2_smem_floats(ns, d_, n) * sizeof(float);
             ensure_dynamic_smem(ar_detail::block_flush2_kernel<T, VPT>, fsm);
+            const int nbk =
+                resident_blocks(ar_detail::block_flush2_kernel<T, VPT>, ar_detail::kThreads, fsm, bwd_blocks());
             ar_detail::block_flush2_kernel<T, VPT><<<nbk, ar_detail::kThreads, fsm, s>>>(
                 dq2_part_.ptr, ns > 1 ? BP(2) : nullptr, ns > 1 ? E(2) : nullptr, dx, ns > 1 ? A(j0 + 1, n) : nullptr,
                 U(0), RU(0), DU(0), n, Wj(j0), ns, N_, d_);

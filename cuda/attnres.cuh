@@ -45,7 +45,9 @@ namespace gpu {
 namespace ar_detail {
 
 constexpr int kThreads = 256;
-constexpr int kBackwardBlocks = 1024;  // fixed grid of the backward (fixed reduction order)
+// Upper bound of the persistent backward kernels' grids; each launch takes one wave of resident
+// blocks (resident_blocks, cuda/common.cuh), a fixed reduction order per device.
+constexpr int kBackwardBlocks = 1024;
 
 __device__ inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -289,8 +291,8 @@ __device__ inline void scores_backward_token(float* sm, int64_t t, const T* dxt,
 
 // Backward of aggregate_kernel's x (not of the norm, which the backbone owns): for every token,
 // dL/du_k += (or = when overwrite) α_k dx + attnres_score_grad(ds_k, r_k, s_k, q_c, u_c, d);
-// dq_part[blockIdx.x, c] = this block's Σ_t Σ_k ds_k r_k u_k[c]. Grid kBackwardBlocks (or N if
-// smaller), tokens strided by gridDim. Dynamic smem: (2·nwarps + 3)·K + d floats.
+// dq_part[blockIdx.x, c] = this block's Σ_t Σ_k ds_k r_k u_k[c]. Grid: any number of blocks (the
+// trainer: one resident wave, at most kBackwardBlocks), tokens strided by gridDim. Dynamic smem: (2·nwarps + 3)·K + d floats.
 template <typename T>
 __global__ void aggregate_backward_kernel(float* dq_part, const T* dx, Sources S, const float* w,
                                           const float* g, int N, int d, bool overwrite) {
@@ -387,8 +389,8 @@ __host__ __device__ inline size_t full_scores_smem(int G, bool stage, int K, int
     return stage ? (f + 15) / 16 * 16 + (size_t)K * d * sizeof(T) : f;
 }
 
-// Sublayer j's backward on the deferred path, persistent blocks (grid kBackwardBlocks or N if
-// smaller, tokens strided by gridDim). Per token t: pass 1 reads the K = j sources u_k (U [K, N, d],
+// Sublayer j's backward on the deferred path, persistent blocks (the trainer: one resident wave,
+// at most kBackwardBlocks; tokens strided by gridDim). Per token t: pass 1 reads the K = j sources u_k (U [K, N, d],
 // r: R [K, N]) in groups of G, the group's rows and r loaded together and its 2G dots q·u_k and
 // dx·u_k reduced with one barrier (block_sum_db); s_k = r_k q·u_k; then thread 0 forms α =
 // softmax(s) and dL/ds (attnres_softmax, attnres_softmax_backward); pa/pds/psc[(pair0 + k)·N + t] =
@@ -696,9 +698,12 @@ template <int VPT>
 __host__ __device__ constexpr int block_chunk() { return VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT); }
 template <int VPT>
 __host__ __device__ constexpr int flush_chunk() { return 64 / VPT > 8 ? 8 : 64 / VPT; }
-// Block sources loaded per barrier in block_inter_kernel (rows in flight vs registers).
+// Block sources loaded per barrier in block_inter_kernel (rows in flight vs registers). At VPT 2
+// and 4 the kernel holds one thread block per SM whatever G is (139 and 142 registers at G = 4, 2),
+// so G = 8, 4 (214, 190 registers) double the bytes in flight per SM; VPT 1 and 8 keep two
+// blocks per SM with G = 4, 2.
 template <int VPT>
-__host__ __device__ constexpr int inter_group() { return VPT <= 2 ? 4 : VPT <= 8 ? 2 : 1; }
+__host__ __device__ constexpr int inter_group() { return VPT == 2 ? 8 : VPT <= 4 ? 4 : VPT <= 8 ? 2 : 1; }
 template <int VPT>
 __host__ __device__ constexpr size_t inter_smem() {
     return 2 * (size_t)inter_group<VPT>() * block_chunk<VPT>() * (kThreads / 32) * sizeof(float);
@@ -876,7 +881,7 @@ block_merge_kernel(T* x, T* xn, float* rstd, const T* wn, float eps_n, const flo
 // forward), ds_p = α_p β (dx·p − dx·a) (= α_p (dx·p − Σ_k α_k dx·u_k) with a in place of the
 // block sources), dp += α_p dx + attnres_score_grad(ds_p, ...), bp[t] = β and e[t] = α_p dx·p
 // (for the flush), and dq_part [gridDim, d] = this thread block's Σ_t ds_p r_p p. Grid: persistent blocks
-// (kBackwardBlocks or N), tokens strided; kThreads threads, VPT values per thread; dynamic smem
+// (the trainer: one resident wave, at most kBackwardBlocks), tokens strided; kThreads threads, VPT values per thread; dynamic smem
 // 2·3·(kThreads/32) floats.
 template <typename T, int VPT>
 __global__ void __launch_bounds__(kThreads)
@@ -943,18 +948,26 @@ block_p_backward_kernel(float* dq_part, float* bp, float* e, T* a_stash, const T
 // α_ik = β_i e^(s_ik − m_i) / Σ_k' e^(s_ik' − m_i) (m_i = max_k s_ik) and
 // c_i = e_i + Σ_k α_ik dx_i·u_k; the second (the rows again, from cache) adds Σ_i (α_ik dx_i + ds_ik r_k q_i) − (Σ_i ds_ik s_ik r_k²/d) u_k to dU_k with
 // ds_ik = α_ik (dx_i·u_k − c_i). dq_part [gridDim, ns, d] = this thread block's
-// Σ_t Σ_k ds_ik r_k u_k. Grid: persistent blocks (kBackwardBlocks or N), tokens strided;
+// Σ_t Σ_k ds_ik r_k u_k. Grid: persistent blocks (one resident wave), tokens strided;
 // kThreads threads, VPT values per thread; dynamic smem flush2_smem_floats(ns, d, K0) floats: ns·d
 // (dq, each thread touching only its own channels), the reductions' double buffer, 2·NC·K0 (s, dx·u).
+// Both passes take the sources in groups of G = flush2_group<VPT>() rows, loaded together (the
+// first reduces the group's 2·NC·G dots at one barrier; the second loads the gradient rows too):
+// the kernel runs one thread block per SM, so one row at a time would keep only d·sizeof(T) bytes
+// in flight per SM.
+template <int VPT>
+__host__ __device__ constexpr int flush2_group() { return VPT <= 2 ? 4 : VPT <= 4 ? 2 : 1; }
+constexpr int kFlush2Dots = 32;  // the largest NC·G (VPT <= 2: 8·4; VPT 4: 8·2)
 inline size_t flush2_smem_floats(int ns, int d, int K0) {
-    return (size_t)ns * d + 2 * 2 * 8 * (kThreads / 32) + 2 * 8 * (size_t)K0;
+    return (size_t)ns * d + 2 * 2 * kFlush2Dots * (kThreads / 32) + 2 * 8 * (size_t)K0;
 }
-template <typename T, int VPT, int NC = flush_chunk<VPT>()>
+template <typename T, int VPT, int NC = flush_chunk<VPT>(), int G = flush2_group<VPT>()>
 __global__ void __launch_bounds__(kThreads, 1)
 block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx1, const T* stash, const T* U,
                     const float* R, float* dU, int K0, const float* wg, int ns, int N, int d) {
+    static_assert(NC <= 8 && NC * G <= kFlush2Dots, "block_flush2_kernel: flush2_smem_floats too small");
     extern __shared__ float sm[];
-    constexpr int HALF = 2 * NC * (kThreads / 32);
+    constexpr int HALF = 2 * NC * G * (kThreads / 32);
     float* dqs = sm;                 // [ns, d]
     float* part = sm + ns * d;       // 2 halves of HALF floats
     float* ssc = part + 2 * HALF;    // [NC, K0] s_ik
@@ -986,33 +999,44 @@ block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx
                 be[i] = ip == 0 ? 1.f : bp[(int64_t)(ip - 1) * N + t];  // the block sources' share
                 cm[i] = ip == 0 ? 0.f : e[(int64_t)(ip - 1) * N + t];
             }
-            // pass 1: scores and dx·u of every (sublayer, source) pair
-            for (int k = 0; k < K0; k++, parity ^= 1) {
-                const T* u = U + (int64_t)k * Nd + t * d;
-                const float r = R[(int64_t)k * N + t];
-                float uv[VPT], dots[2 * NC];
+            // pass 1: scores and dx·u of every (sublayer, source) pair, G sources per barrier
+            for (int k0 = 0; k0 < K0; k0 += G, parity ^= 1) {
+                const int gk = min(G, K0 - k0);
+                float uv[G][VPT], rk[G], dots[2 * NC * G];  // dots of (source g, sublayer i) at 2·(g·NC + i)
 #pragma unroll
-                for (int v = 0; v < VPT; v++) {
-                    const int c = threadIdx.x + v * kThreads;
-                    uv[v] = c < d ? to_f(u[c]) : 0.f;
-                }
-#pragma unroll
-                for (int i = 0; i < NC; i++) {
-                    float qa = 0.f, da = 0.f;
+                for (int g = 0; g < G; g++) {  // every load of the group first
+                    rk[g] = 0.f;
+                    if (g >= gk) break;
+                    const T* u = U + (int64_t)(k0 + g) * Nd + t * d;
+                    rk[g] = R[(int64_t)(k0 + g) * N + t];
 #pragma unroll
                     for (int v = 0; v < VPT; v++) {
-                        qa += q[i][v] * uv[v];
-                        da += dxv[i][v] * uv[v];
+                        const int c = threadIdx.x + v * kThreads;
+                        uv[g][v] = c < d ? to_f(u[c]) : 0.f;
                     }
-                    dots[2 * i] = qa;
-                    dots[2 * i + 1] = da;
                 }
-                block_sum_db<2 * NC>(dots, part + parity * HALF, 2 * nc);
-                if (threadIdx.x == 0)
-                    for (int i = 0; i < nc; i++) {
-                        ssc[i * K0 + k] = r * dots[2 * i];
-                        sdu[i * K0 + k] = dots[2 * i + 1];
+#pragma unroll
+                for (int g = 0; g < G; g++)
+#pragma unroll
+                    for (int i = 0; i < NC; i++) {
+                        float qa = 0.f, da = 0.f;
+                        if (g < gk) {
+#pragma unroll
+                            for (int v = 0; v < VPT; v++) {
+                                qa += q[i][v] * uv[g][v];
+                                da += dxv[i][v] * uv[g][v];
+                            }
+                        }
+                        dots[2 * (g * NC + i)] = qa;
+                        dots[2 * (g * NC + i) + 1] = da;
                     }
+                block_sum_db<2 * NC * G>(dots, part + parity * HALF, 2 * NC * (gk - 1) + 2 * nc);
+                if (threadIdx.x == 0)
+                    for (int g = 0; g < gk; g++)
+                        for (int i = 0; i < nc; i++) {
+                            ssc[i * K0 + k0 + g] = rk[g] * dots[2 * (g * NC + i)];
+                            sdu[i * K0 + k0 + g] = dots[2 * (g * NC + i) + 1];
+                        }
             }
             __syncthreads();  // ssc, sdu written by thread 0
             float mx[NC], sc[NC];  // per sublayer: max score, then β / Σ_k e^(s_ik − max)
@@ -1034,39 +1058,54 @@ block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx
             }
             // pass 2: the gradient rows (ssc and sdu stay until every thread passed the next
             // chunk's first reduction barrier, after which thread 0 rewrites them)
-            for (int k = 0; k < K0; k++) {
-                const T* u = U + (int64_t)k * Nd + t * d;
-                float* du = dU + (int64_t)k * Nd + t * d;
-                const float r = R[(int64_t)k * N + t];
-                float uv[VPT];
+            // (G sources at a time: their rows, r and gradient rows loaded before any is used)
+            for (int k0 = 0; k0 < K0; k0 += G) {
+                const int gk = min(G, K0 - k0);
+                float uv[G][VPT], dv[G][VPT], rk[G];
 #pragma unroll
-                for (int v = 0; v < VPT; v++) {
-                    const int c = threadIdx.x + v * kThreads;
-                    uv[v] = c < d ? to_f(u[c]) : 0.f;
-                }
-                float al[NC], bq[NC], gam = 0.f;
+                for (int g = 0; g < G; g++) {
+                    rk[g] = 0.f;
+                    if (g >= gk) break;
+                    const T* u = U + (int64_t)(k0 + g) * Nd + t * d;
+                    const float* du = dU + (int64_t)(k0 + g) * Nd + t * d;
+                    rk[g] = R[(int64_t)(k0 + g) * N + t];
 #pragma unroll
-                for (int i = 0; i < NC; i++) {
-                    al[i] = bq[i] = 0.f;
-                    if (i >= nc) continue;
-                    const float s = ssc[i * K0 + k];
-                    al[i] = sc[i] * ldm_exp(s - mx[i]);
-                    const float ds = al[i] * (sdu[i * K0 + k] - cm[i]);
-                    bq[i] = ds * r;
-                    gam += ds * s * r * r / (float)d;
+                    for (int v = 0; v < VPT; v++) {
+                        const int c = threadIdx.x + v * kThreads;
+                        uv[g][v] = c < d ? to_f(u[c]) : 0.f;
+                        dv[g][v] = c < d ? du[c] : 0.f;
+                    }
                 }
 #pragma unroll
-                for (int v = 0; v < VPT; v++) {
-                    const int c = threadIdx.x + v * kThreads;
-                    if (c >= d) continue;
-                    float acc = 0.f;
+                for (int g = 0; g < G; g++) {
+                    if (g >= gk) break;
+                    const int k = k0 + g;
+                    const float r = rk[g];
+                    float* du = dU + (int64_t)k * Nd + t * d;
+                    float al[NC], bq[NC], gam = 0.f;
 #pragma unroll
                     for (int i = 0; i < NC; i++) {
-                        if (i >= nc) break;
-                        acc += al[i] * dxv[i][v] + bq[i] * q[i][v];
-                        dqs[(i0 + i) * d + c] += bq[i] * uv[v];
+                        al[i] = bq[i] = 0.f;
+                        if (i >= nc) continue;
+                        const float s = ssc[i * K0 + k];
+                        al[i] = sc[i] * ldm_exp(s - mx[i]);
+                        const float ds = al[i] * (sdu[i * K0 + k] - cm[i]);
+                        bq[i] = ds * r;
+                        gam += ds * s * r * r / (float)d;
                     }
-                    du[c] += acc - gam * uv[v];
+#pragma unroll
+                    for (int v = 0; v < VPT; v++) {
+                        const int c = threadIdx.x + v * kThreads;
+                        if (c >= d) continue;
+                        float acc = 0.f;
+#pragma unroll
+                        for (int i = 0; i < NC; i++) {
+                            if (i >= nc) break;
+                            acc += al[i] * dxv[i][v] + bq[i] * q[i][v];
+                            dqs[(i0 + i) * d + c] += bq[i] * uv[g][v];
+                        }
+                        du[c] = dv[g][v] + (acc - gam * uv[g][v]);
+                    }
                 }
             }
         }

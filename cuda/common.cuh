@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -186,6 +187,43 @@ inline void ensure_dynamic_smem(K kernel, size_t bytes) {
     if (cur >= bytes) return;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     cur = bytes;
+}
+
+// Thread blocks of a persistent kernel (its blocks loop over the work) that the current device
+// keeps resident at once with `threads` threads and `smem` bytes of dynamic shared memory: the
+// SMs × cudaOccupancyMaxActiveBlocksPerMultiprocessor (at least one block per SM), at most `cap`.
+// One full wave: a larger fixed grid ends in a partly filled wave whose SMs hold fewer blocks, so
+// fewer bytes in flight. Cached per (device, kernel, threads, smem). The result depends on the
+// device (a reduction over such blocks is fixed per device, not across device models).
+struct ResidentBlocksCache {
+    std::mutex mu;
+    std::map<int, int> sms;  // device -> multiprocessors
+    std::map<std::tuple<int, const void*, int, size_t>, int> per_sm;
+};
+inline ResidentBlocksCache& resident_blocks_cache() {
+    static ResidentBlocksCache c;
+    return c;
+}
+template <typename K>
+inline int resident_blocks(K kernel, int threads, size_t smem, int cap) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    ResidentBlocksCache& c = resident_blocks_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto s = c.sms.find(dev);
+    if (s == c.sms.end()) {
+        cudaDeviceProp p{};
+        CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+        s = c.sms.emplace(dev, std::max(1, p.multiProcessorCount)).first;
+    }
+    const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), threads, smem);
+    auto b = c.per_sm.find(key);
+    if (b == c.per_sm.end()) {
+        int n = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+        b = c.per_sm.emplace(key, std::max(1, n)).first;
+    }
+    return std::max(1, std::min(cap, s->second * b->second));
 }
 
 // One-line description of device 0: "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB".

@@ -176,6 +176,10 @@ static bool run_checks(wb::Checks which, double tol_act, double tol_grad) {
             ok &= chk({1, 3, 1100, 5, 4, 2}, 29, 0.05);
             ok &= chk({1, 5, 64, 6, 4, 6}, 30);
             ok &= chk({1, 5, 64, 2, 4, 9}, 25);  // N_b > D: one sublayer per block, no p anywhere
+            // up to 8 block sources at 2 and 4 values per thread: block_inter_kernel's groups of
+            // 8 and 4 sources and block_flush2_kernel's of 4 and 2, the last ones partial
+            ok &= chk({1, 7, 400, 8, 4, 8}, 31);
+            ok &= chk({1, 5, 1024, 8, 4, 8}, 32);
         }
         if (!quick) {
             if (path != BlockPath::TwoPhase) ok &= chk({1, 5, 64, 2, 4, 9}, 25);

@@ -1141,6 +1141,23 @@ inline cudaError_t func_set_attribute_(F* f, cudaFuncAttribute attr, int value) 
     return cudaSuccess;
 }
 
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor: thread blocks of `threads` threads and `smem`
+// bytes of dynamic shared memory one SM holds at once, from what the emulation knows: 2048
+// threads and 32 blocks per SM, 228 KiB of shared memory with 1 KiB reserved per block (not the
+// kernel's registers or static __shared__, which only ptxas knows: scripts/launch_check.py). 0
+// where one block does not fit; cudaErrorInvalidValue for a block size outside 1..1024.
+template <typename F>
+inline cudaError_t occupancy_(int* n, F f, int threads, size_t smem) {
+    (void)f;
+    if (threads <= 0 || threads > 1024) return cudaErrorInvalidValue;
+    const int warps = (threads + 31) / 32;
+    int b = std::min(32, 64 / warps);
+    if (smem > kSmemOptin) b = 0;
+    else b = std::min<long>(b, (long)(228 * 1024) / (long)(smem + 1024));
+    *n = b;
+    return cudaSuccess;
+}
+
 // $EMU_LAUNCH_LOG naming a file: every distinct launch configuration (kernel, threads per block,
 // dynamic shared memory, opt-in) of the process is appended to it as one line
 // "symbol<TAB>threads<TAB>dynamic smem B<TAB>opt-in B or -1<TAB>static smem B seen", the symbol
@@ -1639,6 +1656,7 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaGraph_t ::emu::Graph*
 #define cudaGraphExec_t ::emu::Graph*
 #define cudaFuncSetAttribute(...) ::emu::func_set_attribute_(__VA_ARGS__)
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, f, threads, smem) ::emu::occupancy_(n, f, threads, smem)
 #define cudaGetDeviceCount(n) (*(n) = 1, cudaSuccess)
 #define cudaMemGetInfo(f, t) ::emu::mem_get_info_(f, t)
 #define cudaSetDevice(d) ((void)(d), cudaSuccess)
