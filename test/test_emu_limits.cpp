@@ -5,6 +5,7 @@
 // opt-in and opt-in + static at most 227 KiB; a block no larger than the kernel's
 // __launch_bounds__ (gen.py inserts the check into every such kernel: checked on the generated
 // classifier kernel). Each refused launch runs in a forked child (run_child, test/helpers.h).
+// Also the helpers built on these limits: ensure_dynamic_smem and resident_blocks (cuda/common.cuh).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -184,6 +185,26 @@ TEST_CASE("ensure_dynamic_smem (cuda/common.cuh) raises a kernel's opt-in and ne
     CHECK_THROWS_AS(ensure_dynamic_smem(dyn_kernel_d, 228 * 1024), ldm::Error);
     CHECK(emu::detail::optin_of(key) == 150 * 1024);
     cudaFree(out);
+}
+
+TEST_CASE("resident_blocks (cuda/common.cuh): one wave of the emulated device's resident blocks, capped",
+          "[emu][limits]") {
+    using ldm::gpu::resident_blocks;
+    // the emulated device: 1 SM of 2048 threads, 32 blocks, 228 KiB of shared memory (1 KiB reserved per block)
+    int n = -1;
+    REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 256, 0) == cudaSuccess);
+    CHECK(n == 8);
+    REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 32, 0) == cudaSuccess);
+    CHECK(n == 32);
+    REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 96, 100 * 1024) == cudaSuccess);
+    CHECK(n == 2);  // 228 KiB / 101 KiB
+    REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 96, 228 * 1024) == cudaSuccess);
+    CHECK(n == 0);
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 1025, 0) == cudaErrorInvalidValue);
+    CHECK(resident_blocks(dyn_kernel_a, 256, 0, 1024) == 8);
+    CHECK(resident_blocks(dyn_kernel_a, 256, 0, 3) == 3);                  // capped
+    CHECK(resident_blocks(dyn_kernel_a, 128, 60 * 1024, 1024) == 3);       // 228 / 61
+    CHECK(resident_blocks(dyn_kernel_a, 128, 228 * 1024, 1024) == 1);      // never below one
 }
 
 TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (generated classifier kernel)",
