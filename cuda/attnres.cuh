@@ -1006,7 +1006,7 @@ block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx
 #pragma unroll
                 for (int g = 0; g < G; g++) {  // every load of the group first
                     rk[g] = 0.f;
-                    if (g >= gk) break;
+                    if (G > 1 && g >= gk) break;
                     const T* u = U + (int64_t)(k0 + g) * Nd + t * d;
                     rk[g] = R[(int64_t)(k0 + g) * N + t];
 #pragma unroll
@@ -1020,7 +1020,7 @@ block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx
 #pragma unroll
                     for (int i = 0; i < NC; i++) {
                         float qa = 0.f, da = 0.f;
-                        if (g < gk) {
+                        if (G == 1 || g < gk) {
 #pragma unroll
                             for (int v = 0; v < VPT; v++) {
                                 qa += q[i][v] * uv[g][v];
@@ -1065,20 +1065,21 @@ block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx
 #pragma unroll
                 for (int g = 0; g < G; g++) {
                     rk[g] = 0.f;
-                    if (g >= gk) break;
+                    if (G > 1 && g >= gk) break;
                     const T* u = U + (int64_t)(k0 + g) * Nd + t * d;
                     const float* du = dU + (int64_t)(k0 + g) * Nd + t * d;
+                    (void)du;
                     rk[g] = R[(int64_t)(k0 + g) * N + t];
 #pragma unroll
                     for (int v = 0; v < VPT; v++) {
                         const int c = threadIdx.x + v * kThreads;
                         uv[g][v] = c < d ? to_f(u[c]) : 0.f;
-                        dv[g][v] = c < d ? du[c] : 0.f;
+                        if constexpr (G > 1) dv[g][v] = c < d ? du[c] : 0.f;  // (G = 1: read at use, no spill)
                     }
                 }
 #pragma unroll
                 for (int g = 0; g < G; g++) {
-                    if (g >= gk) break;
+                    if (G > 1 && g >= gk) break;
                     const int k = k0 + g;
                     const float r = rk[g];
                     float* du = dU + (int64_t)k * Nd + t * d;
@@ -1104,7 +1105,8 @@ block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx
                             acc += al[i] * dxv[i][v] + bq[i] * q[i][v];
                             dqs[(i0 + i) * d + c] += bq[i] * uv[g][v];
                         }
-                        du[c] = dv[g][v] + (acc - gam * uv[g][v]);
+                        if constexpr (G > 1) du[c] = dv[g][v] + (acc - gam * uv[g][v]);
+                        else du[c] += acc - gam * uv[g][v];
                     }
                 }
             }
