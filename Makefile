@@ -181,15 +181,21 @@ $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(TEST_COMMON) $(LIB)
 comma := ,
 WGMMA_BINS := $(BUILD)/cuda/attention
 $(WGMMA_BINS): NVCCFLAGS := $(subst arch=compute_90$(comma)code=sm_90 ,arch=compute_90a$(comma)code=sm_90a ,$(NVCCFLAGS))
+# Each CUDA target keeps ptxas's resource report (-Xptxas -v: registers, shared memory, spills
+# per kernel of the CUDA_ARCH cubin) in $@.ptxas, which test_ptxas and scripts/ptxas_report.py
+# --log read instead of compiling again; everything else nvcc prints still reaches the terminal.
 cuda: $(CU_BINS)
+define nvcc_link
+	@mkdir -p $(dir $@)
+	$(call say,NVCC,$<)
+	$(Q)$(NVCC) $(NVCCFLAGS) -Xptxas -v $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@ 2> $@.ptxas.tmp; \
+	  st=$$?; grep -v -E '^ptxas info +:|^ +[0-9]+ bytes stack frame' $@.ptxas.tmp >&2; \
+	  if [ $$st = 0 ]; then mv -f $@.ptxas.tmp $@.ptxas; else rm -f $@.ptxas.tmp $@.ptxas; fi; exit $$st
+endef
 $(BUILD)/cuda/%: %.cu $(LIB)
-	@mkdir -p $(dir $@)
-	$(call say,NVCC,$<)
-	$(Q)$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
+	$(nvcc_link)
 $(BUILD)/cuda/%: dev/cuda/%.cu $(LIB)
-	@mkdir -p $(dir $@)
-	$(call say,NVCC,$<)
-	$(Q)$(NVCC) $(NVCCFLAGS) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
+	$(nvcc_link)
 
 deps:
 	@bash scripts/install_deps.sh
