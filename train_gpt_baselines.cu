@@ -821,8 +821,9 @@ struct GpuAttnRes : GpuScheme<T> {
 
     // Deferred Full backward of sublayer j (the readout: j = D + 1): scores, dL/dq, the pair scalars
     // of j's sources and dx_j's stash row. Sources in groups of full_group<VPT>() per barrier; the
-    // token's rows kept in shared memory for the dL/dq pass wherever they fit (STAGE), else read
-    // twice. (Virtual: the workbench also runs one source per barrier without staging.)
+    // token's rows copied into shared memory first (cp.async, all in flight at once) wherever they
+    // fit (STAGE), else read twice from global memory. (Virtual: the workbench also runs one
+    // source per barrier without staging, and the scores kernel before cp.async.)
     virtual void full_scores_backward(int j, const T* dx, cudaStream_t s) {
         ar_detail::dispatch_vpt(d_, [&](auto c) {
             constexpr int VPT = decltype(c)::value, G = ar_detail::full_group<VPT>();
@@ -834,11 +835,15 @@ struct GpuAttnRes : GpuScheme<T> {
     }
     template <int VPT, int G, bool STAGE>
     void launch_full_scores(int j, const T* dx, cudaStream_t s) {
+        launch_full_scores_kernel(ar_detail::full_scores_backward_kernel<T, VPT, G, STAGE>,
+                                  ar_detail::full_scores_smem<T>(G, STAGE, j, d_), j, dx, s);
+    }
+    // kern: full_scores_backward_kernel's arguments (the workbench also launches a replaced variant).
+    template <typename Kernel>
+    void launch_full_scores_kernel(Kernel kern, size_t smem, int j, const T* dx, cudaStream_t s) {
         const float* w = Wj(j);
         const float* g = w + d_;
         const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
-        const size_t smem = ar_detail::full_scores_smem<T>(G, STAGE, j, d_);
-        auto kern = ar_detail::full_scores_backward_kernel<T, VPT, G, STAGE>;
         ensure_dynamic_smem(kern, smem);
         const int nb = resident_blocks(kern, ar_detail::kThreads, smem, bwd_blocks());
         kern<<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane,
@@ -877,14 +882,35 @@ struct GpuAttnRes : GpuScheme<T> {
             constexpr int TT = ar_detail::flush_tokens<VPT>(), TT2 = ar_detail::flush_tokens<VPT, 2>();
             if (TT2 > 0 && ar_detail::full_flush_pairs(k, J, pair_min_)) {
                 if constexpr (TT2 > 0)
-                    ar_detail::full_flush_kernel<T, VPT, 2><<<(unsigned)ceil_div(N_, TT2), ar_detail::kThreads, 0, s>>>(
-                        out, part_.ptr, U(k), RU(k), U(k - 1), RU(k - 1), stash_.ptr, pa, pds, psc, M_, k, J, N_, d_);
+                    launch_flush<VPT, 2, TT2>(out, U(k), RU(k), U(k - 1), RU(k - 1), k, s);
                 pending_ = k - 1;
             } else {
-                ar_detail::full_flush_kernel<T, VPT><<<(unsigned)ceil_div(N_, TT), ar_detail::kThreads, 0, s>>>(
-                    out, nullptr, U(k), RU(k), nullptr, nullptr, stash_.ptr, pa, pds, psc, M_, k, J, N_, d_);
+                launch_flush<VPT, 1, TT>(out, U(k), RU(k), nullptr, nullptr, k, s);
             }
         });
+    }
+    // full_flush_kernel with its ring of kFlushStages slots wherever that fits the opt-in limit, else
+    // with direct loads. (Virtual: the workbench also runs the direct loads everywhere.)
+    virtual bool flush_ring(size_t bytes) const { return bytes <= smem_optin_; }
+    template <int VPT, int NS, int TT>
+    void launch_flush(T* out, const T* u, const float* r, const T* u1, const float* r1, int k, cudaStream_t s) {
+        constexpr int S = ar_detail::kFlushStages;
+        const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
+        const float* pa = pairs_.ptr;
+        const float* pds = pairs_.ptr + plane;
+        const float* psc = pairs_.ptr + 2 * plane;
+        const unsigned grid = (unsigned)ceil_div(N_, TT);
+        const size_t smem = S * ar_detail::flush_slot_bytes<T>(TT, NS, d_);
+        float* part = NS == 2 ? part_.ptr : nullptr;
+        if (flush_ring(smem)) {
+            auto kern = ar_detail::full_flush_kernel<T, VPT, NS, TT, S>;
+            ensure_dynamic_smem(kern, smem);
+            kern<<<grid, ar_detail::kThreads, smem, s>>>(out, part, u, r, u1, r1, stash_.ptr, pa, pds, psc, M_, k,
+                                                         D_ + 1, N_, d_);
+        } else {
+            ar_detail::full_flush_kernel<T, VPT, NS, TT, 0><<<grid, ar_detail::kThreads, 0, s>>>(
+                out, part, u, r, u1, r1, stash_.ptr, pa, pds, psc, M_, k, D_ + 1, N_, d_);
+        }
         LDM_LAUNCH_CHECK();
     }
     // Whether full_flush pairs any sources: d <= 4096 (full_flush_kernel's NS = 2 needs VPT <= 16)

@@ -37,6 +37,7 @@
 
 #include "core/config.h"
 #include "cuda/common.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/scheme.cuh"
 #include "cpu/scheme_attnres.h"
 
@@ -390,15 +391,19 @@ __host__ __device__ inline size_t full_scores_smem(int G, bool stage, int K, int
 }
 
 // Sublayer j's backward on the deferred path, persistent blocks (the trainer: one resident wave,
-// at most kBackwardBlocks; tokens strided by gridDim). Per token t: pass 1 reads the K = j sources u_k (U [K, N, d],
-// r: R [K, N]) in groups of G, the group's rows and r loaded together and its 2G dots q·u_k and
-// dx·u_k reduced with one barrier (block_sum_db); s_k = r_k q·u_k; then thread 0 forms α =
-// softmax(s) and dL/ds (attnres_softmax, attnres_softmax_backward); pa/pds/psc[(pair0 + k)·N + t] =
-// α_k, dL/ds_k, s_k; stash[t·d ..] = dx[t] (T); pass 2 adds ds_k r_k u_k into this thread's dL/dq
-// channels (registers), reading the rows back from shared memory (STAGE: pass 1 kept the token's
-// rows there) or again from global memory. dq_part[blockIdx.x, c] = the block's Σ_t Σ_k ds_k r_k
-// u_k[c] (reduced over blocks by dq_reduce_kernel). q = w ⊙ g (fp32 [d]). kThreads threads,
-// channel c = threadIdx.x + v·kThreads (d <= kThreads·VPT); dynamic smem full_scores_smem.
+// at most kBackwardBlocks; tokens strided by gridDim). Per token t: pass 1 reads the K = j sources
+// u_k (U [K, N, d], r: R [K, N]) in groups of G, the group's 2G dots q·u_k and dx·u_k reduced with
+// one barrier (block_sum_db); s_k = r_k q·u_k; then thread 0 forms α = softmax(s) and dL/ds
+// (attnres_softmax, attnres_softmax_backward); pa/pds/psc[(pair0 + k)·N + t] = α_k, dL/ds_k, s_k;
+// stash[t·d ..] = dx[t] (T); pass 2 adds ds_k r_k u_k into this thread's dL/dq channels
+// (registers). STAGE: the token's K rows and r values are first copied into shared memory as one
+// batch of asynchronous copies (cp.async; the rows 16 bytes each where d·sizeof(T) and U are
+// 16-byte aligned, else plain loads), all of them in flight at once, and both passes read there; else both passes
+// read global memory, pass 1 loading each group's rows and r together. dq_part[blockIdx.x, c] =
+// the block's Σ_t Σ_k ds_k r_k u_k[c] (reduced over blocks by dq_reduce_kernel). q = w ⊙ g (fp32
+// [d]). kThreads threads, channel c = threadIdx.x + v·kThreads (d <= kThreads·VPT); dynamic smem
+// full_scores_smem. The sums and their order do not depend on STAGE (explicit fmaf: the
+// contractions nvcc makes anyway, and the same ones on the host under dev/emu).
 template <typename T, int VPT, int G, bool STAGE>
 __global__ void __launch_bounds__(kThreads)
 full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T* stash, const T* dx, const T* U,
@@ -417,8 +422,29 @@ full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T
         q[v] = c < d ? w[c] * g[c] : 0.f;
         dq[v] = 0.f;
     }
+    // STAGE: 16-byte copies where every row starts 16-byte aligned (cpr chunks per row)
+    const bool vec16 = STAGE && (d * sizeof(T)) % 16 == 0 && (reinterpret_cast<uintptr_t>(U) & 15) == 0;
+    const int cpr = (int)(d * sizeof(T) / 16);
     int parity = 0;
     for (int64_t t = blockIdx.x; t < N; t += gridDim.x) {
+        if (STAGE) {
+            __syncthreads();  // every thread is done with the previous token's staged rows and r
+            if (vec16) {
+                for (int i = threadIdx.x; i < K * cpr; i += kThreads) {
+                    const int k = i / cpr;
+                    const char* src = reinterpret_cast<const char*>(U + ((int64_t)k * N + t) * d);
+                    cp_async_16(reinterpret_cast<char*>(stage) + (size_t)i * 16, src + (size_t)(i - k * cpr) * 16,
+                                true);
+                }
+            } else {
+                for (int64_t i = threadIdx.x; i < (int64_t)K * d; i += kThreads) {
+                    const int64_t k = i / d;
+                    stage[i] = U[(k * N + t) * d + (i - k * d)];
+                }
+            }
+            for (int k = threadIdx.x; k < K; k += kThreads) cp_async_4(rr + k, R + (int64_t)k * N + t, true);
+            cp_async_commit();
+        }
         float xd[VPT];
 #pragma unroll
         for (int v = 0; v < VPT; v++) {
@@ -430,31 +456,51 @@ full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T
                 xd[v] = to_f(xv);
             }
         }
+        if (STAGE) {
+            cp_async_wait<0>();
+            __syncthreads();  // the token's rows and r values are in shared memory
+        }
         for (int k0 = 0; k0 < K; k0 += G) {  // pass 1: scores and dots
             const int gk = K - k0 < G ? K - k0 : G;
-            float uv[G][VPT], dot[2 * G], rk[G];
+            float dot[2 * G], rk[G];  // (rk: without STAGE; with it, thread 0 reads rr)
+            if constexpr (STAGE) {  // the rows are in shared memory: each value read at its use
 #pragma unroll
-            for (int i = 0; i < G; i++) {  // every load of the group first
-                dot[2 * i] = dot[2 * i + 1] = 0.f;
-                rk[i] = 0.f;
-                if (i >= gk) break;
-                const T* u = U + ((int64_t)(k0 + i) * N + t) * d;
-                rk[i] = R[(int64_t)(k0 + i) * N + t];
+                for (int i = 0; i < G; i++) {
+                    dot[2 * i] = dot[2 * i + 1] = 0.f;
+                    if (i >= gk) break;
+                    const T* u = stage + (int64_t)(k0 + i) * d;
 #pragma unroll
-                for (int v = 0; v < VPT; v++) {
-                    const int c = threadIdx.x + v * kThreads;
-                    const T ut = c < d ? u[c] : from_f<T>(0.f);
-                    if (STAGE && c < d) stage[(int64_t)(k0 + i) * d + c] = ut;
-                    uv[i][v] = to_f(ut);
+                    for (int v = 0; v < VPT; v++) {
+                        const int c = threadIdx.x + v * kThreads;
+                        const float uf = c < d ? to_f(u[c]) : 0.f;
+                        dot[2 * i] = fmaf(q[v], uf, dot[2 * i]);
+                        dot[2 * i + 1] = fmaf(xd[v], uf, dot[2 * i + 1]);
+                    }
                 }
-            }
+            } else {
+                float uv[G][VPT];
 #pragma unroll
-            for (int i = 0; i < G; i++) {
-                if (i >= gk) break;
+                for (int i = 0; i < G; i++) {  // every load of the group first
+                    dot[2 * i] = dot[2 * i + 1] = 0.f;
+                    rk[i] = 0.f;
+                    if (i >= gk) break;
+                    const T* u = U + ((int64_t)(k0 + i) * N + t) * d;
+                    rk[i] = R[(int64_t)(k0 + i) * N + t];
 #pragma unroll
-                for (int v = 0; v < VPT; v++) {
-                    dot[2 * i] += q[v] * uv[i][v];
-                    dot[2 * i + 1] += xd[v] * uv[i][v];
+                    for (int v = 0; v < VPT; v++) {
+                        const int c = threadIdx.x + v * kThreads;
+                        const T ut = c < d ? u[c] : from_f<T>(0.f);
+                        uv[i][v] = to_f(ut);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < G; i++) {
+                    if (i >= gk) break;
+#pragma unroll
+                    for (int v = 0; v < VPT; v++) {
+                        dot[2 * i] = fmaf(q[v], uv[i][v], dot[2 * i]);
+                        dot[2 * i + 1] = fmaf(xd[v], uv[i][v], dot[2 * i + 1]);
+                    }
                 }
             }
             block_sum_db<2 * G>(dot, sm + parity * HALF, 2 * gk);
@@ -463,10 +509,10 @@ full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T
 #pragma unroll
                 for (int i = 0; i < G; i++) {
                     if (i >= gk) break;
-                    sc[k0 + i] = dot[2 * i] * rk[i];
+                    if (!STAGE) rr[k0 + i] = rk[i];  // (STAGE: the copies put it there)
+                    sc[k0 + i] = dot[2 * i] * rr[k0 + i];
                     al[k0 + i] = sc[k0 + i];
                     da[k0 + i] = dot[2 * i + 1];
-                    rr[k0 + i] = rk[i];
                 }
             }
         }
@@ -499,12 +545,12 @@ full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T
                 if (i >= gk) break;
                 const float f = da[k0 + i] * rr[k0 + i];
 #pragma unroll
-                for (int v = 0; v < VPT; v++) dq[v] += f * uv[i][v];
+                for (int v = 0; v < VPT; v++) dq[v] = fmaf(f, uv[i][v], dq[v]);
             }
         }
-        // No barrier here: the next token's thread 0 rewrites s, dL/ds, α, r only after its first
-        // block_sum_db barrier, which every thread reaches after its reads above, and each thread
-        // reads back only the staged channels it wrote itself.
+        // No barrier here for s, dL/ds, α, r: the next token's thread 0 rewrites them only after
+        // its first block_sum_db barrier, which every thread reaches after its reads above (the
+        // staged rows and r: the barrier at the top of the loop).
     }
 #pragma unroll
     for (int v = 0; v < VPT; v++) {
@@ -519,6 +565,14 @@ full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T
 template <int VPT, int NS = 1>
 __host__ __device__ constexpr int flush_tokens() { return (VPT >= 32 ? 1 : (32 / VPT > 8 ? 8 : 32 / VPT)) / NS; }
 
+// One slot of full_flush_kernel's ring: TT stash rows in T, then the 3·NS·TT pair scalars (α,
+// dL/ds, s; fp32), each part rounded up to 16 bytes.
+template <typename T>
+__host__ __device__ inline size_t flush_slot_bytes(int TT, int NS, int d) {
+    return ((size_t)TT * d * sizeof(T) + 15) / 16 * 16 + ((size_t)3 * NS * TT * sizeof(float) + 15) / 16 * 16;
+}
+constexpr int kFlushStages = 4;  // ring slots of full_flush_kernel: 3 consumers in flight
+
 // The deferred Full backward's pairing rule (GpuAttnRes::full_flush): source k's flush also sums
 // source k − 1 where k >= 1 and k still has J − k >= pair_min consumers (J = D + 1, the readout).
 // One predicate for the trainer's schedule, its allocation test and the workbench's byte count.
@@ -532,10 +586,18 @@ __host__ __device__ constexpr bool full_flush_pairs(int k, int J, int pair_min) 
 // of one launch per source. u, r: source k [N, d] (T) and its r [N]; stash: dx_j at row j-1 of
 // [J, N, d]; pa/pds/psc: full_scores_backward_kernel's planes; wg: the fp32 master, (w_j, g_j) at
 // (j-1)·2d; J = D+1 (the readout). Grid ceil(N / TT), kThreads threads, channel c = threadIdx.x +
-// v·kThreads (d <= kThreads·VPT); no shared memory. Every load of a sublayer (TT rows) is issued
-// before its sums.
-template <typename T, int VPT, int NS = 1, int TT = flush_tokens<VPT, NS>()>
-__global__ void __launch_bounds__(kThreads)
+// v·kThreads (d <= kThreads·VPT). S = 0: no shared memory; every load of a consumer (TT rows and
+// the pair scalars) is issued before its sums. S >= 2 (the trainer: kFlushStages where the ring
+// fits the opt-in limit): a ring of S slots in shared memory (dynamic smem S·flush_slot_bytes)
+// holds consumers' TT stash rows and scalars, copied with cp.async (16-byte copies where d·sizeof(T)
+// and stash are 16-byte aligned, else plain loads for the rows) S − 1 consumers ahead, so S − 1
+// consumers' rows are in flight while one is summed; one barrier per consumer. The sums and their
+// order do not depend on S. Launch bounds (blocks per SM): S = 0 leaves it to ptxas (0: as
+// without a minimum; it keeps two blocks at VPT <= 8); with the ring the pair kernels at VPT <= 8
+// are held to two (128 registers) and the others may take up to 255 registers (1; ptxas's own
+// choice spilled at VPT 12). No spills in any instantiation (doc/ptxas.md).
+template <typename T, int VPT, int NS = 1, int TT = flush_tokens<VPT, NS>(), int S = 0>
+__global__ void __launch_bounds__(kThreads, S == 0 ? 0 : NS == 2 && VPT <= 8 ? 2 : 1)
 full_flush_kernel(T* out, float* part, const T* u, const float* r, const T* u1, const float* r1, const T* stash,
                   const float* pa, const float* pds, const float* psc, const float* wg, int k, int J, int N, int d) {
     static_assert((NS == 1 || NS == 2) && TT >= 1, "full_flush_kernel: one or two sources, TT >= 1");
@@ -557,42 +619,106 @@ full_flush_kernel(T* out, float* part, const T* u, const float* r, const T* u1, 
             }
         }
     }
+    // S > 0: the ring (slot e: rows at ring + e·slot, scalars [3][NS][TT] after them)
+    extern __shared__ __align__(16) unsigned char ring[];
+    const int rows_bytes = (int)(((size_t)TT * d * sizeof(T) + 15) / 16 * 16);
+    const int slot = (int)flush_slot_bytes<T>(TT, NS, d);
+    const bool vec16 = S > 0 && (d * sizeof(T)) % 16 == 0 && (reinterpret_cast<uintptr_t>(stash) & 15) == 0;
+    // copies of consumer j's nt rows and scalars into slot e (S > 0)
+    auto issue = [&](int j, int e) {
+        const T* src = stash + ((int64_t)(j - 1) * N + t0) * d;
+        unsigned char* dst = ring + e * slot;
+        if (vec16) {
+            const int chunks = (int)((size_t)nt * d * sizeof(T) / 16);
+            for (int i = threadIdx.x; i < chunks; i += kThreads)
+                cp_async_16(dst + i * 16, reinterpret_cast<const unsigned char*>(src) + (size_t)i * 16, true);
+        } else {
+            for (int i = threadIdx.x; i < nt * d; i += kThreads) reinterpret_cast<T*>(dst)[i] = src[i];
+        }
+        const int64_t o = full_pair(j, k) * N + t0;
+        float* sl = reinterpret_cast<float*>(dst + rows_bytes);
+        for (int e2 = threadIdx.x; e2 < 3 * NS * TT; e2 += kThreads) {  // e2 = (plane·NS + s)·TT + i
+            const int i = e2 % TT, sj = (e2 / TT) % NS, pl = e2 / (NS * TT);
+            const float* plane = pl == 0 ? pa : pl == 1 ? pds : psc;
+            cp_async_4(sl + e2, plane + o - sj * N + (i < nt ? i : 0), i < nt);
+        }
+    };
+    if constexpr (S > 0) {
+        for (int e = 0; e < S - 1; e++) {  // consumers J .. J − S + 2
+            if (J - e > k) issue(J - e, e);
+            cp_async_commit();
+        }
+    }
     for (int j = J; j > k; j--) {
         const float* w = wg + (int64_t)(j - 1) * 2 * d;
         const float* g = w + d;
-        const T* sx = stash + ((int64_t)(j - 1) * N + t0) * d;
-        const int64_t o = full_pair(j, k) * N + t0;  // pair (j, k − 1) is the plane row before
-        float q[VPT], x[TT][VPT], a[NS][TT], ds[NS][TT], sk[NS][TT];
+        float q[VPT];
+        if constexpr (S == 0) {
+            const T* sx = stash + ((int64_t)(j - 1) * N + t0) * d;
+            const int64_t o = full_pair(j, k) * N + t0;  // pair (j, k − 1) is the plane row before
+            float x[TT][VPT], a[NS][TT], ds[NS][TT], sk[NS][TT];
 #pragma unroll
-        for (int i = 0; i < TT; i++) {  // every load of this sublayer first
-            if (i >= nt) break;
+            for (int i = 0; i < TT; i++) {  // every load of this sublayer first
+                if (i >= nt) break;
 #pragma unroll
-            for (int s = 0; s < NS; s++) {
-                a[s][i] = pa[o - s * N + i];
-                ds[s][i] = pds[o - s * N + i];
-                sk[s][i] = psc[o - s * N + i];
+                for (int s = 0; s < NS; s++) {
+                    a[s][i] = pa[o - s * N + i];
+                    ds[s][i] = pds[o - s * N + i];
+                    sk[s][i] = psc[o - s * N + i];
+                }
+#pragma unroll
+                for (int v = 0; v < VPT; v++) {
+                    const int c = threadIdx.x + v * kThreads;
+                    x[i][v] = c < d ? to_f(sx[(int64_t)i * d + c]) : 0.f;
+                }
             }
 #pragma unroll
             for (int v = 0; v < VPT; v++) {
                 const int c = threadIdx.x + v * kThreads;
-                x[i][v] = c < d ? to_f(sx[(int64_t)i * d + c]) : 0.f;
+                q[v] = c < d ? w[c] * g[c] : 0.f;
             }
-        }
 #pragma unroll
-        for (int v = 0; v < VPT; v++) {
-            const int c = threadIdx.x + v * kThreads;
-            q[v] = c < d ? w[c] * g[c] : 0.f;
-        }
+            for (int i = 0; i < TT; i++) {
+                if (i >= nt) break;
 #pragma unroll
-        for (int i = 0; i < TT; i++) {
-            if (i >= nt) break;
+                for (int s = 0; s < NS; s++) {
 #pragma unroll
-            for (int s = 0; s < NS; s++) {
+                    for (int v = 0; v < VPT; v++) {
+                        const float val =
+                            a[s][i] * x[i][v] + attnres_score_grad(ds[s][i], rk[s][i], sk[s][i], q[v], uk[s][i][v], d);
+                        acc[s][i][v] = j == J ? val : acc[s][i][v] + val;  // the first term written, then adds
+                    }
+                }
+            }
+        } else {
+            const int n = J - j;  // this consumer's slot n % S; the ring holds n .. n + S − 2
 #pragma unroll
-                for (int v = 0; v < VPT; v++) {
-                    const float val =
-                        a[s][i] * x[i][v] + attnres_score_grad(ds[s][i], rk[s][i], sk[s][i], q[v], uk[s][i][v], d);
-                    acc[s][i][v] = j == J ? val : acc[s][i][v] + val;  // the direct backward's first write, then adds
+            for (int v = 0; v < VPT; v++) {  // (L2) issued before the wait
+                const int c = threadIdx.x + v * kThreads;
+                q[v] = c < d ? w[c] * g[c] : 0.f;
+            }
+            cp_async_wait<S - 2>();  // this thread's copies of consumer n landed
+            __syncthreads();         // everyone's; and every thread is done with consumer n − 1's slot
+            if (j - (S - 1) > k) issue(j - (S - 1), (n + S - 1) % S);  // into n − 1's slot
+            cp_async_commit();
+            const unsigned char* cur = ring + (n % S) * slot;
+            const T* xs = reinterpret_cast<const T*>(cur);
+            const float* sl = reinterpret_cast<const float*>(cur + rows_bytes);
+            // the S = 0 branch's sums, each row value and scalar read from the slot at its use
+#pragma unroll
+            for (int i = 0; i < TT; i++) {
+                if (i >= nt) break;
+#pragma unroll
+                for (int s = 0; s < NS; s++) {
+                    const float as = sl[(0 * NS + s) * TT + i], dss = sl[(1 * NS + s) * TT + i],
+                                sks = sl[(2 * NS + s) * TT + i];
+#pragma unroll
+                    for (int v = 0; v < VPT; v++) {
+                        const int c = threadIdx.x + v * kThreads;
+                        const float xv = c < d ? to_f(xs[(int64_t)i * d + c]) : 0.f;
+                        const float val = as * xv + attnres_score_grad(dss, rk[s][i], sks, q[v], uk[s][i][v], d);
+                        acc[s][i][v] = j == J ? val : acc[s][i][v] + val;
+                    }
                 }
             }
         }
@@ -1066,15 +1192,13 @@ block_flush2_kernel(float* dq_part, const float* bp, const float* e, const T* dx
                 for (int g = 0; g < G; g++) {
                     rk[g] = 0.f;
                     if (G > 1 && g >= gk) break;
-                    const T* u = U + (int64_t)(k0 + g) * Nd + t * d;
-                    const float* du = dU + (int64_t)(k0 + g) * Nd + t * d;
-                    (void)du;
+                    const int64_t row = (int64_t)(k0 + g) * Nd + t * d;
                     rk[g] = R[(int64_t)(k0 + g) * N + t];
 #pragma unroll
                     for (int v = 0; v < VPT; v++) {
                         const int c = threadIdx.x + v * kThreads;
-                        uv[g][v] = c < d ? to_f(u[c]) : 0.f;
-                        if constexpr (G > 1) dv[g][v] = c < d ? du[c] : 0.f;  // (G = 1: read at use, no spill)
+                        uv[g][v] = c < d ? to_f(U[row + c]) : 0.f;
+                        if constexpr (G > 1) dv[g][v] = c < d ? dU[row + c] : 0.f;  // (G = 1: read at use, no spill)
                     }
                 }
 #pragma unroll

@@ -1,7 +1,8 @@
 // CPU emulation test (dev/emu; doc/cuda.md "Emulating kernels on the CPU") of
 // GpuAttnRes (train_gpt_baselines.cu, kernels cuda/attnres.cuh): the --quick workbench checks of
 // dev/cuda/attnres.cu (Full AttnRes with the deferred backward: paired flushes, one source per
-// flush, a pair at every other flush (the three bit for bit the same), one source per barrier;
+// flush, a pair at every other flush, the scores kernel's rows staged through registers, the
+// flushes' direct loads (the five bit for bit the same), one source per barrier;
 // the direct backward; Block AttnRes on the two-phase path, the per-sublayer path with the
 // deferred backward and the direct one; fp32 and bf16, vs the CPU Scheme<double>), with the
 // cuBLASLt GEMMs replaced by the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS.

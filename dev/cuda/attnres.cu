@@ -7,8 +7,10 @@
 // N = 16384, d = 1024, D = 48 (Block: 8 blocks). Block runs three ways: production's two-phase
 // path, the per-sublayer path it replaced (dev/cuda/attnres_onephase.cuh) and the per-sublayer
 // forward with the direct backward (production's fallback where the two-phase path does not
-// apply). Full runs five ways: production's deferred backward (paired flushes), the same with one
-// source per barrier and the sources read twice (attnres-full-g1), with one source per flush
+// apply). Full runs seven ways: production's deferred backward (paired flushes), the same with one
+// source per barrier and the sources read twice (attnres-full-g1), with the scores kernel's rows
+// staged through registers (-regstage, dev/cuda/attnres_fullstage.cuh), with the flushes' direct
+// loads instead of their cp.async ring (-flushdirect), with one source per flush
 // (-flush1, before the pairs) or a pair at every other flush (-pairall), and the direct backward
 // (production's Full path at d > 8192). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
 // Usage: attnres [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
@@ -17,6 +19,7 @@
 
 #define TESTING  // the trainer file without its main()
 #include "train_gpt_baselines.cu"
+#include "dev/cuda/attnres_fullstage.cuh"
 #include "dev/cuda/attnres_onephase.cuh"
 #include "dev/cuda/scheme_check.cuh"
 
@@ -55,6 +58,32 @@ struct AttnResFullG1 : GpuAttnRes<T> {
     }
 };
 
+// Full, deferred backward with the scores kernel production ran before the cp.async staging
+// (dev/cuda/attnres_fullstage.cuh: each group's rows loaded through registers) where the rows are
+// staged; elsewhere production's kernel.
+template <typename T>
+struct AttnResFullRegStage : GpuAttnRes<T> {
+    explicit AttnResFullRegStage(const ModelConfig& c) : GpuAttnRes<T>(c, false) {}
+    void full_scores_backward(int j, const T* dx, cudaStream_t s) override {
+        ar_detail::dispatch_vpt(this->d_, [&](auto c) {
+            constexpr int VPT = decltype(c)::value, G = ar_detail::full_group<VPT>();
+            const size_t smem = ar_detail::full_scores_smem<T>(G, true, j, this->d_);
+            if (smem <= this->smem_optin_)
+                this->launch_full_scores_kernel(ar_detail::full_scores_regstage_kernel<T, VPT, G>, smem, j, dx, s);
+            else
+                this->template launch_full_scores<VPT, G, false>(j, dx, s);
+        });
+    }
+};
+
+// Full, deferred backward with the flushes' direct loads (full_flush_kernel with S = 0, production
+// before the cp.async ring and its fallback where the ring does not fit the opt-in limit).
+template <typename T>
+struct AttnResFullFlushDirect : GpuAttnRes<T> {
+    explicit AttnResFullFlushDirect(const ModelConfig& c) : GpuAttnRes<T>(c, false) {}
+    bool flush_ring(size_t) const override { return false; }
+};
+
 // Full, deferred backward with the flush's pairing threshold moved: pair_min = INT_MAX flushes one
 // source per pass (production until the paired flush), pair_min = 1 pairs wherever a source below
 // remains (at every other k, from k = D down; also where it moves more bytes).
@@ -64,15 +93,18 @@ struct AttnResFullPairMin : GpuAttnRes<T> {
 };
 
 // Full's paths: production (the deferred backward with paired flushes), the deferred backward with
-// one source per barrier (AttnResFullG1), with one source per flush, with a pair at every other
-// flush, and the direct backward.
-enum class FullPath { Deferred, G1, Flush1, PairAll, Direct };
-constexpr FullPath kFullPaths[] = {FullPath::Deferred, FullPath::G1, FullPath::Flush1, FullPath::PairAll,
-                                   FullPath::Direct};
+// one source per barrier (AttnResFullG1), with the scores kernel's rows staged through registers
+// (AttnResFullRegStage), the flushes with direct loads (AttnResFullFlushDirect), with one source
+// per flush, with a pair at every other flush, and the direct backward.
+enum class FullPath { Deferred, G1, RegStage, FlushDirect, Flush1, PairAll, Direct };
+constexpr FullPath kFullPaths[] = {FullPath::Deferred, FullPath::G1,     FullPath::RegStage, FullPath::FlushDirect,
+                                   FullPath::Flush1,   FullPath::PairAll, FullPath::Direct};
 inline const char* full_label(FullPath p) {
     switch (p) {
         case FullPath::Deferred: return "attnres-full";
         case FullPath::G1: return "attnres-full-g1";
+        case FullPath::RegStage: return "attnres-full-regstage";
+        case FullPath::FlushDirect: return "attnres-full-flushdirect";
         case FullPath::Flush1: return "attnres-full-flush1";
         case FullPath::PairAll: return "attnres-full-pairall";
         default: return "attnres-full-direct";
@@ -92,6 +124,8 @@ static wb::Factory<T> full_factory(FullPath path) {
         switch (path) {
             case FullPath::Direct: return std::unique_ptr<GpuScheme<T>>(new AttnResFullDirect<T>(c));
             case FullPath::G1: s.reset(new AttnResFullG1<T>(c)); break;
+            case FullPath::RegStage: s.reset(new AttnResFullRegStage<T>(c)); break;
+            case FullPath::FlushDirect: s.reset(new AttnResFullFlushDirect<T>(c)); break;
             case FullPath::Flush1:
             case FullPath::PairAll: s.reset(new AttnResFullPairMin<T>(c, full_pair_min<T>(path))); break;
             default: s.reset(new GpuAttnRes<T>(c, false));
@@ -123,25 +157,34 @@ static bool run_checks(wb::Checks which, double tol_act, double tol_grad) {
     // Production pairs sources (k, k−1) where J − k >= 6 in bf16, 4 in fp32 (J = D + 1): at D = 6
     // (1, 0) in bf16, (3, 2), (1, 0) in fp32; at D = 10 (5, 4), (3, 2), (1, 0) in bf16, (7, 6) ..
     // (1, 0) in fp32. pairall pairs (D, D−1), (D−2, D−3), .. (2, 1) (D is even: source 0 alone).
-    // Paired and single flushes add the same terms in the same order: production, flush1 and
-    // pairall must agree bit for bit (every x_j, y, d_o_j, de and gradient; g1 and direct sum in
-    // other orders).
+    // Paired and single flushes add the same terms in the same order, and neither the scores
+    // kernel's nor the flushes' sums depend on how their rows reach the threads: production,
+    // regstage, flushdirect, flush1 and pairall must agree bit for bit (every x_j, y, d_o_j, de and gradient; g1 and direct sum in
+    // other orders). The scores kernel stages every shape here: with 16-byte copies at d = 40
+    // and, in fp32, at d = 300 .. 3100; with plain loads at d = 67 and, in bf16, at d = 300 .. 3100.
     std::vector<wb::Shape> shapes = {{2, 33, 67, 3, 4, 8}, {1, 3, 2100, 3, 4, 8}, {1, 7, 40, 5, 4, 8},
                                      {1, 5, 300, 3, 4, 8},  {1, 5, 1100, 3, 4, 8}, {1, 2, 3100, 3, 4, 8}};
     const uint64_t seeds[] = {21, 27, 31, 32, 33, 34, 22};
     if (!quick) shapes.push_back({3, 50, 1024, 2, 4, 8});
     for (size_t si = 0; si < shapes.size(); si++) {
-        // Race: shape 0 (66 tokens, the most emulated work) on production's path only.
+        // Race: shape 0 (66 tokens, the most emulated work) on production's path only, and
+        // nowhere the two paths that only move loads (regstage: the workbench's copy of the scores
+        // kernel before cp.async; flushdirect: the flush without its ring, no shared memory).
         const bool all_paths = !(which == wb::Checks::Race && si == 0);
-        std::vector<float> got[5];
+        auto skip = [&](FullPath p) {
+            return (!all_paths && p != FullPath::Deferred) ||
+                   (which == wb::Checks::Race && (p == FullPath::RegStage || p == FullPath::FlushDirect));
+        };
+        std::vector<float> got[7];
         for (FullPath path : kFullPaths) {
-            if (!all_paths && path != FullPath::Deferred) continue;
+            if (skip(path)) continue;
             ok &= wb::check_scheme<T>("attnres", "attnres-full", shapes[si], full_factory<T>(path), tol_act, tol_grad,
                                       seeds[si], 0.3, full_label(path), &got[(int)path]);
         }
         if (!all_paths) continue;
         const std::vector<float>& a = got[(int)FullPath::Deferred];
-        for (FullPath other : {FullPath::Flush1, FullPath::PairAll}) {
+        for (FullPath other : {FullPath::RegStage, FullPath::FlushDirect, FullPath::Flush1, FullPath::PairAll}) {
+            if (skip(other)) continue;
             const std::vector<float>& b = got[(int)other];
             const bool same = a.size() == b.size() && !a.empty() &&
                               std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
