@@ -9,8 +9,10 @@ not change the sm_90 code), as a markdown table. No GPU needed.
 Default sources: train_gpt_baselines.cu and train_ldm.cu (every production kernel is instantiated
 there). --log reads ptxas -v output that a build already made (the Makefile keeps each CUDA
 target's in build/cuda/NAME.ptxas) instead of compiling SRC.cu again; every entry in it must be
-for sm_ARCH (exit status 2 otherwise: the build used another CUDA_ARCH). One row per kernel (demangled, template arguments included; overloads merged, the worst
-of each column), with the sources that compile it; the summary line counts kernels with spills.
+for sm_ARCH (exit status 2 otherwise: the build used another CUDA_ARCH); the nvcc version in the
+header is then that of --nvcc, not necessarily the build's. One row per kernel (demangled,
+template arguments included; overloads merged, the worst of each column), with the sources that
+compile it; the summary line counts kernels with spills.
 Exit status: 0, or 1 when nvcc fails or its output has no kernel entries (the report would be
 empty). --tsv also writes one line per mangled kernel name, "name<TAB>registers<TAB>static smem B"
 (the worst over sources), for scripts/launch_check.py.

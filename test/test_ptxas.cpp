@@ -61,8 +61,9 @@ std::string build_log_arg(const std::string& src, const std::string& arch) {
     return " --log '" + src + "=" + base + ".ptxas'";
 }
 
-// The ptxas report of SRCS ("" = both trainers) for sm_ARCH: {markdown, tsv} paths, or empty (with
-// a SKIP) without nvcc. From the build's logs where they are current (build_log_arg), else nvcc.
+// The ptxas report of SRCS for sm_ARCH: {markdown, tsv} paths and the script's output, or empty
+// (with a SKIP) without nvcc. From the build's logs where every one is current (build_log_arg),
+// else from a new compile of all of SRCS.
 struct Report {
     std::string md, tsv, out;
 };
@@ -73,13 +74,13 @@ Report make_report(const std::string& name, const std::vector<std::string>& srcs
         return {};
     }
     std::string logs, compile;
+    bool from_build = true;
     for (const std::string& src : srcs) {
         const std::string arg = build_log_arg(src, arch);
+        from_build = from_build && !arg.empty();
         logs += arg;
         compile += " " + src;
-        if (arg.empty()) logs = "-";  // one source without a current log: compile all
     }
-    const bool from_build = logs.rfind("-", 0) != 0;
     const std::string dir = binary_scratch_dir(name);
     Report out{dir + "/ptxas.md", dir + "/ptxas.tsv", ""};
     const std::string cmd = "cd '" LDM_SOURCE_DIR "' && python3 scripts/ptxas_report.py --arch " + arch + " --out '" +
