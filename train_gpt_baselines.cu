@@ -760,7 +760,7 @@ struct GpuAttnRes : GpuScheme<T> {
     bool block_end(int j, int n) const { return (n < nb_) ? (j == n * S_) : (j == D_); }
     int block_len(int n) const { return n < nb_ ? S_ : D_ - (nb_ - 1) * S_; }
     // The most thread blocks of a persistent backward kernel (the partial buffers' rows); each
-    // launch takes one wave of them (resident_blocks).
+    // launch takes one wave of them (persistent_grid).
     int bwd_blocks() const { return std::max(1, std::min(N_, ar_detail::kBackwardBlocks)); }
     const float* Wj(int j) const { return M_ + (int64_t)(j - 1) * 2 * d_; }  // w_j; g_j = Wj(j) + d
     float* GWj(int j) const { return G_ + (int64_t)(j - 1) * 2 * d_; }
@@ -810,8 +810,7 @@ struct GpuAttnRes : GpuScheme<T> {
         float* gg = gw + d_;
         const int nw = ar_detail::kThreads / 32;
         const size_t smem = ((size_t)(2 * nw + 3) * S.K() + d_) * sizeof(float);
-        ensure_dynamic_smem(ar_detail::aggregate_backward_kernel<T>, smem);
-        const int nb = resident_blocks(ar_detail::aggregate_backward_kernel<T>, ar_detail::kThreads, smem, bwd_blocks());
+        const int nb = persistent_grid(ar_detail::aggregate_backward_kernel<T>, ar_detail::kThreads, smem, bwd_blocks());
         ar_detail::aggregate_backward_kernel<T><<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, dx, S, w, g, N_,
                                                                                        d_, overwrite);
         LDM_LAUNCH_CHECK();
@@ -844,8 +843,7 @@ struct GpuAttnRes : GpuScheme<T> {
         const float* w = Wj(j);
         const float* g = w + d_;
         const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
-        ensure_dynamic_smem(kern, smem);
-        const int nb = resident_blocks(kern, ar_detail::kThreads, smem, bwd_blocks());
+        const int nb = persistent_grid(kern, ar_detail::kThreads, smem, bwd_blocks());
         kern<<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane,
                                                    stash_.ptr + (int64_t)(j - 1) * N_ * d_, dx, U(0), RU(0), j, w, g,
                                                    ar_detail::full_pair(j, 0), N_, d_);
@@ -960,7 +958,7 @@ struct GpuAttnRes : GpuScheme<T> {
             constexpr int VPT = decltype(c)::value;
             if (i >= 2) {
                 const size_t psm = 2 * 3 * (ar_detail::kThreads / 32) * sizeof(float);
-                const int nbk = resident_blocks(ar_detail::block_p_backward_kernel<T, VPT>, ar_detail::kThreads, psm,
+                const int nbk = persistent_grid(ar_detail::block_p_backward_kernel<T, VPT>, ar_detail::kThreads, psm,
                                                 bwd_blocks());
                 ar_detail::block_p_backward_kernel<T, VPT><<<nbk, ar_detail::kThreads, psm, s>>>(
                     dq_part_.ptr, BP(i), E(i), A(j, n), dx, PV(j), RP(j), DU(n), LSEI(j, n), Wj(j), Wj(j) + d_, N_, d_);
@@ -971,9 +969,8 @@ struct GpuAttnRes : GpuScheme<T> {
                 return;
             }
             const size_t fsm = ar_detail::flush2_smem_floats(ns, d_, n) * sizeof(float);
-            ensure_dynamic_smem(ar_detail::block_flush2_kernel<T, VPT>, fsm);
             const int nbk =
-                resident_blocks(ar_detail::block_flush2_kernel<T, VPT>, ar_detail::kThreads, fsm, bwd_blocks());
+                persistent_grid(ar_detail::block_flush2_kernel<T, VPT>, ar_detail::kThreads, fsm, bwd_blocks());
             ar_detail::block_flush2_kernel<T, VPT><<<nbk, ar_detail::kThreads, fsm, s>>>(
                 dq2_part_.ptr, ns > 1 ? BP(2) : nullptr, ns > 1 ? E(2) : nullptr, dx, ns > 1 ? A(j0 + 1, n) : nullptr,
                 U(0), RU(0), DU(0), n, Wj(j0), ns, N_, d_);

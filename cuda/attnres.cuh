@@ -47,7 +47,7 @@ namespace ar_detail {
 
 constexpr int kThreads = 256;
 // Upper bound of the persistent backward kernels' grids; each launch takes one wave of resident
-// blocks (resident_blocks, cuda/common.cuh), a fixed reduction order per device.
+// blocks (persistent_grid, cuda/common.cuh), a fixed reduction order per device.
 constexpr int kBackwardBlocks = 1024;
 
 __device__ inline float warp_sum(float v) {
@@ -825,9 +825,9 @@ __host__ __device__ constexpr int block_chunk() { return VPT >= 32 ? 1 : (32 / V
 template <int VPT>
 __host__ __device__ constexpr int flush_chunk() { return 64 / VPT > 8 ? 8 : 64 / VPT; }
 // Block sources loaded per barrier in block_inter_kernel (rows in flight vs registers). At VPT 2
-// and 4 the kernel holds one thread block per SM whatever G is (139 and 142 registers at G = 4, 2),
-// so G = 8, 4 (214, 190 registers) double the bytes in flight per SM; VPT 1 and 8 keep two
-// blocks per SM with G = 4, 2.
+// and 4 the kernel holds one thread block per SM whatever G is, so G = 8, 4 double the bytes in
+// flight per SM; VPT 1 and 8 keep two blocks per SM with G = 4, 2 (register counts: doc/ptxas.md,
+// doc/cuda.md "AttnRes-Block, two-phase").
 template <int VPT>
 __host__ __device__ constexpr int inter_group() { return VPT == 2 ? 8 : VPT <= 4 ? 4 : VPT <= 8 ? 2 : 1; }
 template <int VPT>

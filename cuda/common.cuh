@@ -150,15 +150,16 @@ inline void exit_if_no_gpu(const char* program) {
 
 // Dynamic shared memory one block of the current device may opt into (cudaFuncSetAttribute with
 // cudaFuncAttributeMaxDynamicSharedMemorySize): 227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on
-// sm_86/sm_89. Without a device (a host-side query such as --dry-run) the sm_90 value.
+// sm_86/sm_89. Without a device (a host-side query such as --dry-run) the sm_90 value. One
+// attribute query (cudaDeviceGetAttribute), not cudaGetDeviceProperties, which fills every field.
 inline size_t max_dynamic_smem_optin() {
-    int dev = 0;
-    cudaDeviceProp p{};
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
         (void)cudaGetLastError();
         return 227 * 1024;
     }
-    return p.sharedMemPerBlockOptin;
+    return (size_t)v;
 }
 
 // Lets `kernel` launch with `bytes` of dynamic shared memory on the current device: raises its
@@ -189,41 +190,44 @@ inline void ensure_dynamic_smem(K kernel, size_t bytes) {
     cur = bytes;
 }
 
-// Thread blocks of a persistent kernel (its blocks loop over the work) that the current device
-// keeps resident at once with `threads` threads and `smem` bytes of dynamic shared memory: the
+// Grid of a persistent kernel (its blocks loop over the work): the thread blocks the current
+// device keeps resident at once with `threads` threads and `smem` bytes of dynamic shared memory,
 // SMs × cudaOccupancyMaxActiveBlocksPerMultiprocessor (at least one block per SM), at most `cap`.
 // One full wave: a larger fixed grid ends in a partly filled wave whose SMs hold fewer blocks, so
-// fewer bytes in flight. Cached per (device, kernel, threads, smem). The result depends on the
-// device (a reduction over such blocks is fixed per device, not across device models).
-struct ResidentBlocksCache {
+// fewer bytes in flight. First raises the kernel's dynamic shared-memory opt-in to `smem`
+// (ensure_dynamic_smem), so that the occupancy query and the launch see the same limit; the result
+// is cached per (device, kernel, threads, smem), so a repeated launch costs one lookup and no CUDA
+// call. The result depends on the device (a reduction over such blocks is fixed per device, not
+// across device models).
+struct PersistentGridCache {
     std::mutex mu;
-    std::map<int, int> sms;  // device -> multiprocessors
-    std::map<std::tuple<int, const void*, int, size_t>, int> per_sm;
+    std::map<std::tuple<int, const void*, int, size_t>, int> resident;  // -> SMs × blocks per SM
 };
-inline ResidentBlocksCache& resident_blocks_cache() {
-    static ResidentBlocksCache c;
+inline PersistentGridCache& persistent_grid_cache() {
+    static PersistentGridCache c;
     return c;
 }
 template <typename K>
-inline int resident_blocks(K kernel, int threads, size_t smem, int cap) {
+inline int persistent_grid(K kernel, int threads, size_t smem, int cap) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
-    ResidentBlocksCache& c = resident_blocks_cache();
-    std::lock_guard<std::mutex> lock(c.mu);
-    auto s = c.sms.find(dev);
-    if (s == c.sms.end()) {
-        cudaDeviceProp p{};
-        CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-        s = c.sms.emplace(dev, std::max(1, p.multiProcessorCount)).first;
-    }
+    PersistentGridCache& c = persistent_grid_cache();
     const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), threads, smem);
-    auto b = c.per_sm.find(key);
-    if (b == c.per_sm.end()) {
-        int n = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-        b = c.per_sm.emplace(key, std::max(1, n)).first;
+    {
+        std::lock_guard<std::mutex> lock(c.mu);
+        const auto it = c.resident.find(key);
+        if (it != c.resident.end()) return std::max(1, std::min(cap, it->second));
     }
-    return std::max(1, std::min(cap, s->second * b->second));
+    ensure_dynamic_smem(kernel, smem);
+    int per_sm = 0, sms = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int resident = std::max(1, sms) * std::max(1, per_sm);
+    {
+        std::lock_guard<std::mutex> lock(c.mu);
+        c.resident.emplace(key, resident);
+    }
+    return std::max(1, std::min(cap, resident));
 }
 
 // One-line description of device 0: "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB".

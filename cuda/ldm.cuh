@@ -277,8 +277,9 @@ constexpr int kRowPairs = 4;                   // token pairs per step (a lane's
 constexpr int kRowBlocks = 512;                // about this many blocks in all
 constexpr int kRowMaxK = 32;                   // the largest HK the pass takes
 constexpr int kRowDwMaxK = 16;                 // the largest HK whose weight gradients it sums
-                                               // (sm_90: 104 registers at width 16 in bf16, 80
-                                               // without; a trial at width 32 took 134)
+                                               // (at width 32 the partials would halve the blocks
+                                               // per SM: doc/cuda.md "The weight gradients in the
+                                               // row pass")
 // Grid: x = channel blocks, y = token slices (at most one per tile; about kRowBlocks blocks).
 inline dim3 row_backward_grid(int N, int d) {
     return slice_grid(d, kRowChannels, ceil_div(N, kRowTokens), kRowBlocks);

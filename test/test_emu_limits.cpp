@@ -4,8 +4,9 @@
 // within it; static __shared__ at most 48 KiB, static + dynamic at most 48 KiB without the
 // opt-in and opt-in + static at most 227 KiB; a block no larger than the kernel's
 // __launch_bounds__ (gen.py inserts the check into every such kernel: checked on the generated
-// classifier kernel). Each refused launch runs in a forked child (run_child, test/helpers.h).
-// Also the helpers built on these limits: ensure_dynamic_smem and resident_blocks (cuda/common.cuh).
+// classifier kernel); grid and block dimensions within CUDA's limits. Each refused launch runs in a
+// forked child (run_child, test/helpers.h). Also the helpers built on these limits:
+// ensure_dynamic_smem and persistent_grid (cuda/common.cuh), and the emulated device attributes.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -36,6 +37,7 @@ __global__ void dyn_kernel_a(float* out, int n) { fill_and_sum(out, n); }
 __global__ void dyn_kernel_b(float* out, int n) { fill_and_sum(out, n); }
 __global__ void dyn_kernel_c(float* out, int n) { fill_and_sum(out, n); }
 __global__ void dyn_kernel_d(float* out, int n) { fill_and_sum(out, n); }
+__global__ void dyn_kernel_e(float* out, int n) { fill_and_sum(out, n); }
 
 // A kernel with a static __shared__ array of NB bytes, declared as gen.py writes it, plus the
 // dynamic part: out[blockIdx.x] = sum of both after every thread wrote its share.
@@ -51,6 +53,14 @@ __global__ void static_kernel(float* out, int ndyn) {
         for (int k = 0; k < NB / 4; k++) s += st[k];
         out[blockIdx.x] += (float)s;
     }
+}
+
+// ids[linear block id · threads per block + linear thread id] = that index (x fastest).
+__global__ void linear_id_kernel(int* ids) {
+    const int nt = (int)(blockDim.x * blockDim.y * blockDim.z);
+    const int b = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    const int t = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+    ids[b * nt + t] = b * nt + t;
 }
 
 float expect_sum(int n) { return (float)(0.25 * (double)n * (double)(n + 1)); }
@@ -187,9 +197,9 @@ TEST_CASE("ensure_dynamic_smem (cuda/common.cuh) raises a kernel's opt-in and ne
     cudaFree(out);
 }
 
-TEST_CASE("resident_blocks (cuda/common.cuh): one wave of the emulated device's resident blocks, capped",
+TEST_CASE("persistent_grid (cuda/common.cuh): one wave of the emulated device's resident blocks, capped",
           "[emu][limits]") {
-    using ldm::gpu::resident_blocks;
+    using ldm::gpu::persistent_grid;
     // the emulated device: 1 SM of 2048 threads, 32 blocks, 228 KiB of shared memory (1 KiB reserved per block)
     int n = -1;
     REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 256, 0) == cudaSuccess);
@@ -201,10 +211,20 @@ TEST_CASE("resident_blocks (cuda/common.cuh): one wave of the emulated device's 
     REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 96, 228 * 1024) == cudaSuccess);
     CHECK(n == 0);
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dyn_kernel_a, 1025, 0) == cudaErrorInvalidValue);
-    CHECK(resident_blocks(dyn_kernel_a, 256, 0, 1024) == 8);
-    CHECK(resident_blocks(dyn_kernel_a, 256, 0, 3) == 3);                  // capped
-    CHECK(resident_blocks(dyn_kernel_a, 128, 60 * 1024, 1024) == 3);       // 228 / 61
-    CHECK(resident_blocks(dyn_kernel_a, 128, 228 * 1024, 1024) == 1);      // never below one
+    CHECK(persistent_grid(dyn_kernel_e, 256, 0, 1024) == 8);
+    CHECK(persistent_grid(dyn_kernel_e, 256, 0, 3) == 3);                  // capped (the cached count)
+    CHECK(persistent_grid(dyn_kernel_e, 128, 60 * 1024, 1024) == 3);       // 228 / 61
+    CHECK(persistent_grid(dyn_kernel_e, 128, 60 * 1024, 2) == 2);
+    CHECK(persistent_grid(dyn_kernel_e, 128, 227 * 1024, 1024) == 1);      // 228 / 228
+    // it raised the kernel's opt-in first, so its grid launches with that shared memory
+    float* out = nullptr;
+    REQUIRE(cudaMalloc(&out, 3 * sizeof(float)) == cudaSuccess);
+    const int nb = persistent_grid(dyn_kernel_e, 128, 60 * 1024, 1024);
+    emu::launch(dim3(nb), dim3(128), 60 * 1024, nullptr, dyn_kernel_e, out, 60 * 256);
+    for (int b = 0; b < nb; b++) CHECK(out[b] == expect_sum(60 * 256));
+    cudaFree(out);
+    // a size the device refuses: the opt-in's error (ldm::Error), not a grid
+    CHECK_THROWS_AS(persistent_grid(dyn_kernel_e, 128, 228 * 1024, 1024), ldm::Error);
 }
 
 TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (generated classifier kernel)",
@@ -243,4 +263,63 @@ TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (
     cudaFree(logits);
     cudaFree(losses);
     cudaFree(targets);
+}
+
+TEST_CASE("emu limits: grid and block dimensions a GPU refuses abort; the largest accepted shapes run",
+          "[emu][limits]") {
+    float* out = nullptr;
+    REQUIRE(cudaMalloc(&out, 2 * sizeof(float)) == cudaSuccess);
+    // accepted: blocks of 1 x 1 x 64 and 1024 x 1 x 1 threads, a grid of 2 in z and in y; every
+    // thread writes its linear id (blocks and threads x fastest) into its own slot
+    int* ids = nullptr;
+    REQUIRE(cudaMalloc(&ids, 2048 * sizeof(int)) == cudaSuccess);
+    const struct {
+        dim3 grid, block;
+    } accepted[] = {{dim3(1, 1, 2), dim3(1, 1, 64)}, {dim3(1, 2), dim3(1024)}};
+    for (const auto& c : accepted) {
+        const int total = (int)(c.grid.x * c.grid.y * c.grid.z * c.block.x * c.block.y * c.block.z);
+        for (int i = 0; i < total; i++) ids[i] = -1;
+        emu::launch(c.grid, c.block, 0, nullptr, linear_id_kernel, ids);
+        int wrong = 0;
+        for (int i = 0; i < total; i++) wrong += ids[i] != i;
+        CHECK(wrong == 0);
+    }
+    cudaFree(ids);
+    const struct {
+        dim3 grid, block;
+        const char* msg;
+    } refused[] = {
+        {dim3(1, 65536), dim3(32), "grid dimensions above"},
+        {dim3(1, 1, 65536), dim3(32), "grid dimensions above"},
+        {dim3(2147483648u), dim3(32), "grid dimensions above"},
+        {dim3(1), dim3(1, 1, 65), "block dimensions above"},
+        {dim3(1), dim3(1, 1025), "block size must be"},
+        {dim3(1), dim3(64, 32), "block size must be"},
+    };
+    for (const auto& c : refused) {
+        const ChildResult r = run_child([&] { emu::launch(c.grid, c.block, 0, nullptr, dyn_kernel_a, out, 5); });
+        INFO("grid " << c.grid.x << "x" << c.grid.y << "x" << c.grid.z << ", block " << c.block.x << "x"
+                     << c.block.y << "x" << c.block.z << "; child stderr: " << r.err);
+        CHECK(r.aborted);
+        CHECK_THAT(r.err, Catch::Contains(c.msg));
+    }
+    cudaFree(out);
+}
+
+TEST_CASE("emu: cudaDeviceGetAttribute answers as cudaGetDeviceProperties; max_dynamic_smem_optin uses it",
+          "[emu][limits]") {
+    cudaDeviceProp p;
+    REQUIRE(cudaGetDeviceProperties(&p, 0) == cudaSuccess);
+    int v = -1;
+    REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+    CHECK(v == p.multiProcessorCount);
+    REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) == cudaSuccess);
+    CHECK(v == (int)p.sharedMemPerBlockOptin);
+    REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+    CHECK(v == p.major);
+    CHECK(ldm::gpu::max_dynamic_smem_optin() == 227 * 1024);
+    const ChildResult r = run_child([&] { (void)cudaDeviceGetAttribute(&v, cudaDevAttrClockRate, 0); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("not emulated"));
 }

@@ -1204,6 +1204,9 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     const int64_t nt = (int64_t)block.x * block.y * block.z;
     if (nt <= 0 || nt > 1024) fail("block size must be 1..1024 threads");
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) fail("empty grid");
+    if (block.x > 1024 || block.y > 1024 || block.z > 64) fail("block dimensions above 1024 x 1024 x 64");
+    if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+        fail("grid dimensions above (2^31 - 1) x 65535 x 65535");
     const long optin = optin_of(kernel_key(kernel));
     if (smem > kSmemOptin) fail("dynamic shared memory above 227 KiB");
     if (optin < 0 && smem > kSmemDefault) {
@@ -1662,6 +1665,7 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaSetDevice(d) ((void)(d), cudaSuccess)
 #define cudaGetDevice(d) (*(d) = 0, cudaSuccess)
 #define cudaGetDeviceProperties(p, d) ::emu::device_props_(p, d)
+#define cudaDeviceGetAttribute(v, a, d) ::emu::device_attribute_(v, a, d)
 #define cudaGetErrorName(e) ((void)(e), "cudaError(emulated)")
 #define cudaGetErrorString(e) ((void)(e), "(emulated)")
 #define cublasGetStatusString(e) ((void)(e), "(emulated)")
@@ -1684,6 +1688,20 @@ inline cudaError_t device_props_(cudaDeviceProp* p, int) {
     p->totalGlobalMem = (size_t)1 << 34;
     p->sharedMemPerBlockOptin = 227 * 1024;
     return cudaSuccess;
+}
+// cudaDeviceGetAttribute for the attributes the project queries, with device_props_'s values;
+// any other attribute aborts (add it here with its emulated value).
+inline cudaError_t device_attribute_(int* v, cudaDeviceAttr a, int) {
+    cudaDeviceProp p;
+    device_props_(&p, 0);
+    switch (a) {
+        case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; return cudaSuccess;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMajor: *v = p.major; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMinor: *v = p.minor; return cudaSuccess;
+        default: fail("cudaDeviceGetAttribute: this attribute is not emulated");
+    }
+    return cudaErrorInvalidValue;
 }
 }  // namespace emu
 
