@@ -306,7 +306,7 @@ TEST_CASE("emu limits: grid and block dimensions a GPU refuses abort; the larges
     cudaFree(out);
 }
 
-TEST_CASE("emu: cudaDeviceGetAttribute answers as cudaGetDeviceProperties; max_dynamic_smem_optin uses it",
+TEST_CASE("emu: cudaDeviceGetAttribute answers as cudaGetDeviceProperties; max_dynamic_smem_optin reads it",
           "[emu][limits]") {
     cudaDeviceProp p;
     REQUIRE(cudaGetDeviceProperties(&p, 0) == cudaSuccess);
