@@ -238,7 +238,7 @@ def main():
 
     # summary.md
     first = next((r["log"] for r in rows if r["log"] and r["log"].config), None)
-    md = "# Study %s\n\n" % os.path.basename(os.path.abspath(a.out))
+    md = "# Study results: %s\n\n" % a.out
     nd = sum(1 for r in rows if r["status"] == "done")
     md += "%d of %d runs finished. " % (nd, len(rows))
     if first:
@@ -268,10 +268,14 @@ def main():
     sizes = next((r["eval_sizes"] for r in rows if r["eval_sizes"]), {})
     names = {"wikitext": "WikiText-2 documents", "lambada": "LAMBADA examples", "hellaswag": "HellaSwag items"}
     if sizes:
-        md += ("\nBenchmarks (the first ones of each set): %s. Small models trained briefly sit near chance on LAMBADA (acc ~0) and "
-               "HellaSwag (0.25): compare the schemes with each other. Memory: peak resident set of the trainer "
-               "process (CPU) or the highest GPU memory in use (GPU, polled).\n"
-               % ", ".join("%s %s" % (names[k], v) for k, v in sizes.items()))
+        chance = [c for k, c in (("lambada", "LAMBADA (acc ~0)"), ("hellaswag", "HellaSwag (acc_norm 0.25)"))
+                  if k in sizes]
+        md += ("\nBenchmarks (the first ones of each set): %s. Small models trained briefly have very large "
+               "benchmark perplexities (a WikiText-2 word or a LAMBADA target word spans several tokens, and "
+               "their perplexity is per word)%s: compare the schemes with each other. Memory: peak resident set "
+               "of the trainer process (CPU) or the highest GPU memory in use (GPU, polled).\n"
+               % (", ".join("%s %s" % (names[k], v) for k, v in sizes.items()),
+                  " and sit near chance on " + " and ".join(chance) if chance else ""))
     md += "\n## Verdict\n\n" + "".join("- %s\n" % v for v in vlines)
     md += "\n## Per run\n\n| run | status | final val loss | WikiText-2 word ppl | LAMBADA acc | tokens/s | ms/step | train s |\n"
     md += "|---|---|---:|---:|---:|---:|---:|---:|\n"
