@@ -742,6 +742,8 @@ struct GpuAttnRes : GpuScheme<T> {
     // s as three planes [pairs, N] (pairs = full_pair(D + 2, 0), pair (j, k) at full_pair(j, k))
     DeviceBuffer<T> stash_;
     DeviceBuffer<float> pairs_;
+    // pairs_'s three planes: pair_plane(0) α, pair_plane(1) dL/ds, pair_plane(2) s
+    float* pair_plane(int i) const { return pairs_.ptr + i * ar_detail::full_pair(D_ + 2, 0) * N_; }
     // deferred Full, paired flushes (full_flush): source pending_'s partial gradient [N, d] (fp32;
     // pending_ = -1: none); pairs where J − k >= pair_min_ (the workbench moves it)
     DeviceBuffer<float> part_;
@@ -842,9 +844,8 @@ struct GpuAttnRes : GpuScheme<T> {
     void launch_full_scores_kernel(Kernel kern, size_t smem, int j, const T* dx, cudaStream_t s) {
         const float* w = Wj(j);
         const float* g = w + d_;
-        const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
         const int nb = persistent_grid(kern, ar_detail::kThreads, smem, bwd_blocks());
-        kern<<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, pairs_.ptr, pairs_.ptr + plane, pairs_.ptr + 2 * plane,
+        kern<<<nb, ar_detail::kThreads, smem, s>>>(dq_part_.ptr, pair_plane(0), pair_plane(1), pair_plane(2),
                                                    stash_.ptr + (int64_t)(j - 1) * N_ * d_, dx, U(0), RU(0), j, w, g,
                                                    ar_detail::full_pair(j, 0), N_, d_);
         LDM_LAUNCH_CHECK();
@@ -858,19 +859,15 @@ struct GpuAttnRes : GpuScheme<T> {
     // for both), and output_backward(k−1) then adds only j = k to it (pending_ = k−1 until then).
     // Same sums in the same order: the results are those of one launch per source.
     void full_flush(int k, T* out, cudaStream_t s) {
-        const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
         const int J = D_ + 1;
-        const float* pa = pairs_.ptr;
-        const float* pds = pairs_.ptr + plane;
-        const float* psc = pairs_.ptr + 2 * plane;
         if (pending_ >= 0 && pending_ != k)
             throw Error(strprintf("attnres-full: flush of source %d while source %d's is pending", k, pending_));
         if (pending_ == k) {  // source k's partial over j = J .. k+2 is in part_: add j = k+1
             const int64_t o = ar_detail::full_pair(k + 1, k) * N_;
             ar_detail::full_flush_last_kernel<T><<<(unsigned)ceil_div((int64_t)N_ * d_, ar_detail::kThreads),
                                                    ar_detail::kThreads, 0, s>>>(
-                out, part_.ptr, U(k), RU(k), stash_.ptr + (int64_t)k * N_ * d_, pa + o, pds + o, psc + o, Wj(k + 1),
-                Wj(k + 1) + d_, N_, d_);
+                out, part_.ptr, U(k), RU(k), stash_.ptr + (int64_t)k * N_ * d_, pair_plane(0) + o, pair_plane(1) + o,
+                pair_plane(2) + o, Wj(k + 1), Wj(k + 1) + d_, N_, d_);
             LDM_LAUNCH_CHECK();
             pending_ = -1;
             return;
@@ -893,10 +890,7 @@ struct GpuAttnRes : GpuScheme<T> {
     template <int VPT, int NS, int TT>
     void launch_flush(T* out, const T* u, const float* r, const T* u1, const float* r1, int k, cudaStream_t s) {
         constexpr int S = ar_detail::kFlushStages;
-        const int64_t plane = ar_detail::full_pair(D_ + 2, 0) * N_;
-        const float* pa = pairs_.ptr;
-        const float* pds = pairs_.ptr + plane;
-        const float* psc = pairs_.ptr + 2 * plane;
+        const float *pa = pair_plane(0), *pds = pair_plane(1), *psc = pair_plane(2);
         const unsigned grid = (unsigned)ceil_div(N_, TT);
         const size_t smem = S * ar_detail::flush_slot_bytes<T>(TT, NS, d_);
         float* part = NS == 2 ? part_.ptr : nullptr;
