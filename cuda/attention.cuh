@@ -504,13 +504,16 @@ template <int HD>
 constexpr int mma_dq_smem() { return 4 * kMmaRows * (HD + kMmaPad) * 2; }
 
 // dQ. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h, warp = 16 rows.
-// Per key tile: S = Q Kᵀ, P = exp2(S·scale·log2e − lse·log2e) (masked to 0), dP = dO Vᵀ,
-// dS = P (dP − D), dQ += dS K; dQ·scale written once at the end.
+// Per key tile, in two halves of 32 keys: S = Q Kᵀ, P = exp2(S·scale·log2e − lse·log2e)
+// (masked to 0), dP = dO Vᵀ, dS = P (dP − D), dQ += dS K; dQ·scale written once at the end.
+// The warp's Q fragments stay in registers; dO's are re-read per half. Halves keep S and dP at
+// 32 registers (no spill at hd 64, doc/cuda.md) and skip a half whose keys all follow the warp's
+// rows; dQ's MMAs run in the same order as over whole tiles.
 template <int HD, class Frags>
 __global__ void __launch_bounds__(kMmaThreads)
 attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv,
                int T_, int nh, int nkv, float scale, float scale_log2) {
-    constexpr int LDS = HD + kMmaPad, NT_D = HD / 8, NT_K = kMmaRows / 8;
+    constexpr int LDS = HD + kMmaPad, NT_D = HD / 8, kHalf = kMmaRows / 2, NT_H = kHalf / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
     bf16* dOs = Qs + kMmaRows * LDS;
@@ -534,6 +537,10 @@ attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const float* lse, const float* D, 
         lse2[r] = row < T_ ? lse[idx] * kLog2e : 0.f;
         Dr[r] = row < T_ ? D[idx] : 0.f;
     }
+    __syncthreads();                                     // Q tile complete: read its fragments once
+    uint32_t qf[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) Frags::template a<LDS>(qf[kk], Qs, wr, kk * 16, lane);
     float dq[NT_D][4];
 #pragma unroll
     for (int i = 0; i < NT_D; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
@@ -544,50 +551,53 @@ attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const float* lse, const float* D, 
         load_tile<HD, kMmaRows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
         load_tile<HD, kMmaRows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
         __syncthreads();
-        float s[NT_K][4], dp[NT_K][4];
 #pragma unroll
-        for (int i = 0; i < NT_K; i++)
+        for (int hk = 0; hk < kMmaRows; hk += kHalf) {
+            if (k0 + hk > q0 + wr + 15) break;              // every key of the half is masked (warp-uniform)
+            float s[NT_H][4], dp[NT_H][4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+            for (int i = 0; i < NT_H; i++)
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t a[4], ad[4];
-            Frags::template a<LDS>(a, Qs, wr, kk * 16, lane);
-            Frags::template a<LDS>(ad, dOs, wr, kk * 16, lane);
+                for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
 #pragma unroll
-            for (int nt = 0; nt < NT_K; nt += 2) {
-                uint32_t b0[2], b1[2];
-                Frags::template b_trans2<LDS>(b0, b1, Ks, nt * 8, kk * 16, lane);
-                mma_16816(s[nt], a, b0);
-                mma_16816(s[nt + 1], a, b1);
-                Frags::template b_trans2<LDS>(b0, b1, Vs, nt * 8, kk * 16, lane);
-                mma_16816(dp[nt], ad, b0);
-                mma_16816(dp[nt + 1], ad, b1);
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t dof[4];
+                Frags::template a<LDS>(dof, dOs, wr, kk * 16, lane);
+#pragma unroll
+                for (int nt = 0; nt < NT_H; nt += 2) {
+                    uint32_t b0[2], b1[2];
+                    Frags::template b_trans2<LDS>(b0, b1, Ks, hk + nt * 8, kk * 16, lane);
+                    mma_16816(s[nt], qf[kk], b0);
+                    mma_16816(s[nt + 1], qf[kk], b1);
+                    Frags::template b_trans2<LDS>(b0, b1, Vs, hk + nt * 8, kk * 16, lane);
+                    mma_16816(dp[nt], dof, b0);
+                    mma_16816(dp[nt + 1], dof, b1);
+                }
             }
-        }
 #pragma unroll
-        for (int nt = 0; nt < NT_K; nt++)
+            for (int nt = 0; nt < NT_H; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1;
-                const int row = row_lo + 8 * r;
-                const int col = k0 + nt * 8 + 2 * tg + (e & 1);
-                const float p = (col > row || col >= T_)
-                                    ? 0.f
-                                    : exp2f(fmaf(s[nt][e], scale_log2, -lse2[r]));
-                s[nt][e] = p * (dp[nt][e] - Dr[r]);         // dS (unscaled)
-            }
-        // dQ += dS K
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1;
+                    const int row = row_lo + 8 * r;
+                    const int col = k0 + hk + nt * 8 + 2 * tg + (e & 1);
+                    const float p = (col > row || col >= T_)
+                                        ? 0.f
+                                        : exp2f(fmaf(s[nt][e], scale_log2, -lse2[r]));
+                    s[nt][e] = p * (dp[nt][e] - Dr[r]);     // dS (unscaled)
+                }
+            // dQ += dS K
 #pragma unroll
-        for (int kk = 0; kk < kMmaRows / 16; kk++) {
-            uint32_t a[4];
-            frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
+            for (int kk = 0; kk < kHalf / 16; kk++) {
+                uint32_t a[4];
+                frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < NT_D; nt += 2) {
-                uint32_t b0[2], b1[2];
-                Frags::template b2<LDS>(b0, b1, Ks, kk * 16, nt * 8, lane);
-                mma_16816(dq[nt], a, b0);
-                mma_16816(dq[nt + 1], a, b1);
+                for (int nt = 0; nt < NT_D; nt += 2) {
+                    uint32_t b0[2], b1[2];
+                    Frags::template b2<LDS>(b0, b1, Ks, hk + kk * 16, nt * 8, lane);
+                    mma_16816(dq[nt], a, b0);
+                    mma_16816(dq[nt + 1], a, b1);
+                }
             }
         }
     }

@@ -2,7 +2,8 @@
 // "Emulating kernels on the CPU"), through the dev/cuda/attention.cu workbench's kernel_forward /
 // kernel_backward (row-dot, then dK/dV and dQ): the scalar kernels (fp32 and bf16, one warp per
 // row), the mma kernels (bf16 mma.sync m16n8k16 with ldmatrix fragments, production), the
-// workbench's mma-plain variant (plain shared-memory fragment loads) and mma-pipe variant
+// workbench's mma-plain variant (plain shared-memory fragment loads), mma-dqfull variant (dQ over
+// whole key tiles; both bitwise equal to mma) and mma-pipe variant
 // (dev/cuda/attention_pipelined.cuh: cp.async pipelines) and wgmma forward and backward
 // (dev/cuda/attention_wgmma.cuh), with mma.sync, ldmatrix and wgmma emulated as warp collectives
 // per the PTX ISA fragment and descriptor tables and cp.async completing only at its wait,
@@ -53,8 +54,11 @@ void report(const std::string& ctx, const char* what, const std::vector<float>& 
     CHECK(c.rel <= tol);
 }
 
+// Runs `variant` forward and backward on random inputs from `seed`, checks it against the double
+// reference and across the three scheduling orders; returns the raw bits of out, dqkv and lse
+// (empty when wait_slack > 0: the run that must fail).
 template <typename T>
-void run(const Shape& sh, Kernel variant, uint64_t seed, int wait_slack = 0) {
+std::vector<uint16_t> run(const Shape& sh, Kernel variant, uint64_t seed, int wait_slack = 0) {
     const int64_t N = sh.N(), C3 = sh.C3(), qd = (int64_t)sh.nh * sh.hd, kvd = (int64_t)sh.nkv * sh.hd;
     const auto qkv = rnd<T>(N * C3, seed);
     const auto dout = rnd<T>(N * qd, seed + 1);
@@ -120,7 +124,7 @@ void run(const Shape& sh, Kernel variant, uint64_t seed, int wait_slack = 0) {
         emu::set_cp_async_wait_slack(0);
         INFO(ctx << ": backward with cp.async waits one group short");
         CHECK_FALSE(compare(tof(dqkv).data(), ref_d.data(), (int64_t)dqkv.size()).finite);
-        return;
+        return {};
     }
     std::vector<uint16_t> first;
     const emu::Order orders[3] = {emu::Order::kForward, emu::Order::kReverse, emu::Order::kRandom};
@@ -147,6 +151,7 @@ void run(const Shape& sh, Kernel variant, uint64_t seed, int wait_slack = 0) {
         }
     }
     emu::set_order(emu::Order::kForward);
+    return first;
 }
 
 // One warp; each lane copies 16 bytes of `in` into each of three groups (the third zero-filled),
@@ -265,14 +270,23 @@ TEST_CASE("emu: attention wgmma forward and backward (sm_90a warpgroup MMA from 
 #endif
 }
 
-TEST_CASE("emu: attention mma kernels (bf16 mma.sync; ldmatrix and plain fragment loads; the dispatch)",
+TEST_CASE("emu: attention mma kernels (bf16 mma.sync; ldmatrix and plain fragment loads, whole-tile dQ; the "
+          "dispatch)",
           "[emu][attention]") {
-    // T = 1 (one row), T = 37 (partial tile, GQA 2), T = 70 (two tiles, hd 128)
-    const Shape shapes[] = {{1, 1, 2, 1, 64}, {2, 37, 4, 2, 64}, {1, 70, 4, 2, 128}};
+    // T = 1 (one row), T = 37 (partial tile, GQA 2), T = 70 (two tiles, hd 128), T = 203 (four
+    // tiles, GQA 2: dQ skips the masked half of each diagonal tile in warps 0 and 1). mma-plain
+    // (other fragment loads) and mma-dqfull (dQ over whole tiles) run the same MMAs in the same
+    // order as mma: their results must be mma's bit for bit.
+    const Shape shapes[] = {{1, 1, 2, 1, 64}, {2, 37, 4, 2, 64}, {1, 70, 4, 2, 128}, {1, 203, 4, 2, 64}};
     uint64_t seed = 5;
     for (const Shape& sh : shapes) {
         REQUIRE(attention_uses_mma<bf16>(sh.hd));
-        for (Kernel k : {kMma, kMmaPlain}) run<bf16>(sh, k, seed);
+        const std::vector<uint16_t> mma = run<bf16>(sh, kMma, seed);
+        REQUIRE(!mma.empty());
+        for (Kernel k : {kMmaPlain, kMmaDqFull}) {
+            INFO(kernel_name(k) << " vs mma, T=" << sh.T << " hd=" << sh.hd);
+            CHECK(run<bf16>(sh, k, seed) == mma);
+        }
         seed += 7;
     }
     run<bf16>(shapes[1], kAuto, 3);  // what the trainer calls

@@ -1,7 +1,9 @@
 // dev/cuda/attention.cu — workbench for cuda/attention.cuh (doc/cuda.md, spec §1).
 // Kernels (Kernel below): scalar and mma (the two production families, attention_forward picks by
 // dtype and head_dim), mma-plain (the mma kernels with fragments read by plain shared-memory
-// loads instead of ldmatrix: the previous production path, kept here to compare) and mma-pipe
+// loads instead of ldmatrix: the previous production path, kept here to compare), mma-dqfull
+// (dev/cuda/attention_dq_fulltile.cuh: the dQ kernel over whole 64-key tiles, production before
+// it moved to half tiles; bitwise equal to mma, kept to compare), mma-pipe
 // (dev/cuda/attention_pipelined.cuh: cp.async pipelines, diagonal-only masking, larger tiles) and
 // wgmma (dev/cuda/attention_wgmma.cuh: sm_90a warpgroup-MMA forward and backward (dK/dV, dQ);
 // compute capability 9.0 only, the workbench built for sm_90a).
@@ -9,7 +11,8 @@
 // Checks each kernel's forward (out, lse) and backward (dqkv), and the production dispatch, against the
 // CPU reference cpu::attention_forward / attention_backward in double (q, k, v split from the
 // packed qkv on the host; lse recomputed in double), for float and bf16, at small odd shapes,
-// with NaN-poisoned outputs; checks that two backward runs are bit-identical; then times forward
+// with NaN-poisoned outputs; checks that two backward runs are bit-identical and that mma-plain
+// and mma-dqfull give mma's results bit for bit (same MMAs in the same order); then times forward
 // and forward+backward at B·T = 16384 tokens (T=2048 llama-400m heads, T=8192 qwen3-1.7b-like).
 // Output: CHECK/BENCH lines (doc/cuda.md workbench convention). Exit code 1 if a CHECK failed.
 // Usage: attention [--quick]   (--quick: checks only, no timing)
@@ -19,6 +22,7 @@
 #include "dev/cuda/attention_pipelined.cuh"
 #include "dev/cuda/attention_wgmma.cuh"
 #include "dev/cuda/attention_plain_frags.cuh"
+#include "dev/cuda/attention_dq_fulltile.cuh"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
 
@@ -39,9 +43,15 @@ struct Shape {
 int g_failures = 0;
 
 // The kernel families of the workbench; kAuto = the production dispatch (attention_forward).
-enum Kernel { kAuto = 0, kScalar = 1, kMmaPlain = 2, kMma = 3, kMmaPipe = 4, kWgmma = 5 };
+enum Kernel { kAuto = 0, kScalar = 1, kMmaPlain = 2, kMma = 3, kMmaPipe = 4, kWgmma = 5, kMmaDqFull = 6 };
 const char* kernel_name(Kernel k) {
-    return k == kAuto ? "auto" : k == kScalar ? "scalar" : k == kMmaPlain ? "mma-plain" : k == kMma ? "mma" : k == kMmaPipe ? "mma-pipe" : "wgmma";
+    return k == kAuto        ? "auto"
+           : k == kScalar    ? "scalar"
+           : k == kMmaPlain  ? "mma-plain"
+           : k == kMma       ? "mma"
+           : k == kMmaPipe   ? "mma-pipe"
+           : k == kMmaDqFull ? "mma-dqfull"
+                             : "wgmma";
 }
 template <typename T>
 bool kernel_supported(Kernel k, int hd) {
@@ -59,8 +69,8 @@ void kernel_forward(Kernel k, T* out, float* lse, const T* qkv, int B, int T_, i
     if (k == kAuto) return attention_forward<T>(out, lse, qkv, B, T_, nh, nkv, hd, s);
     if (k == kScalar) return scalar_forward<T>(out, lse, qkv, B, T_, nh, nkv, hd, scale, s);
     if constexpr (std::is_same<T, bf16>::value) {
-        if (k == kMma && hd == 64) mma_forward<64, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
-        if (k == kMma && hd == 128) mma_forward<128, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if ((k == kMma || k == kMmaDqFull) && hd == 64) mma_forward<64, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
+        if ((k == kMma || k == kMmaDqFull) && hd == 128) mma_forward<128, LdsmFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 64) mma_forward<64, PlainFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 128) mma_forward<128, PlainFrags>(out, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPipe && hd == 64) attn_pipe::pipe_forward<64>(out, lse, qkv, B, T_, nh, nkv, scale, s);
@@ -80,6 +90,8 @@ void kernel_backward(Kernel k, T* dqkv, float* scratch, const T* dout, const T* 
     if constexpr (std::is_same<T, bf16>::value) {
         if (k == kMma && hd == 64) mma_backward<64, LdsmFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMma && hd == 128) mma_backward<128, LdsmFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaDqFull && hd == 64) dqfull_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
+        if (k == kMmaDqFull && hd == 128) dqfull_backward<128>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 64) mma_backward<64, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPlain && hd == 128) mma_backward<128, PlainFrags>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
         if (k == kMmaPipe && hd == 64) attn_pipe::pipe_backward<64>(dqkv, scratch, dout, lse, qkv, B, T_, nh, nkv, scale, s);
@@ -181,6 +193,7 @@ void check_shape_dtype(const Shape& sh, const std::vector<Kernel>& variants, uin
     DeviceBuffer<float> lse(nlse), scratch(attention_backward_scratch(sh.B, sh.T, sh.nh, sh.nkv, sh.hd));
     upload(qkv.get(), qkv_h.data(), N * C3);
     upload(dout.get(), dout_h.data(), N * OC);
+    std::vector<float> mma_out, mma_dqkv;  // kMma's results, for the variants that must equal them bit for bit
     for (Kernel v : variants) {
         if (!kernel_supported<T>(v, sh.hd)) continue;
         fill(out.get(), out.n, NAN, 0);
@@ -196,6 +209,15 @@ void check_shape_dtype(const Shape& sh, const std::vector<Kernel>& variants, uin
         report("out", v, dtype_name<T>(), sh, compare(o.data(), ref.out.data(), out.n), tol);
         report("lse", v, dtype_name<T>(), sh, compare(l.data(), ref.lse.data(), lse.n), tol_lse);
         report("dqkv", v, dtype_name<T>(), sh, compare(d1.data(), ref.dqkv.data(), dqkv.n), tol);
+        if (v == kMma) {
+            mma_out = o;
+            mma_dqkv = d1;
+        } else if ((v == kMmaPlain || v == kMmaDqFull) && !mma_dqkv.empty()) {
+            const bool same = std::memcmp(o.data(), mma_out.data(), o.size() * sizeof(float)) == 0 &&
+                              std::memcmp(d1.data(), mma_dqkv.data(), d1.size() * sizeof(float)) == 0;
+            report("out_dqkv_bitwise_vs_mma", v, dtype_name<T>(), sh, compare(d1.data(), mma_dqkv.data(), dqkv.n),
+                   same ? 1.0 : -1.0);
+        }
         // Determinism: a second backward (after re-poisoning) must be bit-identical.
         fill(dqkv.get(), dqkv.n, NAN, 0);
         fill(scratch.get(), scratch.n, NAN, 0);
@@ -260,7 +282,7 @@ int main(int argc, char** argv) {
         std::printf("device: %s\n", device_description().c_str());
         // wgmma runs after every other variant (checks and benches): it has not run on a GPU yet,
         // and a fault there (a sticky CUDA error) must not cost the other variants' results.
-        const std::vector<Kernel> variants = {kAuto, kScalar, kMmaPlain, kMma, kMmaPipe};
+        const std::vector<Kernel> variants = {kAuto, kScalar, kMma, kMmaPlain, kMmaDqFull, kMmaPipe};
         std::printf("production kernels: fp32 hd=64 %s, bf16 hd=64 %s, bf16 hd=128 %s, bf16 hd=16 %s\n",
                     attention_uses_mma<float>(64) ? "mma" : "scalar", attention_uses_mma<bf16>(64) ? "mma" : "scalar",
                     attention_uses_mma<bf16>(128) ? "mma" : "scalar", attention_uses_mma<bf16>(16) ? "mma" : "scalar");
@@ -294,7 +316,7 @@ int main(int argc, char** argv) {
             const Shape llama{8, 2048, 16, 16, 64}, qwen{2, 8192, 16, 8, 128};
             bench<float>(llama, kScalar, 1, 3);
             bench<bf16>(llama, kScalar, 1, 3);
-            for (Kernel v : {kMmaPlain, kMma, kMmaPipe, kWgmma}) {  // wgmma last
+            for (Kernel v : {kMmaPlain, kMma, kMmaDqFull, kMmaPipe, kWgmma}) {  // wgmma last
                 bench<bf16>(llama, v, 3, 20);
                 bench<bf16>(qwen, v, 3, 20);
             }
