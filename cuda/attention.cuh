@@ -50,6 +50,14 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // ================================ scalar kernels: one warp per row ===============================
+// (b, h, t) of row `row` in [B, H, T] order. Row counts fit in 31 bits (check_shape), so the
+// divisions are 32-bit: a 64-bit one is a called subroutine (and its register save a spill).
+__host__ __device__ __forceinline__ void split_row(int64_t row, int T_, int H, int& b, int& h, int& t) {
+    const unsigned r = (unsigned)row, bh = r / (unsigned)T_;
+    t = (int)(r - bh * (unsigned)T_);
+    h = (int)(bh % (unsigned)H);
+    b = (int)(bh / (unsigned)H);
+}
 constexpr int kScalarWarps = 4;      // warps per block
 constexpr int kScalarMaxHd = 256;    // hd <= 256: each lane owns dims lane + 32·i, i < 8
 constexpr int kScalarPerLane = kScalarMaxHd / 32;
@@ -64,9 +72,8 @@ attn_fwd_scalar(T* out, float* lse, const T* qkv, int B, int T_, int nh, int nkv
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nh * T_) return;               // whole warp leaves together
-    const int t = (int)(row % T_);
-    const int h = (int)((row / T_) % nh);
-    const int b = (int)(row / ((int64_t)T_ * nh));
+    int b, h, t;
+    split_row(row, T_, nh, b, h, t);
     const int g = h / (nh / nkv);
     const int64_t C3 = (int64_t)(nh + 2 * nkv) * hd;
     const T* base = qkv + (int64_t)b * T_ * C3;
@@ -125,9 +132,8 @@ attn_bwd_rowdot(float* D, const T* dout, const T* out, int B, int T_, int nh, in
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nh * T_) return;
-    const int t = (int)(row % T_);
-    const int h = (int)((row / T_) % nh);
-    const int b = (int)(row / ((int64_t)T_ * nh));
+    int b, h, t;
+    split_row(row, T_, nh, b, h, t);
     const int64_t off = ((int64_t)b * T_ + t) * nh * hd + (int64_t)h * hd;
     float s = 0.f;
     for (int d = lane; d < hd; d += 32) s = fmaf(to_f(dout[off + d]), to_f(out[off + d]), s);
@@ -147,9 +153,8 @@ attn_bwd_dkdv_scalar(T* dqkv, const T* dout, const float* lse, const float* D, c
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nkv * T_) return;
-    const int j = (int)(row % T_);
-    const int g = (int)((row / T_) % nkv);
-    const int b = (int)(row / ((int64_t)T_ * nkv));
+    int b, g, j;
+    split_row(row, T_, nkv, b, g, j);
     const int G = nh / nkv;
     const int64_t C3 = (int64_t)(nh + 2 * nkv) * hd;
     const int64_t OC = (int64_t)nh * hd;
@@ -217,8 +222,9 @@ attn_bwd_dkdv_scalar(T* dqkv, const T* dout, const float* lse, const float* D, c
 
 // dQ of one query row per warp (rows ordered like lse): over keys j <= i, 32 per step:
 //   ds = exp(scale q_i·k_j − lse_i) (dO_i·v_j − D_i), dq_i += scale ds k_j.
+// 8 blocks per SM asked for: left free, ptxas aims higher and spills in bf16 (doc/ptxas.md).
 template <typename T>
-__global__ void __launch_bounds__(kScalarWarps * 32)
+__global__ void __launch_bounds__(kScalarWarps * 32, 8)
 attn_bwd_dq_scalar(T* dqkv, const T* dout, const float* lse, const float* D, const T* qkv, int B,
                int T_, int nh, int nkv, int hd, float scale) {
     __shared__ float qs_all[kScalarWarps][kScalarMaxHd];
@@ -226,9 +232,8 @@ attn_bwd_dq_scalar(T* dqkv, const T* dout, const float* lse, const float* D, con
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * kScalarWarps + warp;
     if (row >= (int64_t)B * nh * T_) return;
-    const int i = (int)(row % T_);
-    const int h = (int)((row / T_) % nh);
-    const int b = (int)(row / ((int64_t)T_ * nh));
+    int b, h, i;
+    split_row(row, T_, nh, b, h, i);
     const int g = h / (nh / nkv);
     const int64_t C3 = (int64_t)(nh + 2 * nkv) * hd;
     const int64_t OC = (int64_t)nh * hd;
@@ -798,6 +803,9 @@ inline void check_shape(int B, int T_, int nh, int nkv, int hd) {
     if (B < 1 || T_ < 1 || nh < 1 || nkv < 1 || nh % nkv != 0 || hd < 2 || hd % 2 != 0)
         throw Error(strprintf("attention: bad shape B=%d T=%d nh=%d nkv=%d hd=%d", B, T_, nh, nkv,
                               hd));
+    if ((int64_t)B * nh * T_ > INT32_MAX)  // the kernels index rows [B, nh, T] in 31 bits
+        throw Error(strprintf("attention: B*n_head*T = %lld rows exceeds 2^31 - 1 (B=%d T=%d nh=%d)",
+                              (long long)B * nh * T_, B, T_, nh));
 }
 
 }  // namespace attn_detail

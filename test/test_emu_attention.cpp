@@ -9,7 +9,8 @@
 // per the PTX ISA fragment and descriptor tables and cp.async completing only at its wait,
 // against cpu/ops.h attention in double (out, lse, dqkv). Outputs are poisoned with NaN; each case
 // runs under the three scheduling orders and must give bit-identical results. Also: the
-// emulator's cp.async semantics, and that the pipelined kernels fail when a wait is too shallow.
+// emulator's cp.async semantics, that the pipelined kernels fail when a wait is too shallow, the
+// scalar kernels' 32-bit row split and the shape checks.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -290,6 +291,32 @@ TEST_CASE("emu: attention mma kernels (bf16 mma.sync; ldmatrix and plain fragmen
         seed += 7;
     }
     run<bf16>(shapes[1], kAuto, 3);  // what the trainer calls
+}
+
+TEST_CASE("attention: row split in 32 bits, and shapes whose rows exceed 31 bits refused", "[emu][attention]") {
+    // split_row (the scalar kernels' (b, h, t) of a [B, H, T] row) against 64-bit division, at
+    // random rows up to the largest one check_shape admits.
+    const uint64_t s0 = init_stream(4242, 0);
+    for (int i = 0; i < 20000; i++) {
+        const int T_ = 1 + (int)(stream_uniform(s0, 4 * i) * 70000), H = 1 + (int)(stream_uniform(s0, 4 * i + 1) * 64);
+        const int64_t rows_max = INT32_MAX / ((int64_t)T_ * H) * T_ * H;  // whole batches only
+        if (rows_max == 0) continue;
+        int64_t row = (int64_t)(stream_uniform(s0, 4 * i + 2) * (double)rows_max);
+        if (i % 4 == 0) row = rows_max - 1;  // the last row
+        row = std::min<int64_t>(std::max<int64_t>(row, 0), rows_max - 1);
+        int b, h, t;
+        attn_detail::split_row(row, T_, H, b, h, t);
+        INFO("row " << row << " T " << T_ << " H " << H);
+        REQUIRE(t == (int)(row % T_));
+        REQUIRE(h == (int)((row / T_) % H));
+        REQUIRE(b == (int)(row / ((int64_t)T_ * H)));
+    }
+    // B·nh·T = 2^32 rows: refused before any launch (null buffers are never touched).
+    CHECK_THROWS_AS(attention_forward<bf16>(nullptr, nullptr, nullptr, 1 << 15, 1 << 12, 32, 8, 64, 0), Error);
+    CHECK_THROWS_AS(attention_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1 << 15, 1 << 12,
+                                             32, 8, 64, 0),
+                    Error);
+    CHECK_THROWS_AS(attention_forward<float>(nullptr, nullptr, nullptr, 1, 16, 6, 4, 64, 0), Error);  // nh % nkv
 }
 
 TEST_CASE("emu: attention scalar kernels (fp32 and bf16)", "[emu][attention]") {
