@@ -1,10 +1,10 @@
 // dev/cuda/attention_dq_fulltile.cuh — workbench-only: the mma dQ kernel as it was before the
 // production kernel (cuda/attention.cuh, attn_bwd_dq_mma) moved to half tiles. This one keeps the
-// S and dP accumulators of a whole 64-key tile live (64 registers) and re-reads the Q and dO
+// S and dP accumulators of a whole 64-key tile live (64 fp32 registers) and re-reads the Q and dO
 // fragments every tile; at hd 64 ptxas holds it at 128 registers by spilling 4 bytes, at hd 128 it
 // takes 200 (2 blocks per SM). Same MMAs in the same order as production, so its dQ is bitwise
 // equal to production's (dev/cuda/attention.cu checks that); kept so the first GPU run times both
-// (doc/cuda.md "The mma kernels"). Variant "mma-dqfull": production dK/dV, then this dQ.
+// (doc/cuda.md "Attention kernels"). Variant "mma-dqfull": production dK/dV, then this dQ.
 #pragma once
 #include "cuda/attention.cuh"
 
@@ -112,6 +112,7 @@ attn_bwd_dq_fulltile(bf16* dqkv, const bf16* dout, const float* lse, const float
     }
 }
 
+// mma_backward with this dQ kernel: same arguments (D = rowdot's output), hd 64 or 128, bf16.
 template <int HD>
 inline void dqfull_backward(bf16* dqkv, const float* D, const bf16* dout, const float* lse, const bf16* qkv,
                             int B, int T_, int nh, int nkv, float scale, cudaStream_t s) {
