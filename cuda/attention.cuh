@@ -552,7 +552,7 @@ attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const float* lse, const float* D, 
     const int n_kt = (min(q0 + kMmaRows, T_) - 1) / kMmaRows + 1;
     for (int kt = 0; kt < n_kt; kt++) {
         const int k0 = kt * kMmaRows;
-        __syncthreads();
+        if (kt > 0) __syncthreads();                      // previous K/V tile consumed
         load_tile<HD, kMmaRows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
         load_tile<HD, kMmaRows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
         __syncthreads();
