@@ -111,17 +111,13 @@ LDM_HD inline void rls_unwind(R* S, R* P, const R* k, const R* v, R lam, int dv,
         for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * g[a] * g[b];
 }
 
-// VJP of rls_write at the state BEFORE the write (S, P): dS/dP in (after) -> out (before);
-// dk [dk], dv [dv], *dlam accumulated. scratch: 4*dk + 2*dv values.
+// P-side part of rls_write_vjp: given dg = dL/dg (g = P k / gamma, summed over the S rows as
+// sum_a dS'[a] e[a]) and dP (in: after the write; out: before it), accumulates the key's and
+// lam's gradients through u = P k, gamma = lam + k.u and P' = (P - u u^T/gamma)/lam. P is the
+// state BEFORE the write. scratch u, du: dk values each.
 template <typename R>
-LDM_HD inline void rls_write_vjp(const R* S, const R* P, const R* k, const R* v, R lam, R* dS,
-                                 R* dP, R* dk_, R* dv_, R* dlam, int dv, int dk, R* scratch) {
-    R* u = scratch;
-    R* g = u + dk;
-    R* dg = g + dk;
-    R* du = dg + dk;
-    R* e = du + dk;
-    R* de = e + dv;
+LDM_HD inline void rls_write_vjp_p(const R* P, const R* k, R lam, const R* dg, R* dP, R* dk_, R* dlam,
+                                   int dk, R* u, R* du) {
     R ku = 0;
     for (int a = 0; a < dk; a++) {
         R s = 0;
@@ -130,21 +126,6 @@ LDM_HD inline void rls_write_vjp(const R* S, const R* P, const R* k, const R* v,
         ku += k[a] * s;
     }
     const R gamma = lam + ku, ig = R(1) / gamma, il = R(1) / lam;
-    for (int b = 0; b < dk; b++) {
-        g[b] = u[b] * ig;
-        dg[b] = 0;
-    }
-    // S' = S + e g^T,  e = v - S k
-    for (int a = 0; a < dv; a++) {
-        R s = 0, t = 0;
-        for (int b = 0; b < dk; b++) {
-            s += S[a * dk + b] * k[b];
-            t += dS[a * dk + b] * g[b];
-        }
-        e[a] = v[a] - s;
-        de[a] = t;
-        for (int b = 0; b < dk; b++) dg[b] += dS[a * dk + b] * e[a];
-    }
     // P' = (P - u u^T/gamma)/lam.  With Dp = dP'/lam:
     //   dlam = -sum(dP' . P')/lam;  du = -(Dp + Dp^T) u/gamma;  dgamma = u^T Dp u/gamma^2
     R dl = 0, uDu = 0;
@@ -179,6 +160,43 @@ LDM_HD inline void rls_write_vjp(const R* S, const R* P, const R* k, const R* v,
             dP[a * dk + b] = dP[a * dk + b] * il + du[a] * k[b];
             dk_[b] += P[a * dk + b] * du[a];
         }
+}
+
+// VJP of rls_write at the state BEFORE the write (S, P): dS/dP in (after) -> out (before);
+// dk [dk], dv [dv], *dlam accumulated. scratch: 4*dk + 2*dv values.
+template <typename R>
+LDM_HD inline void rls_write_vjp(const R* S, const R* P, const R* k, const R* v, R lam, R* dS,
+                                 R* dP, R* dk_, R* dv_, R* dlam, int dv, int dk, R* scratch) {
+    R* u = scratch;
+    R* g = u + dk;
+    R* dg = g + dk;
+    R* du = dg + dk;
+    R* e = du + dk;
+    R* de = e + dv;
+    R ku = 0;
+    for (int a = 0; a < dk; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += P[a * dk + b] * k[b];
+        u[a] = s;
+        ku += k[a] * s;
+    }
+    const R ig = R(1) / (lam + ku);
+    for (int b = 0; b < dk; b++) {
+        g[b] = u[b] * ig;
+        dg[b] = 0;
+    }
+    // S' = S + e g^T,  e = v - S k
+    for (int a = 0; a < dv; a++) {
+        R s = 0, t = 0;
+        for (int b = 0; b < dk; b++) {
+            s += S[a * dk + b] * k[b];
+            t += dS[a * dk + b] * g[b];
+        }
+        e[a] = v[a] - s;
+        de[a] = t;
+        for (int b = 0; b < dk; b++) dg[b] += dS[a * dk + b] * e[a];
+    }
+    rls_write_vjp_p(P, k, lam, dg, dP, dk_, dlam, dk, g, du);  // g no longer needed: u's scratch
     // e = v - S k: dv += de; dS_prev = dS' - de k^T; dk -= S^T de
     for (int a = 0; a < dv; a++) {
         dv_[a] += de[a];
@@ -452,6 +470,177 @@ LDM_HD inline void window_flush_row(R* Srow, const R* Kt, const R* X, const R* v
         R x = 0;
         for (int p = 0; p < m; p++) x += e[p] * X[p * dk + b];
         Srow[b] += x;
+    }
+}
+
+// ---- windowed backward of rls writes (the unwinding backward over a window in one pass) ---------
+// One token-head, a window of m writes t = 0..m-1, write t followed by its read t (query q_t, read
+// gradient dr_t): the forward order is write 0, read 0, write 1, ..., write m-1, read m-1. The
+// backward starts from the state after write m-1 (S_end, P_end), D_end = dL/dS_end from what
+// follows read m-1 (read m-1 itself excluded) and dP_end. Every row of S the backward needs is
+// affine in the same row of S_end and of D_end, with d_k x d_k factors and d_k-vectors that
+// depend on (k, q, g, c) only, not on the d_v rows:
+//   s_t  = row of S before write t           = S_end_row X_t + sum_{l=t..m-1} v_l[row] y_l
+//   ds_t = row of dL/dS after write t, read t included
+//                                            = D_end_row Y_t + sum_{l=t..m-1} dr_l[row] z_l
+// from the unwind (spec §2.5: g_t = P k_t with P after write t, c_t = gamma_t / lam_t,
+// S_before = S_after U_t - c_t v_t g_t^T with U_t = I + c_t k_t g_t^T) and the write VJP
+// (dS_before = dS_after W_t + [read]: W_t = I - g_t k_t^T):
+//   X_t = X_{t+1} U_t (X_m = I),   y_l <- U_t^T y_l (l > t),   y_t = -c_t g_t;
+//   Y_t = Y_{t+1} W_{t+1} (Y_{m-1} = I),   z_l <- W_{t+1}^T z_l (l > t),   z_t = q_t.
+// A backward step over write t and read t then reads the S_end and D_end rows once, writes only
+// dv_t (d_v values) and d_k-sized sums, and only the window's first step (t = 0) writes the
+// unwound rows S_start = s_0 and D_start = ds_0 W_0. Same arithmetic as unwinding write by write
+// (rls_unwind, ldm_read_vjp, rls_write_vjp), reassociated; the drift check at (0, I/delta) applies
+// unchanged. Coefficients of one token-head, capacity w >= m (strides use w):
+//   X [dk, dk], Y [dk, dk] row-major; Yv [w, dk] (y_l), Z [w, dk] (z_l), G [w, dk] (g_t), C [w] (c_t).
+
+// Coefficient step t (t = m-1 first, then down to 0): unwinds P through write t (in: after it,
+// out: before it; rls_unwind's P part), stores g_t, c_t and advances X, Y, Yv, Z to step t.
+// k_next: the key of write t+1 (unused at t = m-1).
+template <typename R>
+LDM_HD inline void wbwd_coef_step(int t, int m, R* P, const R* k, R lam, const R* q, const R* k_next,
+                                  R* X, R* Y, R* Yv, R* Z, R* G, R* C, int dk) {
+    R* g = G + t * dk;
+    R a_ = 0;
+    for (int a = 0; a < dk; a++) {
+        R s = 0;
+        for (int b = 0; b < dk; b++) s += P[a * dk + b] * k[b];
+        g[a] = s;
+        a_ += k[a] * s;
+    }
+    const R gamma = lam / (R(1) - a_), c = gamma / lam;
+    C[t] = c;
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * g[a] * g[b];
+    if (t == m - 1) {
+        for (int a = 0; a < dk; a++)
+            for (int b = 0; b < dk; b++) X[a * dk + b] = Y[a * dk + b] = a == b ? R(1) : R(0);
+    } else {  // Y <- Y W_{t+1}, z_l <- z_l - (g_{t+1}.z_l) k_{t+1}
+        const R* gn = G + (t + 1) * dk;
+        for (int a = 0; a < dk; a++) {
+            R x = 0;
+            for (int b = 0; b < dk; b++) x += Y[a * dk + b] * gn[b];
+            for (int b = 0; b < dk; b++) Y[a * dk + b] -= x * k_next[b];
+        }
+        for (int l = t + 1; l < m; l++) {
+            R x = 0;
+            for (int b = 0; b < dk; b++) x += Z[l * dk + b] * gn[b];
+            for (int b = 0; b < dk; b++) Z[l * dk + b] -= x * k_next[b];
+        }
+    }
+    // X <- X U_t, y_l <- y_l + c_t (y_l.k_t) g_t
+    for (int a = 0; a < dk; a++) {
+        R x = 0;
+        for (int b = 0; b < dk; b++) x += X[a * dk + b] * k[b];
+        for (int b = 0; b < dk; b++) X[a * dk + b] += c * x * g[b];
+    }
+    for (int l = t + 1; l < m; l++) {
+        R x = 0;
+        for (int b = 0; b < dk; b++) x += Yv[l * dk + b] * k[b];
+        for (int b = 0; b < dk; b++) Yv[l * dk + b] += c * x * g[b];
+    }
+    for (int b = 0; b < dk; b++) {
+        Yv[t * dk + b] = -c * g[b];
+        Z[t * dk + b] = q[b];
+    }
+}
+
+// The rows s_t, ds_t of step t from one row of S_end and D_end; vrow[l], drrow[l] (l = t..m-1)
+// are that row's value of v_l and dr_l. s, ds: dk values each.
+template <typename R>
+LDM_HD inline void wbwd_row_state(int t, int m, const R* Se, const R* De, const R* vrow, const R* drrow,
+                                  const R* X, const R* Y, const R* Yv, const R* Z, R* s, R* ds, int dk) {
+    for (int b = 0; b < dk; b++) {
+        R x = 0, y = 0;
+        for (int a = 0; a < dk; a++) {
+            x += Se[a] * X[a * dk + b];
+            y += De[a] * Y[a * dk + b];
+        }
+        for (int l = t; l < m; l++) {
+            x += vrow[l] * Yv[l * dk + b];
+            y += drrow[l] * Z[l * dk + b];
+        }
+        s[b] = x;
+        ds[b] = y;
+    }
+}
+
+// One row's share of write t's and read t's VJPs, from s = s_t, ds = ds_t (wbwd_row_state), the
+// row's v_t and dr_t: returns de = ds.g_t (= the row's dv_t) and accumulates the sums over rows
+//   A += dr_t s (dk),  *alpha += dr_t e,  dg += e ds (dk),  B += de s (dk)   (e = v_t - s.k_t)
+// from which read t's dq_t = S_after^T dr_t = A + alpha g_t and write t's dk_t -= B, dg follow.
+// *e_out = e. The read's output at this row, r_t = (s + e g_t).q_t, is not needed here.
+template <typename R>
+LDM_HD inline R wbwd_row_vjp(const R* s, const R* ds, R v, R dr, const R* k, const R* g, R* A, R* alpha,
+                             R* dg, R* B, R* e_out, int dk) {
+    R sk = 0, de = 0;
+    for (int b = 0; b < dk; b++) {
+        sk += s[b] * k[b];
+        de += ds[b] * g[b];
+    }
+    const R e = v - sk;
+    *alpha += dr * e;
+    for (int b = 0; b < dk; b++) {
+        A[b] += dr * s[b];
+        dg[b] += e * ds[b];
+        B[b] += de * s[b];
+    }
+    *e_out = e;
+    return de;
+}
+
+// Reference driver: the whole window's backward for one token-head (the CPU form of the kernels
+// that use the three functions above). In: S = S_end [dv, dk], P = P_end, dS = D_end, dP = dP_end;
+// K [m, dk], V [m, dv], lam [m], Q [m, dk], dR [m, dv]. Out: S, P, dS, dP at the window start
+// (dS excludes the previous read, as D_end did). Accumulated: dq [m, dk] (read t's query),
+// dkey [m, dk], dval [m, dv], dlam [m]. scratch: 2 dk^2 + 3 w dk + 3 w + 7 dk values.
+template <typename R>
+LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, const R* V, const R* lam,
+                                       const R* Q, const R* dR, R* dq, R* dkey, R* dval, R* dlam, int m,
+                                       int w, int dv, int dk, R* scratch) {
+    R* X = scratch;
+    R* Y = X + dk * dk;
+    R* Yv = Y + dk * dk;
+    R* Z = Yv + w * dk;
+    R* G = Z + w * dk;
+    R* C = G + w * dk;
+    R* s = C + w;
+    R* ds = s + dk;
+    R* A = ds + dk;
+    R* dg = A + dk;
+    R* B = dg + dk;
+    R* u = B + dk;
+    R* du = u + dk;
+    R* vr = du + dk;  // [w]: one row's v_l
+    R* drr = vr + w;  // [w]: one row's dr_l
+    for (int t = m - 1; t >= 0; t--) {
+        const R* k = K + t * dk;
+        const R* g = G + t * dk;
+        wbwd_coef_step(t, m, P, k, lam[t], Q + t * dk, t + 1 < m ? K + (t + 1) * dk : k, X, Y, Yv, Z, G, C,
+                       dk);
+        R alpha = 0;
+        for (int b = 0; b < dk; b++) A[b] = dg[b] = B[b] = 0;
+        for (int a = 0; a < dv; a++) {
+            for (int l = t; l < m; l++) {
+                vr[l] = V[(long long)l * dv + a];
+                drr[l] = dR[(long long)l * dv + a];
+            }
+            wbwd_row_state(t, m, S + a * dk, dS + a * dk, vr, drr, X, Y, Yv, Z, s, ds, dk);
+            R e;
+            const R de = wbwd_row_vjp(s, ds, vr[t], drr[t], k, g, A, &alpha, dg, B, &e, dk);
+            dval[(long long)t * dv + a] += de;
+            if (t == 0)
+                for (int b = 0; b < dk; b++) {
+                    S[a * dk + b] = s[b];
+                    dS[a * dk + b] = ds[b] - de * k[b];
+                }
+        }
+        for (int b = 0; b < dk; b++) {
+            dq[t * dk + b] += A[b] + alpha * g[b];
+            dkey[t * dk + b] -= B[b];
+        }
+        rls_write_vjp_p((const R*)P, k, lam[t], dg, dP, dkey + t * dk, dlam + t, dk, u, du);
     }
 }
 

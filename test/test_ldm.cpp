@@ -300,6 +300,108 @@ TEST_CASE("ldm: window v2 form (no E~) over D+1 writes with a remainder window =
     }
 }
 
+namespace {
+// nw rls writes from (0, I/delta), write t followed by read t, then the backward of all of them
+// from random dL/dS_end, dL/dP_end and read gradients dr_t: write by write (w = 0: ldm_read_vjp,
+// rls_unwind, rls_write_vjp) or by windows of w writes aligned at write 0, the last one shorter
+// (rls_window_backward). Unit keys and queries, values and gradients ~ N(0, 1), lambda in
+// [0.95, 1]. Every output in double: the recovered start state and its gradients, then dq, dk,
+// dv, dlam.
+struct WindowBwdOut {
+    std::vector<double> S, P, dS, dP, dq, dkey, dval, dlam;
+};
+template <typename R>
+WindowBwdOut window_bwd_run(int w, int nw, int dk, int dv, double delta, uint64_t seed) {
+    Rng rng(seed);
+    auto unit = [&](R* x) {
+        std::vector<double> y(dk);
+        double s = 0;
+        for (auto& a : y) { a = rng.normal(); s += a * a; }
+        for (int a = 0; a < dk; a++) x[a] = (R)(y[a] / std::sqrt(s));
+    };
+    std::vector<R> K(nw * dk), V(nw * dv), L(nw), Q(nw * dk), dR(nw * dv), S(dv * dk), P(dk * dk), u(dk);
+    for (int t = 0; t < nw; t++) {
+        unit(&K[t * dk]);
+        unit(&Q[t * dk]);
+        for (int a = 0; a < dv; a++) V[t * dv + a] = (R)rng.normal();
+        for (int a = 0; a < dv; a++) dR[t * dv + a] = (R)rng.normal();
+        L[t] = (R)(0.95 + 0.05 * rng.uniform());
+    }
+    ldm_init_state(S.data(), P.data(), dv, dk, (R)delta);
+    for (int t = 0; t < nw; t++) rls_write(S.data(), P.data(), &K[t * dk], &V[t * dv], L[t], dv, dk, u.data());
+    std::vector<R> dS(dv * dk), dP(dk * dk), dq(nw * dk, R(0)), dkey(nw * dk, R(0)), dval(nw * dv, R(0)),
+        dlam(nw, R(0));
+    for (auto& x : dS) x = (R)rng.normal();
+    for (auto& x : dP) x = (R)rng.normal();
+    if (w == 0) {
+        std::vector<R> scr(4 * dk + 2 * dv);
+        for (int t = nw - 1; t >= 0; t--) {
+            ldm_read_vjp(S.data(), &Q[t * dk], &dR[t * dv], dS.data(), &dq[t * dk], dv, dk);
+            rls_unwind(S.data(), P.data(), &K[t * dk], &V[t * dv], L[t], dv, dk, u.data());
+            rls_write_vjp(S.data(), P.data(), &K[t * dk], &V[t * dv], L[t], dS.data(), dP.data(), &dkey[t * dk],
+                          &dval[t * dv], &dlam[t], dv, dk, scr.data());
+        }
+    } else {
+        std::vector<R> scr(2 * dk * dk + 3 * w * dk + 3 * w + 7 * dk, R(-9));  // poisoned: all of it is set first
+        for (int a = (nw - 1) / w * w; a >= 0; a -= w) {
+            const int m = std::min(w, nw - a);
+            rls_window_backward(S.data(), P.data(), dS.data(), dP.data(), &K[a * dk], &V[a * dv], &L[a], &Q[a * dk],
+                                &dR[a * dv], &dq[a * dk], &dkey[a * dk], &dval[a * dv], &dlam[a], m, w, dv, dk,
+                                scr.data());
+        }
+    }
+    auto d = [](const std::vector<R>& x) { return std::vector<double>(x.begin(), x.end()); };
+    return {d(S), d(P), d(dS), d(dP), d(dq), d(dkey), d(dval), d(dlam)};
+}
+// max over the outputs of max|x - ref| / max(1, max|ref|).
+double window_bwd_err(const WindowBwdOut& x, const WindowBwdOut& ref) {
+    const std::vector<double> WindowBwdOut::*f[] = {&WindowBwdOut::S,  &WindowBwdOut::P,    &WindowBwdOut::dS,
+                                                    &WindowBwdOut::dP, &WindowBwdOut::dq,   &WindowBwdOut::dkey,
+                                                    &WindowBwdOut::dval, &WindowBwdOut::dlam};
+    double worst = 0;
+    for (auto m : f) {
+        const auto &a = x.*m, &b = ref.*m;
+        REQUIRE(a.size() == b.size());
+        double e = 0;
+        for (size_t i = 0; i < a.size(); i++) e = std::max(e, std::fabs(a[i] - b[i]));
+        worst = std::max(worst, e / std::max(1.0, max_abs(b)));
+    }
+    return worst;
+}
+}  // namespace
+
+TEST_CASE("ldm: windowed rls backward (ldm_math.h wbwd_*) equals unwinding write by write", "[ldm]") {
+    // float64: the window form reassociates the unwinding backward, so it must agree to rounding
+    // for every window length, including a remainder window and one window longer than the run.
+    double worst64 = 0;
+    for (int dk : {3, 8})
+        for (int w : {1, 2, 3, 4, 5, 8, 16}) {
+            INFO("dk " << dk << " w " << w);
+            const auto ref = window_bwd_run<double>(0, 11, dk, 7, 0.1, 50 + dk);
+            const auto win = window_bwd_run<double>(w, 11, dk, 7, 0.1, 50 + dk);
+            const double e = window_bwd_err(win, ref);
+            INFO("max rel err " << e);
+            worst64 = std::max(worst64, e);
+            REQUIRE(e < 1e-10);
+            // the recovered start state is (0, I/delta) in both
+            REQUIRE(max_abs(win.S) < 1e-10);
+        }
+    // fp32, the production case (48 writes, d_k 8, delta 0.1 and 1): error against float64 of the
+    // window form, next to that of unwinding write by write in fp32 on the same data.
+    double worst_seq = 0, worst_win = 0;
+    for (double delta : {0.1, 1.0})
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            const auto ref = window_bwd_run<double>(0, 48, 8, 16, delta, seed);
+            worst_seq = std::max(worst_seq, window_bwd_err(window_bwd_run<float>(0, 48, 8, 16, delta, seed), ref));
+            for (int w : {4, 8})
+                worst_win = std::max(worst_win, window_bwd_err(window_bwd_run<float>(w, 48, 8, 16, delta, seed), ref));
+        }
+    std::printf("ldm windowed backward: float64 vs write by write %.3g; fp32 vs float64 (48 writes, d_k 8): write "
+                "by write %.3g, windows of 4 and 8 %.3g\n",
+                worst64, worst_seq, worst_win);
+    REQUIRE(worst_win < 1e-3);
+}
+
 TEST_CASE("ldm: write and read VJPs match finite differences (float64)", "[ldm]") {
     const int dv = 5, dk = 3;
     for (std::string rule : {"rls", "delta", "outer"}) {
