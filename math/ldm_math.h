@@ -546,27 +546,30 @@ LDM_HD inline void wbwd_coef_step(int t, int m, R* P, const R* k, R lam, const R
     }
 }
 
-// The rows s_t, ds_t of step t from one row of S_end and D_end; vrow[l], drrow[l] (l = t..m-1)
-// are that row's value of v_l and dr_l. s, ds: dk values each.
+// The rows s_t, ds_t of step t from one row of S_end and D_end, in two parts so that a kernel
+// can stream the window's per-write values: wbwd_row_base sets s = Se X, ds = De Y; then
+// wbwd_row_add, once per l = t..m-1 with the row's v_l and dr_l, adds v_l y_l and dr_l z_l.
 template <typename R>
-LDM_HD inline void wbwd_row_state(int t, int m, const R* Se, const R* De, const R* vrow, const R* drrow,
-                                  const R* X, const R* Y, const R* Yv, const R* Z, R* s, R* ds, int dk) {
+LDM_HD inline void wbwd_row_base(const R* Se, const R* De, const R* X, const R* Y, R* s, R* ds, int dk) {
     for (int b = 0; b < dk; b++) {
         R x = 0, y = 0;
         for (int a = 0; a < dk; a++) {
             x += Se[a] * X[a * dk + b];
             y += De[a] * Y[a * dk + b];
         }
-        for (int l = t; l < m; l++) {
-            x += vrow[l] * Yv[l * dk + b];
-            y += drrow[l] * Z[l * dk + b];
-        }
         s[b] = x;
         ds[b] = y;
     }
 }
+template <typename R>
+LDM_HD inline void wbwd_row_add(R v, R dr, const R* yl, const R* zl, R* s, R* ds, int dk) {
+    for (int b = 0; b < dk; b++) {
+        s[b] += v * yl[b];
+        ds[b] += dr * zl[b];
+    }
+}
 
-// One row's share of write t's and read t's VJPs, from s = s_t, ds = ds_t (wbwd_row_state), the
+// One row's share of write t's and read t's VJPs, from s = s_t, ds = ds_t (wbwd_row_*), the
 // row's v_t and dr_t: returns de = ds.g_t (= the row's dv_t) and accumulates the sums over rows
 //   A += dr_t s (dk),  *alpha += dr_t e,  dg += e ds (dk),  B += de s (dk)   (e = v_t - s.k_t)
 // from which read t's dq_t = S_after^T dr_t = A + alpha g_t and write t's dk_t -= B, dg follow.
@@ -594,7 +597,7 @@ LDM_HD inline R wbwd_row_vjp(const R* s, const R* ds, R v, R dr, const R* k, con
 // that use the three functions above). In: S = S_end [dv, dk], P = P_end, dS = D_end, dP = dP_end;
 // K [m, dk], V [m, dv], lam [m], Q [m, dk], dR [m, dv]. Out: S, P, dS, dP at the window start
 // (dS excludes the previous read, as D_end did). Accumulated: dq [m, dk] (read t's query),
-// dkey [m, dk], dval [m, dv], dlam [m]. scratch: 2 dk^2 + 3 w dk + 3 w + 7 dk values.
+// dkey [m, dk], dval [m, dv], dlam [m]. scratch: 2 dk^2 + 3 w dk + w + 7 dk values.
 template <typename R>
 LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, const R* V, const R* lam,
                                        const R* Q, const R* dR, R* dq, R* dkey, R* dval, R* dlam, int m,
@@ -612,8 +615,6 @@ LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, con
     R* B = dg + dk;
     R* u = B + dk;
     R* du = u + dk;
-    R* vr = du + dk;  // [w]: one row's v_l
-    R* drr = vr + w;  // [w]: one row's dr_l
     for (int t = m - 1; t >= 0; t--) {
         const R* k = K + t * dk;
         const R* g = G + t * dk;
@@ -622,13 +623,12 @@ LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, con
         R alpha = 0;
         for (int b = 0; b < dk; b++) A[b] = dg[b] = B[b] = 0;
         for (int a = 0; a < dv; a++) {
-            for (int l = t; l < m; l++) {
-                vr[l] = V[(long long)l * dv + a];
-                drr[l] = dR[(long long)l * dv + a];
-            }
-            wbwd_row_state(t, m, S + a * dk, dS + a * dk, vr, drr, X, Y, Yv, Z, s, ds, dk);
+            wbwd_row_base(S + a * dk, dS + a * dk, X, Y, s, ds, dk);
+            for (int l = t; l < m; l++)
+                wbwd_row_add(V[(long long)l * dv + a], dR[(long long)l * dv + a], Yv + l * dk, Z + l * dk, s, ds, dk);
             R e;
-            const R de = wbwd_row_vjp(s, ds, vr[t], drr[t], k, g, A, &alpha, dg, B, &e, dk);
+            const R de = wbwd_row_vjp(s, ds, V[(long long)t * dv + a], dR[(long long)t * dv + a], k, g, A, &alpha,
+                                      dg, B, &e, dk);
             dval[(long long)t * dv + a] += de;
             if (t == 0)
                 for (int b = 0; b < dk; b++) {
