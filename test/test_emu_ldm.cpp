@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_emu/ldm.cuh"
+#include "cuda_emu/dev_cuda/ldm_window_bwd.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -983,6 +984,114 @@ TEST_CASE("emu: fused rls passes (write + read, read backward + unwind + VJP), e
                         }
                     }); });
             }
+}
+
+TEST_CASE("emu: windowed rls backward (workbench ldm_window_bwd.cuh) against unwinding write by write",
+          "[emu][ldm]") {
+    // A window of m writes from a random state, applied in double and rounded to fp32 (so the
+    // unwind is the exact inverse it is in training); steps t = m-1..0 of the windowed kernel
+    // against ldm_read_vjp + rls_unwind + rls_write_vjp per write (wbwd_reference), values in
+    // fp32 and bf16; full windows and remainder windows (m < w), w up to kWbwdMaxWindow.
+    const Shape shapes[] = {{5, 1, 4, 7}, {13, 2, 8, 5}, {7, 3, 16, 3}, {11, 2, 5, 37}, {6, 2, 12, 70}};
+    const int wm[][2] = {{1, 1}, {3, 3}, {3, 2}, {4, 4}, {8, 8}, {8, 5}};
+    int si = 0;
+    for (const Shape& s : shapes) {
+        si++;
+        for (const auto& x : wm)
+            for (int bf = 0; bf < 2; bf++) {
+                const int w = x[0], m = x[1];
+                if (bf && w != 4 && w != 8) continue;  // bf16 values: two window lengths suffice
+                const Dims D = dims(s.N, s.Hm, s.dk, s.dv, true);
+                const int64_t NHK = (int64_t)D.N * D.HK, Nd = (int64_t)D.N * D.d, NH = (int64_t)D.N * D.Hm;
+                Rng r(9000 + 31 * si + 7 * w + m + 100 * bf);
+                Buf cur_in(D.N * D.ST), dS_in(D.N * D.ST), Kn(m * NHK), Knrm(m * NH), Qn(m * NHK), Qnrm(m * NH);
+                Buf V(m * Nd), dR(m * Nd), lam(m * D.Hm);
+                random_state(D, cur_in, r);
+                for (int t = 0; t < m; t++) {
+                    Buf kk(NHK), kq(NHK), nk(NH), nq(NH);
+                    random_keys(D, kk, nk, r);
+                    random_keys(D, kq, nq, r);
+                    std::copy(kk.p(), kk.p() + NHK, Kn.p() + t * NHK);
+                    std::copy(kq.p(), kq.p() + NHK, Qn.p() + t * NHK);
+                    for (int h = 0; h < D.Hm; h++) lam[t * D.Hm + h] = r.pos(0.9f, 1.f);
+                }
+                r.fill(V);
+                r.fill(dR);
+                std::vector<bf16> Vb((size_t)(m * Nd + kGuard), __float2bfloat16(0.f));
+                for (int64_t i = 0; i < m * Nd; i++) {
+                    Vb[(size_t)i] = __float2bfloat16(V[i]);
+                    if (bf) V[i] = __bfloat162float(Vb[(size_t)i]);  // the reference sees the bf16 values
+                }
+                // the window's writes in double from the random start state, rounded to fp32
+                {
+                    std::vector<double> u((size_t)D.dk);
+                    for (int n = 0; n < D.N; n++)
+                        for (int h = 0; h < D.Hm; h++) {
+                            auto st = dv_(cur_in.p() + D.state_off(n, h), D.SS + D.PP);
+                            for (int t = 0; t < m; t++) {
+                                auto k = dv_(Kn.p() + t * NHK + D.key_off(n, h), D.dk);
+                                auto v = dv_(V.p() + t * Nd + D.val_off(n, h), D.dv);
+                                rls_write(st.data(), st.data() + D.SS, k.data(), v.data(), (double)lam[t * D.Hm + h],
+                                          D.dv, D.dk, u.data());
+                            }
+                            for (int i = 0; i < D.SS + D.PP; i++) cur_in[D.state_off(n, h) + i] = (float)st[(size_t)i];
+                        }
+                }
+                r.fill(dS_in);
+                const int CW = wbwd_coef_floats(wbwd_width(D.dk), w);
+                Buf cur(D.N * D.ST), dS(D.N * D.ST), coef(NH * CW), dq(m * NHK), dkey(m * NHK), dv(m * Nd), dlam(m * NH);
+                const std::string ctx = strprintf("wbwd_rls_warp N=%d Hm=%d dk=%d dv=%d w=%d m=%d%s", s.N, s.Hm, s.dk, s.dv,
+                                                  w, m, bf ? " bf16" : " fp32");
+                auto launch = [&](auto tag) {
+                    using T = decltype(tag);
+                    WbwdIn<T> in{Kn.p(), Qn.p(), nullptr, dR.p(), lam.p(), m, w};
+                    if constexpr (std::is_same<T, float>::value) in.V = V.p();
+                    else in.V = Vb.data();
+                    for (int t = m - 1; t >= 0; t--)
+                        wbwd_rls_step<T>(D, cur.p(), dS.p(), coef.p(), in, t,
+                                         WbwdOut{dq.p() + t * NHK, dkey.p() + t * NHK, dv.p() + t * Nd, dlam.p() + t * NH}, 0);
+                };
+                run_orders(
+                    ctx,
+                    [&] {
+                        cur.v = cur_in.v;
+                        dS.v = dS_in.v;
+                        coef.poison();
+                        dq.poison();
+                        dkey.poison();
+                        dv.poison();
+                        dlam.poison();
+                    },
+                    [&] {
+                        if (bf) launch(bf16(__float2bfloat16(0.f)));
+                        else launch(0.f);
+                    },
+                    {&cur, &dS, &dq, &dkey, &dv, &dlam});
+                std::vector<double> rst = dv_(cur_in.p(), cur_in.n), rdst = dv_(dS_in.p(), dS_in.n), rdq, rdk, rdv, rdl;
+                wbwd_reference(D, m, rst, rdst, dv_(Kn.p(), Kn.n), dv_(Qn.p(), Qn.n), dv_(V.p(), V.n), dv_(dR.p(), dR.n),
+                               dv_(lam.p(), lam.n), rdq, rdk, rdv, rdl);
+                // the unwind divides by 1 - k.Pk and multiplies by gamma (as in the fused unwind's test)
+                expect_close("state at the window start", cur, rst, 1e-4, ctx);
+                expect_close("dS/dP at the window start", dS, rdst, 1e-4, ctx);
+                expect_close("dq", dq, rdq, 1e-4, ctx);
+                expect_close("dkey", dkey, rdk, 1e-4, ctx);
+                expect_close("dv", dv, rdv, 1e-4, ctx);
+                expect_close("dlam", dlam, rdl, 1e-4, ctx);
+            }
+    }
+    // refusals: not rls, d_k above the warp width, w above kWbwdMaxWindow, m above w, t outside 0..m-1
+    const Dims D = dims(3, 1, 8, 5, true);
+    Dims Dn = dims(3, 1, 8, 5, false), Dw = dims(3, 1, 17, 5, true);
+    WbwdIn<float> in{nullptr, nullptr, nullptr, nullptr, nullptr, 2, 4};
+    const WbwdOut out{nullptr, nullptr, nullptr, nullptr};
+    CHECK_THROWS_AS(wbwd_rls_step<float>(Dn, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
+    CHECK_THROWS_AS(wbwd_rls_step<float>(Dw, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
+    CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, 2, out, 0), Error);
+    in.w = kWbwdMaxWindow + 1;
+    CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
+    in.w = 2;
+    in.m = 3;
+    CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
 }
 
 TEST_CASE("emu: drift kernel (max |S - S_ref|, max |δP - δP_ref|, integer atomicMax)", "[emu][ldm]") {
