@@ -490,7 +490,7 @@ LDM_HD inline void window_flush_row(R* Srow, const R* Kt, const R* X, const R* v
 //   Y_t = Y_{t+1} W_{t+1} (Y_{m-1} = I),   z_l <- W_{t+1}^T z_l (l > t),   z_t = q_t.
 // A backward step over write t and read t then reads the S_end and D_end rows once, writes only
 // dv_t (d_v values) and d_k-sized sums, and only the window's first step (t = 0) writes the
-// unwound rows S_start = s_0 and D_start = ds_0 W_0. Same arithmetic as unwinding write by write
+// unwound rows S_start = s_0 and D_start = ds_0 W_0 (wbwd_row below: per row O(d_k + w) work). Same arithmetic as unwinding write by write
 // (rls_unwind, ldm_read_vjp, rls_write_vjp), reassociated; the drift check at (0, I/delta) applies
 // unchanged. Coefficients of one token-head, capacity w >= m (strides use w):
 //   X [dk, dk], Y [dk, dk] row-major; Yv [w, dk] (y_l), Z [w, dk] (z_l), G [w, dk] (g_t), C [w] (c_t).
@@ -546,58 +546,128 @@ LDM_HD inline void wbwd_coef_step(int t, int m, R* P, const R* k, R lam, const R
     }
 }
 
-// The rows s_t, ds_t of step t from one row of S_end and D_end, in two parts so that a kernel
-// can stream the window's per-write values: wbwd_row_base sets s = Se X, ds = De Y; then
-// wbwd_row_add, once per l = t..m-1 with the row's v_l and dr_l, adds v_l y_l and dr_l z_l.
+// What a step needs from the rows is linear in them, so no row needs the d_k x d_k products:
+//   s_t.k_t  = Se.(X k_t) + sum_l v_l[row] (y_l.k_t),   ds_t.g_t = De.(Y g_t) + sum_l dr_l[row] (z_l.g_t)
+// give the row's e = v_t - s_t.k_t and de = ds_t.g_t (= its dv_t), and the sums over rows
+//   A = sum dr_t s_t = aS X + sum_l pv_l y_l,   aS = sum dr_t Se,   pv_l = sum dr_t v_l
+//   dg = sum e ds_t  = aD Y + sum_l pe_l z_l,   aD = sum e De,      pe_l = sum e dr_l
+//   B = sum de s_t   = bS X + sum_l pd_l y_l,   bS = sum de Se,     pd_l = sum de v_l
+// follow from d_k- and w-sized row sums (wbwd_row), applied once per step (wbwd_step_sums):
+// read t's dq_t = S_after^T dr_t = A + alpha g_t (alpha = sum dr_t e), write t's dk_t -= B and
+// dg into rls_write_vjp_p. Only the window-start rows (step 0) need s_0 and ds_0 in full
+// (wbwd_row_full). Loops over the window's writes run l = 0..W-1 and skip l outside [t, m)
+// (W >= m, any bound: a kernel with a compile-time W keeps the per-write values in registers).
+
+// Per-step vectors: xk = X k_t, yg = Y g_t [dk]; ykl[l] = y_l.k_t, zgl[l] = z_l.g_t.
 template <typename R>
-LDM_HD inline void wbwd_row_base(const R* Se, const R* De, const R* X, const R* Y, R* s, R* ds, int dk) {
+LDM_HD inline void wbwd_step_vectors(int t, int m, int W, const R* X, const R* Y, const R* Yv, const R* Z,
+                                     const R* k, const R* g, R* xk, R* yg, R* ykl, R* zgl, int dk) {
+    for (int a = 0; a < dk; a++) {
+        R x = 0, y = 0;
+        for (int b = 0; b < dk; b++) {
+            x += X[a * dk + b] * k[b];
+            y += Y[a * dk + b] * g[b];
+        }
+        xk[a] = x;
+        yg[a] = y;
+    }
+    for (int l = 0; l < W; l++) {
+        if (l < t || l >= m) continue;
+        R x = 0, y = 0;
+        for (int b = 0; b < dk; b++) {
+            x += Yv[l * dk + b] * k[b];
+            y += Z[l * dk + b] * g[b];
+        }
+        ykl[l] = x;
+        zgl[l] = y;
+    }
+}
+
+// One row of step t: Se, De its S_end and D_end rows, vrow[l], drrow[l] its v_l and dr_l, and
+// again vt = vrow[t], drt = drrow[t] (by value: indexing by t would put a kernel's arrays in
+// local memory). Returns de (the row's dv_t); *e_out = e; accumulates aS, aD, bS [dk], pv, pe,
+// pd [W], *alpha.
+template <typename R>
+LDM_HD inline R wbwd_row(int t, int m, int W, const R* Se, const R* De, const R* vrow, const R* drrow, R vt,
+                         R drt, const R* xk, const R* yg, const R* ykl, const R* zgl, R* aS, R* aD, R* bS,
+                         R* pv, R* pe, R* pd, R* alpha, R* e_out, int dk) {
+    R sk = 0, de = 0;
+    for (int b = 0; b < dk; b++) {
+        sk += Se[b] * xk[b];
+        de += De[b] * yg[b];
+    }
+    for (int l = 0; l < W; l++) {
+        if (l < t || l >= m) continue;
+        sk += vrow[l] * ykl[l];
+        de += drrow[l] * zgl[l];
+    }
+    const R e = vt - sk;
+    *alpha += drt * e;
+    for (int b = 0; b < dk; b++) {
+        aS[b] += drt * Se[b];
+        aD[b] += e * De[b];
+        bS[b] += de * Se[b];
+    }
+    for (int l = 0; l < W; l++) {
+        if (l < t || l >= m) continue;
+        pv[l] += drt * vrow[l];
+        pe[l] += e * drrow[l];
+        pd[l] += de * vrow[l];
+    }
+    *e_out = e;
+    return de;
+}
+
+// Step t's sums over the rows: A, dg, B [dk] from aS, aD, bS [dk] and pv, pe, pd [W].
+template <typename R>
+LDM_HD inline void wbwd_step_sums(int t, int m, int W, const R* X, const R* Y, const R* Yv, const R* Z,
+                                  const R* aS, const R* aD, const R* bS, const R* pv, const R* pe, const R* pd,
+                                  R* A, R* dg, R* B, int dk) {
+    for (int b = 0; b < dk; b++) {
+        R x = 0, y = 0, z = 0;
+        for (int a = 0; a < dk; a++) {
+            x += aS[a] * X[a * dk + b];
+            y += aD[a] * Y[a * dk + b];
+            z += bS[a] * X[a * dk + b];
+        }
+        for (int l = 0; l < W; l++) {
+            if (l < t || l >= m) continue;
+            x += pv[l] * Yv[l * dk + b];
+            y += pe[l] * Z[l * dk + b];
+            z += pd[l] * Yv[l * dk + b];
+        }
+        A[b] = x;
+        dg[b] = y;
+        B[b] = z;
+    }
+}
+
+// The full rows s_t = Se X + sum_l v_l y_l and ds_t = De Y + sum_l dr_l z_l (the window's start
+// rows at t = 0; then dL/dS before write 0 is ds_0 - de k_0).
+template <typename R>
+LDM_HD inline void wbwd_row_full(int t, int m, int W, const R* Se, const R* De, const R* vrow, const R* drrow,
+                                 const R* X, const R* Y, const R* Yv, const R* Z, R* s, R* ds, int dk) {
     for (int b = 0; b < dk; b++) {
         R x = 0, y = 0;
         for (int a = 0; a < dk; a++) {
             x += Se[a] * X[a * dk + b];
             y += De[a] * Y[a * dk + b];
         }
+        for (int l = 0; l < W; l++) {
+            if (l < t || l >= m) continue;
+            x += vrow[l] * Yv[l * dk + b];
+            y += drrow[l] * Z[l * dk + b];
+        }
         s[b] = x;
         ds[b] = y;
     }
 }
-template <typename R>
-LDM_HD inline void wbwd_row_add(R v, R dr, const R* yl, const R* zl, R* s, R* ds, int dk) {
-    for (int b = 0; b < dk; b++) {
-        s[b] += v * yl[b];
-        ds[b] += dr * zl[b];
-    }
-}
-
-// One row's share of write t's and read t's VJPs, from s = s_t, ds = ds_t (wbwd_row_*), the
-// row's v_t and dr_t: returns de = ds.g_t (= the row's dv_t) and accumulates the sums over rows
-//   A += dr_t s (dk),  *alpha += dr_t e,  dg += e ds (dk),  B += de s (dk)   (e = v_t - s.k_t)
-// from which read t's dq_t = S_after^T dr_t = A + alpha g_t and write t's dk_t -= B, dg follow.
-// *e_out = e. The read's output at this row, r_t = (s + e g_t).q_t, is not needed here.
-template <typename R>
-LDM_HD inline R wbwd_row_vjp(const R* s, const R* ds, R v, R dr, const R* k, const R* g, R* A, R* alpha,
-                             R* dg, R* B, R* e_out, int dk) {
-    R sk = 0, de = 0;
-    for (int b = 0; b < dk; b++) {
-        sk += s[b] * k[b];
-        de += ds[b] * g[b];
-    }
-    const R e = v - sk;
-    *alpha += dr * e;
-    for (int b = 0; b < dk; b++) {
-        A[b] += dr * s[b];
-        dg[b] += e * ds[b];
-        B[b] += de * s[b];
-    }
-    *e_out = e;
-    return de;
-}
 
 // Reference driver: the whole window's backward for one token-head (the CPU form of the kernels
-// that use the three functions above). In: S = S_end [dv, dk], P = P_end, dS = D_end, dP = dP_end;
+// built from the functions above). In: S = S_end [dv, dk], P = P_end, dS = D_end, dP = dP_end;
 // K [m, dk], V [m, dv], lam [m], Q [m, dk], dR [m, dv]. Out: S, P, dS, dP at the window start
 // (dS excludes the previous read, as D_end did). Accumulated: dq [m, dk] (read t's query),
-// dkey [m, dk], dval [m, dv], dlam [m]. scratch: 2 dk^2 + 3 w dk + w + 7 dk values.
+// dkey [m, dk], dval [m, dv], dlam [m]. scratch: 2 dk^2 + 3 w dk + 8 w + 13 dk values.
 template <typename R>
 LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, const R* V, const R* lam,
                                        const R* Q, const R* dR, R* dq, R* dkey, R* dval, R* dlam, int m,
@@ -607,40 +677,58 @@ LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, con
     R* Yv = Y + dk * dk;
     R* Z = Yv + w * dk;
     R* G = Z + w * dk;
-    R* C = G + w * dk;
-    R* s = C + w;
-    R* ds = s + dk;
-    R* A = ds + dk;
-    R* dg = A + dk;
-    R* B = dg + dk;
+    R* C = G + w * dk;  // [w]
+    R* xk = C + w;      // [dk] each: xk, yg, aS, aD, bS, A, dgv, B, u, du, Se, s, ds
+    R* yg = xk + dk;
+    R* aS = yg + dk;
+    R* aD = aS + dk;
+    R* bS = aD + dk;
+    R* A = bS + dk;
+    R* dgv = A + dk;
+    R* B = dgv + dk;
     R* u = B + dk;
     R* du = u + dk;
+    R* s = du + dk;
+    R* ds = s + dk;
+    R* ykl = ds + dk;  // [w] each: ykl, zgl, pv, pe, pd, vr, drr
+    R* zgl = ykl + w;
+    R* pv = zgl + w;
+    R* pe = pv + w;
+    R* pd = pe + w;
+    R* vr = pd + w;
+    R* drr = vr + w;
     for (int t = m - 1; t >= 0; t--) {
         const R* k = K + t * dk;
         const R* g = G + t * dk;
         wbwd_coef_step(t, m, P, k, lam[t], Q + t * dk, t + 1 < m ? K + (t + 1) * dk : k, X, Y, Yv, Z, G, C,
                        dk);
+        wbwd_step_vectors(t, m, w, X, Y, Yv, Z, k, g, xk, yg, ykl, zgl, dk);
         R alpha = 0;
-        for (int b = 0; b < dk; b++) A[b] = dg[b] = B[b] = 0;
+        for (int b = 0; b < dk; b++) aS[b] = aD[b] = bS[b] = 0;
+        for (int l = 0; l < w; l++) pv[l] = pe[l] = pd[l] = 0;
         for (int a = 0; a < dv; a++) {
-            wbwd_row_base(S + a * dk, dS + a * dk, X, Y, s, ds, dk);
-            for (int l = t; l < m; l++)
-                wbwd_row_add(V[(long long)l * dv + a], dR[(long long)l * dv + a], Yv + l * dk, Z + l * dk, s, ds, dk);
+            for (int l = t; l < m; l++) {
+                vr[l] = V[(long long)l * dv + a];
+                drr[l] = dR[(long long)l * dv + a];
+            }
             R e;
-            const R de = wbwd_row_vjp(s, ds, V[(long long)t * dv + a], dR[(long long)t * dv + a], k, g, A, &alpha,
-                                      dg, B, &e, dk);
+            const R de = wbwd_row(t, m, w, S + a * dk, dS + a * dk, vr, drr, vr[t], drr[t], xk, yg, ykl, zgl, aS, aD,
+                                  bS, pv, pe, pd, &alpha, &e, dk);
             dval[(long long)t * dv + a] += de;
-            if (t == 0)
+            if (t == 0) {
+                wbwd_row_full(t, m, w, S + a * dk, dS + a * dk, vr, drr, X, Y, Yv, Z, s, ds, dk);
                 for (int b = 0; b < dk; b++) {
                     S[a * dk + b] = s[b];
                     dS[a * dk + b] = ds[b] - de * k[b];
                 }
+            }
         }
+        wbwd_step_sums(t, m, w, X, Y, Yv, Z, aS, aD, bS, pv, pe, pd, A, dgv, B, dk);
         for (int b = 0; b < dk; b++) {
             dq[t * dk + b] += A[b] + alpha * g[b];
             dkey[t * dk + b] -= B[b];
         }
-        rls_write_vjp_p((const R*)P, k, lam[t], dg, dP, dkey + t * dk, dlam + t, dk, u, du);
+        rls_write_vjp_p((const R*)P, k, lam[t], dgv, dP, dkey + t * dk, dlam + t, dk, u, du);
     }
 }
 

@@ -342,7 +342,7 @@ WindowBwdOut window_bwd_run(int w, int nw, int dk, int dv, double delta, uint64_
                           &dval[t * dv], &dlam[t], dv, dk, scr.data());
         }
     } else {
-        std::vector<R> scr(2 * dk * dk + 3 * w * dk + w + 7 * dk, R(-9));  // poisoned: all of it is set first
+        std::vector<R> scr(2 * dk * dk + 3 * w * dk + 8 * w + 13 * dk, R(-9));  // poisoned: all of it is set first
         for (int a = (nw - 1) / w * w; a >= 0; a -= w) {
             const int m = std::min(w, nw - a);
             rls_window_backward(S.data(), P.data(), dS.data(), dP.data(), &K[a * dk], &V[a * dv], &L[a], &Q[a * dk],
@@ -370,7 +370,7 @@ double window_bwd_err(const WindowBwdOut& x, const WindowBwdOut& ref) {
 }
 }  // namespace
 
-TEST_CASE("ldm: windowed rls backward (ldm_math.h wbwd_*) equals unwinding write by write", "[ldm]") {
+TEST_CASE("ldm: windowed rls backward (ldm_math.h wbwd_*, rls_window_backward) equals unwinding write by write", "[ldm]") {
     // float64: the window form reassociates the unwinding backward, so it must agree to rounding
     // for every window length, including a remainder window and one window longer than the run.
     double worst64 = 0;

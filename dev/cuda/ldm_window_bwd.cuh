@@ -6,6 +6,7 @@
 // by write in double and timed by dev/cuda/ldm.cu beside production's fused backward (doc/cuda.md
 // "LDM kernels", "The windowed backward (workbench)").
 #pragma once
+#include <type_traits>
 #include <vector>
 
 #include "core/common.h"
@@ -41,29 +42,88 @@ struct WbwdOut {
 inline int wbwd_width(int dk) { return dk <= 4 ? 4 : dk <= 8 ? 8 : 16; }
 LDM_HD inline int wbwd_coef_floats(int DK, int w) { return 2 * DK * DK + 3 * w * DK + w; }
 
+// The coefficient step on lane 0, out of line (its unrolled d_k^2 loops would otherwise share
+// the register allocation of the row loop).
+template <int DK>
+__device__ __noinline__ void wbwd_lane0_coef(int t, int m, float* sP, const float* Kt, const float* Qt,
+                                             const float* Kn1, int dk, float lam, float* X, int w) {
+    float k[DK], q[DK], kn[DK];
+#pragma unroll
+    for (int b = 0; b < DK; b++) {
+        k[b] = b < dk ? Kt[b] : 0.f;
+        q[b] = b < dk ? Qt[b] : 0.f;
+        kn[b] = b < dk && Kn1 ? Kn1[b] : 0.f;
+    }
+    float* Y = X + DK * DK;
+    float* Yv = Y + DK * DK;
+    float* Z = Yv + w * DK;
+    float* G = Z + w * DK;
+    wbwd_coef_step(t, m, sP, k, lam, q, kn, X, Y, Yv, Z, G, G + w * DK, DK);
+}
+// The step's sums (wbwd_step_sums) and the P-side VJP on lane 0, out of line, from the warp's
+// reduced row sums in shared memory (red: aS, aD, bS [DK], pv, pe, pd [W], alpha); writes read
+// t's dq, write t's dkey and dlam.
+template <int DK, int W>
+__device__ __noinline__ void wbwd_lane0_finish(int t, int m, const float* X, int w, float* sP, float* sdP,
+                                               const float* Kt, float lam, const float* red, int dk, float* dq,
+                                               float* dkey, float* dlam) {
+    const float* Y = X + DK * DK;
+    const float* Yv = Y + DK * DK;
+    const float* Z = Yv + w * DK;
+    const float* g = Z + w * DK + t * DK;  // G[t]
+    float k[DK], A[DK], dg[DK], B[DK], u[DK], du[DK], dl = 0.f;
+#pragma unroll
+    for (int b = 0; b < DK; b++) k[b] = b < dk ? Kt[b] : 0.f;
+    wbwd_step_sums(t, m, W, X, Y, Yv, Z, red, red + DK, red + 2 * DK, red + 3 * DK, red + 3 * DK + W,
+                   red + 3 * DK + 2 * W, A, dg, B, DK);
+    const float alpha = red[3 * DK + 3 * W];
+#pragma unroll
+    for (int b = 0; b < DK; b++) B[b] = -B[b];
+    rls_write_vjp_p((const float*)sP, k, lam, dg, sdP, B, &dl, DK, u, du);
+#pragma unroll
+    for (int b = 0; b < DK; b++)
+        if (b < dk) {
+            dq[b] = A[b] + alpha * g[b];
+            dkey[b] = B[b];
+        }
+    *dlam = dl;
+}
+
+// Shared floats per warp: P, dP [DK, DK], the coefficient block, the reduced row sums.
+LDM_HD inline int wbwd_smem_floats(int DK, int W, int w) {
+    return 2 * DK * DK + wbwd_coef_floats(DK, w) + 3 * DK + 3 * W + 1;
+}
+
 // Step t of the windowed backward for every (token, head): cur holds S_end (rows) and P (after
 // write t on entry, before it on exit); dS holds D_end (rows) and dP (likewise); coef [N*Hm,
 // wbwd_coef_floats] carries X, Y, y, z, g, c from step t+1 to step t (ldm_math.h wbwd_coef_step;
-// read unless t = m-1). At t = 0 the S and dS rows become the window-start state and gradient.
-// The coefficient step and the P-side VJP run on lane 0 from the warp's shared memory (d_k^2
-// work per (token, head)); the rows are spread over the lanes (lane l: rows l, l+32, ...) and
-// the d_k sums are warp reductions. Zero padding to DK keeps the math exact for d_k < DK.
-template <typename T, int DK>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+// read unless t = m-1). START (t = 0): the S and dS rows become the window-start state and
+// gradient. Lane 0 runs the coefficient step and, after the rows, the step's sums and the
+// P-side VJP (d_k^2 work per (token, head), out of line, from the warp's shared memory); the
+// rows are spread over the lanes (lane l: rows l, l+32, ...) with O(d_k + W) work each
+// (ldm_math.h wbwd_row), the row sums are warp reductions. W (>= w) is the compile-time bound of
+// the per-write loops. Zero padding to DK keeps the math exact for d_k < DK.
+// Blocks per SM the kernel asks for (ptxas, sm_90, doc/cuda.md: the largest count without a
+// spill): 4 (128 registers) for the steps t > 0 at d_k <= 8 and W <= 4, 3 (168) for W = 8 and for
+// the start step (its full rows), 2 at d_k 16.
+constexpr int wbwd_min_blocks(int DK, int W, bool start) { return DK > 8 ? 2 : (start || W > 4) ? 3 : 4; }
+
+template <typename T, int DK, int W, bool START>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, wbwd_min_blocks(DK, W, START))
 wbwd_rls_warp_kernel(Dims D, float* cur, float* dS, float* coef, WbwdIn<T> in, int t, WbwdOut out) {
     const int64_t t_ = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;  // (token, head)
     if (t_ >= (int64_t)D.N * D.Hm) return;
     const int lane = threadIdx.x & 31, n = (int)(t_ / D.Hm), h = (int)(t_ % D.Hm);
     extern __shared__ float wbwd_smem[];
     const int CW = wbwd_coef_floats(DK, in.w), m = in.m, dk = D.dk;
-    float* sP = wbwd_smem + (threadIdx.x / 32) * (2 * DK * DK + CW);
+    float* sP = wbwd_smem + (threadIdx.x / 32) * wbwd_smem_floats(DK, W, in.w);
     float* sdP = sP + DK * DK;
     float* X = sdP + DK * DK;  // the coefficient block, laid out as in global memory
-    float* Y = X + DK * DK;
-    float* Yv = Y + DK * DK;
-    float* Z = Yv + in.w * DK;
-    float* G = Z + in.w * DK;
-    float* C = G + in.w * DK;
+    const float* Y = X + DK * DK;
+    const float* Yv = Y + DK * DK;
+    const float* Z = Yv + in.w * DK;
+    const float* G = Z + in.w * DK;
+    float* red = X + CW;
     const int64_t so = D.state_off(n, h), kh = D.key_off(n, h), vo = D.val_off(n, h), nh = D.tok_off(n, h);
     const int64_t NHK = (int64_t)D.N * D.HK, Nd = (int64_t)D.N * D.d;
     float* S = cur + so;
@@ -79,41 +139,47 @@ wbwd_rls_warp_kernel(Dims D, float* cur, float* dS, float* coef, WbwdIn<T> in, i
     }
     if (t < m - 1)
         for (int i = lane; i < CW; i += 32) X[i] = cg[i];
-    float k[DK], q[DK], kn[DK], g[DK];
+    const float lam = in.lam[t * D.Hm + h];
+    __syncwarp();
+    if (lane == 0)
+        wbwd_lane0_coef<DK>(t, m, sP, in.Kn + t * NHK + kh, in.Qn + t * NHK + kh,
+                            t + 1 < m ? in.Kn + (t + 1) * NHK + kh : nullptr, dk, lam, X, in.w);
+    __syncwarp();
+    float k[DK], g[DK], xk[DK], yg[DK], ykl[W], zgl[W], aS[DK], aD[DK], bS[DK], pv[W], pe[W], pd[W];
+    float alpha = 0.f;
 #pragma unroll
     for (int b = 0; b < DK; b++) {
         k[b] = b < dk ? in.Kn[t * NHK + kh + b] : 0.f;
-        q[b] = b < dk ? in.Qn[t * NHK + kh + b] : 0.f;
-        kn[b] = b < dk && t + 1 < m ? in.Kn[(t + 1) * NHK + kh + b] : 0.f;
-    }
-    const float lam = in.lam[t * D.Hm + h];
-    __syncwarp();
-    if (lane == 0) wbwd_coef_step(t, m, sP, k, lam, q, kn, X, Y, Yv, Z, G, C, DK);
-    __syncwarp();
-    float A[DK], dg[DK], B[DK], alpha = 0.f;
-#pragma unroll
-    for (int b = 0; b < DK; b++) {
         g[b] = G[t * DK + b];
-        A[b] = dg[b] = B[b] = 0.f;
+        aS[b] = aD[b] = bS[b] = 0.f;
     }
+#pragma unroll
+    for (int l = 0; l < W; l++) ykl[l] = zgl[l] = pv[l] = pe[l] = pd[l] = 0.f;
+    wbwd_step_vectors(t, m, W, (const float*)X, Y, Yv, Z, k, g, xk, yg, ykl, zgl, DK);
     for (int r = lane; r < D.dv; r += 32) {
-        float Se[DK], De[DK], s[DK], ds[DK];
+        float Se[DK], De[DK], vr[W], drr[W];
         load_row<DK>(S + (int64_t)r * dk, Se, dk);
         load_row<DK>(dSs + (int64_t)r * dk, De, dk);
-        wbwd_row_base(Se, De, X, Y, s, ds, DK);
-        float vt = 0.f, drt = 0.f;
-        for (int l = t; l < m; l++) {
-            const float vl = to_f(in.V[l * Nd + vo + r]), drl = in.dR[l * Nd + vo + r];
-            if (l == t) {
-                vt = vl;
-                drt = drl;
-            }
-            wbwd_row_add(vl, drl, Yv + l * DK, Z + l * DK, s, ds, DK);
+#pragma unroll
+        for (int l = 0; l < W; l++) {
+            const bool live = l >= t && l < m;
+            vr[l] = live ? to_f(in.V[l * Nd + vo + r]) : 0.f;
+            drr[l] = live ? in.dR[l * Nd + vo + r] : 0.f;
         }
+        const float vt = to_f(in.V[t * Nd + vo + r]), drt = in.dR[t * Nd + vo + r];  // = vr[t], drr[t] (L1)
         float e;
-        const float de = wbwd_row_vjp(s, ds, vt, drt, k, g, A, &alpha, dg, B, &e, DK);
+        const float de = wbwd_row(t, m, W, Se, De, vr, drr, vt, drt, xk, yg, ykl, zgl, aS, aD, bS, pv, pe, pd, &alpha,
+                                  &e, DK);
         out.dv[vo + r] = de;
-        if (t == 0) {  // the window-start rows: S before write 0, dL/dS before it (ds W_0)
+        if (START) {  // the window-start rows: S before write 0, dL/dS before it (ds W_0)
+            float s[DK], ds[DK];
+            // the coefficient pointers laundered per row: without it nvcc keeps X and Y (2 DK^2
+            // values) in registers across the row loop and spills
+            const float *Xr = X, *Yr = Y, *Yvr = Yv, *Zr = Z;
+#ifdef __CUDA_ARCH__
+            asm volatile("" : "+l"(Xr), "+l"(Yr), "+l"(Yvr), "+l"(Zr));
+#endif
+            wbwd_row_full(t, m, W, Se, De, vr, drr, Xr, Yr, Yvr, Zr, s, ds, DK);
 #pragma unroll
             for (int b = 0; b < DK; b++) ds[b] -= de * k[b];
             store_row<DK>(S + (int64_t)r * dk, s, dk);
@@ -122,21 +188,33 @@ wbwd_rls_warp_kernel(Dims D, float* cur, float* dS, float* coef, WbwdIn<T> in, i
     }
 #pragma unroll
     for (int b = 0; b < DK; b++) {
-        A[b] = warp_sum(A[b]);
-        dg[b] = warp_sum(dg[b]);
-        B[b] = warp_sum(B[b]);
+        aS[b] = warp_sum(aS[b]);
+        aD[b] = warp_sum(aD[b]);
+        bS[b] = warp_sum(bS[b]);
+    }
+#pragma unroll
+    for (int l = 0; l < W; l++) {
+        pv[l] = warp_sum(pv[l]);
+        pe[l] = warp_sum(pe[l]);
+        pd[l] = warp_sum(pd[l]);
     }
     alpha = warp_sum(alpha);
     if (lane == 0) {
-        float dkk[DK], u[DK], du[DK], dl = 0.f;
 #pragma unroll
-        for (int b = 0; b < DK; b++) dkk[b] = -B[b];
-        rls_write_vjp_p((const float*)sP, k, lam, dg, sdP, dkk, &dl, DK, u, du);
-        for (int b = 0; b < dk; b++) {
-            out.dq[kh + b] = A[b] + alpha * g[b];
-            out.dkey[kh + b] = dkk[b];
+        for (int b = 0; b < DK; b++) {
+            red[b] = aS[b];
+            red[DK + b] = aD[b];
+            red[2 * DK + b] = bS[b];
         }
-        out.dlam[nh] = dl;
+#pragma unroll
+        for (int l = 0; l < W; l++) {
+            red[3 * DK + l] = pv[l];
+            red[3 * DK + W + l] = pe[l];
+            red[3 * DK + 2 * W + l] = pd[l];
+        }
+        red[3 * DK + 3 * W] = alpha;
+        wbwd_lane0_finish<DK, W>(t, m, X, in.w, sP, sdP, in.Kn + t * NHK + kh, lam, red, dk, out.dq + kh,
+                                 out.dkey + kh, out.dlam + nh);
     }
     __syncwarp();
     for (int i = lane; i < dk * dk; i += 32) {
@@ -158,8 +236,17 @@ inline void wbwd_rls_step(const Dims& D, float* cur, float* dS, float* coef, con
                               D.PP > 0, D.dk, in.w, in.m, t));
     dispatch_dk(D.dk, [&](auto kc) {
         constexpr int DK = decltype(kc)::value;
-        const size_t smem = (size_t)kWarpsPerBlock * (2 * DK * DK + wbwd_coef_floats(DK, in.w)) * sizeof(float);
-        wbwd_rls_warp_kernel<T, DK><<<warp_blocks(D), 32 * kWarpsPerBlock, smem, s>>>(D, cur, dS, coef, in, t, out);
+        auto go = [&](auto wc) {
+            constexpr int W = decltype(wc)::value;
+            const size_t smem = (size_t)kWarpsPerBlock * wbwd_smem_floats(DK, W, in.w) * sizeof(float);
+            if (t == 0)
+                wbwd_rls_warp_kernel<T, DK, W, true><<<warp_blocks(D), 32 * kWarpsPerBlock, smem, s>>>(D, cur, dS, coef, in, t, out);
+            else
+                wbwd_rls_warp_kernel<T, DK, W, false><<<warp_blocks(D), 32 * kWarpsPerBlock, smem, s>>>(D, cur, dS, coef, in, t, out);
+        };
+        if (in.w <= 2) go(std::integral_constant<int, 2>{});
+        else if (in.w <= 4) go(std::integral_constant<int, 4>{});
+        else go(std::integral_constant<int, kWbwdMaxWindow>{});
     });
     LDM_LAUNCH_CHECK();
 }

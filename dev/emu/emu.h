@@ -1482,6 +1482,7 @@ inline const void* sym_(const void* p) { return p; }
 #undef __device__
 #undef __host__
 #undef __forceinline__
+#undef __noinline__
 #undef __launch_bounds__
 #undef __shared__
 #undef __constant__
@@ -1489,6 +1490,7 @@ inline const void* sym_(const void* p) { return p; }
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __constant__ static
