@@ -4,7 +4,8 @@
 // window-start states, --no-residual, --ldm-no-forget, odd shapes, the warp kernels at d_k <= 16
 // and the thread kernels at d_k = 24, the warp and thread window paths) through begin / input /
 // output / readout and their backward, fp32 and bf16, vs the CPU LDMScheme<double>; the cuBLASLt
-// GEMMs are the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS.
+// GEMMs are the host GEMM of dev/emu/matmul_host.h. Requires every CHECK to PASS. Also the
+// workbench's checks of the windowed rls backward (wbwd::check_window_bwd).
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/ldm.cu.h"
@@ -32,4 +33,19 @@ TEST_CASE("emu: LDM scheme, every workbench check case (fp32, bf16)", "[emu][ldm
     CHECK(out.find("-thread") != std::string::npos);
     CHECK(out.find("-wwarp") != std::string::npos);
     CHECK(out.find("-wthread") != std::string::npos);
+}
+
+TEST_CASE("emu: the workbench's windowed-backward checks (dev/cuda/ldm_window_bwd.cuh; fp32, bf16)", "[emu][ldm]") {
+    g_fail = 0;
+    const std::string out = emu::capture_stdout([&] {
+        wbwd::check_window_bwd<float>();
+        wbwd::check_window_bwd<bf16>();
+    });
+    const emu::CheckLines c = emu::check_lines(out);
+    std::string failed;
+    for (const auto& l : c.failed) failed += l + "\n";
+    INFO("failed CHECK lines:\n" << failed);
+    CHECK(c.total == 2 * 6 * 6);  // two dtypes, six window shapes, six outputs
+    CHECK(c.failed.empty());
+    CHECK(g_fail == 0);
 }

@@ -35,6 +35,7 @@
 #include "cpu/rng.h"
 #include "cpu/scheme.h"
 #include "cpu/scheme_ldm.h"
+#include "dev/cuda/ldm_window_bwd.cuh"
 #include "dev/cuda/scheme_check.cuh"
 
 using namespace ldm;
@@ -538,6 +539,181 @@ void bench(bool quick) {
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// ---- the windowed rls backward (workbench variant, dev/cuda/ldm_window_bwd.cuh) ----------------
+// One window of m writes per (token, head): host inputs (unit keys and queries, values and read
+// gradients ~ N(0, 1), lambda in [0.95, 1)), the window's writes applied in double from a state
+// reached by three random writes from (0, I/0.1) and rounded to fp32; on the GPU steps t = m-1..0;
+// against unwinding write by write in double (wbwd_reference). Inputs for the bench come from
+// the same generator at the bench shape.
+namespace wbwd {
+using namespace ldmk;
+
+struct WbwdHost {
+    Dims D;
+    int m = 0, w = 0;
+    std::vector<float> state, dstate, Kn, Qn, V, dR, lam;
+};
+template <typename T>
+WbwdHost wbwd_inputs(int N, int Hm, int dk, int dv, int w, int m, uint64_t seed) {
+    WbwdHost H;
+    Dims& D = H.D;
+    D.N = N;
+    D.Hm = Hm;
+    D.dk = dk;
+    D.dv = dv;
+    D.d = dv * Hm;
+    D.HK = Hm * dk;
+    D.SS = dv * dk;
+    D.PP = dk * dk;
+    D.ST = Hm * (D.SS + D.PP);
+    H.m = m;
+    H.w = w;
+    const int64_t NHK = (int64_t)N * D.HK, Nd = (int64_t)N * D.d;
+    Rnd r(seed);
+    auto unit = [&](float* x) {
+        double n2 = 0;
+        std::vector<double> y((size_t)dk);
+        for (auto& a : y) {
+            a = r.normal();
+            n2 += a * a;
+        }
+        for (int b = 0; b < dk; b++) x[b] = (float)(y[(size_t)b] / std::sqrt(n2));
+    };
+    H.Kn.resize((size_t)(m * NHK));
+    H.Qn.resize((size_t)(m * NHK));
+    H.V.resize((size_t)(m * Nd));
+    H.dR.resize((size_t)(m * Nd));
+    H.lam.resize((size_t)(m * Hm));
+    for (int64_t i = 0; i < m * NHK; i += dk) {
+        unit(&H.Kn[(size_t)i]);
+        unit(&H.Qn[(size_t)i]);
+    }
+    for (auto& x : H.V) x = round_to((float)r.normal(), !std::is_same<T, float>::value);
+    for (auto& x : H.dR) x = (float)r.normal();
+    for (auto& x : H.lam) x = (float)(0.95 + 0.05 * (0.5 + 0.5 * std::tanh(r.normal())));
+    H.state.assign((size_t)(N * D.ST), 0.f);
+    H.dstate.resize((size_t)(N * D.ST));
+    for (auto& x : H.dstate) x = (float)r.normal();
+    std::vector<double> st((size_t)(D.SS + D.PP)), k((size_t)dk), v((size_t)dv), u((size_t)dk);
+    std::vector<float> kf((size_t)dk);
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < Hm; h++) {
+            ldm_init_state(st.data(), st.data() + D.SS, dv, dk, 0.1);
+            for (int i = 0; i < 3 + m; i++) {
+                if (i < 3) {  // the state before the window
+                    unit(kf.data());
+                    for (int b = 0; b < dk; b++) k[(size_t)b] = kf[(size_t)b];
+                    for (auto& x : v) x = r.normal();
+                } else {
+                    const int t = i - 3;
+                    for (int b = 0; b < dk; b++) k[(size_t)b] = H.Kn[(size_t)(t * NHK + D.key_off(n, h) + b)];
+                    for (int c = 0; c < dv; c++) v[(size_t)c] = H.V[(size_t)(t * Nd + D.val_off(n, h) + c)];
+                }
+                const double lm = i < 3 ? 0.97 : (double)H.lam[(size_t)((i - 3) * Hm + h)];
+                rls_write(st.data(), st.data() + D.SS, k.data(), v.data(), lm, dv, dk, u.data());
+            }
+            for (int i = 0; i < D.SS + D.PP; i++) H.state[(size_t)(D.state_off(n, h) + i)] = (float)st[(size_t)i];
+        }
+    return H;
+}
+
+// Device copies of a window's inputs, and the step outputs of all m steps.
+template <typename T>
+struct WbwdDev {
+    DeviceBuffer<float> cur, dS, coef, Kn, Qn, dR, lam, dq, dkey, dv, dlam;
+    DeviceBuffer<T> V;
+    Dims dims;
+    WbwdIn<T> in;
+    explicit WbwdDev(const WbwdHost& H)
+        : cur((int64_t)H.state.size()), dS((int64_t)H.dstate.size()),
+          coef((int64_t)H.D.N * H.D.Hm * wbwd_coef_floats(wbwd_width(H.D.dk), H.w)), Kn((int64_t)H.Kn.size()),
+          Qn((int64_t)H.Qn.size()), dR((int64_t)H.dR.size()), lam((int64_t)H.lam.size()), dq((int64_t)H.Kn.size()),
+          dkey((int64_t)H.Kn.size()), dv((int64_t)H.V.size()), dlam((int64_t)H.m * H.D.N * H.D.Hm),
+          V((int64_t)H.V.size()), dims(H.D) {
+        upload(Kn.ptr, H.Kn.data(), Kn.n);
+        upload(Qn.ptr, H.Qn.data(), Qn.n);
+        upload(dR.ptr, H.dR.data(), dR.n);
+        upload(lam.ptr, H.lam.data(), lam.n);
+        upload(V.ptr, H.V.data(), V.n);  // the values are already T-representable (wbwd_inputs)
+        in = WbwdIn<T>{Kn.ptr, Qn.ptr, V.ptr, dR.ptr, lam.ptr, H.m, H.w};
+        reset(H);
+    }
+    void reset(const WbwdHost& H) {
+        upload(cur.ptr, H.state.data(), cur.n);
+        upload(dS.ptr, H.dstate.data(), dS.n);
+    }
+    void step(int t, cudaStream_t s) {
+        const Dims& D = dims;
+        const int64_t NHK = (int64_t)D.N * D.HK, Nd = (int64_t)D.N * D.d, NH = (int64_t)D.N * D.Hm;
+        wbwd_rls_step<T>(D, cur.ptr, dS.ptr, coef.ptr, in, t,
+                         WbwdOut{dq.ptr + t * NHK, dkey.ptr + t * NHK, dv.ptr + t * Nd, dlam.ptr + t * NH}, s);
+    }
+};
+
+template <typename T>
+void check_window_bwd() {
+    const char* dt = dtype_name<T>();
+    struct WC { int N, Hm, dk, dv, w, m; };
+    for (const WC c : {WC{37, 2, 8, 45, 4, 4}, WC{37, 2, 8, 45, 4, 3}, WC{21, 3, 4, 70, 8, 8}, WC{21, 3, 4, 70, 2, 1},
+                       WC{13, 2, 5, 33, 8, 5}, WC{9, 1, 16, 40, 3, 3}}) {
+        const WbwdHost H = wbwd_inputs<T>(c.N, c.Hm, c.dk, c.dv, c.w, c.m, 4100 + c.dk + 10 * c.w + c.m);
+        WbwdDev<T> g(H);
+        for (int t = c.m - 1; t >= 0; t--) g.step(t, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        auto d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+        std::vector<double> rst = d(H.state), rdst = d(H.dstate), rdq, rdk, rdv, rdl;
+        wbwd_reference(H.D, c.m, rst, rdst, d(H.Kn), d(H.Qn), d(H.V), d(H.dR), d(H.lam), rdq, rdk, rdv, rdl);
+        const std::string sh = strprintf("N=%d,Hm=%d,dk=%d,dv=%d,w=%d,m=%d", c.N, c.Hm, c.dk, c.dv, c.w, c.m);
+        // fp32 against double through up to 8 unwound writes (test_ldm: 1.0e-4 max relative over 48)
+        report("wbwd-rls-warp/state", dt, sh, download(g.cur.ptr, g.cur.n), rst, 1e-4);
+        report("wbwd-rls-warp/dstate", dt, sh, download(g.dS.ptr, g.dS.n), rdst, 1e-4);
+        report("wbwd-rls-warp/dq", dt, sh, download(g.dq.ptr, g.dq.n), rdq, 1e-4);
+        report("wbwd-rls-warp/dkey", dt, sh, download(g.dkey.ptr, g.dkey.n), rdk, 1e-4);
+        report("wbwd-rls-warp/dv", dt, sh, download(g.dv.ptr, g.dv.n), rdv, 1e-4);
+        report("wbwd-rls-warp/dlam", dt, sh, download(g.dlam.ptr, g.dlam.n), rdl, 1e-4);
+    }
+}
+
+// The windowed backward at the bench shape (N 16384, d 1024, H_m 4, d_k 8, w 4): each step and a
+// whole window, GB/s over the bytes a step must move (S_end and D_end rows read; P, dP read and
+// written; the coefficient block read unless t = m-1 and written unless t = 0; the window's
+// v (T) and dr (fp32) rows l = t..m-1; dv written; at t = 0 the S and dS rows written). Per
+// write, production's fused backward moves S, P, dS, dP in and out (read-bwd-unwind-vjp-rls-
+// warp-fused, 4 x the state) and the row pass's values; "-per-write" divides the window by w.
+template <typename T>
+void bench_window_bwd(bool quick, int dk = 8, int w = 4) {
+    const int N = 16384, Hm = 4, dv = 256;
+    const WbwdHost H = wbwd_inputs<T>(N, Hm, dk, dv, w, w, 4242);
+    WbwdDev<T> g(H);
+    const Dims& D = H.D;
+    const int reps = quick ? 5 : 20, CW = wbwd_coef_floats(wbwd_width(dk), w);
+    const double NH = (double)N * Hm, rowsS = NH * D.SS * 4, Pb = NH * D.PP * 4, Cb = NH * CW * 4,
+                 vb = (double)N * D.d * sizeof(T), rb = (double)N * D.d * 4;
+    const std::string sh = strprintf("N=%d,d=%d,Hm=%d,dk=%d,w=%d", N, D.d, Hm, dk, w);
+    cudaStream_t s = 0;
+    double total_bytes = 0;
+    float total_ms = 0;
+    for (int t = w - 1; t >= 0; t--) {
+        const double bytes = 2 * rowsS + 4 * Pb + (t < w - 1 ? Cb : 0) + (t > 0 ? Cb : 0) + (w - t) * (vb + rb) + rb +
+                             (t == 0 ? 2 * rowsS : 0);
+        // every step after t = w-1 reads the coefficients step t+1 wrote: run the window up to t once
+        g.reset(H);
+        for (int u = w - 1; u > t; u--) g.step(u, s);
+        const float ms = time_median_ms([&] { g.step(t, s); }, 2, reps, s);
+        std::printf("BENCH ldm wbwd-rls-warp-step%d %s %s ms=%.4f GB/s=%.1f TFLOP/s=-\n", t, dtype_name<T>(), sh.c_str(),
+                    ms, bytes / (ms * 1e-3) / 1e9);
+        total_bytes += bytes;
+        total_ms += ms;
+    }
+    std::printf("BENCH ldm wbwd-rls-warp-window %s %s ms=%.4f GB/s=%.1f TFLOP/s=-\n", dtype_name<T>(), sh.c_str(),
+                total_ms, total_bytes / (total_ms * 1e-3) / 1e9);
+    std::printf("BENCH ldm wbwd-rls-warp-per-write %s %s ms=%.4f GB/s=- TFLOP/s=-\n", dtype_name<T>(), sh.c_str(),
+                total_ms / w);
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace wbwd
+
 // Whole scheme, one forward + backward (all D+1 writes, D+1 reads, GEMMs included) at the bench
 // shape, per mode: the LDM overhead of a training step at N tokens.
 template <typename T>
@@ -661,8 +837,13 @@ int main(int argc, char** argv) {
                 run_case<float>(c, thread);
                 run_case<bf16>(c, thread);
             }
+        wbwd::check_window_bwd<float>();
+        wbwd::check_window_bwd<bf16>();
         bench<float>(quick);
         bench<bf16>(quick);
+        wbwd::bench_window_bwd<bf16>(quick);
+        wbwd::bench_window_bwd<bf16>(quick, 8, 8);
+        wbwd::bench_window_bwd<bf16>(quick, 4, 4);
         for (const char* m : {"store", "unwind"}) bench_scheme<bf16>("rls", m, quick);
         bench_scheme<bf16>("rls", "window", quick);
         bench_scheme<bf16>("rls", "unwind", quick, 8, true);  // thread kernels at the same shape
