@@ -390,7 +390,8 @@ constexpr int mma_fwd_smem() { return 3 * kMmaRows * (HD + kMmaPad) * 2; }
 
 // Forward. Grid (ceil(T/64), nh, B), 128 threads; block = 64 query rows of head h (the longest
 // rows first), warp w = rows 16w..16w+15. Loops over the key tiles 0..(last query)/64: S = Q Kᵀ
-// (tensor cores), scaled to log2 units, causal / length mask, online softmax in fp32, O += P V.
+// (tensor cores), scaled to log2 units, causal / length mask (the diagonal tile only, which
+// also skips each warp's fully masked 16-key groups), online softmax in fp32, O += P V.
 template <int HD, class Frags>
 __global__ void __launch_bounds__(kMmaThreads)
 attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, float scale_log2) {
@@ -420,72 +421,83 @@ attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, fl
         load_tile<HD, kMmaRows>(Ks, base + (int64_t)(nh + g) * HD, k0, T_, C3);
         load_tile<HD, kMmaRows>(Vs, base + (int64_t)(nh + nkv + g) * HD, k0, T_, C3);
         __syncthreads();
-        float s[NT_K][4];
-#pragma unroll
-        for (int i = 0; i < NT_K; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t a[4];
-            Frags::template a<LDS>(a, Qs, wr, kk * 16, lane);
-#pragma unroll
-            for (int nt = 0; nt < NT_K; nt += 2) {
-                uint32_t b0[2], b1[2];
-                Frags::template b_trans2<LDS>(b0, b1, Ks, nt * 8, kk * 16, lane);
-                mma_16816(s[nt], a, b0);
-                mma_16816(s[nt + 1], a, b1);
+        // The tile's math; DIAG (the last, diagonal tile: the only one holding keys after a row or
+        // at or beyond T) masks, and skips the 16-key groups whose keys all follow the warp's last
+        // row (their P is 0). Earlier tiles need no mask: every key precedes every row.
+        const auto tile = [&](auto diag) {
+            constexpr bool DIAG = decltype(diag)::value;
+            const int live = min(q0 + wr + 15, T_ - 1) - k0;  // last key offset any warp row sees
+            float s[NT_K][4];
+    #pragma unroll
+            for (int i = 0; i < NT_K; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t a[4];
+                Frags::template a<LDS>(a, Qs, wr, kk * 16, lane);
+    #pragma unroll
+                for (int nt = 0; nt < NT_K; nt += 2) {
+                    if (DIAG && nt * 8 > live) continue;          // 16 keys all masked for the warp
+                    uint32_t b0[2], b1[2];
+                    Frags::template b_trans2<LDS>(b0, b1, Ks, nt * 8, kk * 16, lane);
+                    mma_16816(s[nt], a, b0);
+                    mma_16816(s[nt + 1], a, b1);
+                }
             }
-        }
-        // Scale to log2 units and mask (key > query, or key >= T) to -inf.
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < NT_K; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row_lo + ((e >> 1) << 3);
-                const int col = k0 + nt * 8 + 2 * tg + (e & 1);
-                const float x = (col > row || col >= T_) ? -INFINITY : s[nt][e] * scale_log2;
-                s[nt][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            // Scale to log2 units and (diagonal tile) mask key > query or key >= T to -inf.
+            float mx[2] = {-INFINITY, -INFINITY};
+    #pragma unroll
+            for (int nt = 0; nt < NT_K; nt++)
+    #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = row_lo + ((e >> 1) << 3);
+                    const int col = k0 + nt * 8 + 2 * tg + (e & 1);
+                    const float x = (DIAG && (col > row || col >= T_)) ? -INFINITY : s[nt][e] * scale_log2;
+                    s[nt][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+            float alpha[2], mu[2];
+    #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float m_new = fmaxf(m[r], mx[r]);
+                mu[r] = (m_new == -INFINITY) ? 0.f : m_new;     // all masked so far: keep p = 0
+                alpha[r] = exp2f(m[r] - mu[r]);                  // 0 while m = -inf
+                m[r] = m_new;
+                l[r] *= alpha[r];
             }
-        float alpha[2], mu[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float m_new = fmaxf(m[r], mx[r]);
-            mu[r] = (m_new == -INFINITY) ? 0.f : m_new;     // all masked so far: keep p = 0
-            alpha[r] = exp2f(m[r] - mu[r]);                  // 0 while m = -inf
-            m[r] = m_new;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT_K; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[nt][e] - mu[e >> 1]);
-                s[nt][e] = p;
-                l[e >> 1] += p;                              // this thread's columns only
+    #pragma unroll
+            for (int nt = 0; nt < NT_K; nt++)
+    #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[nt][e] - mu[e >> 1]);
+                    s[nt][e] = p;
+                    l[e >> 1] += p;                              // this thread's columns only
+                }
+    #pragma unroll
+            for (int i = 0; i < NT_D; i++) {
+                o[i][0] *= alpha[0];
+                o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1];
+                o[i][3] *= alpha[1];
             }
-#pragma unroll
-        for (int i = 0; i < NT_D; i++) {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
-        }
-        // O += P V
-#pragma unroll
-        for (int kk = 0; kk < kMmaRows / 16; kk++) {
-            uint32_t a[4];
-            frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nt = 0; nt < NT_D; nt += 2) {
-                uint32_t b0[2], b1[2];
-                Frags::template b2<LDS>(b0, b1, Vs, kk * 16, nt * 8, lane);
-                mma_16816(o[nt], a, b0);
-                mma_16816(o[nt + 1], a, b1);
+            // O += P V
+    #pragma unroll
+            for (int kk = 0; kk < kMmaRows / 16; kk++) {
+                if (DIAG && kk * 16 > live) continue;             // P = 0 for these 16 keys
+                uint32_t a[4];
+                frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
+    #pragma unroll
+                for (int nt = 0; nt < NT_D; nt += 2) {
+                    uint32_t b0[2], b1[2];
+                    Frags::template b2<LDS>(b0, b1, Vs, kk * 16, nt * 8, lane);
+                    mma_16816(o[nt], a, b0);
+                    mma_16816(o[nt + 1], a, b1);
+                }
             }
-        }
+        };
+        if (kt == n_kt - 1) tile(std::true_type{});
+        else tile(std::false_type{});
     }
     // Row sums over the quad (the 4 threads sharing a row), then write.
 #pragma unroll
