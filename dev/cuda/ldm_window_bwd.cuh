@@ -4,7 +4,7 @@
 // once and writes only dv_t and d_k-sized sums; step 0 writes the unwound rows. Not used by the
 // trainer: it is checked (test/test_emu_ldm.cpp, dev/cuda/ldm.cu CHECK) against unwinding write
 // by write in double and timed by dev/cuda/ldm.cu beside production's fused backward (doc/cuda.md
-// "LDM kernels", "The windowed backward (workbench)").
+// "The windowed backward").
 #pragma once
 #include <type_traits>
 #include <vector>
