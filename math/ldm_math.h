@@ -90,9 +90,10 @@ LDM_HD inline void rls_write(R* S, R* P, const R* k, const R* v, R lam, int dv, 
 // Exact inverse of rls_write (spec §2.5 "unwind"): from the state after the write and (k, v, lam)
 //   g = P k;  a = k.g;  gamma = lam / (1 - a);  P_prev = lam P + gamma g g^T;
 //   e' = v - S k;  S_prev = S - (gamma/lam) e' g^T.
-// scratch: dk values.
+// rls_unwind_p is the P part alone (g [dk] out; returns gamma); S's part does not read P, so it
+// may follow. scratch g: dk values.
 template <typename R>
-LDM_HD inline void rls_unwind(R* S, R* P, const R* k, const R* v, R lam, int dv, int dk, R* g) {
+LDM_HD inline R rls_unwind_p(R* P, const R* k, R lam, int dk, R* g) {
     R a_ = 0;
     for (int a = 0; a < dk; a++) {
         R s = 0;
@@ -100,15 +101,20 @@ LDM_HD inline void rls_unwind(R* S, R* P, const R* k, const R* v, R lam, int dv,
         g[a] = s;
         a_ += k[a] * s;
     }
-    const R gamma = lam / (R(1) - a_), gl = gamma / lam;
+    const R gamma = lam / (R(1) - a_);
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * g[a] * g[b];
+    return gamma;
+}
+template <typename R>
+LDM_HD inline void rls_unwind(R* S, R* P, const R* k, const R* v, R lam, int dv, int dk, R* g) {
+    const R gamma = rls_unwind_p(P, k, lam, dk, g), gl = gamma / lam;
     for (int a = 0; a < dv; a++) {
         R s = 0;
         for (int b = 0; b < dk; b++) s += S[a * dk + b] * k[b];
         const R e = (v[a] - s) * gl;
         for (int b = 0; b < dk; b++) S[a * dk + b] -= e * g[b];
     }
-    for (int a = 0; a < dk; a++)
-        for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * g[a] * g[b];
 }
 
 // P-side part of rls_write_vjp: given dg = dL/dg (g = P k / gamma, summed over the S rows as
@@ -502,17 +508,8 @@ template <typename R>
 LDM_HD inline void wbwd_coef_step(int t, int m, R* P, const R* k, R lam, const R* q, const R* k_next,
                                   R* X, R* Y, R* Yv, R* Z, R* G, R* C, int dk) {
     R* g = G + t * dk;
-    R a_ = 0;
-    for (int a = 0; a < dk; a++) {
-        R s = 0;
-        for (int b = 0; b < dk; b++) s += P[a * dk + b] * k[b];
-        g[a] = s;
-        a_ += k[a] * s;
-    }
-    const R gamma = lam / (R(1) - a_), c = gamma / lam;
+    const R c = rls_unwind_p(P, k, lam, dk, g) / lam;
     C[t] = c;
-    for (int a = 0; a < dk; a++)
-        for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * g[a] * g[b];
     if (t == m - 1) {
         for (int a = 0; a < dk; a++)
             for (int b = 0; b < dk; b++) X[a * dk + b] = Y[a * dk + b] = a == b ? R(1) : R(0);

@@ -556,16 +556,13 @@ struct WbwdHost {
 template <typename T>
 WbwdHost wbwd_inputs(int N, int Hm, int dk, int dv, int w, int m, uint64_t seed) {
     WbwdHost H;
-    Dims& D = H.D;
-    D.N = N;
-    D.Hm = Hm;
-    D.dk = dk;
-    D.dv = dv;
-    D.d = dv * Hm;
-    D.HK = Hm * dk;
-    D.SS = dv * dk;
-    D.PP = dk * dk;
-    D.ST = Hm * (D.SS + D.PP);
+    ModelConfig c;
+    c.d_model = dv * Hm;
+    c.ldm_heads = Hm;
+    c.ldm_dk = dk;
+    c.ldm_rule = "rls";
+    H.D = make_dims(c, N);
+    const Dims& D = H.D;
     H.m = m;
     H.w = w;
     const int64_t NHK = (int64_t)N * D.HK, Nd = (int64_t)N * D.d;
