@@ -428,13 +428,13 @@ attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, fl
             constexpr bool DIAG = decltype(diag)::value;
             const int live = min(q0 + wr + 15, T_ - 1) - k0;  // last key offset any warp row sees
             float s[NT_K][4];
-    #pragma unroll
+#pragma unroll
             for (int i = 0; i < NT_K; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
                 uint32_t a[4];
                 Frags::template a<LDS>(a, Qs, wr, kk * 16, lane);
-    #pragma unroll
+#pragma unroll
                 for (int nt = 0; nt < NT_K; nt += 2) {
                     if (DIAG && nt * 8 > live) continue;          // 16 keys all masked for the warp
                     uint32_t b0[2], b1[2];
@@ -445,9 +445,9 @@ attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, fl
             }
             // Scale to log2 units and (diagonal tile) mask key > query or key >= T to -inf.
             float mx[2] = {-INFINITY, -INFINITY};
-    #pragma unroll
+#pragma unroll
             for (int nt = 0; nt < NT_K; nt++)
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int row = row_lo + ((e >> 1) << 3);
                     const int col = k0 + nt * 8 + 2 * tg + (e & 1);
@@ -456,7 +456,7 @@ attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, fl
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
             float alpha[2], mu[2];
-    #pragma unroll
+#pragma unroll
             for (int r = 0; r < 2; r++) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
@@ -466,15 +466,15 @@ attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, fl
                 m[r] = m_new;
                 l[r] *= alpha[r];
             }
-    #pragma unroll
+#pragma unroll
             for (int nt = 0; nt < NT_K; nt++)
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const float p = exp2f(s[nt][e] - mu[e >> 1]);
                     s[nt][e] = p;
                     l[e >> 1] += p;                              // this thread's columns only
                 }
-    #pragma unroll
+#pragma unroll
             for (int i = 0; i < NT_D; i++) {
                 o[i][0] *= alpha[0];
                 o[i][1] *= alpha[0];
@@ -482,12 +482,12 @@ attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T_, int nh, int nkv, fl
                 o[i][3] *= alpha[1];
             }
             // O += P V
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < kMmaRows / 16; kk++) {
                 if (DIAG && kk * 16 > live) continue;             // P = 0 for these 16 keys
                 uint32_t a[4];
                 frag_a_from_c(a, s[2 * kk], s[2 * kk + 1]);
-    #pragma unroll
+#pragma unroll
                 for (int nt = 0; nt < NT_D; nt += 2) {
                     uint32_t b0[2], b1[2];
                     Frags::template b2<LDS>(b0, b1, Vs, kk * 16, nt * 8, lane);

@@ -494,9 +494,10 @@ LDM_HD inline void window_flush_row(R* Srow, const R* Kt, const R* X, const R* v
 // (dS_before = dS_after W_t + [read]: W_t = I - g_t k_t^T):
 //   X_t = X_{t+1} U_t (X_m = I),   y_l <- U_t^T y_l (l > t),   y_t = -c_t g_t;
 //   Y_t = Y_{t+1} W_{t+1} (Y_{m-1} = I),   z_l <- W_{t+1}^T z_l (l > t),   z_t = q_t.
-// A backward step over write t and read t then reads the S_end and D_end rows once, writes only
-// dv_t (d_v values) and d_k-sized sums, and only the window's first step (t = 0) writes the
-// unwound rows S_start = s_0 and D_start = ds_0 W_0 (wbwd_row below: per row O(d_k + w) work). Same arithmetic as unwinding write by write
+// A backward step over write t and read t then reads the S_end and D_end rows once (O(d_k + w)
+// work per row, wbwd_row below), writes only dv_t (d_v values) and d_k-sized sums, and only the
+// window's first step (t = 0) writes the unwound rows S_start = s_0 and D_start = ds_0 W_0
+// (wbwd_row_full: O(d_k^2 + w d_k) per row). Same arithmetic as unwinding write by write
 // (rls_unwind, ldm_read_vjp, rls_write_vjp), reassociated; the drift check at (0, I/delta) applies
 // unchanged. Coefficients of one token-head, capacity w >= m (strides use w):
 //   X [dk, dk], Y [dk, dk] row-major; Yv [w, dk] (y_l), Z [w, dk] (z_l), G [w, dk] (g_t), C [w] (c_t).
@@ -664,7 +665,7 @@ LDM_HD inline void wbwd_row_full(int t, int m, int W, const R* Se, const R* De, 
 // built from the functions above). In: S = S_end [dv, dk], P = P_end, dS = D_end, dP = dP_end;
 // K [m, dk], V [m, dv], lam [m], Q [m, dk], dR [m, dv]. Out: S, P, dS, dP at the window start
 // (dS excludes the previous read, as D_end did). Accumulated: dq [m, dk] (read t's query),
-// dkey [m, dk], dval [m, dv], dlam [m]. scratch: 2 dk^2 + 3 w dk + 8 w + 13 dk values.
+// dkey [m, dk], dval [m, dv], dlam [m]. scratch: 2 dk^2 + 3 w dk + 8 w + 12 dk values.
 template <typename R>
 LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, const R* V, const R* lam,
                                        const R* Q, const R* dR, R* dq, R* dkey, R* dval, R* dlam, int m,
@@ -675,7 +676,7 @@ LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, con
     R* Z = Yv + w * dk;
     R* G = Z + w * dk;
     R* C = G + w * dk;  // [w]
-    R* xk = C + w;      // [dk] each: xk, yg, aS, aD, bS, A, dgv, B, u, du, Se, s, ds
+    R* xk = C + w;      // [dk] each: xk, yg, aS, aD, bS, A, dgv, B, u, du, s, ds
     R* yg = xk + dk;
     R* aS = yg + dk;
     R* aD = aS + dk;

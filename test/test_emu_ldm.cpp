@@ -1079,7 +1079,8 @@ TEST_CASE("emu: windowed rls backward (workbench ldm_window_bwd.cuh) against unw
                 expect_close("dlam", dlam, rdl, 1e-4, ctx);
             }
     }
-    // refusals: not rls, d_k above the warp width, w above kWbwdMaxWindow, m above w, t outside 0..m-1
+    // refusals: not rls, d_k above the warp width, w outside 1..kWbwdMaxWindow, m outside 1..w, t
+    // outside 0..m-1
     const Dims D = dims(3, 1, 8, 5, true);
     Dims Dn = dims(3, 1, 8, 5, false), Dw = dims(3, 1, 17, 5, true);
     WbwdIn<float> in{nullptr, nullptr, nullptr, nullptr, nullptr, 2, 4};
@@ -1091,6 +1092,12 @@ TEST_CASE("emu: windowed rls backward (workbench ldm_window_bwd.cuh) against unw
     CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
     in.w = 2;
     in.m = 3;
+    CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
+    in.m = 0;
+    CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
+    in.m = 1;
+    CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, -1, out, 0), Error);
+    in.w = 0;
     CHECK_THROWS_AS(wbwd_rls_step<float>(D, nullptr, nullptr, nullptr, in, 0, out, 0), Error);
 }
 

@@ -342,7 +342,7 @@ WindowBwdOut window_bwd_run(int w, int nw, int dk, int dv, double delta, uint64_
                           &dval[t * dv], &dlam[t], dv, dk, scr.data());
         }
     } else {
-        std::vector<R> scr(2 * dk * dk + 3 * w * dk + 8 * w + 13 * dk, R(-9));  // poisoned: all of it is set first
+        std::vector<R> scr(2 * dk * dk + 3 * w * dk + 8 * w + 12 * dk, R(-9));  // poisoned: all of it is set first
         for (int a = (nw - 1) / w * w; a >= 0; a -= w) {
             const int m = std::min(w, nw - a);
             rls_window_backward(S.data(), P.data(), dS.data(), dP.data(), &K[a * dk], &V[a * dv], &L[a], &Q[a * dk],

@@ -671,8 +671,8 @@ void check_window_bwd() {
     }
 }
 
-// The windowed backward at the bench shape (N 16384, d 1024, H_m 4, d_k 8, w 4): each step and a
-// whole window, GB/s over the bytes a step must move (S_end and D_end rows read; P, dP read and
+// The windowed backward at N 16384, d 1024, H_m 4 (main() runs d_k 8 at w 4 and 8, d_k 4 at w 4):
+// each step and a whole window, GB/s over the bytes a step must move (S_end and D_end rows read; P, dP read and
 // written; the coefficient block read unless t = m-1 and written unless t = 0; the window's
 // v (T) and dr (fp32) rows l = t..m-1; dv written; at t = 0 the S and dS rows written). Per
 // write, production's fused backward moves S, P, dS, dP in and out (read-bwd-unwind-vjp-rls-
@@ -693,7 +693,10 @@ void bench_window_bwd(bool quick, int dk = 8, int w = 4) {
     for (int t = w - 1; t >= 0; t--) {
         const double bytes = 2 * rowsS + 4 * Pb + (t < w - 1 ? Cb : 0) + (t > 0 ? Cb : 0) + (w - t) * (vb + rb) + rb +
                              (t == 0 ? 2 * rowsS : 0);
-        // every step after t = w-1 reads the coefficients step t+1 wrote: run the window up to t once
+        // every step after t = w-1 reads the coefficients step t+1 wrote: run the window up to t once.
+        // The repetitions then run on what the previous one left (P unwound again, the coefficient
+        // block advanced, at t = 0 the rows overwritten): only the first one's values mean
+        // anything, and the kernel has no data-dependent branch, so the time does not depend on them.
         g.reset(H);
         for (int u = w - 1; u > t; u--) g.step(u, s);
         const float ms = time_median_ms([&] { g.step(t, s); }, 2, reps, s);

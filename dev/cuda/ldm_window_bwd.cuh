@@ -94,6 +94,12 @@ LDM_HD inline int wbwd_smem_floats(int DK, int W, int w) {
     return 2 * DK * DK + wbwd_coef_floats(DK, w) + 3 * DK + 3 * W + 1;
 }
 
+// Blocks per SM the kernel asks for (ptxas, sm_90, doc/cuda.md: the largest count at which at
+// most a few bytes spill, around the out-of-line lane-0 calls): 4 (128 registers) for the steps
+// t > 0 at d_k <= 8 and W <= 4, 3 (168) for W = 8 and for the start step (its full rows), 2 at
+// d_k 16.
+constexpr int wbwd_min_blocks(int DK, int W, bool start) { return DK > 8 ? 2 : (start || W > 4) ? 3 : 4; }
+
 // Step t of the windowed backward for every (token, head): cur holds S_end (rows) and P (after
 // write t on entry, before it on exit); dS holds D_end (rows) and dP (likewise); coef [N*Hm,
 // wbwd_coef_floats] carries X, Y, y, z, g, c from step t+1 to step t (ldm_math.h wbwd_coef_step;
@@ -103,11 +109,6 @@ LDM_HD inline int wbwd_smem_floats(int DK, int W, int w) {
 // rows are spread over the lanes (lane l: rows l, l+32, ...) with O(d_k + W) work each
 // (ldm_math.h wbwd_row), the row sums are warp reductions. W (>= w) is the compile-time bound of
 // the per-write loops. Zero padding to DK keeps the math exact for d_k < DK.
-// Blocks per SM the kernel asks for (ptxas, sm_90, doc/cuda.md: the largest count without a
-// spill): 4 (128 registers) for the steps t > 0 at d_k <= 8 and W <= 4, 3 (168) for W = 8 and for
-// the start step (its full rows), 2 at d_k 16.
-constexpr int wbwd_min_blocks(int DK, int W, bool start) { return DK > 8 ? 2 : (start || W > 4) ? 3 : 4; }
-
 template <typename T, int DK, int W, bool START>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, wbwd_min_blocks(DK, W, START))
 wbwd_rls_warp_kernel(Dims D, float* cur, float* dS, float* coef, WbwdIn<T> in, int t, WbwdOut out) {

@@ -1490,6 +1490,8 @@ inline const void* sym_(const void* p) { return p; }
 #define __device__
 #define __host__
 #define __forceinline__ inline
+// (libstdc++ spells the attribute __noinline__ in a few headers, e.g. shared_ptr_base.h: they
+// must be included before this point, as <memory> is above.)
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __shared__ static
