@@ -117,13 +117,9 @@ LDM_HD inline void rls_unwind(R* S, R* P, const R* k, const R* v, R lam, int dv,
     }
 }
 
-// P-side part of rls_write_vjp: given dg = dL/dg (g = P k / gamma, summed over the S rows as
-// sum_a dS'[a] e[a]) and dP (in: after the write; out: before it), accumulates the key's and
-// lam's gradients through u = P k, gamma = lam + k.u and P' = (P - u u^T/gamma)/lam. P is the
-// state BEFORE the write. scratch u, du: dk values each.
+// u [dk] = P k; returns k.u (the write's gamma is lam + k.u).
 template <typename R>
-LDM_HD inline void rls_write_vjp_p(const R* P, const R* k, R lam, const R* dg, R* dP, R* dk_, R* dlam,
-                                   int dk, R* u, R* du) {
+LDM_HD inline R rls_write_u(const R* P, const R* k, R* u, int dk) {
     R ku = 0;
     for (int a = 0; a < dk; a++) {
         R s = 0;
@@ -131,6 +127,16 @@ LDM_HD inline void rls_write_vjp_p(const R* P, const R* k, R lam, const R* dg, R
         u[a] = s;
         ku += k[a] * s;
     }
+    return ku;
+}
+
+// P-side part of rls_write_vjp: given dg = dL/dg (g = P k / gamma, summed over the S rows as
+// sum_a dS'[a] e[a]) and dP (in: after the write; out: before it), accumulates the key's and
+// lam's gradients through u = P k, gamma = lam + k.u and P' = (P - u u^T/gamma)/lam. P is the
+// state BEFORE the write; u and k.u come from rls_write_u. scratch du: dk values.
+template <typename R>
+LDM_HD inline void rls_write_vjp_p(const R* P, const R* k, const R* u, R ku, R lam, const R* dg, R* dP, R* dk_,
+                                   R* dlam, int dk, R* du) {
     const R gamma = lam + ku, ig = R(1) / gamma, il = R(1) / lam;
     // P' = (P - u u^T/gamma)/lam.  With Dp = dP'/lam:
     //   dlam = -sum(dP' . P')/lam;  du = -(Dp + Dp^T) u/gamma;  dgamma = u^T Dp u/gamma^2
@@ -179,14 +185,7 @@ LDM_HD inline void rls_write_vjp(const R* S, const R* P, const R* k, const R* v,
     R* du = dg + dk;
     R* e = du + dk;
     R* de = e + dv;
-    R ku = 0;
-    for (int a = 0; a < dk; a++) {
-        R s = 0;
-        for (int b = 0; b < dk; b++) s += P[a * dk + b] * k[b];
-        u[a] = s;
-        ku += k[a] * s;
-    }
-    const R ig = R(1) / (lam + ku);
+    const R ku = rls_write_u(P, k, u, dk), ig = R(1) / (lam + ku);
     for (int b = 0; b < dk; b++) {
         g[b] = u[b] * ig;
         dg[b] = 0;
@@ -202,7 +201,7 @@ LDM_HD inline void rls_write_vjp(const R* S, const R* P, const R* k, const R* v,
         de[a] = t;
         for (int b = 0; b < dk; b++) dg[b] += dS[a * dk + b] * e[a];
     }
-    rls_write_vjp_p(P, k, lam, dg, dP, dk_, dlam, dk, g, du);  // g no longer needed: u's scratch
+    rls_write_vjp_p(P, k, (const R*)u, ku, lam, (const R*)dg, dP, dk_, dlam, dk, du);
     // e = v - S k: dv += de; dS_prev = dS' - de k^T; dk -= S^T de
     for (int a = 0; a < dv; a++) {
         dv_[a] += de[a];
@@ -726,7 +725,8 @@ LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, con
             dq[t * dk + b] += A[b] + alpha * g[b];
             dkey[t * dk + b] -= B[b];
         }
-        rls_write_vjp_p((const R*)P, k, lam[t], dgv, dP, dkey + t * dk, dlam + t, dk, u, du);
+        const R ku = rls_write_u((const R*)P, k, u, dk);
+        rls_write_vjp_p((const R*)P, k, (const R*)u, ku, lam[t], (const R*)dgv, dP, dkey + t * dk, dlam + t, dk, du);
     }
 }
 

@@ -79,7 +79,8 @@ __device__ __noinline__ void wbwd_lane0_finish(int t, int m, const float* X, int
     const float alpha = red[3 * DK + 3 * W];
 #pragma unroll
     for (int b = 0; b < DK; b++) B[b] = -B[b];
-    rls_write_vjp_p((const float*)sP, k, lam, dg, sdP, B, &dl, DK, u, du);
+    const float ku = rls_write_u(sP, k, u, DK);
+    rls_write_vjp_p(sP, k, (const float*)u, ku, lam, (const float*)dg, sdP, B, &dl, DK, du);
 #pragma unroll
     for (int b = 0; b < DK; b++)
         if (b < dk) {
