@@ -74,7 +74,11 @@ endif
 CUDA_ARCH ?= 90
 CUDA_PORTABLE_ARCH ?= 80
 NVCC_OPT ?= -O3
-NVCCFLAGS ?= $(NVCC_OPT) -std=c++17 -lineinfo -I. -MMD -MP \
+# NVCC_THREADS: nvcc's --threads, how many of a file's compilation steps run at once (the two
+# targets' cicc/ptxas passes); scripts/gpu_check.sh passes 2, where the longest file is the build's
+# critical path on a many-core machine.
+NVCC_THREADS ?= 1
+NVCCFLAGS ?= $(NVCC_OPT) --threads $(NVCC_THREADS) -std=c++17 -lineinfo -I. -MMD -MP \
              -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
              -gencode arch=compute_$(CUDA_PORTABLE_ARCH),code=compute_$(CUDA_PORTABLE_ARCH) \
              --Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror \
@@ -180,22 +184,35 @@ $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(TEST_COMMON) $(LIB)
 # which the workbench runs only on compute capability 9.0).
 comma := ,
 WGMMA_BINS := $(BUILD)/cuda/attention
-$(WGMMA_BINS): NVCCFLAGS := $(subst arch=compute_90$(comma)code=sm_90 ,arch=compute_90a$(comma)code=sm_90a ,$(NVCCFLAGS))
-# Each CUDA target keeps ptxas's resource report (-Xptxas -v: registers, shared memory, spills
-# per kernel of the CUDA_ARCH cubin) in $@.ptxas, which test_ptxas and scripts/ptxas_report.py
-# --log read instead of compiling again; everything else nvcc prints still reaches the terminal.
+$(WGMMA_BINS:%=%.o): NVCCFLAGS := $(subst arch=compute_90$(comma)code=sm_90 ,arch=compute_90a$(comma)code=sm_90a ,$(NVCCFLAGS))
+# Each CUDA target is compiled (nvcc -c, which needs no library, so the long trainer compiles start
+# at once under make -j) and then linked against $(LIB). The compile keeps ptxas's resource report
+# (-Xptxas -v: registers, shared memory, spills per kernel of the CUDA_ARCH cubin) in
+# $(BUILD)/cuda/NAME.ptxas, which test_ptxas and scripts/ptxas_report.py --log read instead of
+# compiling again; everything else nvcc prints still reaches the terminal.
 cuda: $(CU_BINS)
-define nvcc_link
+define nvcc_compile
 	@mkdir -p $(dir $@)
 	$(call say,NVCC,$<)
-	$(Q)$(NVCC) $(NVCCFLAGS) -Xptxas -v $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@ 2> $@.ptxas.tmp; \
-	  st=$$?; grep -v -E '^ptxas info +:|^ +[0-9]+ bytes stack frame' $@.ptxas.tmp >&2; \
-	  if [ $$st = 0 ]; then mv -f $@.ptxas.tmp $@.ptxas; else rm -f $@.ptxas.tmp $@.ptxas; fi; exit $$st
+	$(Q)$(NVCC) $(NVCCFLAGS) -Xptxas -v -c $< -o $@ 2> $(@:.o=.ptxas).tmp; \
+	  st=$$?; grep -v -E '^ptxas info +:|^ +[0-9]+ bytes stack frame' $(@:.o=.ptxas).tmp >&2; \
+	  if [ $$st = 0 ]; then mv -f $(@:.o=.ptxas).tmp $(@:.o=.ptxas); else rm -f $(@:.o=.ptxas).tmp $(@:.o=.ptxas); fi; exit $$st
 endef
-$(BUILD)/cuda/%: %.cu $(LIB)
-	$(nvcc_link)
-$(BUILD)/cuda/%: dev/cuda/%.cu $(LIB)
-	$(nvcc_link)
+$(BUILD)/cuda/%.o: %.cu
+	$(nvcc_compile)
+$(BUILD)/cuda/%.o: dev/cuda/%.cu
+	$(nvcc_compile)
+$(CU_BINS): $(BUILD)/cuda/%: $(BUILD)/cuda/%.o $(LIB)
+	$(call say,NVLD,$@)
+	$(Q)$(NVCC) $(filter-out -MMD -MP,$(NVCCFLAGS)) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
+
+# What scripts/gpu_check.sh needs on the GPU machine: the CUDA programs (first, so that the long
+# trainer compiles start first), the CPU tools and library the GPU tests run, the GPU tests and
+# test_dist (its [gpu] case). Not the CPU or emulation tests, which need no GPU and take most of
+# `tests`' build time.
+GPU_TESTS := $(filter $(BUILD)/test/test_gpu_%,$(TESTS)) $(BUILD)/test/test_dist
+.PHONY: gpu-check-build
+gpu-check-build: $(if $(NVCC),cuda) cpu $(GPU_TESTS)
 
 deps:
 	@bash scripts/install_deps.sh

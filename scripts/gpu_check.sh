@@ -1,37 +1,53 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh — the one GPU check: builds everything, runs every
-# dev/cuda workbench (build/cuda/<x> for each dev/cuda/*.cu), every GPU test
-# (build/test/test_gpu_*, and the "[gpu]" case of build/test/test_dist), and a short training benchmark (train_gpt_baselines --bench on
-# llama-400m, T=2048, B=8, bf16; plus each scheme of $SCHEMES the trainer supports), an inference
-# benchmark (train_gpt_baselines --bench-infer: prefill tokens/s, decode ms/token; INFER_BENCH=0
-# skips it; test_gpu_infer runs with the other GPU tests), each with its
-# own timeout. It never stops at the first failure. Full logs go to $OUT (if set) or
-# ./gpu_check_out; a compact table (CHECK/BENCH lines, test totals, benchmarks) is printed LAST.
-# Target: under 9 minutes on one H200 (with --prebuilt; the build adds about 1.5 minutes at -j16).
+# scripts/gpu_check.sh — the one GPU check, sized for one call on a lent GPU machine: builds what
+# it needs (make gpu-check-build), then runs, most wanted first, until its time budget is spent:
+#   1. test_gpu_train (PreLN and its CUDA graph against the CPU); benches preln, preln-graph and the
+#      --profile-stages benches of $PROFILE_SCHEMES
+#   2. the attention workbench (its BENCH lines: TFLOP/s of every variant)
+#   3. benches of the other schemes of $SCHEMES, LDM rls unwind at d_k 8 and 4
+#   4. the PyTorch peer of the preln bench (eager, then torch.compile)
+#   5. the scheme workbenches (ldm, hc, attnres), then test_gpu_schemes and test_gpu_ldm
+#   6. every other dev/cuda workbench, test_gpu_infer, test_dist's "[gpu]" case
+#   7. benches LDM window 4, preln over NCCL (ZeRO-1, flat and overlapped), preln --recompute 2
+#      (RECOMPUTE_BENCH=1), inference (prefill tokens/s, decode ms/token)
+# Items not started within the budget are listed as SKIP; each item's timeout is cut to what is
+# left of it, so the script ends near BUDGET seconds after it started. It never stops at the
+# first failure. Full logs go to $OUT (if set) or ./gpu_check_out; a compact table (CHECK/BENCH
+# lines, test totals, benchmarks) is printed LAST.
 #
-#   scripts/gpu_check.sh [--prebuilt] [--quick]
+#   scripts/gpu_check.sh [--prebuilt] [--rest] [--quick]
 #     --prebuilt   do not run make (use what is in $BUILD)
-#     --quick      pass --quick to the workbenches and bench 5 steps instead of 10
-# Environment: BUILD (default build), SCHEMES (default "preln hc mhc attnres-full attnres-block"),
-#   BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (10),
+#     --rest       run only what the last run in $OUT skipped or did not reach, keeping its rows
+#                  (implies --prebuilt; for a second call on the still-warm machine, with its own
+#                  BUDGET)
+#     --quick      pass --quick to the workbenches (fewer shapes; attention then times nothing)
+#                  and bench 5 steps instead of 10
+# Environment: BUDGET (510 s for the whole script, build included: one 600 s device call with
+#   room to spare), BUILD (default build), SCHEMES (default "preln hc mhc attnres-full
+#   attnres-block"), BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (10),
 #   WB_TIMEOUT (120 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
-#   BUDGET (540 s for everything after the build: items not started by then are listed as SKIP),
+#   MIN_ITEM (20: an item is started only with this many seconds of the budget left),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
 #   PROFILE_BENCH (1, the default: also bench --profile-stages for each scheme of PROFILE_SCHEMES,
 #   default "preln"; "ldm" there profiles train_ldm's rls unwind; the per-stage tables go into the
 #   summary; 0: skip),
 #   GRAPH_BENCH (1, the default: also bench preln --cuda-graph 1 as "preln-graph"; 0: skip; that the
-#   graph gives the eager run's bytes is a test_gpu_train case, run with the GPU tests),
+#   graph gives the eager run's bytes is a test_gpu_train case),
 #   NCCL_BENCH (1, the default: also bench preln with --nccl --zero 1, reduction after backward and
 #   overlapped with it, on one GPU; 0: skip),
 #   LDM_BENCH (1, the default: also bench train_ldm rls unwind at d_k 8 and 4, and window 4; 0: skip;
 #   doc/cuda.md "LDM kernels"),
+#   INFER_BENCH (1, the default; 0: skip the inference bench),
 #   TORCH_PEER (1, the default: the PyTorch peer of the preln benchmark, eager and torch.compile,
 #   scripts/torch_bench.py; BENCH_PYTHON names its Python, PEER_TIMEOUT 240 s each; 0: skip;
 #   PEER_MODES, default "eager compile"; PEER_DEVICE, default cuda: cpu runs the peer on the host,
 #   for test_bench_script's dry run of this script on the emulated trainers),
-#   LDM_DATA_DIR (data; else ../shared/data).
-# Exit status: 0 when every workbench, test and benchmark passed, 1 otherwise; 0 with
+#   LDM_DATA_DIR (data; else ../shared/data, else ./shared/data: on a device call, which carries
+#   the checkout only, copy ../shared/data there first; git ignores it),
+#   PACK (a file: every log of $OUT packed into it with tar -z at the end; a device call brings
+#   back at most 8 files, so run it there as PACK=$OUT/gpu_check.tgz OUT=/tmp/gc scripts/gpu_check.sh,
+#   PACK first: it takes the device call's $OUT, OUT then names the log folder).
+# Exit status: 0 when every workbench, test and benchmark that ran passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
 set -u
 cd "$(dirname "$0")/.."
@@ -46,12 +62,15 @@ BENCH_STEPS=${BENCH_STEPS:-10}
 WB_TIMEOUT=${WB_TIMEOUT:-120}
 TEST_TIMEOUT=${TEST_TIMEOUT:-240}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
-BUDGET=${BUDGET:-540}   # seconds after the build; later items are skipped (listed as SKIP) past it
+BUDGET=${BUDGET:-510}     # seconds for the whole script, build included
+MIN_ITEM=${MIN_ITEM:-20}  # an item starts only with at least this much of the budget left
 PREBUILT=0
+REST=0
 QUICK=""
 for a in "$@"; do
   case "$a" in
     --prebuilt) PREBUILT=1 ;;
+    --rest) REST=1; PREBUILT=1 ;;
     --quick) QUICK="--quick"; BENCH_STEPS=5 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$a' (see --help)" >&2; exit 1 ;;
@@ -60,32 +79,44 @@ done
 mkdir -p "$OUTDIR"
 T0=$(date +%s)
 TABLE="$OUTDIR/table.txt"
-: > "$TABLE"
-rm -f "$OUTDIR/bench_lines.txt"
 FAILS=0
-row() { printf '%s\n' "$*" >> "$TABLE"; }
 SKIPPED=0
-T_RUN=0   # set after the build
-over_budget() {  # over_budget <label>: true (and a SKIP row) when the time budget is spent
-  if [ $(( $(date +%s) - T_RUN )) -ge "$BUDGET" ]; then
-    row "$(printf '%-26s SKIP  (time budget %d s spent)' "$1" "$BUDGET")"; SKIPPED=$((SKIPPED + 1)); return 0
+DONE="|"  # --rest: the labels ("workbench attention", "bench preln", ...) the last run ran
+if [ "$REST" = 1 ] && [ -f "$TABLE" ]; then
+  DONE="|$(grep -v '^    ' "$TABLE" | grep -v ' SKIP  (time budget' | awk '{ printf "%s %s|", $1, $2 }')"
+  FAILS=$(grep -v '^    ' "$TABLE" | grep -c ' FAIL')
+  grep -v ' SKIP  (time budget' "$TABLE" > "$TABLE.tmp"; mv -f "$TABLE.tmp" "$TABLE"
+else
+  : > "$TABLE"
+  rm -f "$OUTDIR/bench_lines.txt"
+fi
+done_before() { case "$DONE" in *"|$1|"*) return 0 ;; esac; return 1; }
+row() { printf '%s\n' "$*" >> "$TABLE"; }
+# start_item <label> <timeout>: false (and a SKIP row) when less than MIN_ITEM seconds of the
+# budget are left; else ITEM_TIMEOUT = min(timeout, seconds left)
+ITEM_TIMEOUT=0
+start_item() {
+  local left=$(( BUDGET - ($(date +%s) - T0) ))
+  if [ "$left" -lt "$MIN_ITEM" ]; then
+    row "$(printf '%-26s SKIP  (time budget %d s spent)' "$1" "$BUDGET")"; SKIPPED=$((SKIPPED + 1)); return 1
   fi
-  return 1
+  ITEM_TIMEOUT=$(( $2 < left ? $2 : left ))
+  echo "== $1 (timeout ${ITEM_TIMEOUT} s; $(( $(date +%s) - T0 )) s elapsed)"
+  return 0
 }
 
-# ---- build
+# ---- build: the CUDA programs, the CPU tools and the GPU tests (not the CPU/emulation tests)
 if [ "$PREBUILT" = 0 ]; then
-  echo "== build (make -j$(nproc) BUILD=$BUILD all tests) -> $OUTDIR/build.log"
-  if make -j"$(nproc)" BUILD="$BUILD" all tests > "$OUTDIR/build.log" 2>&1; then
+  echo "== build (make -k -j$(nproc) BUILD=$BUILD NVCC_THREADS=2 gpu-check-build) -> $OUTDIR/build.log"
+  if timeout -k 5 "$BUDGET" make -k -j"$(nproc)" BUILD="$BUILD" NVCC_THREADS=2 gpu-check-build > "$OUTDIR/build.log" 2>&1; then
     row "build                      PASS  ($(( $(date +%s) - T0 )) s)"
   else
-    row "build                      FAIL  (see build.log; continuing with what was built)"
+    row "build                      FAIL  ($(( $(date +%s) - T0 )) s; see build.log; continuing with what was built)"
     FAILS=$((FAILS + 1))
     tail -30 "$OUTDIR/build.log"
   fi
 fi
 
-T_RUN=$(date +%s)
 TRAINER="$BUILD/cuda/train_gpt_baselines"
 GPU_DESC=""
 if [ -x "$TRAINER" ]; then
@@ -108,74 +139,69 @@ if [ "$GPU_RC" != 0 ]; then
 fi
 echo "== device: $GPU_DESC"
 
-# ---- workbenches
-for src in dev/cuda/*.cu; do
-  name=$(basename "$src" .cu)
-  bin="$BUILD/cuda/$name"
-  log="$OUTDIR/wb_$name.log"
+# ---- the items
+workbench() {  # workbench <name>: build/cuda/<name> [--quick]; its CHECK failures and BENCH lines
+  local name=$1 bin="$BUILD/cuda/$1" log="$OUTDIR/wb_$1.log"
+  done_before "workbench $name" && return
   if [ ! -x "$bin" ]; then
-    row "$(printf 'workbench %-16s FAIL  (not built)' "$name")"; FAILS=$((FAILS + 1)); continue
+    row "$(printf 'workbench %-16s FAIL  (not built)' "$name")"; FAILS=$((FAILS + 1)); return
   fi
-  over_budget "workbench $name" && continue
-  echo "== workbench $name"
-  t0=$(date +%s)
-  timeout -k 5 "$WB_TIMEOUT" "$bin" $QUICK > "$log" 2>&1; rc=$?
-  dt=$(( $(date +%s) - t0 ))
-  nchk=$(grep -c '^CHECK ' "$log"); nfail=$(grep '^CHECK ' "$log" | grep -vc ' PASS$')
-  st=PASS
+  start_item "workbench $name" "$WB_TIMEOUT" || return
+  local t0=$(date +%s)
+  timeout -k 5 "$ITEM_TIMEOUT" "$bin" $QUICK > "$log" 2>&1; local rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  local nchk=$(grep -c '^CHECK ' "$log") nfail=$(grep '^CHECK ' "$log" | grep -vc ' PASS$')
+  local st=PASS
   if [ "$rc" != 0 ] || [ "$nfail" != 0 ] || [ "$nchk" = 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
-  [ "$rc" = 124 ] && st="FAIL (timeout ${WB_TIMEOUT}s)"
+  [ "$rc" = 124 ] && st="FAIL (timeout ${ITEM_TIMEOUT}s)"
   row "$(printf 'workbench %-16s %s  checks %d, failed %d, exit %d, %d s' "$name" "$st" "$nchk" "$nfail" "$rc" "$dt")"
   grep '^CHECK ' "$log" | grep -v ' PASS$' | sed 's/^/    /' >> "$TABLE"
   grep '^BENCH ' "$log" | sed 's/^/    /' >> "$TABLE"
-done
+}
+WB_DONE=" "
+workbenches() {  # workbenches <name>...: each not yet run (dev/cuda/<name>.cu must exist)
+  local n
+  for n in "$@"; do
+    case "$WB_DONE" in *" $n "*) continue ;; esac
+    WB_DONE="$WB_DONE$n "
+    workbench "$n"
+  done
+}
 
-# ---- GPU tests
-for bin in "$BUILD"/test/test_gpu_*; do
-  [ -x "$bin" ] || continue
-  case "$bin" in *.o|*.d) continue ;; esac
-  name=$(basename "$bin")
-  log="$OUTDIR/$name.log"
-  over_budget "test $name" && continue
-  echo "== test $name"
-  t0=$(date +%s)
-  timeout -k 5 "$TEST_TIMEOUT" "$bin" > "$log" 2>&1; rc=$?
-  dt=$(( $(date +%s) - t0 ))
-  tot=$(grep '^LDM_TEST_TOTALS' "$log" | tail -1)
-  if [ -n "$tot" ]; then
-    read -r _ p f <<< "$tot"
-  else
-    p=0; f="?"
-  fi
-  st=PASS
+gpu_test() {  # gpu_test <label> <binary> [Catch2 arguments]: its totals; failing cases' lines
+  local label=$1 bin=$2; shift 2
+  done_before "test $label" && return
+  [ -x "$bin" ] || { row "$(printf 'test %-21s FAIL  (not built)' "$label")"; FAILS=$((FAILS + 1)); return; }
+  start_item "test $label" "$TEST_TIMEOUT" || return
+  local log="$OUTDIR/$(echo "$label" | tr -c 'A-Za-z0-9_\n' '_').log" t0=$(date +%s)
+  timeout -k 5 "$ITEM_TIMEOUT" "$bin" "$@" > "$log" 2>&1; local rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  local tot=$(grep '^LDM_TEST_TOTALS' "$log" | tail -1) p=0 f="?"
+  [ -n "$tot" ] && read -r _ p f <<< "$tot"
+  local st=PASS
   if [ "$rc" != 0 ] || [ "$f" != 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
-  [ "$rc" = 124 ] && st="FAIL (timeout ${TEST_TIMEOUT}s)"
-  skipped=$(grep -c 'skipped: no GPU' "$log")
-  row "$(printf 'test %-21s %s  %s passed, %s failed, exit %d, %d s%s' "$name" "$st" "$p" "$f" "$rc" "$dt" \
+  [ "$rc" = 124 ] && st="FAIL (timeout ${ITEM_TIMEOUT}s)"
+  local skipped=$(grep -c 'skipped: no GPU' "$log")
+  row "$(printf 'test %-21s %s  %s passed, %s failed, exit %d, %d s%s' "$label" "$st" "$p" "$f" "$rc" "$dt" \
         "$([ "$skipped" != 0 ] && echo ' (skipped: no GPU)')")"
-  # the per-tensor comparison lines of failing checks, and the WARN summaries
-  grep -E 'FAIL$|worst gradient' "$log" | head -20 | sed 's/^/    /' >> "$TABLE"
-done
+  # the per-tensor comparison lines of failing checks, Catch2's failures, the WARN summaries
+  grep -E 'FAIL$|FAILED|with expansion|worst gradient' "$log" | head -20 | sed 's/^/    /' >> "$TABLE"
+}
 
-# ---- the data-parallel GPU case of test_dist (one GPU: --nccl ZeRO-0/1, overlap on/off == plain)
-DIST_BIN="$BUILD/test/test_dist"
-if [ -x "$DIST_BIN" ] && ! over_budget "test test_dist[gpu]"; then
-  echo "== test test_dist [gpu]"
-  log="$OUTDIR/test_dist_gpu.log"
-  t0=$(date +%s)
-  timeout -k 5 "$TEST_TIMEOUT" "$DIST_BIN" "[gpu]" > "$log" 2>&1; rc=$?
-  dt=$(( $(date +%s) - t0 ))
-  tot=$(grep '^LDM_TEST_TOTALS' "$log" | tail -1)
-  if [ -n "$tot" ]; then read -r _ p f <<< "$tot"; else p=0; f="?"; fi
-  st=PASS
-  if [ "$rc" != 0 ] || [ "$f" != 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
-  [ "$rc" = 124 ] && st="FAIL (timeout ${TEST_TIMEOUT}s)"
-  row "$(printf 'test %-21s %s  %s passed, %s failed, exit %d, %d s' "test_dist[gpu]" "$st" "$p" "$f" "$rc" "$dt")"
-  grep -E 'FAILED|with expansion' "$log" | head -20 | sed 's/^/    /' >> "$TABLE"
+# the data (tokenizers, FineWeb-Edu sample): $LDM_DATA_DIR, ../shared/data, or ./shared/data (a
+# copy made for a device call, which carries the checkout only); the tests find it through
+# LDM_DATA_DIR. Without it the GPU tests skip their data cases and the benches use a synthetic shard.
+DATA_DIR=${LDM_DATA_DIR:-}
+if [ -z "$DATA_DIR" ]; then
+  for d in "$ROOT/../shared/data" "$ROOT/shared/data"; do [ -d "$d" ] && { DATA_DIR=$d; break; }; done
 fi
-
-# ---- benchmark data: FineWeb-Edu sample shards (or a synthetic shard without the data)
-DATA_DIR=${LDM_DATA_DIR:-$ROOT/../shared/data}
+if [ -n "$DATA_DIR" ] && [ -d "$DATA_DIR" ]; then
+  export LDM_DATA_DIR=$DATA_DIR
+  [ "$REST" = 1 ] || row "data                       $DATA_DIR"
+else
+  [ "$REST" = 1 ] || row "data                       none: the GPU tests skip their data cases (copy ../shared/data to ./shared/data)"
+fi
+# benchmark data: FineWeb-Edu sample shards (or a synthetic shard without the data)
 BDATA="$OUTDIR/bench_data"
 mkdir -p "$BDATA"
 if ! ls "$BDATA"/*train*.bin > /dev/null 2>&1; then
@@ -200,14 +226,16 @@ TRAIN_GLOB="$BDATA/*train*.bin"
 TOK_FLAG=""
 [ -f "$DATA_DIR/gpt2_tokenizer/encoder.json" ] && TOK_FLAG="--tokenizer $DATA_DIR/gpt2_tokenizer"
 
-# ---- benchmarks
-bench() {  # bench <label> <extra flags...>
+bench() {  # bench <label> <extra flags...>: one --bench run of $TRAINER
   local label=$1; shift
-  over_budget "bench $label" && return
+  done_before "bench $label" && return
+  if [ ! -x "$TRAINER" ]; then
+    row "$(printf 'bench %-20s FAIL  (%s not built)' "$label" "$TRAINER")"; FAILS=$((FAILS + 1)); return
+  fi
+  start_item "bench $label" "$BENCH_TIMEOUT" || return
   local log="$OUTDIR/bench_$label.log"
-  echo "== bench $label"
   local t0=$(date +%s)
-  timeout -k 5 "$BENCH_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
+  timeout -k 5 "$ITEM_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
     --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" $TOK_FLAG --sample-every -1 --quiet "$@" > "$log" 2>&1
   local rc=$? dt=$(( $(date +%s) - t0 ))
   local line=$(grep '^BENCH ' "$log" | tail -1)
@@ -225,81 +253,68 @@ print("%.0f tok/s, %.1f ms/step, %s, peak mem %.1f GiB, scheme %d B/token" % (
     row "$(printf 'bench %-20s n/a   (scheme of the other GPU trainer)' "$label")"
   else
     FAILS=$((FAILS + 1))
-    row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "$label" "$rc" "$dt" "$(grep -m1 'error' "$log")")"
+    local why="$(grep -m1 'error' "$log")"
+    [ "$rc" = 124 ] && why="timeout ${ITEM_TIMEOUT}s"
+    row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "$label" "$rc" "$dt" "$why")"
   fi
 }
-if [ -x "$TRAINER" ]; then
-  for s in $SCHEMES; do bench "$s" --scheme "$s"; done
-  [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
-  [ "${GRAPH_BENCH:-1}" = 1 ] && bench "preln-graph" --scheme preln --cuda-graph 1
-  if [ "${PROFILE_BENCH:-1}" = 1 ]; then  # where each scheme's step time goes (doc/cuda.md "Per-stage profile")
-    for s in ${PROFILE_SCHEMES:-preln}; do
-      if [ "$s" = ldm ]; then
-        TRAINER="$BUILD/cuda/train_ldm" bench "ldm-profile" --ldm-rule rls --ldm-mode unwind --profile-stages
-      else
-        bench "$s-profile" --scheme "$s" --profile-stages
-      fi
-    done
-  fi
-  if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
-    bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
-    bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1
-  fi
-  # inference (cuda/infer.cuh): prefill of T/2 tokens, then min(128, T/2) decode steps, B sequences
-  if [ "${INFER_BENCH:-1}" = 1 ] && ! over_budget "bench infer-preln"; then
-    ilog="$OUTDIR/bench_infer_preln.log"
-    echo "== bench infer-preln"
-    t0=$(date +%s)
-    timeout -k 5 "$BENCH_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
-      --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" > "$ilog" 2>&1
-    rc=$? dt=$(( $(date +%s) - t0 ))
-    iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
-    if [ "$rc" = 0 ] && [ -n "$iline" ]; then
-      row "$(printf 'bench %-20s PASS  %s' "infer-preln" "$(python3 -c '
+ldm_bench() {  # ldm_bench <label> <flags...>: bench through train_ldm
+  local saved=$TRAINER
+  TRAINER="$BUILD/cuda/train_ldm"
+  bench "$@"
+  TRAINER=$saved
+}
+
+infer_bench() {  # prefill of T/2 tokens, then min(128, T/2) decode steps, B sequences (cuda/infer.cuh)
+  [ -x "$TRAINER" ] || return
+  done_before "bench infer-preln" && return
+  start_item "bench infer-preln" "$BENCH_TIMEOUT" || return
+  local ilog="$OUTDIR/bench_infer_preln.log" t0=$(date +%s)
+  timeout -k 5 "$ITEM_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
+    --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" > "$ilog" 2>&1
+  local rc=$? dt=$(( $(date +%s) - t0 ))
+  local iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
+  if [ "$rc" = 0 ] && [ -n "$iline" ]; then
+    row "$(printf 'bench %-20s PASS  %s' "infer-preln" "$(python3 -c '
 import json, sys
 j = json.loads(sys.argv[1][12:])
 print("prefill %.0f tok/s (B=%d, P=%d), decode %.3f ms/token median (%.0f tok/s), KV cache %.0f MiB, peak mem %.1f GiB" % (
     j["prefill_tokens_per_s"], j["B"], j["prompt_tokens"], j["decode_ms_median"], j["decode_tokens_per_s"],
     j["kv_cache_bytes"] / 2**20, j["peak_mem_gib"]))' "$iline" 2>/dev/null || echo "$iline")")"
-    else
-      FAILS=$((FAILS + 1))
-      row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "infer-preln" "$rc" "$dt" "$(grep -m1 'error' "$ilog")")"
-    fi
-    fi
-  if [ "${LDM_BENCH:-1}" != 0 ]; then  # LDM window paths (train_ldm); the workbench checks them first
-    TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-unwind" --ldm-rule rls --ldm-mode unwind
-    TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-unwind-dk4" --ldm-rule rls --ldm-mode unwind --ldm-dk 4
-    TRAINER="$BUILD/cuda/train_ldm" bench "ldm-rls-window4" --ldm-rule rls --ldm-mode window --ldm-window 4
+  else
+    FAILS=$((FAILS + 1))
+    row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "infer-preln" "$rc" "$dt" "$(grep -m1 'error' "$ilog")")"
   fi
-else
-  row "bench                      FAIL  ($TRAINER not built)"; FAILS=$((FAILS + 1))
-fi
+}
 
-# ---- the PyTorch peer of the preln benchmark (scripts/torch_bench.py: the same model, bf16 autocast,
-# SDPA; eager and torch.compile), in the same run; rows "torch-<mode>" of the table (MFU against the
-# C++ run's FLOPs per token and measured peak)
+# the PyTorch peer of the preln benchmark (scripts/torch_bench.py: the same model, bf16 autocast,
+# SDPA; eager and torch.compile); rows "torch-<mode>" of the table (MFU against the C++ run's FLOPs
+# per token and measured peak)
 PEER_PY=""
 PEER_DEVICE=${PEER_DEVICE:-cuda}
 PEER_PROBE='import torch; assert torch.cuda.is_available()'
 [ "$PEER_DEVICE" = cpu ] && PEER_PROBE='import torch'
-for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
-  if command -v "$p" > /dev/null && "$p" -c "$PEER_PROBE" 2> /dev/null; then PEER_PY=$p; break; fi
-done
-if [ "${TORCH_PEER:-1}" = 1 ] && [ -z "$PEER_PY" ]; then
-  row "peer torch                 n/a   (no Python with $([ "$PEER_DEVICE" = cpu ] || echo 'CUDA ')PyTorch)"
-elif [ "${TORCH_PEER:-1}" = 1 ]; then
-  for mode in ${PEER_MODES:-eager compile}; do
-    over_budget "peer torch-$mode" && continue
-    plog="$OUTDIR/peer_torch_$mode.log"
-    echo "== peer torch-$mode"
-    t0=$(date +%s)
-    timeout -k 5 "${PEER_TIMEOUT:-240}" "$PEER_PY" scripts/torch_bench.py bench --device "$PEER_DEVICE" --mode "$mode" --dtype bf16 \
-      --preset "$BENCH_PRESET" --scheme preln -B "$BENCH_B" -T "$BENCH_T" --steps "$BENCH_STEPS" --warmup 2 \
-      --spec-bin "$BUILD/generate_cpu" > "$plog" 2>&1
-    rc=$? dt=$(( $(date +%s) - t0 ))
-    pline=$(grep '^BENCH ' "$plog" | tail -1)
-    if [ "$rc" = 0 ] && [ -n "$pline" ]; then
-      res=$(python3 - "$pline" "$OUTDIR/bench_lines.txt" "$mode" <<'PYEOF'
+if [ "${TORCH_PEER:-1}" = 1 ]; then
+  for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
+    if command -v "$p" > /dev/null && "$p" -c "$PEER_PROBE" 2> /dev/null; then PEER_PY=$p; break; fi
+  done
+fi
+peer() {  # peer <mode>
+  local mode=$1
+  done_before "peer torch-$mode" && return
+  if [ -z "$PEER_PY" ]; then
+    row "$(printf 'peer torch-%-15s n/a   (no Python with %sPyTorch)' "$mode" "$([ "$PEER_DEVICE" = cpu ] || echo 'CUDA ')")"
+    return
+  fi
+  start_item "peer torch-$mode" "${PEER_TIMEOUT:-240}" || return
+  local plog="$OUTDIR/peer_torch_$mode.log" t0=$(date +%s)
+  timeout -k 5 "$ITEM_TIMEOUT" "$PEER_PY" scripts/torch_bench.py bench --device "$PEER_DEVICE" --mode "$mode" --dtype bf16 \
+    --preset "$BENCH_PRESET" --scheme preln -B "$BENCH_B" -T "$BENCH_T" --steps "$BENCH_STEPS" --warmup 2 \
+    --spec-bin "$BUILD/generate_cpu" > "$plog" 2>&1
+  local rc=$? dt=$(( $(date +%s) - t0 ))
+  local pline=$(grep '^BENCH ' "$plog" | tail -1)
+  if [ "$rc" = 0 ] && [ -n "$pline" ]; then
+    local res=$(python3 - "$pline" "$OUTDIR/bench_lines.txt" "$mode" <<'PYEOF'
 import json, sys
 j = json.loads(sys.argv[1][6:])
 base = None
@@ -318,13 +333,57 @@ print("%.0f tok/s, %.1f ms/step, peak mem %.1f GiB, attention %s (GQA %s), %s" %
     j["tokens_per_s"], j["step_ms"], j["peak_mem_gib"], j.get("attention_backend"), j.get("gqa"), ratio))
 PYEOF
 )
-      row "$(printf 'peer torch-%-15s PASS  %s' "$mode" "$res")"
-    else
-      FAILS=$((FAILS + 1))
-      row "$(printf 'peer torch-%-15s FAIL  exit %d, %d s: %s' "$mode" "$rc" "$dt" "$(grep -m1 -i 'error' "$plog")")"
-    fi
+    row "$(printf 'peer torch-%-15s PASS  %s' "$mode" "$res")"
+  else
+    FAILS=$((FAILS + 1))
+    local why="$(grep -m1 -i 'error' "$plog")"
+    [ "$rc" = 124 ] && why="timeout ${ITEM_TIMEOUT}s"
+    row "$(printf 'peer torch-%-15s FAIL  exit %d, %d s: %s' "$mode" "$rc" "$dt" "$why")"
+  fi
+}
+
+# 1. PreLN: correct against the CPU, then its numbers (MFU, the graph, where the step goes)
+gpu_test test_gpu_train "$BUILD/test/test_gpu_train"
+case " $SCHEMES " in *" preln "*) bench preln --scheme preln ;; esac
+[ "${GRAPH_BENCH:-1}" = 1 ] && bench "preln-graph" --scheme preln --cuda-graph 1
+if [ "${PROFILE_BENCH:-1}" = 1 ]; then  # doc/cuda.md "Per-stage profile"
+  for s in ${PROFILE_SCHEMES:-preln}; do
+    if [ "$s" = ldm ]; then ldm_bench "ldm-profile" --ldm-rule rls --ldm-mode unwind --profile-stages
+    else bench "$s-profile" --scheme "$s" --profile-stages; fi
   done
 fi
+# 2. attention: every variant's TFLOP/s at the llama-400m and qwen3-1.7b shapes
+workbenches attention
+# 3. the depth schemes against PreLN
+for s in $SCHEMES; do [ "$s" = preln ] || bench "$s" --scheme "$s"; done
+if [ "${LDM_BENCH:-1}" != 0 ]; then
+  ldm_bench "ldm-rls-unwind" --ldm-rule rls --ldm-mode unwind
+  ldm_bench "ldm-rls-unwind-dk4" --ldm-rule rls --ldm-mode unwind --ldm-dk 4
+fi
+# 4. the PyTorch peer
+if [ "${TORCH_PEER:-1}" = 1 ]; then for mode in ${PEER_MODES:-eager compile}; do peer "$mode"; done; fi
+# 5. the scheme kernels, then the schemes' trainer tests
+workbenches ldm hc attnres
+gpu_test test_gpu_schemes "$BUILD/test/test_gpu_schemes"
+gpu_test test_gpu_ldm "$BUILD/test/test_gpu_ldm"
+# 6. the rest of the workbenches and tests
+for src in dev/cuda/*.cu; do workbenches "$(basename "$src" .cu)"; done
+for bin in "$BUILD"/test/test_gpu_*; do
+  case "$bin" in *.o|*.d) continue ;; esac
+  name=$(basename "$bin")
+  case " test_gpu_train test_gpu_schemes test_gpu_ldm " in *" $name "*) continue ;; esac
+  gpu_test "$name" "$bin"
+done
+# the data-parallel GPU case of test_dist (one GPU: --nccl ZeRO-0/1, overlap on/off == plain)
+[ -x "$BUILD/test/test_dist" ] && gpu_test "test_dist[gpu]" "$BUILD/test/test_dist" "[gpu]"
+# 7. the remaining benches
+[ "${LDM_BENCH:-1}" != 0 ] && ldm_bench "ldm-rls-window4" --ldm-rule rls --ldm-mode window --ldm-window 4
+if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target <= 2% over preln)
+  bench "preln-nccl-z1-flat" --scheme preln --nccl --zero 1 --nccl-overlap 0
+  bench "preln-nccl-z1-overlap" --scheme preln --nccl --zero 1 --nccl-overlap 1
+fi
+[ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
+[ "${INFER_BENCH:-1}" = 1 ] && infer_bench
 
 # ---- the table, LAST
 echo
@@ -344,6 +403,12 @@ for k, j in rows:
     print("%-22s %10.0f %9.1f %s %9.1f %12s %12s" % (k, j["tokens_per_s"], j["step_ms"], mfu, j["peak_mem_gib"],
                                                     rel_t, rel_m))
 EOF
+fi
+# the status rows again, so that the last lines of the output (all a device call returns) hold them
+echo "---- status rows (the indented CHECK/BENCH lines above and in $OUTDIR)"
+grep -v '^    ' "$TABLE"
+if [ -n "${PACK:-}" ]; then  # every log in one file (a device call brings back only a few files)
+  tar -czf "$PACK" -C "$OUTDIR" --exclude=bench_data . && echo "logs packed into $PACK"
 fi
 echo "total $(( $(date +%s) - T0 )) s; logs in $OUTDIR; $([ "$FAILS" = 0 ] && echo 'ALL PASS' || echo "$FAILS FAILED")$([ "$SKIPPED" != 0 ] && echo ", $SKIPPED SKIPPED (time budget)")"
 [ "$FAILS" = 0 ]

@@ -9,6 +9,7 @@
 // script's own bugs.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -169,7 +170,7 @@ std::string fake_gpu_build(const std::string& dir, const std::string& fail_wb) {
         cmd += std::string("; ln -s '") + bin + "/emu/" + t + "' '" + fb + "/cuda/" + t + "'";
     for (const char* t : {"ldm_data", "generate_cpu"})
         cmd += std::string("; ln -s '") + bin + "/" + t + "' '" + fb + "/" + t + "'";
-    for (const char* t : {"test_gpu_infer", "test_dist"})
+    for (const char* t : {"test_gpu_train", "test_gpu_schemes", "test_gpu_ldm", "test_gpu_infer", "test_dist"})
         cmd += std::string("; ln -s '") + bin + "/test/" + t + "' '" + fb + "/test/" + t + "'";
     cmd += "; for s in '" LDM_SOURCE_DIR "'/dev/cuda/*.cu; do n=$(basename \"$s\" .cu); f='" + fb +
            "/cuda/'$n; printf '#!/bin/sh\\necho \"CHECK %s stub PASS\"\\necho \"BENCH %s stub 1.0 ms\"\\n' $n $n > $f;"
@@ -227,6 +228,25 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*peer torch-eager +PASS  [0-9]+ tok/s, [0-9.]+ ms/step, .*"
                                          "C\\+\\+ preln / this [0-9.]+x[\\s\\S]*"));
         CHECK_THAT(r.out, Catch::Contains("tok/s/preln") && Catch::Contains("\ntorch-eager "));
+        // most wanted first: PreLN's test and benches, attention, the schemes, the peer, the
+        // scheme workbenches and tests, the rest; the status rows again at the end
+        const size_t st = r.out.find("---- status rows");
+        REQUIRE(st != std::string::npos);
+        const std::string tail = r.out.substr(st);
+        size_t at = 0;
+        for (const char* item : {"\ntest test_gpu_train ", "\nbench preln ", "\nbench preln-graph ",
+                                 "\nbench preln-profile ", "\nworkbench attention ", "\nbench hc ",
+                                 "\nbench attnres-block ", "\nbench ldm-rls-unwind ", "\nbench ldm-rls-unwind-dk4 ",
+                                 "\npeer torch-eager ", "\nworkbench ldm ", "\nworkbench hc ", "\nworkbench attnres ",
+                                 "\ntest test_gpu_schemes ", "\ntest test_gpu_ldm ", "\nworkbench adamw ",
+                                 "\nworkbench swiglu ", "\ntest test_gpu_infer ", "\ntest test_dist[gpu] ",
+                                 "\nbench ldm-rls-window4 ", "\nbench preln-nccl-z1-flat ", "\nbench infer-preln "}) {
+            INFO(item);
+            const size_t p = tail.find(item, at);
+            CHECK(p != std::string::npos);
+            if (p != std::string::npos) at = p;
+        }
+        CHECK(tail.find("\n    ") == std::string::npos);  // no CHECK/BENCH lines among the status rows
     }
     // a failing workbench CHECK: a FAIL row with the CHECK line, exit 1 (the rest still runs)
     {
@@ -249,6 +269,50 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*workbench attention +SKIP  \\(time budget 0 s spent\\)[\\s\\S]*"));
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*bench preln +SKIP  \\(time budget 0 s spent\\)[\\s\\S]*"));
         CHECK_THAT(r.out, Catch::Contains("ALL PASS, ") && Catch::Contains("SKIPPED (time budget)"));
+    }
+    // a budget that runs out inside an item: the item's timeout is cut to what is left (a stub
+    // attention workbench that would sleep 300 s is stopped near BUDGET), the rest is SKIP, and
+    // PACK holds every log
+    {
+        const std::string fb = fake_gpu_build(dir + "/slow", "");
+        REQUIRE(std::system(("printf '#!/bin/sh\necho \"CHECK attention stub PASS\"\nexec sleep 300\n' > '" + fb +
+                             "/cuda/attention'").c_str()) == 0);
+        const std::string out = dir + "/slow/out";
+        const auto t0 = std::chrono::steady_clock::now();
+        const RunResult r = gpu_check(fb, out, "BUDGET=20 MIN_ITEM=1 SCHEMES=hc GRAPH_BENCH=0 PROFILE_BENCH=0 "
+                                               "TORCH_PEER=0 PACK='" + dir + "/slow/logs.tgz'");
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        INFO(r.out);
+        CHECK(r.status == 1);
+        CHECK(secs < 60);
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*workbench attention +FAIL \\(timeout [0-9]+s\\)  checks 1, "
+                                         "failed 0, exit 124[\\s\\S]*"));
+        CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*bench hc +SKIP  \\(time budget 20 s spent\\)[\\s\\S]*"));
+        const RunResult t = run_cmd("tar -tzf '" + dir + "/slow/logs.tgz' 2>&1");
+        CHECK(t.status == 0);
+        CHECK_THAT(t.out, Catch::Contains("./wb_attention.log") && Catch::Contains("./table.txt") &&
+                          !Catch::Contains("./bench_data/"));
+
+        // --rest on the same OUT: what ran keeps its row and is not run again (the attention stub
+        // would sleep again), what was skipped runs now; the old failure still counts
+        const RunResult r2 = run_cmd("cd '" LDM_SOURCE_DIR "' && BUILD='" + fb + "' OUT='" + out +
+                                     "' BENCH_PRESET=tiny BENCH_T=16 BENCH_B=1 BENCH_STEPS=2 SCHEMES=hc GRAPH_BENCH=0 "
+                                     "PROFILE_BENCH=0 TORCH_PEER=0 NCCL_BENCH=0 LDM_BENCH=0 INFER_BENCH=0 "
+                                     "bash scripts/gpu_check.sh --rest 2>&1");
+        INFO(r2.out);
+        CHECK(r2.status == 1);
+        CHECK(r2.out.find("== workbench attention") == std::string::npos);
+        CHECK(r2.out.find("== test test_gpu_train") == std::string::npos);
+        const size_t st = r2.out.find("---- status rows");
+        REQUIRE(st != std::string::npos);
+        const std::string rows = r2.out.substr(st);
+        CHECK_THAT(rows, Catch::Matches("[\\s\\S]*workbench attention +FAIL \\(timeout [0-9]+s\\)[\\s\\S]*"));
+        CHECK_THAT(rows, Catch::Matches("[\\s\\S]*\\nbench hc +PASS[\\s\\S]*"));
+        CHECK_THAT(rows, Catch::Matches("[\\s\\S]*\\nworkbench swiglu +PASS[\\s\\S]*"));
+        CHECK_THAT(rows, !Catch::Contains("SKIP"));
+        CHECK(rows.find("workbench attention ") == rows.rfind("workbench attention "));
+        CHECK(rows.find("\ntest test_gpu_train ") == rows.rfind("\ntest test_gpu_train "));
+        CHECK_THAT(r2.out, Catch::Contains("1 FAILED"));
     }
 }
 
