@@ -8,9 +8,12 @@
 #                       (byte-level, tiny Shakespeare) side by side, ~10 minutes on 2 cores
 #   make deps           install the Debian and npm dependencies (idempotent; root when missing)
 #   make cuda           only the CUDA targets (needs nvcc)
+#   make gpu-check-build what scripts/gpu_check.sh runs on a GPU machine (CUDA targets, CPU tools,
+#                       GPU tests)
 #   make clean
 # Variables: CUDA_ARCH (default "90": sm_90 code + PTX), CUDA_PORTABLE_ARCH (default "80": PTX
-# for any GPU from sm_80 on, so the binaries also run on Ampere/Ada), CXX, NVCC, OPT, DEBUG=1,
+# for any GPU from sm_80 on, so the binaries also run on Ampere/Ada), NVCC_THREADS (nvcc
+# --threads, default 1), CXX, NVCC, OPT, DEBUG=1,
 # V=1 (print every compiler command; default: one short "CXX file" line per file).
 
 CXX      ?= g++
@@ -206,8 +209,9 @@ $(CU_BINS): $(BUILD)/cuda/%: $(BUILD)/cuda/%.o $(LIB)
 	$(call say,NVLD,$@)
 	$(Q)$(NVCC) $(filter-out -MMD -MP,$(NVCCFLAGS)) $< $(LIB) $(CUDA_LIBS) $(NVCC_LDLIBS) -lgomp -o $@
 
-# What scripts/gpu_check.sh needs on the GPU machine: the CUDA programs (first, so that the long
-# trainer compiles start first), the CPU tools and library the GPU tests run, the GPU tests and
+# What scripts/gpu_check.sh needs on the GPU machine: the CUDA programs first (make goes depth
+# first, so train_gpt_baselines.o, the longest compile, starts at once, the library's objects
+# next, then the other CUDA objects), the CPU tools and library the GPU tests run, the GPU tests and
 # test_dist (its [gpu] case). Not the CPU or emulation tests, which need no GPU and take most of
 # `tests`' build time.
 GPU_TESTS := $(filter $(BUILD)/test/test_gpu_%,$(TESTS)) $(BUILD)/test/test_dist

@@ -50,6 +50,10 @@
 # Exit status: 0 when every workbench, test and benchmark that ran passed, 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
 set -u
+# paths given relative to the caller's directory, before the cd to the repository root
+[ -n "${LDM_DATA_DIR:-}" ] && [ -d "$LDM_DATA_DIR" ] && LDM_DATA_DIR=$(cd "$LDM_DATA_DIR" && pwd)
+case "${OUT:-/}" in /*) ;; *) OUT="$PWD/$OUT" ;; esac
+case "${PACK:-/}" in /*) ;; *) PACK="$PWD/$PACK" ;; esac
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
@@ -91,22 +95,35 @@ else
   rm -f "$OUTDIR/bench_lines.txt"
 fi
 done_before() { case "$DONE" in *"|$1|"*) return 0 ;; esac; return 1; }
+# cut_short <label> <rc>: true (and a SKIP row, which --rest runs again) when the item was stopped
+# by a timeout that the budget had cut below its own
+cut_short() {
+  case "$2" in 124|137) ;; *) return 1 ;; esac
+  [ "$ITEM_TIMEOUT" -lt "$ITEM_FULL" ] || return 1
+  row "$(printf '%-26s SKIP  (time budget %d s spent: stopped after %d s)' "$1" "$BUDGET" "$ITEM_TIMEOUT")"
+  SKIPPED=$((SKIPPED + 1))
+}
+is_timeout() { case "$1" in 124|137) return 0 ;; esac; return 1; }
 row() { printf '%s\n' "$*" >> "$TABLE"; }
-# start_item <label> <timeout>: false (and a SKIP row) when less than MIN_ITEM seconds of the
-# budget are left; else ITEM_TIMEOUT = min(timeout, seconds left)
+# start_item <label> <timeout>: false (and a SKIP row) when less than MIN_ITEM seconds (at least
+# 1) of the budget are left; else ITEM_TIMEOUT = min(timeout, seconds left)
 ITEM_TIMEOUT=0
+ITEM_FULL=0
 start_item() {
   local left=$(( BUDGET - ($(date +%s) - T0) ))
-  if [ "$left" -lt "$MIN_ITEM" ]; then
+  if [ "$left" -lt "$MIN_ITEM" ] || [ "$left" -lt 1 ]; then
     row "$(printf '%-26s SKIP  (time budget %d s spent)' "$1" "$BUDGET")"; SKIPPED=$((SKIPPED + 1)); return 1
   fi
+  ITEM_FULL=$2
   ITEM_TIMEOUT=$(( $2 < left ? $2 : left ))
   echo "== $1 (timeout ${ITEM_TIMEOUT} s; $(( $(date +%s) - T0 )) s elapsed)"
   return 0
 }
 
 # ---- build: the CUDA programs, the CPU tools and the GPU tests (not the CPU/emulation tests)
-if [ "$PREBUILT" = 0 ]; then
+if [ "$PREBUILT" = 0 ] && [ "$BUDGET" -le 0 ]; then
+  row "build                      SKIP  (time budget $BUDGET s)"; SKIPPED=$((SKIPPED + 1))
+elif [ "$PREBUILT" = 0 ]; then
   echo "== build (make -k -j$(nproc) BUILD=$BUILD NVCC_THREADS=2 gpu-check-build) -> $OUTDIR/build.log"
   if timeout -k 5 "$BUDGET" make -k -j"$(nproc)" BUILD="$BUILD" NVCC_THREADS=2 gpu-check-build > "$OUTDIR/build.log" 2>&1; then
     row "build                      PASS  ($(( $(date +%s) - T0 )) s)"
@@ -120,7 +137,7 @@ fi
 TRAINER="$BUILD/cuda/train_gpt_baselines"
 GPU_DESC=""
 if [ -x "$TRAINER" ]; then
-  GPU_DESC=$("$TRAINER" --gpu-info 2>&1); GPU_RC=$?
+  GPU_DESC=$(timeout -k 5 60 "$TRAINER" --gpu-info 2>&1); GPU_RC=$?
 else
   if [ "$PREBUILT" = 1 ]; then
     echo "gpu_check: error: $TRAINER is missing (build first, or point BUILD at the build directory)" >&2
@@ -129,8 +146,8 @@ else
   GPU_RC=127
 fi
 if [ "$GPU_RC" != 0 ]; then
-  if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
-    GPU_DESC="(trainer missing or failed: $GPU_DESC) $(nvidia-smi -L | head -1)"
+  if command -v nvidia-smi > /dev/null && timeout -k 5 60 nvidia-smi -L > /dev/null 2>&1; then
+    GPU_DESC="(trainer missing or failed: $GPU_DESC) $(timeout -k 5 60 nvidia-smi -L | head -1)"
   else
     cat "$TABLE"
     echo "gpu_check: skipped ($GPU_DESC)"
@@ -150,10 +167,11 @@ workbench() {  # workbench <name>: build/cuda/<name> [--quick]; its CHECK failur
   local t0=$(date +%s)
   timeout -k 5 "$ITEM_TIMEOUT" "$bin" $QUICK > "$log" 2>&1; local rc=$?
   local dt=$(( $(date +%s) - t0 ))
+  cut_short "workbench $name" "$rc" && return
   local nchk=$(grep -c '^CHECK ' "$log") nfail=$(grep '^CHECK ' "$log" | grep -vc ' PASS$')
   local st=PASS
   if [ "$rc" != 0 ] || [ "$nfail" != 0 ] || [ "$nchk" = 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
-  [ "$rc" = 124 ] && st="FAIL (timeout ${ITEM_TIMEOUT}s)"
+  is_timeout "$rc" && st="FAIL (timeout ${ITEM_TIMEOUT}s)"
   row "$(printf 'workbench %-16s %s  checks %d, failed %d, exit %d, %d s' "$name" "$st" "$nchk" "$nfail" "$rc" "$dt")"
   grep '^CHECK ' "$log" | grep -v ' PASS$' | sed 's/^/    /' >> "$TABLE"
   grep '^BENCH ' "$log" | sed 's/^/    /' >> "$TABLE"
@@ -176,11 +194,12 @@ gpu_test() {  # gpu_test <label> <binary> [Catch2 arguments]: its totals; failin
   local log="$OUTDIR/$(echo "$label" | tr -c 'A-Za-z0-9_\n' '_').log" t0=$(date +%s)
   timeout -k 5 "$ITEM_TIMEOUT" "$bin" "$@" > "$log" 2>&1; local rc=$?
   local dt=$(( $(date +%s) - t0 ))
+  cut_short "test $label" "$rc" && return
   local tot=$(grep '^LDM_TEST_TOTALS' "$log" | tail -1) p=0 f="?"
   [ -n "$tot" ] && read -r _ p f <<< "$tot"
   local st=PASS
   if [ "$rc" != 0 ] || [ "$f" != 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
-  [ "$rc" = 124 ] && st="FAIL (timeout ${ITEM_TIMEOUT}s)"
+  is_timeout "$rc" && st="FAIL (timeout ${ITEM_TIMEOUT}s)"
   local skipped=$(grep -c 'skipped: no GPU' "$log")
   row "$(printf 'test %-21s %s  %s passed, %s failed, exit %d, %d s%s' "$label" "$st" "$p" "$f" "$rc" "$dt" \
         "$([ "$skipped" != 0 ] && echo ' (skipped: no GPU)')")"
@@ -191,11 +210,11 @@ gpu_test() {  # gpu_test <label> <binary> [Catch2 arguments]: its totals; failin
 # the data (tokenizers, FineWeb-Edu sample): $LDM_DATA_DIR, ../shared/data, or ./shared/data (a
 # copy made for a device call, which carries the checkout only); the tests find it through
 # LDM_DATA_DIR. Without it the GPU tests skip their data cases and the benches use a synthetic shard.
-DATA_DIR=${LDM_DATA_DIR:-}
-if [ -z "$DATA_DIR" ]; then
-  for d in "$ROOT/../shared/data" "$ROOT/shared/data"; do [ -d "$d" ] && { DATA_DIR=$d; break; }; done
-fi
-if [ -n "$DATA_DIR" ] && [ -d "$DATA_DIR" ]; then
+DATA_DIR=""
+for d in "${LDM_DATA_DIR:-}" "$ROOT/../shared/data" "$ROOT/shared/data"; do
+  [ -n "$d" ] && [ -d "$d" ] && { DATA_DIR=$(cd "$d" && pwd); break; }
+done
+if [ -n "$DATA_DIR" ]; then
   export LDM_DATA_DIR=$DATA_DIR
   [ "$REST" = 1 ] || row "data                       $DATA_DIR"
 else
@@ -238,6 +257,7 @@ bench() {  # bench <label> <extra flags...>: one --bench run of $TRAINER
   timeout -k 5 "$ITEM_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
     --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" $TOK_FLAG --sample-every -1 --quiet "$@" > "$log" 2>&1
   local rc=$? dt=$(( $(date +%s) - t0 ))
+  cut_short "bench $label" "$rc" && return
   local line=$(grep '^BENCH ' "$log" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$line" ]; then
     row "$(printf 'bench %-20s PASS  %s' "$label" "$(python3 -c '
@@ -254,7 +274,7 @@ print("%.0f tok/s, %.1f ms/step, %s, peak mem %.1f GiB, scheme %d B/token" % (
   else
     FAILS=$((FAILS + 1))
     local why="$(grep -m1 'error' "$log")"
-    [ "$rc" = 124 ] && why="timeout ${ITEM_TIMEOUT}s"
+    is_timeout "$rc" && why="timeout ${ITEM_TIMEOUT}s"
     row "$(printf 'bench %-20s FAIL  exit %d, %d s: %s' "$label" "$rc" "$dt" "$why")"
   fi
 }
@@ -266,13 +286,16 @@ ldm_bench() {  # ldm_bench <label> <flags...>: bench through train_ldm
 }
 
 infer_bench() {  # prefill of T/2 tokens, then min(128, T/2) decode steps, B sequences (cuda/infer.cuh)
-  [ -x "$TRAINER" ] || return
   done_before "bench infer-preln" && return
+  if [ ! -x "$TRAINER" ]; then
+    row "$(printf 'bench %-20s FAIL  (%s not built)' infer-preln "$TRAINER")"; FAILS=$((FAILS + 1)); return
+  fi
   start_item "bench infer-preln" "$BENCH_TIMEOUT" || return
   local ilog="$OUTDIR/bench_infer_preln.log" t0=$(date +%s)
   timeout -k 5 "$ITEM_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
     --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" > "$ilog" 2>&1
   local rc=$? dt=$(( $(date +%s) - t0 ))
+  cut_short "bench infer-preln" "$rc" && return
   local iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$iline" ]; then
     row "$(printf 'bench %-20s PASS  %s' "infer-preln" "$(python3 -c '
@@ -291,17 +314,18 @@ print("prefill %.0f tok/s (B=%d, P=%d), decode %.3f ms/token median (%.0f tok/s)
 # SDPA; eager and torch.compile); rows "torch-<mode>" of the table (MFU against the C++ run's FLOPs
 # per token and measured peak)
 PEER_PY=""
+PEER_PROBED=0
 PEER_DEVICE=${PEER_DEVICE:-cuda}
-PEER_PROBE='import torch; assert torch.cuda.is_available()'
-[ "$PEER_DEVICE" = cpu ] && PEER_PROBE='import torch'
-if [ "${TORCH_PEER:-1}" = 1 ]; then
-  for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
-    if command -v "$p" > /dev/null && "$p" -c "$PEER_PROBE" 2> /dev/null; then PEER_PY=$p; break; fi
-  done
-fi
 peer() {  # peer <mode>
-  local mode=$1
+  local mode=$1 p probe='import torch; assert torch.cuda.is_available()'
   done_before "peer torch-$mode" && return
+  if [ "$PEER_PROBED" = 0 ]; then  # the first Python with (CUDA) PyTorch, looked for once
+    PEER_PROBED=1
+    [ "$PEER_DEVICE" = cpu ] && probe='import torch'
+    for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
+      if command -v "$p" > /dev/null && timeout -k 5 60 "$p" -c "$probe" 2> /dev/null; then PEER_PY=$p; break; fi
+    done
+  fi
   if [ -z "$PEER_PY" ]; then
     row "$(printf 'peer torch-%-15s n/a   (no Python with %sPyTorch)' "$mode" "$([ "$PEER_DEVICE" = cpu ] || echo 'CUDA ')")"
     return
@@ -312,6 +336,7 @@ peer() {  # peer <mode>
     --preset "$BENCH_PRESET" --scheme preln -B "$BENCH_B" -T "$BENCH_T" --steps "$BENCH_STEPS" --warmup 2 \
     --spec-bin "$BUILD/generate_cpu" > "$plog" 2>&1
   local rc=$? dt=$(( $(date +%s) - t0 ))
+  cut_short "peer torch-$mode" "$rc" && return
   local pline=$(grep '^BENCH ' "$plog" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$pline" ]; then
     local res=$(python3 - "$pline" "$OUTDIR/bench_lines.txt" "$mode" <<'PYEOF'
@@ -337,7 +362,7 @@ PYEOF
   else
     FAILS=$((FAILS + 1))
     local why="$(grep -m1 -i 'error' "$plog")"
-    [ "$rc" = 124 ] && why="timeout ${ITEM_TIMEOUT}s"
+    is_timeout "$rc" && why="timeout ${ITEM_TIMEOUT}s"
     row "$(printf 'peer torch-%-15s FAIL  exit %d, %d s: %s' "$mode" "$rc" "$dt" "$why")"
   fi
 }
