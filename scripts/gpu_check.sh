@@ -15,6 +15,13 @@
 # first failure. Full logs go to $OUT (if set) or ./gpu_check_out; a compact table (CHECK/BENCH
 # lines, test totals, benchmarks) is printed LAST.
 #
+# On a lent device machine (one call of at most 600 s; the call carries the checkout only): here,
+#   mkdir -p shared && cp -r --no-preserve=mode ../shared/data shared/
+# then the call, with timeout_s 590:
+#   PACK=$OUT/gpu_check.tgz OUT=/tmp/gc bash scripts/gpu_check.sh
+# and, if device time is left, at once on the still-warm machine, with BUDGET fitting what is left:
+#   PACK=$OUT/gpu_check2.tgz OUT=/tmp/gc BUDGET=180 bash scripts/gpu_check.sh --rest
+#
 #   scripts/gpu_check.sh [--prebuilt] [--rest] [--quick]
 #     --prebuilt   do not run make (use what is in $BUILD)
 #     --rest       run only what the last run in $OUT skipped or did not reach, keeping its rows
@@ -121,6 +128,13 @@ start_item() {
 }
 
 # ---- build: the CUDA programs, the CPU tools and the GPU tests (not the CPU/emulation tests)
+if [ "$PREBUILT" = 0 ]; then  # the system headers the library and the tests need (no installs on a device machine)
+  missing=""
+  for h in pcre2.h utf8proc.h cblas.h bzlib.h catch2/catch.hpp; do
+    printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <%s>\n' "$h" | ${CXX:-g++} -E -x c++ - > /dev/null 2>&1 || missing="$missing $h"
+  done
+  [ -n "$missing" ] && row "deps                       MISSING:$missing (scripts/install_deps.sh installs them; the build will fail)"
+fi
 if [ "$PREBUILT" = 0 ] && [ "$BUDGET" -le 0 ]; then
   row "build                      SKIP  (time budget $BUDGET s)"; SKIPPED=$((SKIPPED + 1))
 elif [ "$PREBUILT" = 0 ]; then
