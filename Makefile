@@ -188,8 +188,8 @@ $(TSAN_DIR)/%: $(TSAN_DIR)/%.o $(TEST_COMMON) $(LIB)
 comma := ,
 WGMMA_BINS := $(BUILD)/cuda/attention
 $(WGMMA_BINS:%=%.o): NVCCFLAGS := $(subst arch=compute_90$(comma)code=sm_90 ,arch=compute_90a$(comma)code=sm_90a ,$(NVCCFLAGS))
-# Each CUDA target is compiled (nvcc -c, which needs no library, so the long trainer compiles start
-# at once under make -j) and then linked against $(LIB). The compile keeps ptxas's resource report
+# Each CUDA target is compiled (nvcc -c, which needs no library: the first, train_gpt_baselines, the
+# longest, starts before libldm.a is built under make -j) and then linked against $(LIB). The compile keeps ptxas's resource report
 # (-Xptxas -v: registers, shared memory, spills per kernel of the CUDA_ARCH cubin) in
 # $(BUILD)/cuda/NAME.ptxas, which test_ptxas and scripts/ptxas_report.py --log read instead of
 # compiling again; everything else nvcc prints still reaches the terminal.
@@ -212,8 +212,8 @@ $(CU_BINS): $(BUILD)/cuda/%: $(BUILD)/cuda/%.o $(LIB)
 # What scripts/gpu_check.sh needs on the GPU machine: the CUDA programs first (make goes depth
 # first, so train_gpt_baselines.o, the longest compile, starts at once, the library's objects
 # next, then the other CUDA objects), the CPU tools and library the GPU tests run, the GPU tests and
-# test_dist (its [gpu] case). Not the CPU or emulation tests, which need no GPU and take most of
-# `tests`' build time.
+# test_dist (its [gpu] case). Not the CPU, emulation or ThreadSanitizer tests, which need no
+# GPU and are most of `tests`' compile units.
 GPU_TESTS := $(filter $(BUILD)/test/test_gpu_%,$(TESTS)) $(BUILD)/test/test_dist
 .PHONY: gpu-check-build
 gpu-check-build: $(if $(NVCC),cuda) cpu $(GPU_TESTS)
