@@ -169,6 +169,16 @@ if [ "$GPU_RC" != 0 ]; then
   fi
 fi
 echo "== device: $GPU_DESC"
+# the card as found, and after the run (clocks, temperature, power: timings depend on them)
+gpu_state() {
+  command -v nvidia-smi > /dev/null || return 0
+  local q
+  q=$(timeout -k 5 20 nvidia-smi --query-gpu=name,driver_version,temperature.gpu,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit \
+      --format=csv,noheader 2> /dev/null | head -1)
+  [ -n "$q" ] && row "$(printf 'gpu %-22s name, driver, temperature C, SM clock, max SM clock, memory clock, power, power limit: %s' "($1)" "$q")"
+  return 0
+}
+gpu_state start
 
 # ---- the items
 workbench() {  # workbench <name>: build/cuda/<name> [--quick]; its CHECK failures and BENCH lines
@@ -423,6 +433,8 @@ if [ "${NCCL_BENCH:-1}" = 1 ]; then  # cost of the NCCL path on one GPU (target 
 fi
 [ "${RECOMPUTE_BENCH:-0}" = 1 ] && bench "preln-recompute2" --scheme preln --recompute 2
 [ "${INFER_BENCH:-1}" = 1 ] && infer_bench
+
+gpu_state end
 
 # ---- the table, LAST
 echo

@@ -198,10 +198,14 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
     if (data_dir_or_skip("gpu_check.sh needs the GPT-2 tokenizer").empty()) return;
     const std::string dir = train_scratch("gpu_check_dry");
 
-    // everything on: each scheme, graph, profile, NCCL, inference, LDM benches, the peer (eager, CPU)
+    // everything on: each scheme, graph, profile, NCCL, inference, LDM benches, the peer (eager, CPU);
+    // a stand-in nvidia-smi answers the card-state query
     {
         const std::string fb = fake_gpu_build(dir + "/ok", "");
-        const RunResult r = gpu_check(fb, dir + "/ok/out", "PEER_DEVICE=cpu PEER_MODES=eager");
+        REQUIRE(std::system(("mkdir -p '" + dir + "/bin' && printf '#!/bin/sh\\necho \"emulated, 0.0, 30, 1980 MHz, "
+                             "1980 MHz, 3201 MHz, 100 W, 700 W\"\\n' > '" + dir + "/bin/nvidia-smi' && chmod +x '" +
+                             dir + "/bin/nvidia-smi'").c_str()) == 0);
+        const RunResult r = gpu_check(fb, dir + "/ok/out", "PATH='" + dir + "/bin':\"$PATH\" PEER_DEVICE=cpu PEER_MODES=eager");
         INFO(r.out);
         CHECK(r.status == 0);
         CHECK_THAT(r.out, Catch::Contains("================ gpu_check: host emulation (dev/emu)"));
@@ -228,6 +232,9 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*peer torch-eager +PASS  [0-9]+ tok/s, [0-9.]+ ms/step, .*"
                                          "C\\+\\+ preln / this [0-9.]+x[\\s\\S]*"));
         CHECK_THAT(r.out, Catch::Contains("tok/s/preln") && Catch::Contains("\ntorch-eager "));
+        for (const char* when : {"start", "end"})
+            CHECK_THAT(r.out, Catch::Contains(std::string("\ngpu (") + when + ")") &&
+                              Catch::Contains("power limit: emulated, 0.0, 30, 1980 MHz, 1980 MHz, 3201 MHz, 100 W, 700 W"));
         // most wanted first: PreLN's test and benches, attention, the schemes, the peer, the
         // scheme workbenches and tests, the rest; the status rows again at the end
         const size_t st = r.out.find("---- status rows");
