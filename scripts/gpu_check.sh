@@ -111,6 +111,17 @@ cut_short() {
   SKIPPED=$((SKIPPED + 1))
 }
 is_timeout() { case "$1" in 124|137) return 0 ;; esac; return 1; }
+# timed <label> <log> <command...>: the item's command under its timeout, output to log; sets RC
+# (exit status) and DT (seconds); false when the budget's cut stopped it (cut_short wrote its row)
+RC=0
+DT=0
+timed() {
+  local label=$1 log=$2 t0=$(date +%s)
+  shift 2
+  timeout -k 5 "$ITEM_TIMEOUT" "$@" > "$log" 2>&1; RC=$?
+  DT=$(( $(date +%s) - t0 ))
+  ! cut_short "$label" "$RC"
+}
 row() { printf '%s\n' "$*" >> "$TABLE"; }
 # start_item <label> <timeout>: false (and a SKIP row) when less than MIN_ITEM seconds (at least
 # 1) of the budget are left; else ITEM_TIMEOUT = min(timeout, seconds left)
@@ -188,10 +199,8 @@ workbench() {  # workbench <name>: build/cuda/<name> [--quick]; its CHECK failur
     row "$(printf 'workbench %-16s FAIL  (not built)' "$name")"; FAILS=$((FAILS + 1)); return
   fi
   start_item "workbench $name" "$WB_TIMEOUT" || return
-  local t0=$(date +%s)
-  timeout -k 5 "$ITEM_TIMEOUT" "$bin" $QUICK > "$log" 2>&1; local rc=$?
-  local dt=$(( $(date +%s) - t0 ))
-  cut_short "workbench $name" "$rc" && return
+  timed "workbench $name" "$log" "$bin" $QUICK || return
+  local rc=$RC dt=$DT
   local nchk=$(grep -c '^CHECK ' "$log") nfail=$(grep '^CHECK ' "$log" | grep -vc ' PASS$')
   local st=PASS
   if [ "$rc" != 0 ] || [ "$nfail" != 0 ] || [ "$nchk" = 0 ]; then st=FAIL; FAILS=$((FAILS + 1)); fi
@@ -215,10 +224,9 @@ gpu_test() {  # gpu_test <label> <binary> [Catch2 arguments]: its totals; failin
   done_before "test $label" && return
   [ -x "$bin" ] || { row "$(printf 'test %-21s FAIL  (not built)' "$label")"; FAILS=$((FAILS + 1)); return; }
   start_item "test $label" "$TEST_TIMEOUT" || return
-  local log="$OUTDIR/$(echo "$label" | tr -c 'A-Za-z0-9_\n' '_').log" t0=$(date +%s)
-  timeout -k 5 "$ITEM_TIMEOUT" "$bin" "$@" > "$log" 2>&1; local rc=$?
-  local dt=$(( $(date +%s) - t0 ))
-  cut_short "test $label" "$rc" && return
+  local log="$OUTDIR/$(echo "$label" | tr -c 'A-Za-z0-9_\n' '_').log"
+  timed "test $label" "$log" "$bin" "$@" || return
+  local rc=$RC dt=$DT
   local tot=$(grep '^LDM_TEST_TOTALS' "$log" | tail -1) p=0 f="?"
   [ -n "$tot" ] && read -r _ p f <<< "$tot"
   local st=PASS
@@ -277,11 +285,9 @@ bench() {  # bench <label> <extra flags...>: one --bench run of $TRAINER
   fi
   start_item "bench $label" "$BENCH_TIMEOUT" || return
   local log="$OUTDIR/bench_$label.log"
-  local t0=$(date +%s)
-  timeout -k 5 "$ITEM_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
-    --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" $TOK_FLAG --sample-every -1 --quiet "$@" > "$log" 2>&1
-  local rc=$? dt=$(( $(date +%s) - t0 ))
-  cut_short "bench $label" "$rc" && return
+  timed "bench $label" "$log" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
+    --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" $TOK_FLAG --sample-every -1 --quiet "$@" || return
+  local rc=$RC dt=$DT
   local line=$(grep '^BENCH ' "$log" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$line" ]; then
     row "$(printf 'bench %-20s PASS  %s' "$label" "$(python3 -c '
@@ -315,11 +321,10 @@ infer_bench() {  # prefill of T/2 tokens, then min(128, T/2) decode steps, B seq
     row "$(printf 'bench %-20s FAIL  (%s not built)' infer-preln "$TRAINER")"; FAILS=$((FAILS + 1)); return
   fi
   start_item "bench infer-preln" "$BENCH_TIMEOUT" || return
-  local ilog="$OUTDIR/bench_infer_preln.log" t0=$(date +%s)
-  timeout -k 5 "$ITEM_TIMEOUT" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
-    --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" > "$ilog" 2>&1
-  local rc=$? dt=$(( $(date +%s) - t0 ))
-  cut_short "bench infer-preln" "$rc" && return
+  local ilog="$OUTDIR/bench_infer_preln.log"
+  timed "bench infer-preln" "$ilog" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
+    --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" || return
+  local rc=$RC dt=$DT
   local iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$iline" ]; then
     row "$(printf 'bench %-20s PASS  %s' "infer-preln" "$(python3 -c '
@@ -355,12 +360,11 @@ peer() {  # peer <mode>
     return
   fi
   start_item "peer torch-$mode" "${PEER_TIMEOUT:-240}" || return
-  local plog="$OUTDIR/peer_torch_$mode.log" t0=$(date +%s)
-  timeout -k 5 "$ITEM_TIMEOUT" "$PEER_PY" scripts/torch_bench.py bench --device "$PEER_DEVICE" --mode "$mode" --dtype bf16 \
-    --preset "$BENCH_PRESET" --scheme preln -B "$BENCH_B" -T "$BENCH_T" --steps "$BENCH_STEPS" --warmup 2 \
-    --spec-bin "$BUILD/generate_cpu" > "$plog" 2>&1
-  local rc=$? dt=$(( $(date +%s) - t0 ))
-  cut_short "peer torch-$mode" "$rc" && return
+  local plog="$OUTDIR/peer_torch_$mode.log"
+  timed "peer torch-$mode" "$plog" "$PEER_PY" scripts/torch_bench.py bench --device "$PEER_DEVICE" --mode "$mode" \
+    --dtype bf16 --preset "$BENCH_PRESET" --scheme preln -B "$BENCH_B" -T "$BENCH_T" --steps "$BENCH_STEPS" --warmup 2 \
+    --spec-bin "$BUILD/generate_cpu" || return
+  local rc=$RC dt=$DT
   local pline=$(grep '^BENCH ' "$plog" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$pline" ]; then
     local res=$(python3 - "$pline" "$OUTDIR/bench_lines.txt" "$mode" <<'PYEOF'

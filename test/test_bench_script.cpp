@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include "core/common.h"
 #include "test/helpers.h"
 #include "test/test_train_shards.h"
@@ -183,10 +185,21 @@ std::string fake_gpu_build(const std::string& dir, const std::string& fail_wb) {
     return fb;
 }
 
-RunResult gpu_check(const std::string& build, const std::string& out, const std::string& env) {
+RunResult gpu_check(const std::string& build, const std::string& out, const std::string& env,
+                    const std::string& args = "--prebuilt") {
     return run_cmd("cd '" LDM_SOURCE_DIR "' && BUILD='" + build + "' OUT='" + out +
                    "' BENCH_PRESET=tiny BENCH_T=16 BENCH_B=1 BENCH_STEPS=2 BENCH_PYTHON=/usr/bin/python3 " + env +
-                   " bash scripts/gpu_check.sh --prebuilt 2>&1");
+                   " bash scripts/gpu_check.sh " + args + " 2>&1");
+}
+
+// Writes an executable shell script (a stand-in program for the dry runs) at path.
+void write_script(const std::string& path, const std::string& body) {
+    {
+        std::ofstream f(path, std::ios::trunc);
+        f << "#!/bin/sh\n" << body;
+        REQUIRE(f.good());
+    }
+    REQUIRE(::chmod(path.c_str(), 0755) == 0);
 }
 
 }  // namespace
@@ -202,9 +215,8 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
     // a stand-in nvidia-smi answers the card-state query
     {
         const std::string fb = fake_gpu_build(dir + "/ok", "");
-        REQUIRE(std::system(("mkdir -p '" + dir + "/bin' && printf '#!/bin/sh\\necho \"emulated, 0.0, 30, 1980 MHz, "
-                             "1980 MHz, 3201 MHz, 100 W, 700 W\"\\n' > '" + dir + "/bin/nvidia-smi' && chmod +x '" +
-                             dir + "/bin/nvidia-smi'").c_str()) == 0);
+        REQUIRE(std::system(("mkdir -p '" + dir + "/bin'").c_str()) == 0);
+        write_script(dir + "/bin/nvidia-smi", "echo 'emulated, 0.0, 30, 1980 MHz, 1980 MHz, 3201 MHz, 100 W, 700 W'\n");
         const RunResult r = gpu_check(fb, dir + "/ok/out", "PATH='" + dir + "/bin':\"$PATH\" PEER_DEVICE=cpu PEER_MODES=eager");
         INFO(r.out);
         CHECK(r.status == 0);
@@ -277,14 +289,13 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*bench preln +SKIP  \\(time budget 0 s spent\\)[\\s\\S]*"));
         CHECK_THAT(r.out, Catch::Contains("ALL PASS, ") && Catch::Contains("SKIPPED (time budget)"));
     }
-    // a budget that runs out inside an item: the item's timeout is cut to what is left (a stub
+    // a budget that runs out inside an item: the item's timeout is cut to what is left (a stand-in
     // attention workbench that would sleep 300 s is stopped near BUDGET) and it counts as skipped,
     // not failed; the rest is SKIP; PACK holds every log
     {
         const std::string fb = fake_gpu_build(dir + "/slow", "");
-        const std::string stub = fb + "/cuda/attention";
-        REQUIRE(std::system(("printf '#!/bin/sh\\necho \"CHECK attention stub PASS\"\\nexec sleep 300\\n' > '" + stub +
-                             "'").c_str()) == 0);
+        const std::string attention = fb + "/cuda/attention";
+        write_script(attention, "echo 'CHECK attention stand-in PASS'\nexec sleep 300\n");
         const std::string out = dir + "/slow/out";
         const std::string quiet = "SCHEMES=hc GRAPH_BENCH=0 PROFILE_BENCH=0 TORCH_PEER=0 NCCL_BENCH=0 LDM_BENCH=0 "
                                   "INFER_BENCH=0";
@@ -303,16 +314,13 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         CHECK_THAT(t.out, Catch::Contains("./wb_attention.log") && Catch::Contains("./table.txt") &&
                           !Catch::Contains("./bench_data/"));
 
-        // --rest on the same OUT, now with a quick attention stub and a failed matmul row as if the
+        // --rest on the same OUT, now with a quick attention stand-in and a failed matmul row as if the
         // first run had made it: what ran keeps its row and is not run again, what was skipped or
         // stopped runs now, and the old failure still counts
-        REQUIRE(std::system(("printf '#!/bin/sh\\necho \"CHECK attention stub PASS\"\\n' > '" + stub + "'").c_str()) ==
-                0);
+        write_script(attention, "echo 'CHECK attention stand-in PASS'\n");
         REQUIRE(std::system(("echo 'workbench matmul           FAIL  checks 2, failed 1, exit 0, 1 s' >> '" + out +
                              "/table.txt'").c_str()) == 0);
-        const RunResult r2 = run_cmd("cd '" LDM_SOURCE_DIR "' && BUILD='" + fb + "' OUT='" + out +
-                                     "' BENCH_PRESET=tiny BENCH_T=16 BENCH_B=1 BENCH_STEPS=2 " + quiet +
-                                     " bash scripts/gpu_check.sh --rest 2>&1");
+        const RunResult r2 = gpu_check(fb, out, quiet, "--rest");
         INFO(r2.out);
         CHECK(r2.status == 1);
         CHECK_THAT(r2.out, Catch::Contains("== workbench attention") && !Catch::Contains("== test test_gpu_train") &&
