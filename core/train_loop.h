@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -215,7 +216,9 @@ struct has_fused_step<B, std::void_t<decltype(std::declval<B&>().fuses_step(int6
 //   StepResult train_step(in, tg, accum, B, T, grad_scale, lr);  // in/tg [accum*B*T]: zero_grad,
 //       every micro-batch's forward + backward, reduction, norm, divergence guard and AdamW at
 //       once (the GPU's whole-step CUDA graph); on a non-finite loss or norm nothing is applied
-//   nlohmann::json bench_fields(double step_ms, double tokens_per_s);  // --bench report extras
+//   nlohmann::json bench_fields(double mean_step_ms, double tokens_per_s);  // --bench report
+//       extras; tokens_per_s from the median step, mean_step_ms the mean (what per-step means of
+//       stage timers add up to)
 
 // Runs the training loop of o (validated flags) for cfg. Returns the process exit code (0; errors
 // throw ldm::Error). rank 0 prints and logs; every rank trains its share of each step's
@@ -473,8 +476,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
 
     const int64_t end_step = o.stop_after > 0 ? std::min(o.steps, start_step + o.stop_after) : o.steps;
     double last_val = NAN;
-    double bench_ms = 0;
-    int64_t bench_n = 0;
+    std::vector<double> bench_ms;  // --bench: wall time of each timed step
     double ema_ms = 0;  // smoothed step time for the ETA
     const auto t_start = std::chrono::steady_clock::now();
     for (int64_t step = start_step; step < end_step; step++) {
@@ -546,8 +548,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         std::fflush(stdout);
         logger.log(jstep);
         if (o.bench > 0 && step - start_step >= 2) {  // skip 2 warm-up steps
-            bench_ms += ms;
-            bench_n++;
+            bench_ms.push_back(ms);
         }
         if (o.ckpt_every > 0 && k % o.ckpt_every == 0 && k != end_step && o.bench == 0) save_ckpt(k);
     }
@@ -573,13 +574,20 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         logger.log({{"type", "sample"}, {"step", o.steps}, {"text", s}});
     }
     if (trained && o.bench == 0) save_ckpt(o.steps);
-    if (o.bench > 0 && bench_n > 0) {
-        const double step_ms = bench_ms / double(bench_n);
+    if (o.bench > 0 && !bench_ms.empty()) {
+        // the median step (the spec's measure; for an even count the mean of the two middle ones, as
+        // scripts/torch_bench.py takes it) and the mean
+        std::vector<double> sorted = bench_ms;
+        std::sort(sorted.begin(), sorted.end());
+        const size_t n = sorted.size();
+        const double step_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+        const double mean_ms = std::accumulate(bench_ms.begin(), bench_ms.end(), 0.0) / double(bench_ms.size());
         const double tps = double(o.total_batch_tokens) / (step_ms / 1e3);
-        json r{{"type", "bench"}, {"steps_timed", bench_n}, {"tokens_per_s", tps}, {"step_ms", step_ms},
+        json r{{"type", "bench"}, {"steps_timed", (int64_t)bench_ms.size()}, {"tokens_per_s", tps}, {"step_ms", step_ms},
+               {"step_ms_mean", mean_ms}, {"step_ms_min", sorted.front()}, {"step_ms_max", sorted.back()},
                {"B", B}, {"T", T}, {"dtype", o.dtype}, {"preset", cfg.preset}, {"scheme", cfg.scheme},
                {"accum", accum}, {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()}};
-        const json extra = be.bench_fields(step_ms, tps);
+        const json extra = be.bench_fields(mean_ms, tps);
         for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
         std::printf("BENCH %s\n", r.dump().c_str());
         logger.log(r);

@@ -107,6 +107,23 @@ inline double measure_peak_bf16_tflops(cudaStream_t s) {
     return 2.0 * double(n) * n * n / (ms / 1e3) / 1e12;
 }
 
+// Sustained device-memory bandwidth in TB/s (10^12 bytes/s): median of 10 timed device-to-device
+// copies of 256 MiB (bytes read + bytes written per copy), after 3 warm-up copies; 16x the L2 of an
+// H100/H200, so the copy streams from HBM. The benchmark's traffic floors (doc/results_gpu.md) divide
+// counted bytes by it. 0 under the host emulation of dev/emu, like the peak above.
+inline double measure_copy_tbs(cudaStream_t s) {
+#ifdef LDM_EMULATED
+    (void)s;
+    return 0.0;
+#endif
+    const int64_t bytes = int64_t(256) << 20;
+    DeviceBuffer<uint8_t> src(bytes), dst(bytes);
+    CUDA_CHECK(cudaMemsetAsync(src.ptr, 1, size_t(bytes), s));
+    float ms = time_median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, size_t(bytes), cudaMemcpyDeviceToDevice, s)); },
+                              3, 10, s);
+    return 2.0 * double(bytes) / (ms / 1e3) / 1e12;
+}
+
 inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace trainer_detail
@@ -399,10 +416,12 @@ class GpuBackend {
         }
         steps_done_++;
     }
+    // step_ms: the mean timed step (the stage table's reference: its stages are per-step means)
     nlohmann::json bench_fields(double step_ms, double tps) {
         using trainer_detail::gib;
         const double fpt = train::model_flops_per_token(cfg_, o_.T);
         const double peak = trainer_detail::measure_peak_bf16_tflops(model_.stream);
+        const double copy_tbs = trainer_detail::measure_copy_tbs(model_.stream);
         const double achieved = fpt * tps / 1e12;
         nlohmann::json stages = nlohmann::json::object();
         if (o_.profile_stages) {
@@ -410,7 +429,7 @@ class GpuBackend {
             double sum = 0;
             for (const auto& kv : ps) sum += kv.second;
             std::printf("stage breakdown (--profile-stages: GPU time between CUDA events, mean of %d timed steps; step "
-                        "%.2f ms):\n", prof_.steps(), step_ms);
+                        "%.2f ms, the mean):\n", prof_.steps(), step_ms);
             for (const auto& kv : ps) {
                 std::printf("  %-52s %10.3f ms %6.1f%%\n", kv.first.c_str(), kv.second,
                             step_ms > 0 ? 100.0 * kv.second / step_ms : 0.0);
@@ -424,8 +443,20 @@ class GpuBackend {
                 {"model_flops_per_token", fpt},
                 {"achieved_tflops", achieved}, {"peak_bf16_tflops", peak},
                 {"mfu", peak > 0 ? nlohmann::json(achieved / peak) : nlohmann::json(nullptr)},
+                {"copy_tbs", copy_tbs > 0 ? nlohmann::json(copy_tbs) : nlohmann::json(nullptr)},
                 {"peak_mem_gib", gib(double(peak_used_))}, {"alloc_gib", gib(double(allocated()))},
-                {"scheme_bytes_per_token", model_.scheme().extra_bytes_per_token()}, {"device", device_}};
+                {"scheme_bytes_per_token", model_.scheme().extra_bytes_per_token()}, {"device", device_},
+                {"n_layer", cfg_.n_layer}, {"d_model", cfg_.d_model}, {"scheme_config", scheme_config()}};
+    }
+    // The scheme's shape parameters, for scripts/gpu_targets.py (which target and floor a row meets).
+    nlohmann::json scheme_config() const {
+        const std::string& s = cfg_.scheme;
+        if (s == "hc" || s == "mhc") return {{"n", cfg_.hc_streams}};
+        if (s == "attnres-block") return {{"blocks", cfg_.attnres_blocks}};
+        if (s == "ldm")
+            return {{"rule", cfg_.ldm_rule}, {"mode", cfg_.ldm_mode}, {"d_k", cfg_.ldm_dk}, {"heads", cfg_.ldm_heads},
+                    {"window", cfg_.ldm_window}, {"residual", cfg_.ldm_residual}};
+        return nlohmann::json::object();
     }
 
     ~GpuBackend() {

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -353,7 +354,8 @@ TEST_CASE("emu train: --profile-stages (CUDA events per stage of the timed steps
     const std::string gpu = emu_trainer_or_skip("train_ldm");
     if (gpu.empty()) return;
     const std::string cmd = gpu + data_flags(shards) + "--scheme ldm --ldm-mode unwind --quiet";
-    RunResult r = run_cmd(cmd + " --bench 3 --profile-stages");
+    const std::string log = train_scratch("emu_profile") + "/run.jsonl";
+    RunResult r = run_cmd(cmd + " --bench 3 --profile-stages --log '" + log + "'");
     INFO(r.out);
     REQUIRE(r.status == 0);
     CHECK_THAT(r.out, Catch::Contains("stage breakdown (--profile-stages"));
@@ -370,8 +372,33 @@ TEST_CASE("emu train: --profile-stages (CUDA events per stage of the timed steps
     }
     double sum = 0;
     for (auto it = st.begin(); it != st.end(); ++it) sum += it.value().get<double>();
-    const double step = b["step_ms"].get<double>();
-    INFO("sum of stages " << sum << " ms, step " << step << " ms");
+    // step_ms is the median of the timed steps (the 3 after 2 warm-up steps), the mean beside it:
+    // both recomputed from the per-step times of the log
+    std::vector<double> ms;
+    {
+        std::ifstream in(log);
+        std::string line;
+        while (std::getline(in, line)) {
+            const json j = json::parse(line);
+            if (j.value("type", "") == "step") ms.push_back(j["ms"].get<double>());
+        }
+    }
+    REQUIRE(ms.size() == 5);
+    std::vector<double> timed(ms.begin() + 2, ms.end());
+    const double mean = (timed[0] + timed[1] + timed[2]) / 3;
+    std::sort(timed.begin(), timed.end());
+    CHECK(b["steps_timed"] == 3);
+    CHECK(b["step_ms"].get<double>() == Approx(timed[1]).epsilon(1e-12));
+    CHECK(b["step_ms_mean"].get<double>() == Approx(mean).epsilon(1e-12));
+    CHECK(b["step_ms_min"].get<double>() == Approx(timed[0]).epsilon(1e-12));
+    CHECK(b["step_ms_max"].get<double>() == Approx(timed[2]).epsilon(1e-12));
+    CHECK(b["tokens_per_s"].get<double>() == Approx(b["B"].get<double>() * b["T"].get<double>() / timed[1] * 1e3).epsilon(1e-9));
+    CHECK(b["copy_tbs"].is_null());  // no device bandwidth under the emulation
+    CHECK(b["n_layer"].get<int>() > 0);
+    CHECK(b["scheme_config"]["d_k"].get<int>() > 0);
+    CHECK(b["scheme_config"]["mode"] == "unwind");
+    const double step = b["step_ms_mean"].get<double>();  // the stages are per-step means
+    INFO("sum of stages " << sum << " ms, mean step " << step << " ms");
     CHECK(sum > 0.5 * step);
     CHECK(sum <= 1.01 * step + 1.0);
     // refused combinations, before any work
