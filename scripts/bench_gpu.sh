@@ -7,7 +7,8 @@
 # torch.compile), one item after the other in one run, each with its own timeout. Writes
 # results/NAME/{bench.md, bench.csv, bench_tokens.png, bench_memory.png, rows.jsonl, logs/,
 # env.txt}: tokens/s, MFU, ms per layer, peak memory, ratios vs PreLN and vs PyTorch, and the
-# spec's targets marked met / missed.
+# spec's targets marked met / missed / not measured (scripts/gpu_targets.py; the attention targets
+# from the attention workbench's run, unless --no-workbench).
 # Inference (cuda/infer.cuh): for every C++ row also one `--bench-infer P:G` call (B sequences,
 # prefill of P = T/2 random tokens, then G = min(128, T/2) greedy decode steps with the KV cache):
 # prefill tokens/s, decode ms/token, KV cache and peak memory, as an "Inference" section of
@@ -177,7 +178,13 @@ PY
   done
 done
 
-$PY scripts/torch_bench.py report --kind gpu --rows "$OUT/rows.jsonl" --out "$OUT" \
+# The attention workbench (every variant's CHECKs and fwd+bwd TFLOP/s): the attention targets.
+ATT_FLAG=()
+if [ "$WORKBENCH" = 1 ] && [ -x "$BUILD/cuda/attention" ]; then
+  timeout -k 5 600 "$BUILD/cuda/attention" > "$OUT/logs/wb_attention.txt" 2>&1
+  ATT_FLAG=(--attention "$OUT/logs/wb_attention.txt")
+fi
+$PY scripts/torch_bench.py report --kind gpu --rows "$OUT/rows.jsonl" --out "$OUT" "${ATT_FLAG[@]}" \
   --title "GPU benchmark ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)): C++ trainers vs PyTorch, every scheme"
 
 # Inference rows: an "Inference" section of bench.md and infer.csv.

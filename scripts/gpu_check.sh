@@ -4,7 +4,7 @@
 #   1. test_gpu_train (PreLN and its CUDA graph against the CPU); benches preln, preln-graph and the
 #      --profile-stages benches of $PROFILE_SCHEMES
 #   2. the attention workbench (its BENCH lines: TFLOP/s of every variant)
-#   3. benches of the other schemes of $SCHEMES, LDM rls unwind at d_k 8 and 4
+#   3. benches of the other schemes of $SCHEMES, LDM rls unwind at d_k 8 and 4, PreLN at $QWEN_SHAPE
 #   4. the PyTorch peer of the preln bench (eager, then torch.compile)
 #   5. the scheme workbenches (ldm, hc, attnres), then test_gpu_schemes and test_gpu_ldm
 #   6. every other dev/cuda workbench, test_gpu_infer, test_dist's "[gpu]" case
@@ -13,7 +13,8 @@
 # Items not started within the budget are listed as SKIP; each item's timeout is cut to what is
 # left of it, so the script ends near BUDGET seconds after it started. It never stops at the
 # first failure. Full logs go to $OUT (if set) or ./gpu_check_out; a compact table (CHECK/BENCH
-# lines, test totals, benchmarks) is printed LAST.
+# lines, test totals, benchmarks), then every target of ../shared/spec/performance.md marked met,
+# missed or not measured (scripts/gpu_targets.py; also $OUT/targets.md), are printed LAST.
 #
 # On a lent device machine (one call of at most 600 s; the call carries the checkout only): here,
 #   mkdir -p shared && cp -r --no-preserve=mode ../shared/data shared/
@@ -31,7 +32,9 @@
 #                  and bench 5 steps instead of 10
 # Environment: BUDGET (510 s for the whole script, build included: one 600 s device call with
 #   room to spare), BUILD (default build), SCHEMES (default "preln hc mhc attnres-full
-#   attnres-block"), BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (10),
+#   attnres-block"), BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (20: the
+#   spec's median of >= 20 steps),
+#   QWEN_SHAPE (qwen-1.5b:2048:4, PRESET:T:B of the second PreLN MFU target; "" skips it),
 #   WB_TIMEOUT (120 s per workbench), TEST_TIMEOUT (240 s per test binary), BENCH_TIMEOUT (120 s),
 #   MIN_ITEM (20: an item is started only with this many seconds of the budget left),
 #   RECOMPUTE_BENCH (1: also bench preln --recompute 2),
@@ -69,7 +72,8 @@ SCHEMES=${SCHEMES:-"preln hc mhc attnres-full attnres-block"}
 BENCH_PRESET=${BENCH_PRESET:-llama-400m}
 BENCH_T=${BENCH_T:-2048}
 BENCH_B=${BENCH_B:-8}
-BENCH_STEPS=${BENCH_STEPS:-10}
+BENCH_STEPS=${BENCH_STEPS:-20}
+QWEN_SHAPE=${QWEN_SHAPE-qwen-1.5b:2048:4}
 WB_TIMEOUT=${WB_TIMEOUT:-120}
 TEST_TIMEOUT=${TEST_TIMEOUT:-240}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
@@ -277,15 +281,18 @@ TRAIN_GLOB="$BDATA/*train*.bin"
 TOK_FLAG=""
 [ -f "$DATA_DIR/gpt2_tokenizer/encoder.json" ] && TOK_FLAG="--tokenizer $DATA_DIR/gpt2_tokenizer"
 
-bench() {  # bench <label> <extra flags...>: one --bench run of $TRAINER
+bench() {  # bench <label> <extra flags...>: one --bench run of $TRAINER (at $BENCH_PRESET, or
+  # the PRESET:T:B in $SHAPE when set)
   local label=$1; shift
+  local bp=$BENCH_PRESET bt=$BENCH_T bb=$BENCH_B
+  [ -n "${SHAPE:-}" ] && IFS=: read -r bp bt bb <<< "$SHAPE"
   done_before "bench $label" && return
   if [ ! -x "$TRAINER" ]; then
     row "$(printf 'bench %-20s FAIL  (%s not built)' "$label" "$TRAINER")"; FAILS=$((FAILS + 1)); return
   fi
   start_item "bench $label" "$BENCH_TIMEOUT" || return
   local log="$OUTDIR/bench_$label.log"
-  timed "bench $label" "$log" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
+  timed "bench $label" "$log" "$TRAINER" --preset "$bp" -T "$bt" -B "$bb" --dtype bf16 \
     --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" $TOK_FLAG --sample-every -1 --quiet "$@" || return
   local rc=$RC dt=$DT
   local line=$(grep '^BENCH ' "$log" | tail -1)
@@ -413,6 +420,7 @@ if [ "${LDM_BENCH:-1}" != 0 ]; then
   ldm_bench "ldm-rls-unwind" --ldm-rule rls --ldm-mode unwind
   ldm_bench "ldm-rls-unwind-dk4" --ldm-rule rls --ldm-mode unwind --ldm-dk 4
 fi
+[ -n "$QWEN_SHAPE" ] && SHAPE=$QWEN_SHAPE bench "preln-${QWEN_SHAPE%%:*}" --scheme preln
 # 4. the PyTorch peer
 if [ "${TORCH_PEER:-1}" = 1 ]; then for mode in ${PEER_MODES:-eager compile}; do peer "$mode"; done; fi
 # 5. the scheme kernels, then the schemes' trainer tests
@@ -459,6 +467,8 @@ for k, j in rows:
                                                     rel_t, rel_m))
 EOF
 fi
+# every target of the spec (and issues #17, #18): met, missed or not measured, from the rows above
+python3 scripts/gpu_targets.py "$OUTDIR" --out "$OUTDIR/targets.md" 2>&1 || echo "gpu_check: gpu_targets.py failed"
 # the status rows again, so that the last lines of the output (all a device call returns) hold them
 echo "---- status rows (the indented CHECK/BENCH lines above and in $OUTDIR)"
 grep -v '^    ' "$TABLE"

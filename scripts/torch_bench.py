@@ -297,6 +297,7 @@ def cmd_bench(a):
     med = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
     r = {"type": "bench", "trainer": "torch-" + a.mode, "device": a.device, "preset": a.preset,
          "scheme": cfg["scheme"], "ldm_rule": cfg["ldm_rule"], "ldm_residual": cfg["ldm_residual"],
+         "ldm_dk": cfg.get("ldm_dk"),
          "dtype": a.dtype, "B": a.B, "T": a.T, "n_layer": cfg["n_layer"], "param_count": spec["param_count"],
          "steps_timed": a.steps, "step_ms": med * 1e3, "step_ms_mean": 1e3 * sum(times) / len(times),
          "tokens_per_s": a.B * a.T / med, "warmup_s": warm_s, "loss": lv, "torch": torch.__version__,
@@ -487,54 +488,21 @@ def cmd_report(a):
         for r in out_rows:
             w.writerow({k: ("%.6g" % r[k] if isinstance(r[k], float) else ("" if r[k] is None else r[k])) for k in keys})
 
-    # ---- targets (spec performance.md)
+    # ---- targets (spec performance.md, "On the CPU"; the GPU's: scripts/gpu_targets.py, below)
     targets = []  # (shape, text, met: True/False/None)
-    for sh in shapes:
+    for sh in shapes if not gpu else []:
         tp = {lb: metric(sh, lb, "cpp", "tokens_per_s") for lb in labels}
-        mem = {lb: metric(sh, lb, "cpp", "mem") for lb in labels}
         pre = tp.get("preln")
-        ldm = "ldm-rls" if "ldm-rls" in labels else next((l for l in labels if l.startswith("ldm")), None)
-
-        def add(text, ok):
-            targets.append((sh, text, ok))
-        if gpu:
-            if sh.startswith("llama-400m") and "preln" in labels:
-                m = metric(sh, "preln", "cpp", "mfu")
-                add("PreLN MFU >= 55%% (got %s)" % fmt(m and 100 * m, "%.1f%%"), None if m is None else m >= 0.55)
-            for lb in labels:
-                for impl, need in (("torch-eager", 1.3), ("torch-compile", 1.0)):
-                    if (sh, lb, impl) not in by:
-                        continue
-                    r = ratio(tp.get(lb), metric(sh, lb, impl, "tokens_per_s"))
-                    add("%s >= %.1fx %s (got %s)" % (lb, need, impl, fmt(r, "%.2fx")), None if r is None else r >= need)
-            if ldm and pre:
-                r = ratio(tp.get(ldm), pre)
-                add("%s <= 10%% slower than PreLN (tokens/s ratio %s >= 0.909)" % (ldm, fmt(r, "%.3f")),
-                    None if r is None else r >= 1 / 1.1)
-                for other in ("attnres-full", "mhc"):
-                    if other in labels:
-                        r = ratio(tp.get(ldm), tp.get(other))
-                        add("%s faster than %s (ratio %s > 1)" % (ldm, other, fmt(r, "%.3f")), None if r is None else r > 1)
-                if "attnres-block" in labels:
-                    r = ratio(tp.get(ldm), tp.get("attnres-block"))
-                    add("%s within 5%% of attnres-block (ratio %s in [0.95, 1.05] or faster)" % (ldm, fmt(r, "%.3f")),
-                        None if r is None else r >= 0.95)
-                r = ratio(mem.get(ldm), mem.get("preln"))
-                add("%s peak memory <= PreLN + 20%% (ratio %s)" % (ldm, fmt(r, "%.3f")), None if r is None else r <= 1.2)
-            for lb, lim in (("attnres-block", 1.05), ("mhc", 1.10)):
-                if lb in labels and pre:
-                    r = ratio(pre, tp.get(lb))  # step time ratio
-                    add("%s overhead vs PreLN <= %d%% (step-time ratio %s)" % (lb, round(100 * (lim - 1)), fmt(r, "%.3f")),
-                        None if r is None else r <= lim)
-        else:
-            for lb in labels:
-                if (sh, lb, "torch-eager") in by:
-                    r = ratio(tp.get(lb), metric(sh, lb, "torch-eager", "tokens_per_s"))
-                    add("%s: C++ >= 2x PyTorch eager (got %s)" % (lb, fmt(r, "%.2fx")), None if r is None else r >= 2)
-            for lb in labels:
-                if lb.startswith("ldm") and pre:
-                    r = ratio(pre, tp.get(lb))
-                    add("%s cost <= 1.5x PreLN (step-time ratio %s)" % (lb, fmt(r, "%.2f")), None if r is None else r <= 1.5)
+        for lb in labels:
+            if (sh, lb, "torch-eager") in by:
+                r = ratio(tp.get(lb), metric(sh, lb, "torch-eager", "tokens_per_s"))
+                targets.append((sh, "%s: C++ >= 2x PyTorch eager (got %s)" % (lb, fmt(r, "%.2fx")),
+                                None if r is None else r >= 2))
+        for lb in labels:
+            if lb.startswith("ldm") and pre:
+                r = ratio(pre, tp.get(lb))
+                targets.append((sh, "%s cost <= 1.5x PreLN (step-time ratio %s)" % (lb, fmt(r, "%.2f")),
+                                None if r is None else r <= 1.5))
 
     # ---- markdown
     L = ["# %s" % (a.title or ("GPU benchmark" if gpu else "CPU benchmark")), ""]
@@ -584,13 +552,21 @@ def cmd_report(a):
         if used:
             L.append("PyTorch attention backend: " + "; ".join(used) + ".")
             L.append("")
-    L.append("## Targets (../shared/spec/performance.md)")
-    L.append("")
-    L.append("| shape | target | result |")
-    L.append("|---|---|---|")
-    for sh, text, ok in targets:
-        L.append("| %s | %s | %s |" % (sh, text, "n/a (not measured)" if ok is None else ("met" if ok else "**missed**")))
-    L.append("")
+    if gpu:  # every GPU target of the spec and of issues #17 / #18, from the same evaluator as gpu_check.sh's
+        sys.path.insert(0, HERE)
+        import gpu_targets
+        runs = [{"label": r["label"], "impl": r["impl"], "bench": r["bench"]} for r in rows
+                if r.get("status") == "ok" and isinstance(r.get("bench"), dict)]
+        att = open(a.attention, errors="replace").read().splitlines() if a.attention and os.path.exists(a.attention) else None
+        L.append(gpu_targets.markdown(gpu_targets.evaluate(runs, att)))
+    else:
+        L.append("## Targets (../shared/spec/performance.md)")
+        L.append("")
+        L.append("| shape | target | result |")
+        L.append("|---|---|---|")
+        for sh, text, ok in targets:
+            L.append("| %s | %s | %s |" % (sh, text, "n/a (not measured)" if ok is None else ("met" if ok else "**missed**")))
+        L.append("")
     bad = [r for r in rows if r.get("status") != "ok"]
     if bad:
         L.append("## Items that did not finish")
@@ -667,6 +643,8 @@ def main():
     c.add_argument("dumps", nargs="+")
     p = sub.add_parser("report", help="write bench.md/csv/png from the rows")
     p.add_argument("--kind", required=True, choices=["cpu", "gpu"])
+    p.add_argument("--attention", help="GPU: the attention workbench's output (its BENCH/CHECK lines), for the "
+                   "attention targets")
     p.add_argument("--rows", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--title", default="")
