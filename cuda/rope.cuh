@@ -97,7 +97,7 @@ template <typename T, bool NORM>
 __global__ void qknorm_rope_backward_kernel(T* din, const T* dout, const T* in, const float* rstd,
                                             const T* q_w, const T* k_w, const float* cos_t,
                                             const float* sin_t, int64_t N, int T_, int nh, int nkv,
-                                            int hd) {
+                                            int hd, bool copy_v) {
     constexpr int LANES = kRopeLanes;
     const int Hall = nh + 2 * nkv, Hr = nh + nkv, half = hd / 2;
     const int64_t gid = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / LANES;
@@ -108,8 +108,9 @@ __global__ void qknorm_rope_backward_kernel(T* din, const T* dout, const T* in, 
     const int64_t base = n * Hall * hd + (int64_t)h * hd;
     const T* dy = dout + base;
     T* dx = din + base;
-    if (h >= Hr) {
-        for (int c = lane; c < hd; c += LANES) dx[c] = dy[c];
+    if (h >= Hr) {  // v head: dx = dy
+        if (copy_v)
+            for (int c = lane; c < hd; c += LANES) dx[c] = dy[c];
         return;
     }
     const int64_t t = n % T_;
@@ -189,7 +190,9 @@ void qk_norm_weight_grads(float* dq_w, float* dk_w, float* scratch, const T* dou
 
 // din [N, W] = ∂L/∂in (=, all heads; v heads get dout); with QK-norm (q_w != nullptr):
 // dq_w, dk_w [hd] += (fp32, deterministic via scratch >= qknorm_rope_backward_scratch floats).
-// in and rstd are those of the forward. din may not alias dout or in.
+// in and rstd are those of the forward. din may not alias in; it may be dout only without
+// QK-norm (then the v heads are left as they are: no copy; with QK-norm the weight gradients
+// read dout after din is written, and aliasing throws ldm::Error).
 template <typename T>
 void qknorm_rope_backward(T* din, float* dq_w, float* dk_w, float* scratch, const T* dout,
                           const T* in, const float* rstd, const T* q_w, const T* k_w,
@@ -197,15 +200,17 @@ void qknorm_rope_backward(T* din, float* dq_w, float* dk_w, float* scratch, cons
                           int hd, cudaStream_t s) {
     if (hd % 2) throw Error(strprintf("qknorm_rope_backward: head_dim %d must be even", hd));
     if (q_w && !k_w) throw Error("qknorm_rope_backward: q_w given without k_w");
+    if (q_w && din == dout) throw Error("qknorm_rope_backward: din may alias dout only without QK-norm");
     if (N <= 0) return;
     const int64_t heads = N * (nh + 2 * nkv);
+    const bool copy_v = din != dout;
     const unsigned blocks = (unsigned)ceil_div(heads * kRopeLanes, 256);
     if (q_w)
         qknorm_rope_backward_kernel<T, true><<<blocks, 256, 0, s>>>(
-            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd);
+            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd, copy_v);
     else
         qknorm_rope_backward_kernel<T, false><<<blocks, 256, 0, s>>>(
-            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd);
+            din, dout, in, rstd, q_w, k_w, cos_t, sin_t, N, T_, nh, nkv, hd, copy_v);
     LDM_LAUNCH_CHECK();
     if (q_w)
         qk_norm_weight_grads<T>(dq_w, dk_w, scratch, dout, in, rstd, cos_t, sin_t, N, T_, nh, nkv,

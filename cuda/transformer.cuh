@@ -339,7 +339,7 @@ Transformer<T>::Transformer(const ModelConfig& c, int B_max, int T_max, int reco
     for (DeviceBuffer<T>* b : {&dyn_, &dy_, &d_o_, &dln_, &dx_}) alloc(*b, N * d);
     alloc(dao_, N * qd);
     alloc(dqkvr_, N * qkvd_);
-    alloc(dqkv_, N * qkvd_);
+    if (cfg.qk_norm) alloc(dqkv_, N * qkvd_);  // without QK-norm the RoPE backward runs in place
     alloc(da_, N * F);
     alloc(dh13_, N * 2 * F);
     int64_t fs = std::max<int64_t>(linear_backward_scratch(N, (int)std::max<int64_t>({Vp, 2 * F, qkvd_, d})),
@@ -585,7 +585,9 @@ void Transformer<T>::backward_kernels(double grad_scale) {
         stage("bwd attention");
         attention_backward<T>(dqkvr_.ptr, scr, dao_.ptr, a.ao.ptr, a.lse.ptr, a.qkvr.ptr, B, T_, nh, nkv, hd, s);
         // RoPE (and QK-norm) backward: dqkv = ∂L/∂(q|k|v before RoPE / QK-norm); v passes through.
-        T* dqkv = dqkv_.ptr;
+        // Without QK-norm in place (q, k rotated back, v untouched); with it into dqkv_ (the norm's
+        // weight gradients read dqkvr_ afterwards).
+        T* dqkv = c.qk_norm ? dqkv_.ptr : dqkvr_.ptr;
         stage("bwd QK-norm + RoPE");
         qknorm_rope_backward<T>(dqkv, c.qk_norm ? G(p.q_norm) : nullptr, c.qk_norm ? G(p.k_norm) : nullptr, scr,
                                 dqkvr_.ptr, c.qk_norm ? a.qkv.ptr : a.qkvr.ptr,
@@ -749,10 +751,10 @@ inline TransformerMemory transformer_memory_estimate(const ModelConfig& cfg, int
     const int64_t layer = et * (d + (recompute < 2 ? d : 0) + (cfg.qk_norm ? qkvd : 0) + qkvd + qd + d +
                                 (recompute < 2 ? d : 0) + 2 * F + (recompute < 1 ? F : 0)) +
                           4 * (1 + (cfg.qk_norm ? nh + nkv : 0) + nh + 1);
-    // shared: ln_tmp / a_tmp (recompute), emb, o (backbone_o), y, yn, dyn, dy, d_o, dln, dx, dao, dqkvr, dqkv,
-    // da, dh13; fp32 rstd_f, rstd_tmp; int32 tokens, targets, uniq, start, pos
+    // shared: ln_tmp / a_tmp (recompute), emb, o (backbone_o), y, yn, dyn, dy, d_o, dln, dx, dao, dqkvr,
+    // dqkv (QK-norm), da, dh13; fp32 rstd_f, rstd_tmp; int32 tokens, targets, uniq, start, pos
     const int64_t shared = et * ((recompute >= 2 ? d : 0) + (recompute >= 1 ? F : 0) + (backbone_o ? 9 : 8) * d + qd +
-                                 2 * qkvd + F + 2 * F) +
+                                 (cfg.qk_norm ? 2 : 1) * qkvd + F + 2 * F) +
                            4 * 2 + 4 * 5;
     m.act_per_token = cfg.n_layer * layer + shared;
     m.scheme_per_token = scheme_bytes_per_token;

@@ -77,6 +77,11 @@ const Config kConfigs[] = {
     {"preln", false, "--scheme preln"},
     {"preln-odd", false, "--scheme preln --d-model 48 --n-head 3 --n-kv-head 1 --head-dim 10 --ffn 100"},
     {"preln-hd64", false, "--scheme preln --n-head 2 --n-kv-head 1 --head-dim 64"},  // [mma attention in bf16]
+    // [QK-norm and a tied head: the RoPE backward out of place], [q/k/v bias: in place, as without QK-norm]
+    {"preln-qknorm", false, "--scheme preln --preset qwen3-1.7b --n-layer 2 --d-model 64 --n-head 4 --n-kv-head 2 "
+                            "--head-dim 16 --ffn 160"},
+    {"preln-qkvbias", false, "--scheme preln --preset qwen-1.5b --n-layer 2 --d-model 48 --n-head 3 --n-kv-head 1 "
+                             "--head-dim 16 --ffn 96"},
     {"hc", false, "--scheme hc --hc-streams 4"},
     {"hc-n3", false, "--scheme hc --hc-streams 3"},
     {"mhc", false, "--scheme mhc --hc-streams 4 --sinkhorn-iters 20"},

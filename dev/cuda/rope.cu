@@ -278,6 +278,15 @@ static void check(Report& R, Rng& rng, const Shape& S, bool norm) {
             R.check_same("rope", var + "_dq_w", dt, shape, download(dqw.get(), S.hd), q1);
         }
     }
+    if (!norm) {  // production in place (the trainer without QK-norm): bit for bit the out-of-place
+                  // result, the v heads left as they were (== dout)
+        const std::vector<float> out_of_place = download(din.get(), N * W);
+        upload(din.get(), dout.data(), N * W);
+        backward_variant<T>(2, din.get(), nullptr, nullptr, scratch.get(), din.get(), d_in.get(), nullptr,
+                            nullptr, nullptr, d_cos.get(), d_sin.get(), N, S.T, S.nh, S.nkv, S.hd, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        R.check_same("rope", "backward_v2_inplace_din", dt, shape, download(din.get(), N * W), out_of_place);
+    }
 }
 
 template <typename T>
@@ -313,6 +322,13 @@ static void bench(Report& R, const Shape& S, bool norm) {
             wb::kWarmup, wb::kReps);
         R.bench("rope", strprintf("backward_v%d", v), dt, shape, ms,
                 bytes * (norm ? 1.5 : 1.0), -1);
+    }
+    if (!norm) {  // production's in-place backward: q and k read and written, v untouched
+        const float ms = time_median_ms(
+            [&] { backward_variant<T>(2, dout.get(), nullptr, nullptr, scratch.get(), dout.get(), in.get(), nullptr,
+                                      nullptr, nullptr, cs.get(), sn.get(), N, S.T, S.nh, S.nkv, S.hd, 0); },
+            wb::kWarmup, wb::kReps);
+        R.bench("rope", "backward_v2_inplace", dt, shape, ms, 2.0 * N * (S.nh + S.nkv) * S.hd * sizeof(T), -1);
     }
 }
 
