@@ -108,8 +108,8 @@ inline double measure_peak_bf16_tflops(cudaStream_t s) {
 }
 
 // Sustained device-memory bandwidth in TB/s (10^12 bytes/s): median of 10 timed device-to-device
-// copies of 256 MiB (bytes read + bytes written per copy), after 3 warm-up copies; 16x the L2 of an
-// H100/H200, so the copy streams from HBM. The benchmark's traffic floors (doc/results_gpu.md) divide
+// copies of 256 MiB (bytes read + bytes written per copy), after 3 warm-up copies; each buffer about
+// 5x the 50-60 MB L2 of an H100/H200, so the copy streams from HBM. The benchmark's traffic floors (doc/results_gpu.md) divide
 // counted bytes by it. 0 under the host emulation of dev/emu, like the peak above.
 inline double measure_copy_tbs(cudaStream_t s) {
 #ifdef LDM_EMULATED
@@ -446,7 +446,8 @@ class GpuBackend {
                 {"copy_tbs", copy_tbs > 0 ? nlohmann::json(copy_tbs) : nlohmann::json(nullptr)},
                 {"peak_mem_gib", gib(double(peak_used_))}, {"alloc_gib", gib(double(allocated()))},
                 {"scheme_bytes_per_token", model_.scheme().extra_bytes_per_token()}, {"device", device_},
-                {"n_layer", cfg_.n_layer}, {"d_model", cfg_.d_model}, {"scheme_config", scheme_config()}};
+                {"n_layer", cfg_.n_layer}, {"d_model", cfg_.d_model}, {"scheme_config", scheme_config()},
+                {"nccl", dp_.nccl}, {"profile_stages", o_.profile_stages != 0}};
     }
     // The scheme's shape parameters, for scripts/gpu_targets.py (which target and floor a row meets).
     nlohmann::json scheme_config() const {

@@ -80,7 +80,8 @@ done
 [ -n "$TOK" ] || { echo "error: no gpt2_tokenizer (set LDM_DATA_DIR to a dir holding gpt2_tokenizer/)" >&2; exit 1; }
 
 need=()
-[ "$PREBUILT" = 1 ] || for b in cuda/train_gpt_baselines cuda/train_ldm generate_cpu; do [ -x "$BUILD/$b" ] || need+=("$BUILD/$b"); done
+wbs=""; [ "$WORKBENCH" = 1 ] && wbs="cuda/attention cuda/ldm"  # the workbenches run at the end
+[ "$PREBUILT" = 1 ] || for b in cuda/train_gpt_baselines cuda/train_ldm generate_cpu $wbs; do [ -x "$BUILD/$b" ] || need+=("$BUILD/$b"); done
 if [ ${#need[@]} -gt 0 ]; then
   echo "bench_gpu: building ${need[*]}"
   make --no-print-directory BUILD="$BUILD" -j"$(nproc)" "${need[@]}" > "/tmp/bench_gpu_build.$$.log" 2>&1 ||

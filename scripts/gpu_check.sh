@@ -29,7 +29,7 @@
 #                  (implies --prebuilt; for a second call on the still-warm machine, with its own
 #                  BUDGET)
 #     --quick      pass --quick to the workbenches (fewer shapes; attention then times nothing)
-#                  and bench 5 steps instead of 10
+#                  and bench 5 steps instead of 20
 # Environment: BUDGET (510 s for the whole script, build included: one 600 s device call with
 #   room to spare), BUILD (default build), SCHEMES (default "preln hc mhc attnres-full
 #   attnres-block"), BENCH_PRESET (llama-400m), BENCH_T (2048), BENCH_B (8), BENCH_STEPS (20: the
