@@ -248,7 +248,17 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
         cpp("ldm-delta", "ldm", 200,
             {{"scheme_config", {{"rule", "delta"}, {"mode", "store"}, {"d_k", 8}, {"heads", 4}, {"residual", true}}}}) +
         peer("eager", 120000, {}) + peer("compile", 170000, {}) +
-        peer("eager", 50000, {{"scheme", "ldm"}, {"ldm_rule", "delta"}, {"ldm_residual", true}, {"ldm_dk", 8}});
+        peer("eager", 50000, {{"scheme", "ldm"}, {"ldm_rule", "delta"}, {"ldm_residual", true}, {"ldm_dk", 8}}) +
+        // lines no row may use (and none may crash the script): not json, json that is no object, a
+        // run without its step time, an infinite rate
+        "preln\t{\"scheme\": \"preln\", \"T\n" + "preln\tnull\n" + "preln\t[1, 2]\n" +
+        "preln\t" +
+        nlohmann::json{{"scheme", "preln"}, {"preset", "llama-400m"}, {"T", 2048}, {"B", 8}, {"dtype", "bf16"},
+                       {"n_layer", 24}, {"tokens_per_s", 1e6}, {"peak_mem_gib", 1.0}, {"mfu", 0.99}}
+            .dump() +
+        "\n" +
+        "preln\t{\"scheme\": \"preln\", \"preset\": \"llama-400m\", \"T\": 2048, \"B\": 8, \"dtype\": \"bf16\", "
+        "\"step_ms\": 1e999, \"tokens_per_s\": 1, \"peak_mem_gib\": 1, \"mfu\": 0.99}\n";
     {
         std::ofstream f(dir + "/bench_lines.txt", std::ios::trunc);
         f << lines;
@@ -260,7 +270,8 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
              "BENCH attention mma-pipe bf16 B=8,T=2048,nh=16,nkv=16,hd=64:fwd ms=1.0 GB/s=- TFLOP/s=400.0\n"
              "BENCH attention mma-pipe bf16 B=8,T=2048,nh=16,nkv=16,hd=64:fwd+bwd ms=1.0 GB/s=- TFLOP/s=310.0\n"
              "BENCH attention mma-pipe bf16 B=2,T=8192,nh=16,nkv=8,hd=128:fwd+bwd ms=1.0 GB/s=- TFLOP/s=340.0\n"
-             "BENCH attention wgmma bf16 B=2,T=8192,nh=16,nkv=8,hd=128:fwd+bwd ms=1.0 GB/s=- TFLOP/s=360.0\n";
+             "BENCH attention wgmma bf16 B=2,T=8192,nh=16,nkv=8,hd=128:fwd+bwd ms=1.0 GB/s=- TFLOP/s=360.0\n"
+             "attention: 1 failed checks\n";
     }
     const RunResult r = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
     INFO(r.out);
@@ -275,7 +286,8 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
     row("PreLN llama-400m T=2048 B=8 MFU >= 55%", "52.0%", "**missed**");
     row("PreLN --cuda-graph 1 llama-400m T=2048 B=8 MFU >= 55%", "56.0%", "met");
     row("PreLN qwen-1.5b T=2048 MFU >= 50%", "no run", "not measured");
-    row("PreLN llama-400m peak memory <= 22.1 GiB (issue #17: no worse than the 2026-11-30 run)", "22.00 GiB", "met");
+    row("PreLN llama-400m peak memory <= 22.1 GiB as printed (issue #17: no worse than the 2026-11-30 run)",
+        "22.00 GiB (22.0)", "met");
     // the best variant whose CHECKs all passed (wgmma's 360 does not count: one CHECK failed)
     row("attention fwd+bwd >= 300 TFLOP/s at llama-400m (B=8,T=2048,nh=16,nkv=16,hd=64)",
         "310.0 (mma-pipe); production (mma) 133.0", "met");
@@ -318,20 +330,24 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
     // measured; a scheme is compared with the PreLN run of its own --cuda-graph setting
     {
         std::ofstream f(dir + "/bench_lines.txt", std::ios::trunc);
-        f << cpp("preln", "preln", 100, {{"copy_tbs", nullptr}}) +
+        f << cpp("preln", "preln", 100, {{"copy_tbs", nullptr}, {"n_layer", nullptr}}) +  // as older trainers print
                  cpp("hc", "hc", 150, {{"copy_tbs", nullptr}, {"scheme_config", {{"n", 4}}}}) +
                  cpp("preln-graph", "preln", 90, {{"copy_tbs", nullptr}, {"cuda_graph", 1}}) +
                  cpp("mhc-graph", "mhc", 98, {{"copy_tbs", nullptr}, {"cuda_graph", 1}, {"scheme_config", {{"n", 4}}}}) +
                  cpp("ldm-graph", "ldm", 99, {{"cuda_graph", 1}, {"scheme_config", ldm(8)}});
     }
-    REQUIRE(std::remove((dir + "/wb_attention.log").c_str()) == 0);
+    {
+        std::ofstream a(dir + "/wb_attention.log", std::ios::trunc);  // stopped before its benches
+        a << "CHECK attention mma bf16 B=2,T=33,nh=4,nkv=2,hd=64:out rel=1e-3 max_abs=1e-3 PASS\n";
+    }
     const RunResult e = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
     INFO(e.out);
     REQUIRE(e.status == 0);
     CHECK_THAT(e.out, Catch::Contains("| PreLN llama-400m T=2048 B=8 MFU >= 50% | no device peak (emulated?) | not measured |"));
     CHECK_THAT(e.out, Catch::Contains("| hc extra step time over PreLN <= 1.3x its traffic floor (llama-400m) | "
                                       "no bandwidth measured | not measured |"));
-    CHECK_THAT(e.out, Catch::Contains("at llama-400m (B=8,T=2048,nh=16,nkv=16,hd=64) | no run | not measured |"));
+    CHECK_THAT(e.out, Catch::Contains("at llama-400m (B=8,T=2048,nh=16,nkv=16,hd=64) | no run; the workbench did not "
+                                      "finish (later variants not timed) | not measured |"));
     CHECK_THAT(e.out, Catch::Contains("| hc step time <= 1.10x PreLN (llama-400m) | 1.500x (150.0 vs 100.0 ms) | **missed** |"));
     CHECK_THAT(e.out, Catch::Contains("| mhc step time <= 1.10x PreLN (llama-400m) | 1.089x (98.0 vs 90.0 ms) | met |"));
     CHECK_THAT(e.out, Catch::Contains("| ldm-dk8 step time <= 1.50x PreLN (llama-400m) | 1.100x (99.0 vs 90.0 ms) | met |"));
@@ -371,9 +387,11 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
             CHECK_THAT(r.out, Catch::Matches(std::string("[\\s\\S]*\\nbench ") + b +
                                              " +PASS  [0-9]+ tok/s, [0-9.]+ ms/step, MFU n/a \\(peak unknown\\), "
                                              "peak mem [0-9.]+ GiB, scheme [0-9]+ B/token\\n[\\s\\S]*"));
-            // and its line in the summary table (ratios to preln)
+            // and its line in the summary table (ratios to preln; none at another shape)
             CHECK_THAT(r.out, Catch::Matches(std::string("[\\s\\S]*\\n") + b +
-                                             " +[0-9]+ +[0-9.]+ +- +[0-9.]+ +[0-9.]+ +[0-9.]+\\n[\\s\\S]*"));
+                                             (std::string(b) == "preln-tiny" ? " +[0-9]+ +[0-9.]+ +- +[0-9.]+ +- +-\\n"
+                                                                             : " +[0-9]+ +[0-9.]+ +- +[0-9.]+ +[0-9.]+ +[0-9.]+\\n") +
+                                             "[\\s\\S]*"));
         }
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*bench infer-preln +PASS  prefill [0-9]+ tok/s \\(B=1, P=8\\), "
                                          "decode [0-9.]+ ms/token[\\s\\S]*"));
