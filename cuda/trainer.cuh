@@ -108,9 +108,10 @@ inline double measure_peak_bf16_tflops(cudaStream_t s) {
 }
 
 // Sustained device-memory bandwidth in TB/s (10^12 bytes/s): median of 10 timed device-to-device
-// copies of 256 MiB (bytes read + bytes written per copy), after 3 warm-up copies; each buffer about
-// 5x the 50-60 MB L2 of an H100/H200, so the copy streams from HBM. The benchmark's traffic floors (doc/results_gpu.md) divide
-// counted bytes by it. 0 under the host emulation of dev/emu, like the peak above.
+// copies of 256 MiB (bytes read + bytes written per copy), after 3 warm-up copies; each buffer is
+// about 5x the 50-60 MB L2 of an H100/H200, so the copy streams from HBM. The traffic floors of
+// scripts/gpu_targets.py (doc/results_gpu.md) divide counted bytes by it. 0 under the host
+// emulation of dev/emu, like the peak above.
 inline double measure_copy_tbs(cudaStream_t s) {
 #ifdef LDM_EMULATED
     (void)s;
