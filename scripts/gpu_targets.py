@@ -86,17 +86,12 @@ def shape_of(j):
             j.get("n_layer") or PRESET_LAYERS.get(j.get("preset")))
 
 
-NEEDED = ("tokens_per_s", "step_ms", "T", "B")
-
-
 def usable(j):
-    """A BENCH json the rows can use: an object with finite positive times and rates."""
-    if not isinstance(j, dict):
-        return False
+    """A BENCH json the rows can use: an object with T, B and a finite positive step time and rate."""
     try:
-        return all(math.isfinite(float(j[k])) and float(j[k]) > 0 for k in NEEDED[:2]) and \
-            all(j.get(k) is not None for k in NEEDED[2:])
-    except (KeyError, TypeError, ValueError):
+        return j["T"] is not None and j["B"] is not None and \
+            all(math.isfinite(float(j[k])) and float(j[k]) > 0 for k in ("tokens_per_s", "step_ms"))
+    except (KeyError, TypeError, ValueError):  # TypeError: j is no object, or a value is no number
         return False
 
 
@@ -157,15 +152,16 @@ def evaluate(runs, attention_lines=None):
     def llama(k, g=0):
         return find(LLAMA[0], k, g, LLAMA[1], LLAMA[2])
 
-    def with_preln(k):
-        """(the scheme's llama-400m run, PreLN's run with the same --cuda-graph, why not) preferring
-        the eager runs"""
+    def pair(k, other):
+        """(scheme k's llama-400m run, other's run with the same --cuda-graph setting, None) for the
+        eager pair if both ran, else the graph pair; else (None, None, why not)"""
         for g in (0, 1):
-            j = llama(k, g)
-            if j:
-                p = llama("preln", g)
-                return j, p, None if p else "no PreLN run with --cuda-graph %d" % g
-        return None, None, "no run"
+            j, o = llama(k, g), llama(other, g)
+            if j and o:
+                return j, o, None
+        if not (llama(k, 0) or llama(k, 1)):
+            return None, None, "no %s run" % k
+        return None, None, "no %s run with the same --cuda-graph setting" % other
 
     # 1. PreLN MFU (issue #17: >= 50% first, 55% stretch; qwen-1.5b >= 50%) and memory
     for g, name in ((0, "PreLN"), (1, "PreLN --cuda-graph 1")):
@@ -237,12 +233,12 @@ def evaluate(runs, attention_lines=None):
 
     # 4. the schemes against PreLN at llama-400m: step-time ratio limits, floors, LDM's
     for k, lim in (("hc", 1.10), ("mhc", 1.10), ("attnres-block", 1.05), ("ldm-dk8", 1.5), ("ldm-dk4", 1.25)):
-        j, p, why = with_preln(k)
+        j, p, why = pair(k, "preln")
         r = j["step_ms"] / p["step_ms"] if not why else None
         add("%s step time <= %.2fx PreLN (llama-400m)" % (k, lim),
             "%.3fx (%.1f vs %.1f ms)" % (r, j["step_ms"], p["step_ms"]) if r else why, None if r is None else r <= lim)
     for k in ("hc", "mhc", "attnres-block", "attnres-full", "ldm-dk8", "ldm-dk4"):
-        j, p, why = with_preln(k)
+        j, p, why = pair(k, "preln")
         what = "%s extra step time over PreLN <= 1.3x its traffic floor (llama-400m)" % k
         bw = (j or {}).get("copy_tbs")
         if why or not bw:
@@ -255,15 +251,13 @@ def evaluate(runs, attention_lines=None):
     for k in ("ldm-dk8", "ldm-dk4"):
         for other in ("mhc", "attnres-full"):
             what = "%s faster than %s (llama-400m step time)" % (k, other)
-            j, o = llama(k), llama(other)
-            if not (j and o):
-                j, o = llama(k, 1), llama(other, 1)
-            if not (j and o):
-                add(what, "no %s run" % (other if llama(k) or llama(k, 1) else k), None)
+            j, o, why = pair(k, other)
+            if why:
+                add(what, why, None)
                 continue
             r = j["step_ms"] / o["step_ms"]
             add(what, "%.3fx (%.1f vs %.1f ms)" % (r, j["step_ms"], o["step_ms"]), r < 1.0)
-        j, p, why = with_preln(k)
+        j, p, why = pair(k, "preln")
         if not why and (not j.get("peak_mem_gib") or not p.get("peak_mem_gib")):
             why = "no peak memory reported"
         r = j["peak_mem_gib"] / p["peak_mem_gib"] if not why else None
@@ -274,11 +268,9 @@ def evaluate(runs, attention_lines=None):
     # Full (the targets above) and within ~5% of Block AttnRes
     for k in ("ldm-dk8", "ldm-dk4"):
         what = "%s within 5%% of attnres-block's step time (llama-400m)" % k
-        j, o = llama(k), llama("attnres-block")
-        if not (j and o):
-            j, o = llama(k, 1), llama("attnres-block", 1)
-        if not (j and o):
-            add(what, "no %s run" % ("attnres-block" if llama(k) or llama(k, 1) else k), None, "claim")
+        j, o, why = pair(k, "attnres-block")
+        if why:
+            add(what, why, None, "claim")
             continue
         r = j["step_ms"] / o["step_ms"]
         add(what, "%.3fx (%.1f vs %.1f ms)" % (r, j["step_ms"], o["step_ms"]), r <= 1.05, "claim")
