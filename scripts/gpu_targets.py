@@ -19,7 +19,8 @@ What each target compares (all within the one run):
 - attention: the best fwd+bwd TFLOP/s of a bf16 variant none of whose CHECK lines failed.
 - a scheme is compared with the PreLN run of its own --cuda-graph setting.
 Rows without the measurement they need say "not measured" (e.g. under the CPU emulation, which
-has no device peak or bandwidth). The Depth Memory paper's claim (LDM within ~5% of Block
+has no device peak or bandwidth). A line above the table names the card (and its measured peak and
+bandwidth); on a card other than the H200 it says which rows carry over. The Depth Memory paper's claim (LDM within ~5% of Block
 AttnRes) is a second table, not counted with the targets. doc/benchmarks.md lists every row.
 """
 import argparse
@@ -43,6 +44,7 @@ PEERS = ("torch-eager", "torch-compile")
 # issue #17: PreLN llama-400m peak memory "no worse than today": 22.1 GiB on the H200 run of
 # 2026-11-30, as printed (one decimal), so anything that prints as 22.1 passes
 PRELN_MEM_GIB = 22.1
+TARGET_DEVICE = "H200"  # the card the targets of issues #17 and #18 were set on
 
 
 def ldm_key(rule, residual, dk, mode="unwind"):
@@ -277,11 +279,57 @@ def evaluate(runs, attention_lines=None):
     return out
 
 
-def markdown(rows, title="Targets (../shared/spec/performance.md, issues #17 and #18)"):
+def device_note(runs):
+    """One paragraph naming the card the runs measured on (the C++ BENCH json's `device` with the
+    bf16 GEMM peak and copy bandwidth it measured, the PyTorch peer's `gpu`), and, on a card other
+    than the H200 the targets were set for, which rows carry over. "" when no run names a device."""
+    devs = {}
+    for r in runs:
+        j = r.get("bench")
+        if not isinstance(j, dict):
+            continue
+        d = j.get("device") if r.get("impl") == "cpp" else j.get("gpu")
+        if isinstance(d, str) and d:
+            devs.setdefault(d.split(",")[0].strip(), []).append(j)  # "NVIDIA H200, sm_90, ..." -> the name
+
+    def median(js, key):
+        v = []
+        for j in js:
+            try:
+                x = float(j.get(key))
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(x) and x > 0:
+                v.append(x)
+        v.sort()
+        return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
+    if not devs:
+        return ""
+    parts = []
+    for d in sorted(devs):
+        peak, bw = median(devs[d], "peak_bf16_tflops"), median(devs[d], "copy_tbs")
+        m = ["bf16 GEMM %.0f TFLOP/s" % peak if peak else None, "copy %.2f TB/s" % bw if bw else None]
+        m = [x for x in m if x]
+        parts.append(d + (" (%s, medians of its runs)" % ", ".join(m) if m else ""))
+    s = "Measured on: " + "; ".join(parts) + "."
+    if len(devs) > 1:
+        s += " **The runs name more than one device**: ratios between them compare different cards."
+    real = [d for d in devs if "emulation" not in d]
+    if real and any("H200" not in d for d in real):
+        s += (" The targets were set for the %s. On another card the MFU rows (against the peak measured here), the "
+              "attention TFLOP/s (an H100 SXM has the H200's bf16 peak), the PyTorch ratios, the floor rows (at the "
+              "bandwidth measured here) and the memory rows carry over; the step-time limits against PreLN do not "
+              "quite: the schemes are bound by memory bandwidth and PreLN mostly by the tensor cores, so a card with "
+              "less bandwidth per FLOP/s (an H100 copies about 3.0 TB/s against the H200's 4.3) puts every scheme's "
+              "ratio higher. Read those rows beside the floor rows." % TARGET_DEVICE)
+    return s
+
+
+def markdown(rows, title="Targets (../shared/spec/performance.md, issues #17 and #18)", device=""):
     t = [r for r in rows if r[0] == "target"]
     c = [r for r in rows if r[0] == "claim"]
     n = {v: sum(1 for r in t if r[3] == v) for v in ("met", "missed", "not measured")}
-    L = ["## " + title, "",
+    L = ["## " + title, ""] + ([device, ""] if device else []) + [
          "%d met, %d missed, %d not measured." % (n["met"], n["missed"], n["not measured"]), "",
          "| target | measured | result |", "|---|---|---|"]
     for _, what, m, v in t:
@@ -323,7 +371,7 @@ def main():
         print("gpu_targets: error: %s is not a directory" % a.dir, file=sys.stderr)
         return 1
     runs, att = load_gpu_check(a.dir)
-    md = markdown(evaluate(runs, att))
+    md = markdown(evaluate(runs, att), device=device_note(runs))
     sys.stdout.write(md)
     sys.stdout.flush()
     out = a.out or os.path.join(a.dir, "targets.md")

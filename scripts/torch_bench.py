@@ -558,7 +558,7 @@ def cmd_report(a):
         runs = [{"label": r["label"], "impl": r["impl"], "bench": r["bench"]} for r in rows
                 if r.get("status") == "ok" and isinstance(r.get("bench"), dict)]
         att = open(a.attention, errors="replace").read().splitlines() if a.attention and os.path.exists(a.attention) else None
-        L.append(gpu_targets.markdown(gpu_targets.evaluate(runs, att)))
+        L.append(gpu_targets.markdown(gpu_targets.evaluate(runs, att), device=gpu_targets.device_note(runs)))
     else:
         L.append("## Targets (../shared/spec/performance.md)")
         L.append("")
@@ -579,7 +579,12 @@ def cmd_report(a):
         f.write("\n".join(L))
 
     # ---- plots: tokens/s and memory relative to PreLN (per implementation), one panel per shape
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the tables above are written; the plots need python3-matplotlib
+        print("report: %s/bench.md, bench.csv (%d rows, %d not ok); no plots: matplotlib is not installed for %s "
+              "(scripts/install_deps.sh installs python3-matplotlib)" % (a.out, len(rows), len(bad), sys.executable))
+        return 0
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     for what, key, fname, ylabel in (("tokens", "tokens_per_s", "bench_tokens.png", "training tokens/s / PreLN's"),

@@ -330,8 +330,9 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
     // measured; a scheme is compared with the PreLN run of its own --cuda-graph setting
     {
         std::ofstream f(dir + "/bench_lines.txt", std::ios::trunc);
+        const std::string emu = "host emulation (dev/emu), sm_90, 132 SMs, 80.0 GiB";  // its cudaDeviceProp
         f << cpp("preln", "preln", 100, {{"copy_tbs", nullptr}, {"n_layer", nullptr}}) +  // as older trainers print
-                 cpp("hc", "hc", 150, {{"copy_tbs", nullptr}, {"scheme_config", {{"n", 4}}}}) +
+                 cpp("hc", "hc", 150, {{"copy_tbs", nullptr}, {"scheme_config", {{"n", 4}}}, {"device", emu}}) +
                  cpp("preln-graph", "preln", 90, {{"copy_tbs", nullptr}, {"cuda_graph", 1}}) +
                  cpp("mhc-graph", "mhc", 98, {{"copy_tbs", nullptr}, {"cuda_graph", 1}, {"scheme_config", {{"n", 4}}}}) +
                  cpp("ldm-graph", "ldm", 99, {{"cuda_graph", 1}, {"scheme_config", ldm(8)}});
@@ -351,6 +352,39 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
     CHECK_THAT(e.out, Catch::Contains("| hc step time <= 1.10x PreLN (llama-400m) | 1.500x (150.0 vs 100.0 ms) | **missed** |"));
     CHECK_THAT(e.out, Catch::Contains("| mhc step time <= 1.10x PreLN (llama-400m) | 1.089x (98.0 vs 90.0 ms) | met |"));
     CHECK_THAT(e.out, Catch::Contains("| ldm-dk8 step time <= 1.50x PreLN (llama-400m) | 1.100x (99.0 vs 90.0 ms) | met |"));
+    // the card is named above the table (the emulation measures no peak or bandwidth: no caveat)
+    CHECK_THAT(e.out, Catch::Contains("\nMeasured on: host emulation (dev/emu).\n"));
+    CHECK(r.out.find("Measured on") == std::string::npos);  // no run of the first table named a card
+
+    // another card than the H200 the targets were set for: its measured peak and bandwidth (medians
+    // over the runs that report them) and which rows carry over; a second card is flagged
+    auto on = [&](const std::string& label, const std::string& scheme, double ms, double peak, double bw,
+                  const std::string& dev) {
+        return cpp(label, scheme, ms, {{"peak_bf16_tflops", peak}, {"copy_tbs", bw}, {"device", dev}});
+    };
+    const std::string h100 = "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.2 GiB";
+    {
+        std::ofstream f(dir + "/bench_lines.txt", std::ios::trunc);
+        f << on("preln", "preln", 100, 780, 3.1, h100) + on("preln-graph", "preln", 95, 800, 2.9, h100) +
+                 on("attnres-full", "attnres-full", 140, 790, 3.0, h100) +
+                 peer("eager", 120000, {{"gpu", "NVIDIA H100 80GB HBM3"}});
+    }
+    const RunResult h = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
+    INFO(h.out);
+    REQUIRE(h.status == 0);
+    CHECK_THAT(h.out, Catch::Contains("\nMeasured on: NVIDIA H100 80GB HBM3 (bf16 GEMM 790 TFLOP/s, copy 3.00 TB/s, "
+                                      "medians of its runs). The targets were set for the H200."));
+    CHECK_THAT(h.out, Catch::Contains("the step-time limits against PreLN do not quite"));
+    CHECK(h.out.find("more than one device") == std::string::npos);
+    {
+        std::ofstream f(dir + "/bench_lines.txt", std::ios::app);
+        f << on("hc", "hc", 110, 900, 4.3, "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB");
+    }
+    const RunResult two = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
+    INFO(two.out);
+    CHECK_THAT(two.out, Catch::Contains("Measured on: NVIDIA H100 80GB HBM3 (bf16 GEMM 790 TFLOP/s, copy 3.00 TB/s, "
+                                        "medians of its runs); NVIDIA H200 (bf16 GEMM 900 TFLOP/s, copy 4.30 TB/s, "
+                                        "medians of its runs). **The runs name more than one device**"));
     const RunResult bad = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "/none' 2>&1");
     CHECK(bad.status == 1);
     CHECK_THAT(bad.out, Catch::Contains("is not a directory"));
