@@ -141,6 +141,15 @@ int64_t read_int64_file(const std::string& path) {  // -1 when absent or not a n
 }
 }  // namespace
 
+double median(std::vector<double> v) {
+    if (v.empty()) throw Error("median of no values");
+    const size_t m = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + m, v.end());
+    if (v.size() % 2) return v[m];
+    const double hi = v[m];
+    return 0.5 * (*std::max_element(v.begin(), v.begin() + m) + hi);
+}
+
 int64_t available_memory_bytes(std::string* source) {
     int64_t avail = -1;
     if (FILE* f = std::fopen("/proc/meminfo", "r")) {

@@ -54,4 +54,9 @@ int64_t available_memory_bytes(std::string* source = nullptr);
 // need_bytes exceed available_memory_bytes(); nothing when the available memory is unknown.
 void check_memory_fits(int64_t need_bytes, const std::string& what, const std::string& breakdown);
 
+// Median of v: the middle value, or for an even count the mean of the two middle ones (numpy's
+// and scripts/torch_bench.py's convention; every timing median of the trainers and workbenches).
+// Throws ldm::Error on an empty v.
+double median(std::vector<double> v);
+
 }  // namespace ldm

@@ -575,16 +575,13 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     }
     if (trained && o.bench == 0) save_ckpt(o.steps);
     if (o.bench > 0 && !bench_ms.empty()) {
-        // the median step (the spec's measure; for an even count the mean of the two middle ones, as
-        // scripts/torch_bench.py takes it) and the mean
-        std::vector<double> sorted = bench_ms;
-        std::sort(sorted.begin(), sorted.end());
-        const size_t n = sorted.size();
-        const double step_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+        // the median step (the spec's measure; core/common.h median()) and the mean
+        const double step_ms = median(bench_ms);
         const double mean_ms = std::accumulate(bench_ms.begin(), bench_ms.end(), 0.0) / double(bench_ms.size());
         const double tps = double(o.total_batch_tokens) / (step_ms / 1e3);
         json r{{"type", "bench"}, {"steps_timed", (int64_t)bench_ms.size()}, {"tokens_per_s", tps}, {"step_ms", step_ms},
-               {"step_ms_mean", mean_ms}, {"step_ms_min", sorted.front()}, {"step_ms_max", sorted.back()},
+               {"step_ms_mean", mean_ms}, {"step_ms_min", *std::min_element(bench_ms.begin(), bench_ms.end())},
+               {"step_ms_max", *std::max_element(bench_ms.begin(), bench_ms.end())},
                {"B", B}, {"T", T}, {"dtype", o.dtype}, {"preset", cfg.preset}, {"scheme", cfg.scheme},
                {"accum", accum}, {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()}};
         const json extra = be.bench_fields(mean_ms, tps);

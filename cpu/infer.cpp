@@ -274,11 +274,7 @@ double GenerateStats::mean_decode_ms() const {
 }
 
 double GenerateStats::median_decode_ms() const {
-    if (decode_ms.empty()) return 0;
-    std::vector<double> s = decode_ms;
-    std::sort(s.begin(), s.end());
-    const size_t m = s.size() / 2;
-    return s.size() % 2 ? s[m] : 0.5 * (s[m - 1] + s[m]);
+    return decode_ms.empty() ? 0 : median(decode_ms);
 }
 
 template <typename R>

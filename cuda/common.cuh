@@ -381,21 +381,21 @@ struct Timer {
     }
 };
 
-// Median of the per-call times (ms) of fn() over `reps` calls after `warmup` calls, timed with
-// events on stream s. fn must enqueue its work on s.
+// Median (core/common.h median(): for an even `reps` the mean of the two middle times) of the
+// per-call times (ms) of fn() over `reps` >= 1 calls after `warmup` calls, timed with events on
+// stream s. fn must enqueue its work on s.
 template <typename F>
 inline float time_median_ms(F&& fn, int warmup, int reps, cudaStream_t s = 0) {
     for (int i = 0; i < warmup; i++) fn();
     CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<float> t;
+    std::vector<double> t;
     Timer tm;
     for (int i = 0; i < reps; i++) {
         tm.start(s);
         fn();
         t.push_back(tm.stop_ms(s));
     }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return float(median(t));
 }
 
 // Relative error ||a - b|| / max(||b||, tiny) in double, and whether any value is non-finite.

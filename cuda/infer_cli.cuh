@@ -270,8 +270,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
             st.decode_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
             pick(lg);
         }
-        std::sort(pre_ms.begin(), pre_ms.end());
-        const double pms = pre_ms[1];
+        const double pms = median(pre_ms);
         const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
         const int64_t peak = std::max(device_used_bytes(), used0);
         json r{{"type", "bench_infer"}, {"trainer", "gpu"}, {"preset", cfg.preset}, {"scheme", cfg.scheme},

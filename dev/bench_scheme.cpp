@@ -40,14 +40,8 @@ double cpu_seconds() {
 struct Timing {
     std::vector<double> wall, cpu;
     void add(double w, double c) { wall.push_back(w * 1e3); cpu.push_back(c * 1e3); }
-    static double median(std::vector<double> v) {
-        if (v.empty()) return 0;
-        std::sort(v.begin(), v.end());
-        const size_t n = v.size();
-        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-    }
-    double wall_ms() const { return median(wall); }
-    double cpu_ms() const { return median(cpu); }
+    double wall_ms() const { return wall.empty() ? 0 : ldm::median(wall); }
+    double cpu_ms() const { return cpu.empty() ? 0 : ldm::median(cpu); }
 };
 
 template <class F>

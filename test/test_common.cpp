@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <random>
+#include <vector>
+
 #include "core/common.h"
 
 TEST_CASE("write_file_atomic writes exactly and leaves no temp file", "[common]") {
@@ -53,4 +57,19 @@ TEST_CASE("mkdir_p and prepare_output_dir: nested dirs made, a file in the way r
     CHECK_THROWS_AS(ldm::mkdir_p(d + "/f"), ldm::Error);
     // the probe file is removed again
     CHECK(std::system(("test -z \"$(ls -A '" + d + "/a/b/c')\"").c_str()) == 0);
+}
+
+TEST_CASE("median: middle value, the mean of the two middle ones for an even count", "[common]") {
+    // random order (the input is not sorted): {0.5, 1.5, ..., 10.5}; odd and even counts
+    std::vector<double> v;
+    for (int i = 0; i < 11; i++) v.push_back(i + 0.5);
+    std::mt19937 rng(7);
+    std::shuffle(v.begin(), v.end(), rng);
+    CHECK(ldm::median(v) == 5.5);
+    v.erase(std::find(v.begin(), v.end(), 10.5));  // {0.5 .. 9.5}: (4.5 + 5.5) / 2
+    CHECK(ldm::median(v) == 5.0);
+    CHECK(ldm::median({3.25}) == 3.25);
+    CHECK(ldm::median({4.0, -2.0}) == 1.0);
+    CHECK(ldm::median({2.0, 2.0, 9.0, 2.0}) == 2.0);  // ties
+    CHECK_THROWS_AS(ldm::median({}), ldm::Error);
 }
