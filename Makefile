@@ -123,6 +123,14 @@ $(BUILD)/test/catch_main.o: CXXFLAGS += -g0
 $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 	$(call say,LD,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+# The emulation tests export their kernels' symbols (-rdynamic), as the emulated trainers do
+# (below), so that $EMU_LAUNCH_LOG names the workbench kernels they launch (test_ptxas checks
+# those launches). The stamp relinks a build made before that flag.
+$(BUILD)/test/test_emu_%: $(BUILD)/test/test_emu_%.o $(TEST_COMMON) $(LIB) $(BUILD)/test/.rdynamic
+	$(call say,LD,$@)
+	$(Q)$(CXX) $(LDFLAGS) -rdynamic $(filter-out %/.rdynamic,$^) $(LDLIBS) -o $@
+$(BUILD)/test/.rdynamic:
+	@mkdir -p $(dir $@) && touch $@
 
 # CPU emulation of CUDA kernels (dev/emu, doc/cuda.md "Emulating kernels on the CPU"): the
 # test/test_emu_*.cpp tests include host copies of cuda/*.cuh and of the dev/cuda workbenches

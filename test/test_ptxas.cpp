@@ -17,6 +17,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -220,6 +221,51 @@ TEST_CASE("ptxas: every launch of the emulated trainers fits sm_90's registers a
     CHECK(r.status == 0);
     CHECK_THAT(r.out, Catch::Contains(" 0 unresolved symbols, 0 kernels ptxas did not report, 0 violations"));
     WARN(r.out.substr(0, r.out.find('\n')));
+}
+
+// The dev/cuda workbenches' own kernel variants (attention mma-pipe and wgmma, the windowed LDM
+// backward, the HC/mHC and AttnRes variants, ...) run on a GPU only in scripts/gpu_check.sh's
+// workbench items, where a launch the device refuses would cost that workbench's BENCH lines: every
+// launch the emulation tests make through the workbenches fits sm_90's registers per block and
+// shared memory with ptxas's numbers (the attention workbench's against its sm_90a build).
+TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's registers and shared memory",
+          "[ptxas][cuda][emu]") {
+    const std::string bin = build_dir_of_test() + "/test/test_emu_";
+    const std::vector<std::string> names = {"adamw", "attnres", "classifier", "embedding", "hc", "infer", "ldm",
+                                            "ldm_scheme", "matmul", "rmsnorm", "rope", "swiglu"};
+    for (const std::string& n : names) {
+        struct stat st {};
+        if (stat((bin + n).c_str(), &st) != 0 || stat((bin + "attention").c_str(), &st) != 0) {
+            WARN("SKIP workbench launch check: " << bin << n << " or " << bin << "attention not built (no CUDA headers?)");
+            return;
+        }
+    }
+    std::vector<std::string> srcs;
+    for (const std::string& n : names)
+        if (n != "ldm_scheme") srcs.push_back("dev/cuda/" + n + ".cu");
+    srcs.push_back("train_gpt_baselines.cu");  // kernels the tests launch straight from cuda/*.cuh
+    srcs.push_back("train_ldm.cu");
+    const Report rep90 = make_report("ptxas_workbenches", srcs, "90");
+    if (rep90.tsv.empty()) return;
+    const Report rep90a = make_report("ptxas_attention", {"dev/cuda/attention.cu"}, "90a");
+    if (rep90a.tsv.empty()) return;
+    const std::string dir = scratch_dir("wb_launches");
+    const std::string log = dir + "/launches.tsv", log_att = dir + "/launches_attention.tsv";
+    for (const std::string& n : names) {
+        const RunResult r = run_cmd("EMU_LAUNCH_LOG='" + log + "' '" + bin + n + "' 2>&1");
+        INFO(n << ":\n" << r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
+        REQUIRE(r.status == 0);
+    }
+    const RunResult ra = run_cmd("EMU_LAUNCH_LOG='" + log_att + "' '" + bin + "attention' 2>&1");
+    INFO(ra.out.substr(ra.out.size() > 4000 ? ra.out.size() - 4000 : 0));
+    REQUIRE(ra.status == 0);
+    for (const auto& [tsv, launches, min] : {std::make_tuple(rep90.tsv, log, 150), std::make_tuple(rep90a.tsv, log_att, 30)}) {
+        const RunResult r = launch_check(tsv, launches, min);
+        INFO(launches << ":\n" << r.out);
+        CHECK(r.status == 0);
+        CHECK_THAT(r.out, Catch::Contains(" 0 unresolved symbols, 0 kernels ptxas did not report, 0 violations"));
+        WARN(r.out.substr(0, r.out.find('\n')));
+    }
 }
 
 // The attention workbench's wgmma kernels (dev/cuda/attention_wgmma.cuh: forward, dK/dV, dQ) on
