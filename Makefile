@@ -125,12 +125,10 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
 # The emulation tests export their kernels' symbols (-rdynamic), as the emulated trainers do
 # (below), so that $EMU_LAUNCH_LOG names the workbench kernels they launch (test_ptxas checks
-# those launches). The stamp relinks a build made before that flag.
-$(BUILD)/test/test_emu_%: $(BUILD)/test/test_emu_%.o $(TEST_COMMON) $(LIB) $(BUILD)/test/.rdynamic
+# those launches). They depend on this Makefile so that a build linked before that flag relinks.
+$(BUILD)/test/test_emu_%: $(BUILD)/test/test_emu_%.o $(TEST_COMMON) $(LIB) Makefile
 	$(call say,LD,$@)
-	$(Q)$(CXX) $(LDFLAGS) -rdynamic $(filter-out %/.rdynamic,$^) $(LDLIBS) -o $@
-$(BUILD)/test/.rdynamic:
-	@mkdir -p $(dir $@) && touch $@
+	$(Q)$(CXX) $(LDFLAGS) -rdynamic $(filter-out Makefile,$^) $(LDLIBS) -o $@
 
 # CPU emulation of CUDA kernels (dev/emu, doc/cuda.md "Emulating kernels on the CPU"): the
 # test/test_emu_*.cpp tests include host copies of cuda/*.cuh and of the dev/cuda workbenches
