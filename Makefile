@@ -16,6 +16,7 @@
 # --threads, default 1), CXX, NVCC, OPT, DEBUG=1,
 # V=1 (print every compiler command; default: one short "CXX file" line per file).
 
+THIS_MAKEFILE := $(lastword $(MAKEFILE_LIST))  # this file (make -f PATH too), for rules that depend on it
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 OPT      ?= -O2 -march=native
@@ -120,15 +121,16 @@ $(foreach s,$(TOOL_SRCS),$(eval $(call TOOL_RULE,$(s))))
 # Catch2 DWARF (0.4 GiB of the suite's disk; a CI machine may have little to spare).
 $(BUILD)/test/catch_main.o: CXXFLAGS += -g0
 
+# The emulation tests export their kernels' symbols (-rdynamic), as the emulated trainers do
+# (further below), so that $EMU_LAUNCH_LOG names the workbench kernels they launch (test_ptxas
+# checks those launches). They depend on this Makefile, so that a build linked before that flag
+# relinks. (Before the generic rule: older makes take the first pattern that matches.)
+$(BUILD)/test/test_emu_%: $(BUILD)/test/test_emu_%.o $(TEST_COMMON) $(LIB) $(THIS_MAKEFILE)
+	$(call say,LD,$@)
+	$(Q)$(CXX) $(LDFLAGS) -rdynamic $(filter-out $(THIS_MAKEFILE),$^) $(LDLIBS) -o $@
 $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_COMMON) $(LIB)
 	$(call say,LD,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
-# The emulation tests export their kernels' symbols (-rdynamic), as the emulated trainers do
-# (below), so that $EMU_LAUNCH_LOG names the workbench kernels they launch (test_ptxas checks
-# those launches). They depend on this Makefile so that a build linked before that flag relinks.
-$(BUILD)/test/test_emu_%: $(BUILD)/test/test_emu_%.o $(TEST_COMMON) $(LIB) Makefile
-	$(call say,LD,$@)
-	$(Q)$(CXX) $(LDFLAGS) -rdynamic $(filter-out Makefile,$^) $(LDLIBS) -o $@
 
 # CPU emulation of CUDA kernels (dev/emu, doc/cuda.md "Emulating kernels on the CPU"): the
 # test/test_emu_*.cpp tests include host copies of cuda/*.cuh and of the dev/cuda workbenches

@@ -44,7 +44,6 @@ PEERS = ("torch-eager", "torch-compile")
 # issue #17: PreLN llama-400m peak memory "no worse than today": 22.1 GiB on the H200 run of
 # 2026-11-30, as printed (one decimal), so anything that prints as 22.1 passes
 PRELN_MEM_GIB = 22.1
-TARGET_DEVICE = "H200"  # the card the targets of issues #17 and #18 were set on
 
 
 def ldm_key(rule, residual, dk, mode="unwind"):
@@ -289,8 +288,9 @@ def device_note(runs):
         if not isinstance(j, dict):
             continue
         d = j.get("device") if r.get("impl") == "cpp" else j.get("gpu")
-        if isinstance(d, str) and d:
-            devs.setdefault(d.split(",")[0].strip(), []).append(j)  # "NVIDIA H200, sm_90, ..." -> the name
+        name = d.split(",")[0].strip() if isinstance(d, str) else ""  # "NVIDIA H200, sm_90, ..." -> the name
+        if name:
+            devs.setdefault(name, []).append(j)
 
     def median(js, key):
         v = []
@@ -315,14 +315,21 @@ def device_note(runs):
     if len(devs) > 1:
         s += " **The runs name more than one device**: ratios between them compare different cards."
     real = [d for d in devs if "emulation" not in d]
-    if real and any("H200" not in d for d in real):
-        s += (" The targets were set for the %s. On another card the MFU rows (against the peak measured here), the "
-              "attention TFLOP/s (an H100 SXM has the H200's bf16 peak), the PyTorch ratios, the floor rows (at the "
-              "bandwidth measured here) and the memory rows carry over; the step-time limits against PreLN do not "
-              "quite: the schemes are bound by memory bandwidth and PreLN mostly by the tensor cores, so a card with "
-              "less bandwidth per FLOP/s (an H100 copies about 3.0 TB/s against the H200's 4.3) puts every scheme's "
-              "ratio higher. Read those rows beside the floor rows." % TARGET_DEVICE)
+    if any(not is_target_device(d) for d in real):
+        s += (" The targets were set for the H200 (SXM: the H100 SXM's bf16 peak, about 4.3 TB/s copied). On "
+              "another card the MFU rows (against the peak measured here), the PyTorch ratios, the floor rows (at the "
+              "bandwidth measured here) and the memory rows carry over. The attention rows are absolute TFLOP/s: "
+              "they carry over only at the H200's bf16 peak (an H100 SXM has it; an H100 PCIe, an H200 NVL or an "
+              "A100 does not). The step-time limits against PreLN do not: the schemes are bound by memory bandwidth "
+              "and PreLN mostly by the tensor cores, so a card with less bandwidth per FLOP/s than the H200 (an H100 "
+              "SXM copies about 3.0 TB/s) puts every scheme's ratio higher; read those rows beside the floor rows.")
     return s
+
+
+def is_target_device(name):
+    """Whether a device name is the card the targets were set on: an H200 SXM ("NVIDIA H200"), not a
+    GH200 (an H100-class chip) or an H200 NVL (a lower power limit)."""
+    return re.search(r"\bH200\b", name) is not None and "NVL" not in name
 
 
 def markdown(rows, title="Targets (../shared/spec/performance.md, issues #17 and #18)", device=""):

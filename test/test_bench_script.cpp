@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/stat.h>
@@ -373,8 +374,9 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
     INFO(h.out);
     REQUIRE(h.status == 0);
     CHECK_THAT(h.out, Catch::Contains("\nMeasured on: NVIDIA H100 80GB HBM3 (bf16 GEMM 790 TFLOP/s, copy 3.00 TB/s, "
-                                      "medians of its runs). The targets were set for the H200."));
-    CHECK_THAT(h.out, Catch::Contains("the step-time limits against PreLN do not quite"));
+                                      "medians of its runs). The targets were set for the H200 (SXM"));
+    CHECK_THAT(h.out, Catch::Contains("The step-time limits against PreLN do not:"));
+    CHECK_THAT(h.out, Catch::Contains("The attention rows are absolute TFLOP/s"));
     CHECK(h.out.find("more than one device") == std::string::npos);
     {
         std::ofstream f(dir + "/bench_lines.txt", std::ios::app);
@@ -385,6 +387,19 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
     CHECK_THAT(two.out, Catch::Contains("Measured on: NVIDIA H100 80GB HBM3 (bf16 GEMM 790 TFLOP/s, copy 3.00 TB/s, "
                                         "medians of its runs); NVIDIA H200 (bf16 GEMM 900 TFLOP/s, copy 4.30 TB/s, "
                                         "medians of its runs). **The runs name more than one device**"));
+    // the H200 alone: no caveat; a GH200 (an H100-class chip) or an H200 NVL is another card
+    for (const auto& [dev, caveat] : {std::pair<std::string, bool>{"NVIDIA H200, sm_90, 132 SMs, 139.8 GiB", false},
+                                      {"NVIDIA GH200 480GB, sm_90, 132 SMs, 94.5 GiB", true},
+                                      {"NVIDIA H200 NVL, sm_90, 132 SMs, 139.8 GiB", true}}) {
+        {
+            std::ofstream f(dir + "/bench_lines.txt", std::ios::trunc);
+            f << on("preln", "preln", 100, 900, 4.3, dev);
+        }
+        const RunResult one = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
+        INFO(dev << ": " << one.out);
+        CHECK_THAT(one.out, Catch::Contains("\nMeasured on: " + dev.substr(0, dev.find(',')) + " (bf16 GEMM 900"));
+        CHECK((one.out.find("The targets were set for the H200") != std::string::npos) == caveat);
+    }
     const RunResult bad = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "/none' 2>&1");
     CHECK(bad.status == 1);
     CHECK_THAT(bad.out, Catch::Contains("is not a directory"));
