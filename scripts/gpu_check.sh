@@ -15,8 +15,8 @@
 # first failure. Full logs go to $OUT (if set) or ./gpu_check_out. At the end it prints a compact
 # table (CHECK/BENCH lines, test totals, benchmarks), then every target of
 # ../shared/spec/performance.md and issues #17/#18 marked met, missed or not measured
-# (scripts/gpu_targets.py; also targets.md in the log folder, and so in PACK), then the status
-# rows again and the totals.
+# (scripts/gpu_targets.py; also targets.md in the log folder, in PACK, and beside PACK), then the
+# status rows again and the totals.
 #
 # On a lent device machine (one call of at most 600 s; the call carries the checkout only): here,
 #   mkdir -p shared && cp -r --no-preserve=mode ../shared/data shared/
@@ -56,9 +56,10 @@
 #   for test_bench_script's dry run of this script on the emulated trainers),
 #   LDM_DATA_DIR (data; else ../shared/data, else ./shared/data: on a device call, which carries
 #   the checkout only, copy ../shared/data there first; git ignores it),
-#   PACK (a file: every log of $OUT packed into it with tar -z at the end; a device call brings
-#   back at most 8 files, so run it there as PACK=$OUT/gpu_check.tgz OUT=/tmp/gc scripts/gpu_check.sh,
-#   PACK first: it takes the device call's $OUT, OUT then names the log folder).
+#   PACK (a file: every log of $OUT packed into it with tar -z at the end, and targets.md copied
+#   beside it; a device call brings back at most 8 files, so run it there as
+#   PACK=$OUT/gpu_check.tgz OUT=/tmp/gc bash scripts/gpu_check.sh, PACK first: it takes the device
+#   call's $OUT, OUT then names the log folder).
 # Exit status: 0 when every workbench, test and benchmark that ran passed (a missed performance
 # target is reported, not a failure), 1 otherwise; 0 with
 # "skipped: no GPU" when no GPU is usable (after building).
@@ -452,7 +453,7 @@ fi
 
 gpu_state end
 
-# ---- the table, LAST
+# ---- the tables, at the end: the summary, the targets, the status rows and totals last
 echo
 echo "================ gpu_check: $GPU_DESC ================"
 cat "$TABLE"
@@ -480,6 +481,9 @@ echo "---- status rows (the indented CHECK/BENCH lines above and in $OUTDIR)"
 grep -v '^    ' "$TABLE"
 if [ -n "${PACK:-}" ]; then  # every log in one file (a device call brings back only a few files)
   tar -czf "$PACK" -C "$OUTDIR" --exclude=bench_data . && echo "logs packed into $PACK"
+  # the targets also as a file of their own beside PACK (in a device call's $OUT: it comes back)
+  [ -f "$OUTDIR/targets.md" ] && cp "$OUTDIR/targets.md" "$(dirname "$PACK")/targets.md" &&
+    echo "targets table: $(dirname "$PACK")/targets.md"
 fi
 echo "total $(( $(date +%s) - T0 )) s; logs in $OUTDIR; $([ "$FAILS" = 0 ] && echo 'ALL PASS' || echo "$FAILS FAILED")$([ "$SKIPPED" != 0 ] && echo ", $SKIPPED SKIPPED (time budget)")"
 [ "$FAILS" = 0 ]

@@ -19,8 +19,9 @@ What each target compares (all within the one run):
 - attention: the best fwd+bwd TFLOP/s of a bf16 variant none of whose CHECK lines failed.
 - a scheme is compared with the PreLN run of its own --cuda-graph setting.
 Rows without the measurement they need say "not measured" (e.g. under the CPU emulation, which
-has no device peak or bandwidth). A line above the table names the card (and its measured peak and
-bandwidth); on a card other than the H200 it says which rows carry over. The Depth Memory paper's claim (LDM within ~5% of Block
+has no device peak or bandwidth). A paragraph above the table names the card (and its measured peak
+and bandwidth); on a card other than the H200 it says how each group of rows reads there, and the
+step-time limits against PreLN are marked *(H200 limit)*. The Depth Memory paper's claim (LDM within ~5% of Block
 AttnRes) is a second table, not counted with the targets. doc/benchmarks.md lists every row.
 """
 import argparse
@@ -41,6 +42,9 @@ FLOOR_KB = {"hc": 22.5 + 49, "mhc": 31 + 50, "attnres-block": 17.5 + 36.1, "attn
             "ldm-dk8": 92 + 176, "ldm-dk4": 58 + 104.5}
 PRELN_KB = 16.0  # PreLN's own residual traffic per token and sublayer, which a scheme replaces
 PEERS = ("torch-eager", "torch-compile")
+# the rows whose limit holds for the H200 only (a step-time ratio against PreLN: the schemes are
+# bandwidth-bound, PreLN mostly not), marked as such on another card
+H200_ONLY = re.compile(r" step time <= [0-9.]+x PreLN")
 # issue #17: PreLN llama-400m peak memory "no worse than today": 22.1 GiB on the H200 run of
 # 2026-11-30, as printed (one decimal), so anything that prints as 22.1 passes
 PRELN_MEM_GIB = 22.1
@@ -278,10 +282,11 @@ def evaluate(runs, attention_lines=None):
     return out
 
 
-def device_note(runs):
-    """One paragraph naming the card the runs measured on (the C++ BENCH json's `device` with the
-    bf16 GEMM peak and copy bandwidth it measured, the PyTorch peer's `gpu`), and, on a card other
-    than the H200 the targets were set for, which rows carry over. "" when no run names a device."""
+def device_info(runs):
+    """(note, other): a paragraph naming the card the runs measured on (the C++ BENCH json's `device`
+    with the bf16 GEMM peak and copy bandwidth it measured, the PyTorch peer's `gpu`) and, on a card
+    other than the H200 the targets were set on, how each group of rows reads there; `other` is
+    True then. ("", False) when no run names a device."""
     devs = {}
     for r in runs:
         j = r.get("bench")
@@ -304,7 +309,7 @@ def device_note(runs):
         v.sort()
         return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
     if not devs:
-        return ""
+        return "", False
     parts = []
     for d in sorted(devs):
         peak, bw = median(devs[d], "peak_bf16_tflops"), median(devs[d], "copy_tbs")
@@ -314,16 +319,29 @@ def device_note(runs):
     s = "Measured on: " + "; ".join(parts) + "."
     if len(devs) > 1:
         s += " **The runs name more than one device**: ratios between them compare different cards."
-    real = [d for d in devs if "emulation" not in d]
-    if any(not is_target_device(d) for d in real):
-        s += (" The targets were set for the H200 (SXM: the H100 SXM's bf16 peak, about 4.3 TB/s copied). On "
-              "another card the MFU rows (against the peak measured here), the PyTorch ratios, the floor rows (at the "
-              "bandwidth measured here) and the memory rows carry over. The attention rows are absolute TFLOP/s: "
-              "they carry over only at the H200's bf16 peak (an H100 SXM has it; an H100 PCIe, an H200 NVL or an "
-              "A100 does not). The step-time limits against PreLN do not: the schemes are bound by memory bandwidth "
-              "and PreLN mostly by the tensor cores, so a card with less bandwidth per FLOP/s than the H200 (an H100 "
-              "SXM copies about 3.0 TB/s) puts every scheme's ratio higher; read those rows beside the floor rows.")
-    return s
+    other = any(not is_target_device(d) for d in devs if "emulation" not in d)
+    if other:
+        sxm = all(re.search(r"\bH100\b", d) and "HBM3" in d and "NVL" not in d and "PCIe" not in d
+                  for d in devs if "emulation" not in d)
+        s += "\n\n" + "\n".join([
+            "The targets were set on an H200 SXM (dense bf16 989 TFLOP/s on paper, as on an H100 SXM; about 4.3 TB/s "
+            "copied). On this card:",
+            "- carry over: the MFU rows (against the peak measured here), the PyTorch ratios, the floor rows (at the "
+            "bandwidth measured here), the memory rows, and which of two schemes is faster (both are bound by "
+            "bandwidth);",
+            "- attention TFLOP/s rows: absolute, so they carry over only at the H200's bf16 peak%s;" % (
+                " (this card, an H100 SXM, has it)" if sxm else
+                " (an H100 SXM has it; an H100 PCIe, an H200 NVL or an A100 does not)"),
+            "- the step-time limits against PreLN, marked *(H200 limit)*, and the LDM-within-5%-of-Block claim do "
+            "not: the schemes are bound by memory bandwidth and PreLN mostly by the tensor cores, so a card with "
+            "less bandwidth per FLOP/s than the H200 (an H100 SXM copies about 3.0 TB/s) puts every scheme's ratio "
+            "higher. Read them beside the floor rows."])
+    return s, other
+
+
+def device_note(runs):
+    """The paragraph of device_info() alone."""
+    return device_info(runs)[0]
 
 
 def is_target_device(name):
@@ -332,15 +350,23 @@ def is_target_device(name):
     return re.search(r"\bH200\b", name) is not None and "NVL" not in name
 
 
-def markdown(rows, title="Targets (../shared/spec/performance.md, issues #17 and #18)", device=""):
+def markdown(rows, title="Targets (../shared/spec/performance.md, issues #17 and #18)", runs=None):
+    """The targets table (markdown). With `runs` (evaluate()'s input): the device paragraph above it,
+    and on a card other than the H200 the step-time limits against PreLN marked *(H200 limit)* and
+    counted apart."""
+    device, other = device_info(runs) if runs is not None else ("", False)
     t = [r for r in rows if r[0] == "target"]
     c = [r for r in rows if r[0] == "claim"]
+    h200 = [other and H200_ONLY.search(r[1]) is not None for r in t]
     n = {v: sum(1 for r in t if r[3] == v) for v in ("met", "missed", "not measured")}
+    k = sum(1 for r, h in zip(t, h200) if h and r[3] != "not measured")
     L = ["## " + title, ""] + ([device, ""] if device else []) + [
-         "%d met, %d missed, %d not measured." % (n["met"], n["missed"], n["not measured"]), "",
+         "%d met, %d missed, %d not measured%s." % (n["met"], n["missed"], n["not measured"],
+                                                    " (%d of the met and missed: H200 limits)" % k if k else ""), "",
          "| target | measured | result |", "|---|---|---|"]
-    for _, what, m, v in t:
-        L.append("| %s | %s | %s |" % (what, m, "**missed**" if v == "missed" else v))
+    for (_, what, m, v), h in zip(t, h200):
+        v = "**missed**" if v == "missed" else v
+        L.append("| %s | %s | %s |" % (what, m, v + " *(H200 limit)*" if h and v != "not measured" else v))
     if c:
         L += ["", "Published claims checked on our kernels (the Depth Memory paper; issue #18), not targets:", "",
               "| claim | measured | result |", "|---|---|---|"]
@@ -378,7 +404,7 @@ def main():
         print("gpu_targets: error: %s is not a directory" % a.dir, file=sys.stderr)
         return 1
     runs, att = load_gpu_check(a.dir)
-    md = markdown(evaluate(runs, att), device=device_note(runs))
+    md = markdown(evaluate(runs, att), runs=runs)
     sys.stdout.write(md)
     sys.stdout.flush()
     out = a.out or os.path.join(a.dir, "targets.md")

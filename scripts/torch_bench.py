@@ -558,7 +558,7 @@ def cmd_report(a):
         runs = [{"label": r["label"], "impl": r["impl"], "bench": r["bench"]} for r in rows
                 if r.get("status") == "ok" and isinstance(r.get("bench"), dict)]
         att = open(a.attention, errors="replace").read().splitlines() if a.attention and os.path.exists(a.attention) else None
-        L.append(gpu_targets.markdown(gpu_targets.evaluate(runs, att), device=gpu_targets.device_note(runs)))
+        L.append(gpu_targets.markdown(gpu_targets.evaluate(runs, att), runs=runs))
     else:
         L.append("## Targets (../shared/spec/performance.md)")
         L.append("")

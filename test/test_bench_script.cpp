@@ -367,16 +367,21 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
     {
         std::ofstream f(dir + "/bench_lines.txt", std::ios::trunc);
         f << on("preln", "preln", 100, 780, 3.1, h100) + on("preln-graph", "preln", 95, 800, 2.9, h100) +
-                 on("attnres-full", "attnres-full", 140, 790, 3.0, h100) +
+                 on("attnres-full", "attnres-full", 140, 790, 3.0, h100) + on("hc", "hc", 112, 790, 3.0, h100) +
                  peer("eager", 120000, {{"gpu", "NVIDIA H100 80GB HBM3"}});
     }
     const RunResult h = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
     INFO(h.out);
     REQUIRE(h.status == 0);
     CHECK_THAT(h.out, Catch::Contains("\nMeasured on: NVIDIA H100 80GB HBM3 (bf16 GEMM 790 TFLOP/s, copy 3.00 TB/s, "
-                                      "medians of its runs). The targets were set for the H200 (SXM"));
-    CHECK_THAT(h.out, Catch::Contains("The step-time limits against PreLN do not:"));
-    CHECK_THAT(h.out, Catch::Contains("The attention rows are absolute TFLOP/s"));
+                                      "medians of its runs).\n\nThe targets were set on an H200 SXM"));
+    CHECK_THAT(h.out, Catch::Contains("\n- the step-time limits against PreLN, marked *(H200 limit)*,"));
+    CHECK_THAT(h.out, Catch::Contains("only at the H200's bf16 peak (this card, an H100 SXM, has it);"));
+    // the step-time limit is marked and counted apart; the floor row is not marked
+    CHECK_THAT(h.out, Catch::Contains("| hc step time <= 1.10x PreLN (llama-400m) | 1.120x (112.0 vs 100.0 ms) | "
+                                      "**missed** *(H200 limit)* |\n"));
+    CHECK_THAT(h.out, Catch::Contains(" not measured (1 of the met and missed: H200 limits).\n"));
+    CHECK_THAT(h.out, Catch::Contains("at 3.00 TB/s): 0.82x | met |\n"));
     CHECK(h.out.find("more than one device") == std::string::npos);
     {
         std::ofstream f(dir + "/bench_lines.txt", std::ios::app);
@@ -398,7 +403,8 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
         const RunResult one = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
         INFO(dev << ": " << one.out);
         CHECK_THAT(one.out, Catch::Contains("\nMeasured on: " + dev.substr(0, dev.find(',')) + " (bf16 GEMM 900"));
-        CHECK((one.out.find("The targets were set for the H200") != std::string::npos) == caveat);
+        CHECK((one.out.find("The targets were set on an H200 SXM") != std::string::npos) == caveat);
+        if (caveat) CHECK_THAT(one.out, Catch::Contains("(an H100 SXM has it; an H100 PCIe, an H200 NVL or an A100 does not)"));
     }
     const RunResult bad = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "/none' 2>&1");
     CHECK(bad.status == 1);
@@ -525,6 +531,9 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         CHECK(t.status == 0);
         CHECK_THAT(t.out, Catch::Contains("./wb_attention.log") && Catch::Contains("./table.txt") &&
                           !Catch::Contains("./bench_data/"));
+        // and the targets table beside it, as a file of its own (what a device call brings back)
+        CHECK(slurp(dir + "/slow/targets.md") == slurp(out + "/targets.md"));
+        CHECK_THAT(r.out, Catch::Contains("targets table: " + dir + "/slow/targets.md"));
 
         // --rest on the same OUT, now with a quick attention stand-in and a failed matmul row as if the
         // first run had made it: what ran keeps its row and is not run again, what was skipped or
