@@ -16,7 +16,8 @@
 # --threads, default 1), CXX, NVCC, OPT, DEBUG=1,
 # V=1 (print every compiler command; default: one short "CXX file" line per file).
 
-THIS_MAKEFILE := $(lastword $(MAKEFILE_LIST))  # this file (make -f PATH too), for rules that depend on it
+# this file (also under make -f PATH), for the rules that depend on it
+THIS_MAKEFILE := $(lastword $(MAKEFILE_LIST))
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 OPT      ?= -O2 -march=native

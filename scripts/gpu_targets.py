@@ -19,10 +19,11 @@ What each target compares (all within the one run):
 - attention: the best fwd+bwd TFLOP/s of a bf16 variant none of whose CHECK lines failed.
 - a scheme is compared with the PreLN run of its own --cuda-graph setting.
 Rows without the measurement they need say "not measured" (e.g. under the CPU emulation, which
-has no device peak or bandwidth). A paragraph above the table names the card (and its measured peak
-and bandwidth); on a card other than the H200 it says how each group of rows reads there, and the
-step-time limits against PreLN are marked *(H200 limit)*. The Depth Memory paper's claim (LDM within ~5% of Block
-AttnRes) is a second table, not counted with the targets. doc/benchmarks.md lists every row.
+has no device peak or bandwidth). A paragraph above the table names the card (and its measured
+peak and bandwidth); on a card other than the H200 it says how each group of rows reads there,
+and the step-time limits against PreLN are marked *(H200 limit)*. The Depth Memory paper's claim
+(LDM within ~5% of Block AttnRes) is a second table, not counted with the targets.
+doc/benchmarks.md lists every row.
 """
 import argparse
 import json
@@ -337,11 +338,6 @@ def device_info(runs):
             "less bandwidth per FLOP/s than the H200 (an H100 SXM copies about 3.0 TB/s) puts every scheme's ratio "
             "higher. Read them beside the floor rows."])
     return s, other
-
-
-def device_note(runs):
-    """The paragraph of device_info() alone."""
-    return device_info(runs)[0]
 
 
 def is_target_device(name):

@@ -9,7 +9,9 @@
 //   every launch configuration the emulated trainers make (build/emu/train_*, $EMU_LAUNCH_LOG,
 //   every scheme and LDM path, fp32 and bf16, with validation and sampling) fits sm_90's
 //   registers per block and shared memory with ptxas's numbers (scripts/launch_check.py), which
-//   the emulation alone cannot see; the checker itself is checked on a made-up log.
+//   the emulation alone cannot see; the same for every launch of the workbenches' emulation tests
+//   (test_emu_*), against the workbenches' own ptxas logs; the checker itself is checked on a
+//   made-up log.
 // Skips visibly without nvcc (or without the emulated trainers / data for the second).
 #include <catch2/catch.hpp>
 
@@ -270,8 +272,8 @@ TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's register
     const RunResult ra = run_cmd("EMU_LAUNCH_LOG='" + log_att + "' '" + bin + "attention' 2>&1");
     INFO(ra.out.substr(ra.out.size() > 4000 ? ra.out.size() - 4000 : 0));
     REQUIRE(ra.status == 0);
-    // Allowed: kernels of the tests' own (internal linkage: unresolved), instantiations only a test
-    // makes (not in any ptxas report), and static shared arrays ptxas drops (NOTE lines: the HC/mHC
+    // Allowed: kernels defined only in the tests (internal linkage: unresolved), instantiations only
+    // a test makes (not in any ptxas report), and static shared arrays ptxas drops (NOTE lines: the HC/mHC
     // combine kernels' d_o staging at n = 8). Required: the workbench-only variants, each launched
     // and each found in the ptxas report.
     struct Log {
