@@ -143,11 +143,9 @@ int64_t read_int64_file(const std::string& path) {  // -1 when absent or not a n
 
 double median(std::vector<double> v) {
     if (v.empty()) throw Error("median of no values");
+    std::sort(v.begin(), v.end());
     const size_t m = v.size() / 2;
-    std::nth_element(v.begin(), v.begin() + m, v.end());
-    if (v.size() % 2) return v[m];
-    const double hi = v[m];
-    return 0.5 * (*std::max_element(v.begin(), v.begin() + m) + hi);
+    return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 int64_t available_memory_bytes(std::string* source) {

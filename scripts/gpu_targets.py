@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 
 LLAMA = ("llama-400m", 2048, 8)  # preset, T, B of the spec's scheme targets
@@ -298,7 +299,7 @@ def device_info(runs):
         if name:
             devs.setdefault(name, []).append(j)
 
-    def median(js, key):
+    def median(js, key):  # over the runs that report a finite positive value, else None
         v = []
         for j in js:
             try:
@@ -307,8 +308,7 @@ def device_info(runs):
                 continue
             if math.isfinite(x) and x > 0:
                 v.append(x)
-        v.sort()
-        return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
+        return statistics.median(v) if v else None
     if not devs:
         return "", False
     parts = []

@@ -246,10 +246,12 @@ TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's register
     const std::string bin = build_dir_of_test() + "/test/test_emu_";
     const std::vector<std::string> names = {"adamw", "attnres", "classifier", "embedding", "hc", "infer", "ldm",
                                             "ldm_scheme", "matmul", "rmsnorm", "rope", "swiglu"};
-    for (const std::string& n : names) {
+    std::vector<std::string> all = names;
+    all.push_back("attention");
+    for (const std::string& n : all) {
         struct stat st {};
-        if (stat((bin + n).c_str(), &st) != 0 || stat((bin + "attention").c_str(), &st) != 0) {
-            WARN("SKIP workbench launch check: " << bin << n << " or " << bin << "attention not built (no CUDA headers?)");
+        if (stat((bin + n).c_str(), &st) != 0) {
+            WARN("SKIP workbench launch check: " << bin << n << " not built (no CUDA headers?)");
             return;
         }
     }
