@@ -960,24 +960,43 @@ LDM_HD constexpr bool combine_do_fits(int n) { return n <= 4; }
 template <int NS>
 constexpr bool kCombineDo = combine_do_fits(NS);
 
+// The combine kernels' d_o staging (kCombineDo<NS>) for one tile: the previous sublayer's b_k of
+// each token and the tile's dHp values as stored (channels of the block).
+template <int NS, int CB>
+struct CombineDoStage {
+    float b[kCombineTokens][NS];
+    float o[kCombineTokens][NS][CB];
+};
+// The block's d_o staging: static shared memory where kCombineDo<NS>; else nullptr, and no shared
+// memory declared (so that neither ptxas nor the emulation counts an array no thread uses).
+template <int NS, int CB>
+__device__ inline CombineDoStage<NS, CB>* combine_do_stage() {
+    if constexpr (kCombineDo<NS>) {
+        using Stage = CombineDoStage<NS, CB>;
+        __shared__ Stage stage;
+        return &stage;
+    } else {
+        return nullptr;
+    }
+}
+
 // The combine kernels' d_o for one tile of nt tokens and the block's channels c0 .. c0 + CB − 1:
 // d_o[t, c] = Σ_k b_k dHp[t, k, c] in k order (coef_dots_kernel<Dots::Post>'s expression), from the
-// staged b (bps) and stored dHp values (dos); after a barrier that every thread of the block
-// reaches (the next tile's first barrier protects the staging).
-template <typename T, int NS, int DT, int CB>
-__device__ inline void combine_do_tile(T* d_o, const float (&bps)[DT][NS], const float (&dos)[DT][NS][CB], int64_t t0,
-                                       int nt, int c0, int d, int tid, int nthr) {
-    if constexpr (kCombineDo<NS>) {
-        __syncthreads();
+// staged b and stored dHp values (st); after a barrier that every thread of the block reaches (the
+// next tile's first barrier protects the staging). kCombineDo<NS> only.
+template <typename T, int NS, int CB>
+__device__ inline void combine_do_tile(T* d_o, const CombineDoStage<NS, CB>& st, int64_t t0, int nt, int c0, int d,
+                                       int tid, int nthr) {
+    static_assert(kCombineDo<NS>, "d_o is formed in the combine kernels only where its staging fits");
+    __syncthreads();
 #pragma unroll 1
-        for (int x = tid; x < nt * CB; x += nthr) {
-            const int tl = x / CB, cl = x % CB, c = c0 + cl;
-            if (c >= d) continue;
-            float v = 0.f;
+    for (int x = tid; x < nt * CB; x += nthr) {
+        const int tl = x / CB, cl = x % CB, c = c0 + cl;
+        if (c >= d) continue;
+        float v = 0.f;
 #pragma unroll
-            for (int k = 0; k < NS; k++) v = fmaf(bps[tl][k], dos[tl][k][cl], v);  // (explicit: as coef_dots_kernel<Dots::Post>)
-            d_o[(t0 + tl) * d + c] = from_f<T>(v);
-        }
+        for (int k = 0; k < NS; k++) v = fmaf(st.b[tl][k], st.o[tl][k][cl], v);  // (explicit: as coef_dots_kernel<Dots::Post>)
+        d_o[(t0 + tl) * d + c] = from_f<T>(v);
     }
 }
 
@@ -1115,13 +1134,11 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
                        const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
     constexpr int R = 2 * NS + NS * NS, L = proj_ld(R), NM = NS + NS * NS;
     constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
-    constexpr int DT = kCombineDo<NS> ? TB : 1;  // (the d_o staging exists where kCombineDo)
     constexpr int R4 = (R + 3) / 4 * 4;  // dps rows padded to whole float4 (zeros)
     __shared__ __align__(16) float dps[TB][R4];
     __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
     __shared__ float bts[TB];
-    __shared__ float bps[DT][NS];      // the previous sublayer's b_k (d_o)
-    __shared__ float dos[DT][NS][CB];  // dHp as stored (d_o)
+    [[maybe_unused]] CombineDoStage<NS, CB>* const dst = combine_do_stage<NS, CB>();  // d_o staging, or nullptr
     const int i = threadIdx.y, c = blockIdx.x * CB + threadIdx.x;
     const int tid = threadIdx.y * CB + threadIdx.x, nthr = CB * NS;
     const bool live = c < d;
@@ -1144,8 +1161,8 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
             dps[e / R4][e % R4] = e % R4 < R ? to_f(dPp[(t0 + e / R4) * L + e % R4]) : 0.f;
         stage_coef<NS, NM, false>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
         for (int e = tid; e < nt; e += nthr) bts[e] = beta[t0 + e];
-        if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            stage_coef<NS, NS, false>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
+        if constexpr (kCombineDo<NS>)
+            if (d_o) stage_coef<NS, NS, false>(&dst->b[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
         src.template walk_tile<U>(t0, nt, sub0, live, threadIdx.x, c, i,
                                   [&](int tl, const float (&g)[NS], float dxv, float hl) {
@@ -1167,9 +1184,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS, NS <= 4 ? 2 : 1)
             v += z - bts[tl] * hl;
             const T hv = from_f<T>(v);
             dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
-            if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+            if constexpr (kCombineDo<NS>) dst->o[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
             });
-        if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
+        if constexpr (kCombineDo<NS>)
+            if (d_o) combine_do_tile<T, NS, CB>(d_o, *dst, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
     src.end();
     if (live) {
@@ -1206,13 +1224,11 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
                       const float* coef, const float* beta, T* d_o, const float* coefp, int N, int d) {
     constexpr int m = NS + 2, L = proj_ld(m), NM = NS + NS * NS;
     constexpr int CB = kCombineChannels<NS>, TB = kCombineTokens, U = 2;
-    constexpr int DT = kCombineDo<NS> ? TB : 1;
     __shared__ float dps[TB][NS][m];
     __shared__ float cfs[TB][NM];  // a_i, then Mix[k,i] at NS + k·NS + i
     __shared__ float bts[TB][NS];
     __shared__ float red[NS][m][CB];  // the stream shares of the block's dW columns, at the end
-    __shared__ float bps[DT][NS];      // the previous sublayer's b_k (d_o)
-    __shared__ float dos[DT][NS][CB];  // dHp as stored (d_o)
+    [[maybe_unused]] CombineDoStage<NS, CB>* const dst = combine_do_stage<NS, CB>();  // d_o staging, or nullptr
     const int i = threadIdx.y, c = blockIdx.x * CB + threadIdx.x;
     const int tid = threadIdx.y * CB + threadIdx.x, nthr = CB * NS;
     const bool live = c < d;
@@ -1237,8 +1253,8 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
         }
         stage_coef<NS, NM, false>(&cfs[0][0], coef, t0, nt, 0, N, tid, nthr);
         for (int x = tid; x < nt * NS; x += nthr) bts[x / NS][x % NS] = beta[t0 * NS + x];
-        if (kCombineDo<NS> && d_o)  // (bps has one row otherwise)
-            stage_coef<NS, NS, false>(&bps[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
+        if constexpr (kCombineDo<NS>)
+            if (d_o) stage_coef<NS, NS, false>(&dst->b[0][0], coefp, t0, nt, NS + NS * NS, N, tid, nthr);
         __syncthreads();
         src.template walk_tile<U>(t0, nt, sub0, live, threadIdx.x, c, i,
                                   [&](int tl, const float (&g)[NS], float dxv, float hl) {
@@ -1254,9 +1270,10 @@ __global__ void __launch_bounds__(kCombineChannels<NS> * NS)
             v += z - bts[tl][i] * hl;
             const T hv = from_f<T>(v);
             dHp[(t0 + tl) * nd + (int64_t)i * d + c] = hv;
-            if constexpr (kCombineDo<NS>) dos[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
+            if constexpr (kCombineDo<NS>) dst->o[tl][i][threadIdx.x] = to_f(hv);  // (read only when d_o is set)
             });
-        if (d_o) combine_do_tile<T, NS>(d_o, bps, dos, t0, nt, blockIdx.x * CB, d, tid, nthr);
+        if constexpr (kCombineDo<NS>)
+            if (d_o) combine_do_tile<T, NS, CB>(d_o, *dst, t0, nt, blockIdx.x * CB, d, tid, nthr);
     }
     src.end();
 #pragma unroll

@@ -3,7 +3,7 @@
 gives each kernel on sm_90: what the CPU emulation (dev/emu) cannot see, since it knows neither
 registers nor the static shared memory of declarations no thread reached. No GPU needed.
 
-    scripts/launch_check.py --ptxas KERNELS.tsv --launches LOG [--min-matched N] [--dead-static-ok]
+    scripts/launch_check.py --ptxas KERNELS.tsv --launches LOG [--min-matched N]
 
 KERNELS.tsv: scripts/ptxas_report.py --tsv (mangled name, registers, static smem B). LOG: the
 $EMU_LAUNCH_LOG of emulated runs (dev/emu/emu.h: mangled name, threads, dynamic smem B, opt-in B
@@ -12,10 +12,9 @@ or -1, static smem B the emulation saw). Per launch configuration, the sm_90 lim
     block (a block above fails with "too many resources requested for launch");
   * shared memory: ptxas static + dynamic <= 48 KiB without the opt-in; with it dynamic <= opt-in
     and static + opt-in <= 227 KiB;
-  * the emulation's static count is at most ptxas's (else the two disagree about the kernel).
-    --dead-static-ok makes that last one a NOTE line instead: the emulation counts every __shared__
-    declaration a thread reaches, ptxas drops arrays a kernel never reads or writes (a staging
-    array that one template instantiation compiles out), and the limits above use ptxas's numbers.
+  * the emulation's static count is at most ptxas's (else the two disagree about the kernel: the
+    emulation counts every __shared__ declaration a thread reaches, ptxas drops an array the kernel
+    never reads or writes, so a kernel should not declare one it does not use).
 Prints one line per violation and a summary; exit status 1 on a violation, on a malformed line,
 or when fewer than N launch configurations were matched to a ptxas kernel (default 1).
 """
@@ -71,9 +70,6 @@ def main():
     ap.add_argument("--launches", required=True, help="$EMU_LAUNCH_LOG of emulated runs")
     ap.add_argument("--min-matched", type=int, default=1,
                     help="fail when fewer launch configurations than this match a ptxas kernel (default 1)")
-    ap.add_argument("--dead-static-ok", action="store_true",
-                    help="more static shared memory seen by the emulation than ptxas allocates is a NOTE, not a "
-                    "violation (ptxas dropped arrays the kernel never uses)")
     a = ap.parse_args()
     try:
         kernels = {c[0]: (int(c[1]), int(c[2])) for c in read_tsv(a.ptxas, 3)}
@@ -81,7 +77,7 @@ def main():
     except (OSError, ValueError) as e:
         print("error: %s" % e, file=sys.stderr)
         return 1
-    matched, unresolved, unknown, bad, notes = 0, 0, set(), 0, 0
+    matched, unresolved, unknown, bad = 0, 0, set(), 0
     worst = (0.0, "")
     for name, threads, dyn, optin, emu_static in sorted(configs):
         if name == "?":
@@ -96,17 +92,11 @@ def main():
         if frac > worst[0]:
             worst = (frac, "%s (%d threads, %d registers)" % (name, threads, regs))
         for v in violations(name, regs, static, threads, dyn, optin, emu_static):
-            if a.dead_static_ok and v.startswith("the emulation saw"):
-                print("NOTE %s: %s (ptxas dropped unused shared arrays)" % (name, v))
-                notes += 1
-                continue
             print("VIOLATION %s: %s" % (name, v))
             bad += 1
     print("launch_check: %d launch configurations, %d matched to ptxas kernels, %d unresolved symbols, "
-          "%d kernels ptxas did not report, %d violations%s; most registers per block: %.0f%% of the limit, %s" % (
-              len(configs), matched, unresolved, len(unknown), bad,
-              ", %d notes (unused static shared memory)" % notes if a.dead_static_ok else "",
-              100 * worst[0], worst[1] or "-"))
+          "%d kernels ptxas did not report, %d violations; most registers per block: %.0f%% of the limit, %s" % (
+              len(configs), matched, unresolved, len(unknown), bad, 100 * worst[0], worst[1] or "-"))
     for name in sorted(unknown):
         print("  not in the ptxas report: %s" % name)
     if matched < a.min_matched:
