@@ -9,6 +9,7 @@ A step logged twice (a run resumed from an earlier checkpoint) keeps its last va
 """
 import json
 import os
+import statistics
 
 
 def scheme_label(c):
@@ -92,11 +93,8 @@ class RunLog:
         """Median step time (ms) over the step records, without the first `skip` steps (warm-up)."""
         xs = sorted(self.steps)
         xs = xs[skip:] if len(xs) > skip else xs
-        v = sorted(float(self.steps[x]["ms"]) for x in xs if "ms" in self.steps[x])
-        if not v:
-            return None
-        m = len(v) // 2
-        return v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m])
+        v = [float(self.steps[x]["ms"]) for x in xs if "ms" in self.steps[x]]
+        return statistics.median(v) if v else None
 
     def median_tokens_per_s(self, skip=2):
         """Tokens per step / median_ms: the throughput of the median step."""
