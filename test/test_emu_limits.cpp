@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -263,6 +265,37 @@ TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (
     cudaFree(logits);
     cudaFree(losses);
     cudaFree(targets);
+}
+
+// $EMU_LAUNCH_ONLY (emu::set_launch_only in a child process): a launch within the limits returns
+// without running the kernel's body (gen.py's kernel_entry ends every thread; the output the
+// kernel would write stays as cudaMalloc left it, zeroed), and the limits are still checked.
+TEST_CASE("emu limits: launch-only mode checks a launch without running the kernel", "[emu][limits]") {
+    using namespace ldm::gpu;
+    using classifier_detail::classifier_kernel;
+    const int kThreads = classifier_detail::kThreads;
+    const ChildResult r = run_child([&] {
+        emu::set_launch_only(true);
+        const int V = 7;
+        float *logits = nullptr, *losses = nullptr;
+        int32_t* targets = nullptr;
+        if (cudaMalloc(&logits, V * sizeof(float)) != cudaSuccess || cudaMalloc(&losses, sizeof(float)) != cudaSuccess ||
+            cudaMalloc(&targets, sizeof(int32_t)) != cudaSuccess)
+            std::exit(3);
+        for (int i = 0; i < V; i++) logits[i] = 0.25f * (float)(i + 1) - 0.6f;  // loss log(Σ e^x) - x_2 != 0
+        targets[0] = 2;
+        std::fprintf(stderr, "zeroed %d\n", losses[0] == 0.f ? 1 : 0);
+        emu::launch(dim3(1), dim3(kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets, V,
+                    V, 1.0f, true);
+        std::fprintf(stderr, "loss after it %g, logit 0 %g\n", (double)losses[0], (double)logits[0]);
+        emu::launch(dim3(1), dim3(2 * kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets,
+                    V, V, 1.0f, true);  // twice the bound: refused
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("zeroed 1"));
+    CHECK_THAT(r.err, Catch::Contains("loss after it 0, logit 0 -0.35"));  // (the body would overwrite both)
+    CHECK_THAT(r.err, Catch::Contains("above the kernel's __launch_bounds__"));
 }
 
 TEST_CASE("emu limits: grid and block dimensions a GPU refuses abort; the largest accepted shapes run",

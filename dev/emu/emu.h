@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <cuda_bf16.h>
 #if __has_include(<cublasLt.h>)
@@ -140,6 +141,37 @@ inline P aligned_cast(Q q) {
     }
     return reinterpret_cast<P>(q);
 }
+
+// $EMU_LAUNCH_ONLY=1 (not in the ThreadSanitizer build): every launch is checked and logged as
+// usual (block and grid limits, dynamic shared memory and opt-in, __launch_bounds__,
+// $EMU_LAUNCH_LOG) but no kernel body and no host GEMM (dev/emu/matmul_host.h) runs, and
+// cudaMalloc memory starts zeroed: a program's launch configurations at shapes far too large to
+// emulate (test_ptxas runs the trainers at the benchmark shapes so), with every device result
+// zero. Block (0,0,0) of each launch starts its threads, which end at kernel_entry, the first
+// statement gen.py puts in every kernel (after check_launch_bounds); a kernel that gen.py did not
+// convert runs its whole body in that block.
+namespace detail {
+inline int& launch_only_state() {  // 1 on, 0 off, -1 not yet read from the environment
+    static int s = -1;
+    return s;
+}
+}  // namespace detail
+inline bool launch_only() {
+#if EMU_TSAN
+    return false;
+#else
+    int& s = detail::launch_only_state();
+    if (s < 0) {
+        const char* e = std::getenv("EMU_LAUNCH_ONLY");
+        s = e && std::strcmp(e, "1") == 0;
+        if (s) std::fprintf(stderr, "emu: EMU_LAUNCH_ONLY=1: launches are checked, kernels and GEMMs not run\n");
+    }
+    return s == 1;
+#endif
+}
+// Launch-only mode on or off for the rest of the process, whatever $EMU_LAUNCH_ONLY says (tests;
+// before the process's first cudaMalloc: memory is freed the way the mode of the moment allocates).
+inline void set_launch_only(bool on) { detail::launch_only_state() = on ? 1 : 0; }
 
 enum class Order { kForward, kReverse, kRandom };
 
@@ -1023,6 +1055,14 @@ EMU_NOTSAN inline void check_launch_bounds(long max_threads) {
     std::fprintf(stderr, "emu: block of %ld threads, kernel declared __launch_bounds__(%ld)\n", nt, max_threads);
     fail("block size above the kernel's __launch_bounds__ (the launch fails on a GPU)");
 }
+// First statement of every kernel gen.py converts (after check_launch_bounds): under
+// $EMU_LAUNCH_ONLY the thread ends here, as at the end of its kernel (launch_only).
+EMU_NOTSAN inline void kernel_entry() {
+    if (!launch_only()) return;
+    detail::g.cur->state = detail::kDone;
+    detail::to_scheduler();
+    fail("finished fiber resumed");
+}
 // A static __shared__ object as the running block sees it (gen.py: `__shared__ T a[N];` ->
 // `static T a__emu[N]; auto& a = ::emu::block_shared(a__emu);`): the object itself, poisoned
 // once per block (shared_init); in ThreadSanitizer mode a poisoned copy in the block's own
@@ -1248,9 +1288,10 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
 #if EMU_TSAN
     __tsan_release(&g.launch_sync);  // the host's work so far happens before every emulated thread
 #endif
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
+    const bool all = !launch_only();  // (else block (0,0,0) only: its threads end at kernel_entry)
+    for (unsigned z = 0; z < (all ? grid.z : 1); z++)
+        for (unsigned y = 0; y < (all ? grid.y : 1); y++)
+            for (unsigned x = 0; x < (all ? grid.x : 1); x++) {
                 g.bidx = make_uint3(x, y, z);
                 g.blocks++;
                 run_block();
@@ -1296,7 +1337,13 @@ inline size_t tracked_free(std::vector<std::pair<void*, size_t>>& list, void* p)
 }
 inline cudaError_t malloc_(void** p, size_t n) {
     forbid_in_capture("cudaMalloc");
-    *p = tracked_alloc(allocations(), n);
+    if (launch_only()) {  // zeroed pages, backed only where the host writes (no kernel runs)
+        void* m = mmap(nullptr, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        *p = m == MAP_FAILED ? nullptr : m;
+        if (*p) allocations().push_back({*p, n});
+    } else {
+        *p = tracked_alloc(allocations(), n);
+    }
     if (!*p) return cudaErrorMemoryAllocation;
     allocated_bytes() += n;
     return cudaSuccess;
@@ -1307,6 +1354,19 @@ inline cudaError_t malloc_(P** p, size_t n) {
 }
 inline cudaError_t free_(void* p) {
     forbid_in_capture("cudaFree");
+    if (launch_only()) {  // (mapped by malloc_)
+        auto& list = allocations();
+        for (size_t i = list.size(); p && i-- > 0;)
+            if (list[i].first == p) {
+                const size_t n = list[i].second;
+                munmap(p, n ? n : 1);
+                allocated_bytes() -= n;
+                list[i] = list.back();
+                list.pop_back();
+                break;
+            }
+        return cudaSuccess;
+    }
     allocated_bytes() -= tracked_free(allocations(), p);
     return cudaSuccess;
 }
@@ -1686,9 +1746,9 @@ inline long max(long a, long b) { return a > b ? a : b; }
 namespace emu {
 inline cudaError_t device_props_(cudaDeviceProp* p, int) {
     std::memset(p, 0, sizeof *p);
-    std::snprintf(p->name, sizeof p->name, "host emulation (dev/emu)");
+    std::snprintf(p->name, sizeof p->name, launch_only() ? "host emulation (dev/emu, launch only)" : "host emulation (dev/emu)");
     p->major = 9;
-    p->multiProcessorCount = 1;
+    p->multiProcessorCount = launch_only() ? 132 : 1;  // (launch only: the H100 / H200 SXM's, for persistent grids)
     p->totalGlobalMem = (size_t)1 << 34;
     p->sharedMemPerBlockOptin = 227 * 1024;
     return cudaSuccess;

@@ -18,9 +18,11 @@ cuda/*.cuh or dev/cuda/*.cuh they include. Rewrites:
     block; under ThreadSanitizer a fresh copy per block);
   * `__trap();  // host: KEY` -> `EMU_HOST_KEY;` (lets a harness define emulations of inline-asm
     paths, e.g. `#define EMU_HOST_mma ::emu::mma_m16n8k16_bf16(c, a, b)`);
-  * `__global__ void __launch_bounds__(N[, ..]) name(..) {` -> the same with
-    `::emu::check_launch_bounds((long)(N));` as the body's first statement (aborts on a launch
-    with more threads per block than N, which a GPU refuses);
+  * `__global__ void [__launch_bounds__(N[, ..])] name(..) {` -> the same with
+    `::emu::kernel_entry();` as the body's first statement (where a thread ends under
+    $EMU_LAUNCH_ONLY), preceded by `::emu::check_launch_bounds((long)(N));` where the kernel
+    declares __launch_bounds__ (aborts on a launch with more threads per block than N, which a
+    GPU refuses);
   * `reinterpret_cast<E*>(p)` -> `::emu::aligned_cast<E*>(p)` (aborts when p is not aligned to
     alignof(E): a misaligned vector access faults on a GPU, not on x86);
   * `struct Matmul {...};` (cuBLASLt, matmul.cuh) -> dev/emu/matmul_host.h (host loops);
@@ -65,7 +67,8 @@ def split_top(s, sep=','):
     return [x.strip() for x in out]
 
 
-LAUNCH_BOUNDS_RE = re.compile(r'__global__\s+void\s+__launch_bounds__\s*\(')
+KERNEL_RE = re.compile(r'__global__\s+void\s+')
+LAUNCH_BOUNDS_RE = re.compile(r'__launch_bounds__\s*\(')
 
 
 def match_paren(s, i):
@@ -81,31 +84,45 @@ def match_paren(s, i):
     raise SystemExit('gen.py: unbalanced parentheses after: %s' % s[i:i + 60])
 
 
-def rewrite_launch_bounds(s):
-    """Inserts ::emu::check_launch_bounds(N) at the start of every kernel body declared with
-    __launch_bounds__(N, ...); a declaration without a body is left alone. Returns (s, count)."""
-    out, pos, n = [], 0, 0
+def rewrite_kernels(s):
+    """Inserts ::emu::kernel_entry() as the first statement of every kernel body
+    (`__global__ void [__launch_bounds__(N, ..)] name(..) {`), preceded by
+    ::emu::check_launch_bounds(N) where the kernel declares __launch_bounds__; a declaration without
+    a body is left alone, and so is `__global__` in a // comment. Returns (s, kernels, bounds)."""
+    out, pos, n, nb = [], 0, 0, 0
     while True:
-        m = LAUNCH_BOUNDS_RE.search(s, pos)
+        m = KERNEL_RE.search(s, pos)
         if not m:
             break
-        close = match_paren(s, m.end() - 1)
-        args = split_top(s[m.end():close])
-        if not args or not args[0]:
-            raise SystemExit('gen.py: empty __launch_bounds__: %s' % s[m.start():close + 1])
-        params = s.index('(', close + 1)
+        if '//' in s[s.rfind('\n', 0, m.start()) + 1:m.start()]:
+            out.append(s[pos:m.end()])
+            pos = m.end()
+            continue
+        lb = LAUNCH_BOUNDS_RE.match(s, m.end())
+        bound = None
+        after = m.end()
+        if lb:
+            close = match_paren(s, lb.end() - 1)
+            args = split_top(s[lb.end():close])
+            if not args or not args[0]:
+                raise SystemExit('gen.py: empty __launch_bounds__: %s' % s[m.start():close + 1])
+            bound, after = args[0], close + 1
+        params = s.index('(', after)
         end = match_paren(s, params)
         body = re.match(r'[^;{]*([;{])', s[end + 1:])
         if not body:
-            raise SystemExit('gen.py: no body or ";" after a __launch_bounds__ kernel: %s' % s[m.start():end + 1])
+            raise SystemExit('gen.py: no body or ";" after a kernel: %s' % s[m.start():end + 1])
         at = end + 1 + body.end()
         out.append(s[pos:at])
         if body.group(1) == '{':
-            out.append(' ::emu::check_launch_bounds((long)(%s));' % args[0])
+            if bound is not None:
+                out.append(' ::emu::check_launch_bounds((long)(%s));' % bound)
+                nb += 1
+            out.append(' ::emu::kernel_entry();')
             n += 1
         pos = at
     out.append(s[pos:])
-    return ''.join(out), n
+    return ''.join(out), n, nb
 
 
 def rewrite_launch(m):
@@ -192,7 +209,7 @@ def convert(rel, root, out_dir, done, log):
     s, n_ext = EXTERN_SHARED_RE.subn(
         lambda m: '%s* %s = reinterpret_cast<%s*>(::emu::dyn_smem());' % (m.group(1).strip(), m.group(2), m.group(1).strip()), s)
     s, n_sh = SHARED_RE.subn(rewrite_shared, s)
-    s, n_lb = rewrite_launch_bounds(s)
+    s, n_kern, n_lb = rewrite_kernels(s)
     s, n_trap = TRAP_RE.subn(lambda m: 'EMU_HOST_%s;' % m.group(1), s)
     s, n_cast = PTR_CAST_RE.subn(lambda m: '::emu::aligned_cast<%s>(' % m.group(1).strip(), s)
     s, n_mm = replace_matmul(s)
@@ -212,8 +229,9 @@ def convert(rel, root, out_dir, done, log):
     with open(tmp, 'w') as f:
         f.write(s)
     os.replace(tmp, dst)
-    log.append('%s -> %s: %d launches, %d extern shared, %d shared, %d launch bounds, %d host traps, %d pointer casts%s%s' % (
-        rel, emu_name(rel), n_launch, n_ext, n_sh, n_lb, n_trap, n_cast, ', Matmul -> host GEMM' if n_mm else '',
+    log.append('%s -> %s: %d launches, %d kernels (%d with launch bounds), %d extern shared, %d shared, %d host traps, '
+               '%d pointer casts%s%s' % (
+        rel, emu_name(rel), n_launch, n_kern, n_lb, n_ext, n_sh, n_trap, n_cast, ', Matmul -> host GEMM' if n_mm else '',
         ', main -> workbench_main' if n_main else '') + (', NCCL -> dev/emu/nccl_emu.h' if n_nccl else ''))
     for d in deps:
         convert(d, root, out_dir, done, log)
