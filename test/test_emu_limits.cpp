@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -267,35 +268,93 @@ TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (
     cudaFree(targets);
 }
 
-// $EMU_LAUNCH_ONLY (emu::set_launch_only in a child process): a launch within the limits returns
-// without running the kernel's body (gen.py's kernel_entry ends every thread; the output the
-// kernel would write stays as cudaMalloc left it, zeroed), and the limits are still checked.
+// $EMU_LAUNCH_ONLY (emu::set_launch_only in a child process): a launch within the limits starts
+// block (0,0,0) only, whose threads end at gen.py's kernel_entry before the body (the rows the
+// kernel would overwrite, logits and losses, keep their values; losses as cudaMalloc left them,
+// zeroed); cudaFree unmaps the blocks; the limits are still checked.
 TEST_CASE("emu limits: launch-only mode checks a launch without running the kernel", "[emu][limits]") {
+#if EMU_TSAN
+    WARN("SKIP: launch-only mode is off in the ThreadSanitizer build");
+    return;
+#endif
     using namespace ldm::gpu;
     using classifier_detail::classifier_kernel;
     const int kThreads = classifier_detail::kThreads;
     const ChildResult r = run_child([&] {
         emu::set_launch_only(true);
-        const int V = 7;
+        const int V = 7, R = 15;  // rows: a grid of 5 x 3 blocks
         float *logits = nullptr, *losses = nullptr;
         int32_t* targets = nullptr;
-        if (cudaMalloc(&logits, V * sizeof(float)) != cudaSuccess || cudaMalloc(&losses, sizeof(float)) != cudaSuccess ||
-            cudaMalloc(&targets, sizeof(int32_t)) != cudaSuccess)
+        if (cudaMalloc(&logits, R * V * sizeof(float)) != cudaSuccess ||
+            cudaMalloc(&losses, R * sizeof(float)) != cudaSuccess || cudaMalloc(&targets, R * sizeof(int32_t)) != cudaSuccess)
             std::exit(3);
-        for (int i = 0; i < V; i++) logits[i] = 0.25f * (float)(i + 1) - 0.6f;  // loss log(Σ e^x) - x_2 != 0
-        targets[0] = 2;
-        std::fprintf(stderr, "zeroed %d\n", losses[0] == 0.f ? 1 : 0);
-        emu::launch(dim3(1), dim3(kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets, V,
-                    V, 1.0f, true);
-        std::fprintf(stderr, "loss after it %g, logit 0 %g\n", (double)losses[0], (double)logits[0]);
+        bool zeroed = true;
+        for (int i = 0; i < R; i++) zeroed = zeroed && losses[i] == 0.f;
+        for (int i = 0; i < R * V; i++) logits[i] = 0.25f * (float)(i % V + 1) - 0.6f;  // row loss != 0
+        for (int i = 0; i < R; i++) targets[i] = i % V;
+        const uint64_t blocks = emu::detail::g.blocks;
+        emu::launch(dim3(5, 3), dim3(kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets,
+                    V, V, 1.0f, true);
+        bool kept = true;
+        for (int i = 0; i < R; i++) kept = kept && losses[i] == 0.f;
+        for (int i = 0; i < R * V; i++) kept = kept && logits[i] == 0.25f * (float)(i % V + 1) - 0.6f;
+        std::fprintf(stderr, "zeroed %d, blocks run %llu, rows kept %d\n", zeroed ? 1 : 0,
+                     (unsigned long long)(emu::detail::g.blocks - blocks), kept ? 1 : 0);
+        const bool freed = cudaFree(logits) == cudaSuccess && cudaFree(losses) == cudaSuccess &&
+                           cudaFree(targets) == cudaSuccess && emu::mapped_allocations().empty();
+        std::fprintf(stderr, "freed %d\n", freed ? 1 : 0);
         emu::launch(dim3(1), dim3(2 * kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets,
-                    V, V, 1.0f, true);  // twice the bound: refused
+                    V, V, 1.0f, true);  // twice the bound: refused (before any thread reads the freed rows)
     });
     INFO("child stderr: " << r.err);
     CHECK(r.aborted);
-    CHECK_THAT(r.err, Catch::Contains("zeroed 1"));
-    CHECK_THAT(r.err, Catch::Contains("loss after it 0, logit 0 -0.35"));  // (the body would overwrite both)
+    CHECK_THAT(r.err, Catch::Contains("zeroed 1, blocks run 1, rows kept 1\nfreed 1\n"));
     CHECK_THAT(r.err, Catch::Contains("above the kernel's __launch_bounds__"));
+}
+
+// dev/emu/gen.py's kernel rewrite on a made-up header: every kernel body starts with
+// ::emu::kernel_entry() (where launch-only mode ends a thread), after ::emu::check_launch_bounds(N)
+// where the kernel declares __launch_bounds__; a declaration and a // comment are left alone; a
+// kernel spelled any other way is an error (it would run its whole body in launch-only mode).
+TEST_CASE("emu gen.py: kernel_entry first in every kernel body, a kernel it cannot parse refused", "[emu][limits]") {
+    namespace fs = std::filesystem;
+    const std::string dir = scratch_dir("gen_kernels");
+    fs::create_directories(dir + "/src/cuda");
+    auto gen = [&](const std::string& text, std::string& out) {
+        std::FILE* f = std::fopen((dir + "/src/cuda/k.cuh").c_str(), "w");
+        REQUIRE(f);
+        REQUIRE(std::fwrite(text.data(), 1, text.size(), f) == text.size());
+        REQUIRE(std::fclose(f) == 0);
+        const std::string cmd = "python3 '" LDM_SOURCE_DIR "/dev/emu/gen.py' -q --root '" + dir + "/src' --out '" + dir +
+                                "/out' cuda/k.cuh 2>&1";
+        std::FILE* p = popen(cmd.c_str(), "r");
+        REQUIRE(p);
+        char buf[512];
+        std::string msg;
+        while (std::fgets(buf, sizeof buf, p)) msg += buf;
+        const int st = pclose(p);
+        out = msg;
+        if (st != 0) return false;
+        out = slurp(dir + "/out/cuda_emu/k.cuh");
+        return true;
+    };
+    std::string out;
+    REQUIRE(gen("#pragma once\n// __global__ void not_a_kernel(int) {\n"
+                "template <int N>\n__global__ void __launch_bounds__(N, 2)\n    k1(int* a, int (*f)(int)) { a[0] = f(N); }\n"
+                "__global__ void k2(float* x);\n__global__ void k2(float* x) {\n    x[0] = 2.f;\n}\n",
+                out));
+    INFO(out);
+    CHECK_THAT(out, Catch::Contains("// __global__ void not_a_kernel(int) {\n"));
+    CHECK_THAT(out, Catch::Contains("k1(int* a, int (*f)(int)) { ::emu::check_launch_bounds((long)(N)); "
+                                    "::emu::kernel_entry(); a[0] = f(N); }"));
+    CHECK_THAT(out, Catch::Contains("__global__ void k2(float* x);\n__global__ void k2(float* x) { "
+                                    "::emu::kernel_entry();\n    x[0] = 2.f;"));
+    size_t entries = 0;
+    for (size_t at = out.find("::emu::kernel_entry()"); at != std::string::npos; at = out.find("::emu::kernel_entry()", at + 1))
+        entries++;
+    CHECK(entries == 2);
+    CHECK_FALSE(gen("__global__ __launch_bounds__(64) void k3(int* a) { a[0] = 3; }\n", out));
+    CHECK_THAT(out, Catch::Contains("a kernel not spelled"));
 }
 
 TEST_CASE("emu limits: grid and block dimensions a GPU refuses abort; the largest accepted shapes run",

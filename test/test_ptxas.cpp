@@ -234,12 +234,13 @@ TEST_CASE("ptxas: every launch of the emulated trainers fits sm_90's registers a
 }
 
 // The launches scripts/gpu_check.sh's benchmarks make on a GPU, at their shapes (llama-400m T=2048
-// B=8 and qwen-1.5b T=2048 B=4, bf16; 2 layers, the launches of a layer being the same at any
-// depth), far too large to emulate: the emulated trainers under $EMU_LAUNCH_ONLY=1 (dev/emu/emu.h
-// launch_only: every launch checked and logged, no kernel body or GEMM run, 132 SMs as on the
-// H100 / H200) for each bench item of gpu_check.sh, then every launch checked against ptxas's
-// registers and static shared memory. A launch the GPU would refuse at these shapes (a grid
-// dimension, dynamic shared memory growing with d or T, a persistent grid) fails here.
+// B=8 and qwen-1.5b T=2048 B=4, bf16), far too large to emulate: the emulated trainers under
+// $EMU_LAUNCH_ONLY=1 (dev/emu/emu.h launch_only: every launch checked and logged, no kernel body or
+// GEMM run, 132 SMs and 80 GiB as on an H100) for each bench item of gpu_check.sh, then every
+// launch checked against ptxas's registers and static shared memory. A launch the GPU would refuse
+// at these shapes (a grid dimension, dynamic shared memory growing with d, T or the depth) fails
+// here. 2 layers where a layer's launches do not depend on the depth; AttnRes Full and Block at
+// the preset's 24 (their source counts, and so their shared memory, grow with it).
 TEST_CASE("ptxas: every launch of gpu_check.sh's benchmarks, at their shapes, fits sm_90", "[ptxas][cuda][emu]") {
     if (!emu_trainers_built("benchmark-shape launch check")) return;
     const std::string shards = tiny_shakespeare_byte_shards("the benchmark-shape launch check reads tokens");
@@ -248,25 +249,29 @@ TEST_CASE("ptxas: every launch of gpu_check.sh's benchmarks, at their shapes, fi
     if (rep.tsv.empty()) return;
     const std::string emu = build_dir_of_test() + "/emu/";
     const std::string log = scratch_dir("bench_launches") + "/launches.tsv";
-    const std::string data = " --dtype bf16 --n-layer 2 --train-data '" + shards + "/sh_train_*.bin' --quiet";
-    const std::string llama = " --preset llama-400m -T 2048 -B 8" + data, bench = " --bench 2 --sample-every -1";
+    const std::string io = " --dtype bf16 --train-data '" + shards + "/sh_train_*.bin' --quiet";
+    const std::string llama24 = " --preset llama-400m -T 2048 -B 8" + io, llama = llama24 + " --n-layer 2";
+    const std::string bench = " --bench 2 --sample-every -1";
     struct Run {
         const char* trainer;
         std::string flags, line;  // the line the run must print
+        const char* depth = "\"n_layer\":2,";  // (in its BENCH line)
     };
     const Run runs[] = {
         {"train_gpt_baselines", llama + bench + " --scheme preln", "BENCH "},
         {"train_gpt_baselines", llama + bench + " --scheme preln --cuda-graph 1", "BENCH "},
         {"train_gpt_baselines", llama + bench + " --scheme preln --profile-stages", "BENCH "},
+        {"train_gpt_baselines", llama + bench + " --scheme preln --nccl --zero 1 --nccl-overlap 0", "BENCH "},
+        {"train_gpt_baselines", llama + bench + " --scheme preln --nccl --zero 1 --nccl-overlap 1", "BENCH "},
         {"train_gpt_baselines", llama + bench + " --scheme hc", "BENCH "},
         {"train_gpt_baselines", llama + bench + " --scheme mhc", "BENCH "},
-        {"train_gpt_baselines", llama + bench + " --scheme attnres-full", "BENCH "},
-        {"train_gpt_baselines", llama + bench + " --scheme attnres-block", "BENCH "},
+        {"train_gpt_baselines", llama24 + bench + " --scheme attnres-full", "BENCH ", "\"n_layer\":24,"},
+        {"train_gpt_baselines", llama24 + bench + " --scheme attnres-block", "BENCH ", "\"n_layer\":24,"},
         {"train_ldm", llama + bench + " --scheme ldm --ldm-rule rls --ldm-mode unwind", "BENCH "},
         {"train_ldm", llama + bench + " --scheme ldm --ldm-rule rls --ldm-mode unwind --ldm-dk 4", "BENCH "},
         {"train_ldm", llama + bench + " --scheme ldm --ldm-rule rls --ldm-mode window --ldm-window 4", "BENCH "},
-        {"train_gpt_baselines", " --preset qwen-1.5b -T 2048 -B 4" + data + bench + " --scheme preln", "BENCH "},
-        {"train_gpt_baselines", llama + " --scheme preln --bench-infer 1024:128", "BENCH_INFER "},
+        {"train_gpt_baselines", " --preset qwen-1.5b -T 2048 -B 4 --n-layer 2" + io + bench + " --scheme preln", "BENCH "},
+        {"train_gpt_baselines", llama + " --scheme preln --bench-infer 1024:128", "BENCH_INFER ", "\"B\":8,"},
     };
     for (const Run& run : runs) {
         const RunResult r = run_cmd("EMU_LAUNCH_ONLY=1 EMU_LAUNCH_LOG='" + log + "' " + emu + run.trainer + run.flags +
@@ -274,7 +279,8 @@ TEST_CASE("ptxas: every launch of gpu_check.sh's benchmarks, at their shapes, fi
         INFO(run.trainer << run.flags << ":\n" << r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
         REQUIRE(r.status == 0);
         CHECK_THAT(r.out, Catch::Contains("launches are checked, kernels and GEMMs not run"));
-        CHECK_THAT(r.out, Catch::Contains("\n" + run.line) && Catch::Contains("launch only"));
+        CHECK_THAT(r.out, Catch::Contains("\n" + run.line) && Catch::Contains("launch only") &&
+                              Catch::Contains(run.depth));
     }
     const RunResult r = launch_check(rep.tsv, log, 80);
     INFO(r.out);

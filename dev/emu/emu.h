@@ -169,8 +169,8 @@ inline bool launch_only() {
     return s == 1;
 #endif
 }
-// Launch-only mode on or off for the rest of the process, whatever $EMU_LAUNCH_ONLY says (tests;
-// before the process's first cudaMalloc: memory is freed the way the mode of the moment allocates).
+// Launch-only mode on or off for the rest of the process, whatever $EMU_LAUNCH_ONLY says (tests).
+// Memory keeps the kind its mode allocated (cudaFree knows which).
 inline void set_launch_only(bool on) { detail::launch_only_state() = on ? 1 : 0; }
 
 enum class Order { kForward, kReverse, kRandom };
@@ -1310,11 +1310,18 @@ inline std::vector<std::pair<void*, size_t>>& allocations() {
     static std::vector<std::pair<void*, size_t>> a;
     return a;
 }
+// Live launch-only allocations (launch_only: zeroed pages from mmap, pointer -> bytes).
+inline std::vector<std::pair<void*, size_t>>& mapped_allocations() {
+    static std::vector<std::pair<void*, size_t>> a;
+    return a;
+}
 inline size_t& allocated_bytes() {
     static size_t n = 0;
     return n;
 }
-constexpr size_t kDeviceBytes = size_t(1) << 34;  // the emulated device's "memory" (16 GiB)
+// The emulated device's "memory": 16 GiB; 80 GiB (an H100's) in launch-only mode, where
+// allocations are backed only where the host writes.
+inline size_t device_bytes() { return launch_only() ? size_t(80) << 30 : size_t(1) << 34; }
 // 256-byte aligned host block of n bytes (at least 1) registered in `list`; nullptr when out of memory.
 inline void* tracked_alloc(std::vector<std::pair<void*, size_t>>& list, size_t n) {
     void* p = nullptr;
@@ -1340,7 +1347,7 @@ inline cudaError_t malloc_(void** p, size_t n) {
     if (launch_only()) {  // zeroed pages, backed only where the host writes (no kernel runs)
         void* m = mmap(nullptr, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         *p = m == MAP_FAILED ? nullptr : m;
-        if (*p) allocations().push_back({*p, n});
+        if (*p) mapped_allocations().push_back({*p, n});
     } else {
         *p = tracked_alloc(allocations(), n);
     }
@@ -1354,26 +1361,23 @@ inline cudaError_t malloc_(P** p, size_t n) {
 }
 inline cudaError_t free_(void* p) {
     forbid_in_capture("cudaFree");
-    if (launch_only()) {  // (mapped by malloc_)
-        auto& list = allocations();
-        for (size_t i = list.size(); p && i-- > 0;)
-            if (list[i].first == p) {
-                const size_t n = list[i].second;
-                munmap(p, n ? n : 1);
-                allocated_bytes() -= n;
-                list[i] = list.back();
-                list.pop_back();
-                break;
-            }
-        return cudaSuccess;
-    }
+    auto& mapped = mapped_allocations();  // (launch-only blocks, whatever the mode is now)
+    for (size_t i = mapped.size(); p && i-- > 0;)
+        if (mapped[i].first == p) {
+            const size_t n = mapped[i].second;
+            munmap(p, n ? n : 1);
+            allocated_bytes() -= n;
+            mapped[i] = mapped.back();
+            mapped.pop_back();
+            return cudaSuccess;
+        }
     allocated_bytes() -= tracked_free(allocations(), p);
     return cudaSuccess;
 }
-// cudaMemGetInfo: free = kDeviceBytes minus the live emulated allocations.
+// cudaMemGetInfo: free = device_bytes() minus the live emulated allocations.
 inline cudaError_t mem_get_info_(size_t* free_b, size_t* total_b) {
-    *total_b = kDeviceBytes;
-    *free_b = kDeviceBytes > allocated_bytes() ? kDeviceBytes - allocated_bytes() : 0;
+    *total_b = device_bytes();
+    *free_b = *total_b > allocated_bytes() ? *total_b - allocated_bytes() : 0;
     return cudaSuccess;
 }
 // cudaMallocHost / cudaFreeHost: page-locked host memory (the only host memory a captured copy
@@ -1395,7 +1399,7 @@ inline cudaError_t free_host_(void* p) {
 // Whether [p, p + n) lies in one emulated device allocation or one pinned host allocation.
 inline bool in_captureable_memory(const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
-    for (auto* list : {&allocations(), &detail::pinned()})
+    for (auto* list : {&allocations(), &mapped_allocations(), &detail::pinned()})
         for (const auto& a : *list) {
             const char* b = static_cast<const char*>(a.first);
             if (c >= b && c + n <= b + a.second) return true;
@@ -1749,7 +1753,7 @@ inline cudaError_t device_props_(cudaDeviceProp* p, int) {
     std::snprintf(p->name, sizeof p->name, launch_only() ? "host emulation (dev/emu, launch only)" : "host emulation (dev/emu)");
     p->major = 9;
     p->multiProcessorCount = launch_only() ? 132 : 1;  // (launch only: the H100 / H200 SXM's, for persistent grids)
-    p->totalGlobalMem = (size_t)1 << 34;
+    p->totalGlobalMem = device_bytes();
     p->sharedMemPerBlockOptin = 227 * 1024;
     return cudaSuccess;
 }

@@ -67,6 +67,7 @@ def split_top(s, sep=','):
     return [x.strip() for x in out]
 
 
+GLOBAL_RE = re.compile(r'\b__global__\b')
 KERNEL_RE = re.compile(r'__global__\s+void\s+')
 LAUNCH_BOUNDS_RE = re.compile(r'__launch_bounds__\s*\(')
 
@@ -88,16 +89,21 @@ def rewrite_kernels(s):
     """Inserts ::emu::kernel_entry() as the first statement of every kernel body
     (`__global__ void [__launch_bounds__(N, ..)] name(..) {`), preceded by
     ::emu::check_launch_bounds(N) where the kernel declares __launch_bounds__; a declaration without
-    a body is left alone, and so is `__global__` in a // comment. Returns (s, kernels, bounds)."""
+    a body is left alone, and so is `__global__` in a // comment; any other spelling of a kernel
+    is an error (its threads would not end at kernel_entry). Returns (s, kernels, bounds)."""
     out, pos, n, nb = [], 0, 0, 0
     while True:
-        m = KERNEL_RE.search(s, pos)
-        if not m:
+        g = GLOBAL_RE.search(s, pos)
+        if not g:
             break
-        if '//' in s[s.rfind('\n', 0, m.start()) + 1:m.start()]:
-            out.append(s[pos:m.end()])
-            pos = m.end()
+        if '//' in s[s.rfind('\n', 0, g.start()) + 1:g.start()]:
+            out.append(s[pos:g.end()])
+            pos = g.end()
             continue
+        m = KERNEL_RE.match(s, g.start())
+        if not m:
+            raise SystemExit('gen.py: a kernel not spelled `__global__ void [__launch_bounds__(..)] name(..)`: %s'
+                             % s[g.start():g.start() + 80])
         lb = LAUNCH_BOUNDS_RE.match(s, m.end())
         bound = None
         after = m.end()
