@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -271,7 +272,8 @@ TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (
 // $EMU_LAUNCH_ONLY (emu::set_launch_only in a child process): a launch within the limits starts
 // block (0,0,0) only, whose threads end at gen.py's kernel_entry before the body (the rows the
 // kernel would overwrite, logits and losses, keep their values; losses as cudaMalloc left them,
-// zeroed); cudaFree unmaps the blocks; the limits are still checked.
+// zeroed, from zero pages of an 80 GiB device); cudaMemset fills them (a zero fill by giving pages
+// back); cudaFree unmaps them even with the mode switched off; the limits are still checked.
 TEST_CASE("emu limits: launch-only mode checks a launch without running the kernel", "[emu][limits]") {
 #if EMU_TSAN
     WARN("SKIP: launch-only mode is off in the ThreadSanitizer build");
@@ -288,6 +290,9 @@ TEST_CASE("emu limits: launch-only mode checks a launch without running the kern
         if (cudaMalloc(&logits, R * V * sizeof(float)) != cudaSuccess ||
             cudaMalloc(&losses, R * sizeof(float)) != cudaSuccess || cudaMalloc(&targets, R * sizeof(int32_t)) != cudaSuccess)
             std::exit(3);
+        size_t free_b = 0, total_b = 0;
+        const bool mapped = emu::mapped_allocations().size() == 3 && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+                            total_b == (size_t(80) << 30);
         bool zeroed = true;
         for (int i = 0; i < R; i++) zeroed = zeroed && losses[i] == 0.f;
         for (int i = 0; i < R * V; i++) logits[i] = 0.25f * (float)(i % V + 1) - 0.6f;  // row loss != 0
@@ -298,17 +303,34 @@ TEST_CASE("emu limits: launch-only mode checks a launch without running the kern
         bool kept = true;
         for (int i = 0; i < R; i++) kept = kept && losses[i] == 0.f;
         for (int i = 0; i < R * V; i++) kept = kept && logits[i] == 0.25f * (float)(i % V + 1) - 0.6f;
-        std::fprintf(stderr, "zeroed %d, blocks run %llu, rows kept %d\n", zeroed ? 1 : 0,
+        std::fprintf(stderr, "mapped %d, zeroed %d, blocks run %llu, rows kept %d\n", mapped ? 1 : 0, zeroed ? 1 : 0,
                      (unsigned long long)(emu::detail::g.blocks - blocks), kept ? 1 : 0);
+        // cudaMemset: a zero fill over whole pages (given back) and its partial ends, then a non-zero one
+        const size_t nbig = 3001;  // 12004 B from a page start: 2 whole pages and a partial one
+        float* big = nullptr;
+        bool fills = cudaMalloc(&big, nbig * sizeof(float)) == cudaSuccess;
+        for (size_t i = 0; fills && i < nbig; i++) big[i] = 1.5f + (float)i;
+        fills = fills && cudaMemset(big + 1, 0, (nbig - 2) * sizeof(float)) == cudaSuccess;
+        for (size_t i = 1; fills && i + 1 < nbig; i++) fills = big[i] == 0.f;
+        fills = fills && big[0] == 1.5f && big[nbig - 1] == 1.5f + (float)(nbig - 1);
+        fills = fills && cudaMemset(big, 0x3f, nbig * sizeof(float)) == cudaSuccess;
+        const uint32_t pattern = 0x3f3f3f3fu;
+        float want = 0.f;
+        std::memcpy(&want, &pattern, sizeof want);
+        for (size_t i = 0; fills && i < nbig; i++) fills = big[i] == want;
+        // freed by the kind they were allocated as, whatever the mode is now
+        emu::set_launch_only(false);
         const bool freed = cudaFree(logits) == cudaSuccess && cudaFree(losses) == cudaSuccess &&
-                           cudaFree(targets) == cudaSuccess && emu::mapped_allocations().empty();
-        std::fprintf(stderr, "freed %d\n", freed ? 1 : 0);
+                           cudaFree(targets) == cudaSuccess && cudaFree(big) == cudaSuccess &&
+                           emu::mapped_allocations().empty();
+        emu::set_launch_only(true);
+        std::fprintf(stderr, "fills %d, freed %d\n", fills ? 1 : 0, freed ? 1 : 0);
         emu::launch(dim3(1), dim3(2 * kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets,
                     V, V, 1.0f, true);  // twice the bound: refused (before any thread reads the freed rows)
     });
     INFO("child stderr: " << r.err);
     CHECK(r.aborted);
-    CHECK_THAT(r.err, Catch::Contains("zeroed 1, blocks run 1, rows kept 1\nfreed 1\n"));
+    CHECK_THAT(r.err, Catch::Contains("mapped 1, zeroed 1, blocks run 1, rows kept 1\nfills 1, freed 1\n"));
     CHECK_THAT(r.err, Catch::Contains("above the kernel's __launch_bounds__"));
 }
 

@@ -1410,6 +1410,22 @@ inline void check_captured_copy(const void* d, const void* s, size_t n) {
     if (!in_captureable_memory(d, n) || !in_captureable_memory(s, n))
         fail("cudaMemcpyAsync from or to pageable host memory during stream capture (use cudaMallocHost)");
 }
+// memset(d, v, n) of cudaMemset[Async]. In launch-only mode a zero fill hands the whole pages in
+// the range back (madvise MADV_DONTNEED: private anonymous pages read back as zero) and writes only
+// the partial pages at its ends, so that zeroing the trainers' large buffers costs no memory.
+inline void device_fill(void* d, int v, size_t n) {
+    if (!n) return;
+    if (launch_only() && v == 0) {
+        const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), b = (uintptr_t)d, e = b + n;
+        const uintptr_t pb = (b + pg - 1) / pg * pg, pe = e / pg * pg;
+        if (pb < pe && madvise((void*)pb, pe - pb, MADV_DONTNEED) == 0) {
+            std::memset(d, 0, pb - b);
+            std::memset((void*)pe, 0, e - pe);
+            return;
+        }
+    }
+    std::memset(d, v, n);
+}
 // Synchronous cudaMemcpy / cudaMemset (not allowed during a capture).
 inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
     forbid_in_capture("cudaMemcpy (synchronous)");
@@ -1418,7 +1434,7 @@ inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
 }
 inline cudaError_t memset_(void* d, int v, size_t n, ...) {
     forbid_in_capture("cudaMemset (synchronous)");
-    if (n) std::memset(d, v, n);
+    device_fill(d, v, n);
     return cudaSuccess;
 }
 // cudaMemcpyAsync / cudaMemsetAsync: complete at once, or are recorded during a capture.
@@ -1435,10 +1451,10 @@ inline cudaError_t memcpy_async_(void* d, const void* s, size_t n, cudaMemcpyKin
 inline cudaError_t memset_async_(void* d, int v, size_t n, cudaStream_t st = nullptr) {
     if (capturing()) {
         if (!in_captureable_memory(d, n)) fail("cudaMemsetAsync on host memory during stream capture");
-        record(st, "cudaMemsetAsync", [=] { if (n) std::memset(d, v, n); });
+        record(st, "cudaMemsetAsync", [=] { device_fill(d, v, n); });
         return cudaSuccess;
     }
-    if (n) std::memset(d, v, n);
+    device_fill(d, v, n);
     return cudaSuccess;
 }
 // cudaMemcpy2D[Async]: `height` rows of `width` bytes, row pitches dpitch / spitch (bytes).
