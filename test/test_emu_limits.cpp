@@ -270,10 +270,11 @@ TEST_CASE("emu limits: a block above the kernel's __launch_bounds__ is refused (
 }
 
 // $EMU_LAUNCH_ONLY (emu::set_launch_only in a child process): a launch within the limits starts
-// block (0,0,0) only, whose threads end at gen.py's kernel_entry before the body (the rows the
+// thread 0 of block (0,0,0) only, which ends at gen.py's kernel_entry before the body (the rows the
 // kernel would overwrite, logits and losses, keep their values; losses as cudaMalloc left them,
 // zeroed, from zero pages of an 80 GiB device); cudaMemset fills them (a zero fill by giving pages
-// back); cudaFree unmaps them even with the mode switched off; the limits are still checked.
+// back); a copy between two of them is not done, one to or from the host is; cudaFree unmaps them
+// even with the mode switched off; the limits are still checked.
 TEST_CASE("emu limits: launch-only mode checks a launch without running the kernel", "[emu][limits]") {
 #if EMU_TSAN
     WARN("SKIP: launch-only mode is off in the ThreadSanitizer build");
@@ -303,8 +304,9 @@ TEST_CASE("emu limits: launch-only mode checks a launch without running the kern
         bool kept = true;
         for (int i = 0; i < R; i++) kept = kept && losses[i] == 0.f;
         for (int i = 0; i < R * V; i++) kept = kept && logits[i] == 0.25f * (float)(i % V + 1) - 0.6f;
-        std::fprintf(stderr, "mapped %d, zeroed %d, blocks run %llu, rows kept %d\n", mapped ? 1 : 0, zeroed ? 1 : 0,
-                     (unsigned long long)(emu::detail::g.blocks - blocks), kept ? 1 : 0);
+        std::fprintf(stderr, "mapped %d, zeroed %d, blocks run %llu, threads %zu of %d, rows kept %d\n", mapped ? 1 : 0,
+                     zeroed ? 1 : 0, (unsigned long long)(emu::detail::g.blocks - blocks), emu::detail::g.th.size(),
+                     kThreads, kept ? 1 : 0);
         // cudaMemset: a zero fill over whole pages (given back) and its partial ends, then a non-zero one
         const size_t nbig = 3001;  // 12004 B from a page start: 2 whole pages and a partial one
         float* big = nullptr;
@@ -318,19 +320,30 @@ TEST_CASE("emu limits: launch-only mode checks a launch without running the kern
         float want = 0.f;
         std::memcpy(&want, &pattern, sizeof want);
         for (size_t i = 0; fills && i < nbig; i++) fills = big[i] == want;
+        // copies: between two cudaMalloc blocks not done (device work), to and from the host done
+        float host[R];
+        bool copies = cudaMemcpy(losses, logits, R * sizeof(float), cudaMemcpyDeviceToDevice) == cudaSuccess &&
+                      cudaMemcpyAsync(losses, logits, R * sizeof(float), cudaMemcpyDefault, nullptr) == cudaSuccess;
+        for (int i = 0; i < R; i++) copies = copies && losses[i] == 0.f;
+        copies = copies && cudaMemcpy(host, logits, R * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+        for (int i = 0; i < R; i++) copies = copies && host[i] == logits[i] && host[i] != 0.f;
+        for (int i = 0; i < R; i++) host[i] = 2.f + (float)i;
+        copies = copies && cudaMemcpy(losses, host, R * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+        for (int i = 0; i < R; i++) copies = copies && losses[i] == 2.f + (float)i;
         // freed by the kind they were allocated as, whatever the mode is now
         emu::set_launch_only(false);
         const bool freed = cudaFree(logits) == cudaSuccess && cudaFree(losses) == cudaSuccess &&
                            cudaFree(targets) == cudaSuccess && cudaFree(big) == cudaSuccess &&
                            emu::mapped_allocations().empty();
         emu::set_launch_only(true);
-        std::fprintf(stderr, "fills %d, freed %d\n", fills ? 1 : 0, freed ? 1 : 0);
+        std::fprintf(stderr, "fills %d, copies %d, freed %d\n", fills ? 1 : 0, copies ? 1 : 0, freed ? 1 : 0);
         emu::launch(dim3(1), dim3(2 * kThreads), 0, nullptr, classifier_kernel<float, false>, logits, losses, targets,
                     V, V, 1.0f, true);  // twice the bound: refused (before any thread reads the freed rows)
     });
     INFO("child stderr: " << r.err);
     CHECK(r.aborted);
-    CHECK_THAT(r.err, Catch::Contains("mapped 1, zeroed 1, blocks run 1, rows kept 1\nfills 1, freed 1\n"));
+    CHECK_THAT(r.err, Catch::Contains("mapped 1, zeroed 1, blocks run 1, threads 1 of " + std::to_string(kThreads) +
+                                    ", rows kept 1\nfills 1, copies 1, freed 1\n"));
     CHECK_THAT(r.err, Catch::Contains("above the kernel's __launch_bounds__"));
 }
 

@@ -144,12 +144,12 @@ inline P aligned_cast(Q q) {
 
 // $EMU_LAUNCH_ONLY=1 (not in the ThreadSanitizer build): every launch is checked and logged as
 // usual (block and grid limits, dynamic shared memory and opt-in, __launch_bounds__,
-// $EMU_LAUNCH_LOG) but no kernel body and no host GEMM (dev/emu/matmul_host.h) runs, and
-// cudaMalloc memory starts zeroed: a program's launch configurations at shapes far too large to
+// $EMU_LAUNCH_LOG) but no kernel body, no host GEMM (dev/emu/matmul_host.h) and no copy between
+// two cudaMalloc blocks runs, and cudaMalloc memory starts zeroed: a program's launch configurations at shapes far too large to
 // emulate (test_ptxas runs the trainers at the benchmark shapes so), with every device result
-// zero. Block (0,0,0) of each launch starts its threads, which end at kernel_entry, the first
-// statement gen.py puts in every kernel (after check_launch_bounds); a kernel that gen.py did not
-// convert runs its whole body in that block.
+// zero. Thread 0 of block (0,0,0) alone starts, and ends at kernel_entry, the first statement
+// gen.py puts in every kernel (after check_launch_bounds); a kernel that gen.py did not convert
+// runs its whole body in that one thread.
 namespace detail {
 inline int& launch_only_state() {  // 1 on, 0 off, -1 not yet read from the environment
     static int s = -1;
@@ -1260,9 +1260,12 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     g.launches++;
     g.grid = grid;
     g.block = block;
-    g.th.assign((size_t)nt, Thread());
-    while (!EMU_TSAN && g.stacks.size() < (size_t)nt) g.stacks.emplace_back(new char[kStackBytes]);  // (TSan: per-pool stacks)
-    for (int64_t i = 0; i < nt; i++) {
+    // launch-only: thread 0 of block (0,0,0) alone (every thread of a converted kernel would end at
+    // kernel_entry after the same launch-bounds check; blockDim is the launch's)
+    const int64_t started = launch_only() ? 1 : nt;
+    g.th.assign((size_t)started, Thread());
+    while (!EMU_TSAN && g.stacks.size() < (size_t)started) g.stacks.emplace_back(new char[kStackBytes]);  // (TSan: per-pool stacks)
+    for (int64_t i = 0; i < started; i++) {
         Thread& t = g.th[(size_t)i];
         t.lin = (int)i;
         t.tid = make_uint3((unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
@@ -1288,7 +1291,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
 #if EMU_TSAN
     __tsan_release(&g.launch_sync);  // the host's work so far happens before every emulated thread
 #endif
-    const bool all = !launch_only();  // (else block (0,0,0) only: its threads end at kernel_entry)
+    const bool all = !launch_only();  // (else block (0,0,0) only: its thread ends at kernel_entry)
     for (unsigned z = 0; z < (all ? grid.z : 1); z++)
         for (unsigned y = 0; y < (all ? grid.y : 1); y++)
             for (unsigned x = 0; x < (all ? grid.x : 1); x++) {
@@ -1426,10 +1429,26 @@ inline void device_fill(void* d, int v, size_t n) {
     }
     std::memset(d, v, n);
 }
+// Whether [p, p + n) lies in one launch-only allocation (mapped_allocations).
+inline bool in_mapped(const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    for (const auto& a : mapped_allocations()) {
+        const char* b = static_cast<const char*>(a.first);
+        if (c >= b && c + n <= b + a.second) return true;
+    }
+    return false;
+}
+// The copy of cudaMemcpy[Async]: memmove, except in launch-only mode between two launch-only
+// allocations: a device-to-device copy is device work, like a kernel, and is not done (it would
+// back the destination's pages: the LDM workbench's stored states at its BENCH shape, 26 GB).
+inline void device_copy(void* d, const void* s, size_t n) {
+    if (!n || (launch_only() && in_mapped(d, n) && in_mapped(s, n))) return;
+    std::memmove(d, s, n);
+}
 // Synchronous cudaMemcpy / cudaMemset (not allowed during a capture).
 inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
     forbid_in_capture("cudaMemcpy (synchronous)");
-    if (n) std::memmove(d, s, n);
+    device_copy(d, s, n);
     return cudaSuccess;
 }
 inline cudaError_t memset_(void* d, int v, size_t n, ...) {
@@ -1442,10 +1461,10 @@ inline cudaError_t memcpy_async_(void* d, const void* s, size_t n, cudaMemcpyKin
                                  cudaStream_t st = nullptr) {
     if (capturing()) {
         check_captured_copy(d, s, n);
-        record(st, "cudaMemcpyAsync", [=] { if (n) std::memmove(d, s, n); });
+        record(st, "cudaMemcpyAsync", [=] { device_copy(d, s, n); });
         return cudaSuccess;
     }
-    if (n) std::memmove(d, s, n);
+    device_copy(d, s, n);
     return cudaSuccess;
 }
 inline cudaError_t memset_async_(void* d, int v, size_t n, cudaStream_t st = nullptr) {
