@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <type_traits>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -322,9 +323,13 @@ cudaGraphExec_t capture_graph(cudaStream_t s, F&& enqueue, int64_t* nodes, const
     return exec;
 }
 
-// Host fp32/fp64/any -> device T, converting through fp32 (blocking).
+// Host fp32/fp64/any -> device T, converting through fp32 (blocking); straight from src when H is T.
 template <typename T, typename H>
 inline void upload(T* dst, const H* src, int64_t n) {
+    if constexpr (std::is_same<T, H>::value) {
+        CUDA_CHECK(cudaMemcpy(dst, src, (size_t)n * sizeof(T), cudaMemcpyHostToDevice));
+        return;
+    }
     std::vector<T> tmp((size_t)n);
     for (int64_t i = 0; i < n; i++) tmp[(size_t)i] = from_f<T>((float)src[i]);
     CUDA_CHECK(cudaMemcpy(dst, tmp.data(), (size_t)n * sizeof(T), cudaMemcpyHostToDevice));
@@ -332,6 +337,11 @@ inline void upload(T* dst, const H* src, int64_t n) {
 // Device T -> host float (blocking).
 template <typename T>
 inline std::vector<float> download(const T* src, int64_t n) {
+    if constexpr (std::is_same<T, float>::value) {
+        std::vector<float> out((size_t)n);
+        CUDA_CHECK(cudaMemcpy(out.data(), src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+        return out;
+    }
     std::vector<T> tmp((size_t)n);
     CUDA_CHECK(cudaMemcpy(tmp.data(), src, (size_t)n * sizeof(T), cudaMemcpyDeviceToHost));
     std::vector<float> out((size_t)n);
