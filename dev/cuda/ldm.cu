@@ -544,7 +544,7 @@ void bench(bool quick) {
 // gradients ~ N(0, 1), lambda in [0.95, 1)), the window's writes applied in double from a state
 // reached by three random writes from (0, I/0.1) and rounded to fp32; on the GPU steps t = m-1..0;
 // against unwinding write by write in double (wbwd_reference). Inputs for the bench come from
-// the same generator at the bench shape.
+// the same generator, for its first `distinct` tokens, repeated across the bench shape.
 namespace wbwd {
 using namespace ldmk;
 
@@ -553,8 +553,12 @@ struct WbwdHost {
     int m = 0, w = 0;
     std::vector<float> state, dstate, Kn, Qn, V, dR, lam;
 };
+// The inputs of N tokens (token-major rows: keys and queries HK, values and read gradients d per
+// token and write; states ST per token). With distinct < N: those of `distinct` tokens, token n
+// holding token n % distinct's rows (a bench's inputs without the host work of all N, about a
+// minute at N = 16384 on one CPU core).
 template <typename T>
-WbwdHost wbwd_inputs(int N, int Hm, int dk, int dv, int w, int m, uint64_t seed) {
+WbwdHost wbwd_inputs(int N, int Hm, int dk, int dv, int w, int m, uint64_t seed, int distinct = 0) {
     WbwdHost H;
     ModelConfig c;
     c.d_model = dv * Hm;
@@ -562,6 +566,27 @@ WbwdHost wbwd_inputs(int N, int Hm, int dk, int dv, int w, int m, uint64_t seed)
     c.ldm_dk = dk;
     c.ldm_rule = "rls";
     H.D = make_dims(c, N);
+    if (distinct > 0 && distinct < N) {
+        const WbwdHost h = wbwd_inputs<T>(distinct, Hm, dk, dv, w, m, seed);
+        H.m = m;
+        H.w = w;
+        H.lam = h.lam;  // (per write and head)
+        // dst = `blocks` blocks of N rows of `row` floats from src's blocks of `distinct` rows
+        auto tile = [&](const std::vector<float>& src, std::vector<float>& dst, int64_t row, int blocks) {
+            dst.resize((size_t)(blocks * (int64_t)N * row));
+            for (int64_t b = 0; b < blocks; b++)
+                for (int64_t n = 0; n < N; n++)
+                    std::memcpy(&dst[(size_t)((b * N + n) * row)], &src[(size_t)((b * distinct + n % distinct) * row)],
+                                (size_t)row * sizeof(float));
+        };
+        tile(h.Kn, H.Kn, H.D.HK, m);
+        tile(h.Qn, H.Qn, H.D.HK, m);
+        tile(h.V, H.V, H.D.d, m);
+        tile(h.dR, H.dR, H.D.d, m);
+        tile(h.state, H.state, H.D.ST, 1);
+        tile(h.dstate, H.dstate, H.D.ST, 1);
+        return H;
+    }
     const Dims& D = H.D;
     H.m = m;
     H.w = w;
@@ -680,7 +705,7 @@ void check_window_bwd() {
 template <typename T>
 void bench_window_bwd(bool quick, int dk = 8, int w = 4) {
     const int N = 16384, Hm = 4, dv = 256;
-    const WbwdHost H = wbwd_inputs<T>(N, Hm, dk, dv, w, w, 4242);
+    const WbwdHost H = wbwd_inputs<T>(N, Hm, dk, dv, w, w, 4242, 256);  // (no data-dependent branch)
     WbwdDev<T> g(H);
     const Dims& D = H.D;
     const int reps = quick ? 5 : 20, CW = wbwd_coef_floats(wbwd_width(dk), w);
