@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/adamw.cu.h"
+#include "test/emu_bench_launches.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: adamw workbench checks (v1, v2, global norm)", "[emu][adamw]") {
@@ -29,3 +30,6 @@ TEST_CASE("emu: adamw workbench checks (v1, v2, global norm)", "[emu][adamw]") {
     CHECK(c.failed.empty());
     CHECK(g_failures == 0);
 }
+
+// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
+EMU_BENCH_LAUNCHES_CASE("adamw")

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/classifier.cu.h"
+#include "test/emu_bench_launches.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: classifier workbench checks (v1, v2, v2_scalar)", "[emu][classifier]") {
@@ -30,3 +31,6 @@ TEST_CASE("emu: classifier workbench checks (v1, v2, v2_scalar)", "[emu][classif
     CHECK(c.failed.empty());
     CHECK(g_failures == 0);
 }
+
+// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
+EMU_BENCH_LAUNCHES_CASE("classifier")

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_emu/dev_cuda/embedding.cu.h"
+#include "test/emu_bench_launches.h"
 #include "dev/emu/harness.h"
 #include "test/helpers.h"
 
@@ -136,3 +137,6 @@ TEST_CASE("emu: a misaligned vector access aborts the kernel, as it faults on a 
     cudaFree(out);
     cudaFree(tok);
 }
+
+// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
+EMU_BENCH_LAUNCHES_CASE("embedding")

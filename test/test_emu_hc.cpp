@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/hc.cu.h"
+#include "test/emu_bench_launches.h"
 #include "dev/emu/harness.h"
 
 // The ThreadSanitizer build (build/tsan) runs the Race subset (dev/cuda/scheme_check.cuh Checks).
@@ -28,3 +29,6 @@ TEST_CASE("emu: HC / mHC scheme workbench checks (--quick shapes)", "[emu][hc]")
     CHECK(c.failed.empty());
     CHECK(ok);
 }
+
+// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
+EMU_BENCH_LAUNCHES_CASE("hc")

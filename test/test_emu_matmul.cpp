@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/matmul.cu.h"
+#include "test/emu_bench_launches.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: matmul workbench checks (naive GEMM, linear layer, bias gradients)", "[emu][matmul]") {
@@ -35,3 +36,6 @@ TEST_CASE("emu: matmul workbench checks (naive GEMM, linear layer, bias gradient
     CHECK(c.failed.empty());
     CHECK(R.fails == 0);
 }
+
+// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
+EMU_BENCH_LAUNCHES_CASE("matmul")

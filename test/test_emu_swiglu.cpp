@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/swiglu.cu.h"
+#include "test/emu_bench_launches.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: swiglu workbench checks (v1, v2)", "[emu][swiglu]") {
@@ -25,3 +26,6 @@ TEST_CASE("emu: swiglu workbench checks (v1, v2)", "[emu][swiglu]") {
     CHECK(c.failed.empty());
     CHECK(R.fails == 0);
 }
+
+// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
+EMU_BENCH_LAUNCHES_CASE("swiglu")

@@ -11,13 +11,14 @@
 //   registers per block and shared memory with ptxas's numbers (scripts/launch_check.py), which
 //   the emulation alone cannot see; the same for every launch of the workbenches' emulation tests
 //   (test_emu_*), against the workbenches' own ptxas logs; the same for the launches of
-//   scripts/gpu_check.sh's benchmarks at their full shapes ($EMU_LAUNCH_ONLY: checked, not run);
-//   the checker itself is checked on a made-up log.
+//   scripts/gpu_check.sh's benchmarks and workbench runs at their full shapes ($EMU_LAUNCH_ONLY:
+//   checked, not run); the checker itself is checked on a made-up log.
 // Skips visibly without nvcc (or without the emulated trainers / data for the second).
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -291,6 +292,82 @@ TEST_CASE("ptxas: every launch of gpu_check.sh's benchmarks, at their shapes, fi
     WARN(summary_line(r.out));
 }
 
+// The workbenches' emulation tests (build/test/test_emu_<name>: each includes the emulation copy of
+// its workbench) and ptxas's report of their kernels: sm_90 for every workbench and the kernels
+// the tests launch straight from cuda/*.cuh, sm_90a for the attention workbench (its wgmma
+// variant). Empty reports (after a SKIP) without the tests or nvcc. Made once per test binary.
+struct WorkbenchReports {
+    std::vector<std::string> names;  // test_emu_<name>, attention last (it has the other report)
+    Report sm90, sm90a;
+};
+const WorkbenchReports& workbench_reports() {
+    static WorkbenchReports w;
+    static bool done = false;
+    if (done) return w;
+    done = true;
+    const std::vector<std::string> names = {"adamw", "attnres", "classifier", "embedding", "hc", "infer", "ldm_scheme",
+                                            "matmul", "rmsnorm", "rope", "swiglu", "attention"};
+    for (const std::string& n : names) {
+        struct stat st {};
+        if (stat((build_dir_of_test() + "/test/test_emu_" + n).c_str(), &st) != 0) {
+            WARN("SKIP workbench launch check: test_emu_" << n << " not built (no CUDA headers?)");
+            return w;
+        }
+    }
+    std::vector<std::string> srcs;
+    for (const std::string& n : names)
+        if (n != "attention") srcs.push_back("dev/cuda/" + (n == "ldm_scheme" ? std::string("ldm") : n) + ".cu");
+    srcs.push_back("train_gpt_baselines.cu");  // kernels the tests launch straight from cuda/*.cuh
+    srcs.push_back("train_ldm.cu");
+    const Report r90 = make_report("ptxas_workbenches", srcs, "90");
+    if (r90.tsv.empty()) return w;
+    const Report r90a = make_report("ptxas_attention", {"dev/cuda/attention.cu"}, "90a");
+    if (r90a.tsv.empty()) return w;
+    w = {names, r90, r90a};
+    return w;
+}
+
+// launch_check.py on the launches a workbench run logged, against the sm_90 report (`sm90`), or the
+// attention workbench's against its sm_90a one; `kernels` must each have been launched and be in
+// the report. Returns the script's output.
+std::string check_workbench_launches(const WorkbenchReports& w, const std::string& launches, int min_matched,
+                                     bool attention, const std::vector<std::string>& kernels) {
+    const RunResult r = launch_check(attention ? w.sm90a.tsv : w.sm90.tsv, launches, min_matched);
+    INFO(launches << ":\n" << r.out);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains(" 0 violations"));
+    const std::string launched = slurp(launches);
+    for (const std::string& k : kernels) {
+        INFO(k);
+        CHECK(launched.find(k) != std::string::npos);
+        const size_t unreported = r.out.find("not in the ptxas report");  // the list ends the output
+        CHECK(r.out.find(k, unreported == std::string::npos ? r.out.size() : unreported) == std::string::npos);
+    }
+    return r.out;
+}
+
+// Runs build/test/test_emu_<name> ARGS for each of `names` in `dir`, two at a time (both cores),
+// with $EMU_LAUNCH_LOG=<name>.tsv and the environment `env`: its output in <name>.out, its exit
+// status in <name>.rc, its seconds in <name>.s. Then cats the launch logs of every name but
+// "attention" into launches.tsv (attention's has its own report) and returns the seconds, "name N s"
+// each.
+std::string run_emu_tests(const std::string& dir, const std::vector<std::string>& names, const std::string& env,
+                          const std::string& args) {
+    write_file(dir + "/one.sh", "t0=$(date +%s)\n" + env + " EMU_LAUNCH_LOG=\"$1.tsv\" '" + build_dir_of_test() +
+                                    "/test/test_emu_'\"$1\" " + args + " > \"$1.out\" 2>&1\necho $? > \"$1.rc\"\n"
+                                    "echo $(( $(date +%s) - t0 )) > \"$1.s\"\n");
+    std::string cmd = "cd '" + dir + "' && rm -f *.tsv && printf '%s\\n'", logs, seconds;
+    for (const std::string& n : names) {
+        cmd += " " + n;
+        if (n != "attention") logs += " " + n + ".tsv";
+    }
+    const RunResult r = run_cmd(cmd + " | xargs -P 2 -n 1 bash one.sh && cat" + logs + " > launches.tsv 2>&1");
+    INFO(cmd << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    for (const std::string& n : names) seconds += " " + n + " " + split(slurp(dir + "/" + n + ".s"), '\n')[0] + " s";
+    return seconds;
+}
+
 // The dev/cuda workbenches' own kernel variants (attention mma-pipe and wgmma, the windowed LDM
 // backward, the HC/mHC and AttnRes variants, ...) run on a GPU only in scripts/gpu_check.sh's
 // workbench items, where a launch the device refuses would cost that workbench's BENCH lines: every
@@ -298,65 +375,71 @@ TEST_CASE("ptxas: every launch of gpu_check.sh's benchmarks, at their shapes, fi
 // shared memory with ptxas's numbers (the attention workbench's against its sm_90a build).
 TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's registers and shared memory",
           "[ptxas][cuda][emu]") {
-    const std::string bin = build_dir_of_test() + "/test/test_emu_";
-    const std::vector<std::string> names = {"adamw", "attnres", "classifier", "embedding", "hc", "infer", "ldm",
-                                            "ldm_scheme", "matmul", "rmsnorm", "rope", "swiglu"};
-    std::vector<std::string> all = names;
-    all.push_back("attention");
-    for (const std::string& n : all) {
-        struct stat st {};
-        if (stat((bin + n).c_str(), &st) != 0) {
-            WARN("SKIP workbench launch check: " << bin << n << " not built (no CUDA headers?)");
-            return;
-        }
-    }
-    std::vector<std::string> srcs;
-    for (const std::string& n : names)
-        if (n != "ldm_scheme") srcs.push_back("dev/cuda/" + n + ".cu");
-    srcs.push_back("train_gpt_baselines.cu");  // kernels the tests launch straight from cuda/*.cuh
-    srcs.push_back("train_ldm.cu");
-    const Report rep90 = make_report("ptxas_workbenches", srcs, "90");
-    if (rep90.tsv.empty()) return;
-    const Report rep90a = make_report("ptxas_attention", {"dev/cuda/attention.cu"}, "90a");
-    if (rep90a.tsv.empty()) return;
+    const WorkbenchReports& w = workbench_reports();
+    if (w.names.empty()) return;
     const std::string dir = scratch_dir("wb_launches");
-    const std::string log = dir + "/launches.tsv", log_att = dir + "/launches_attention.tsv";
-    for (const std::string& n : names) {
-        const RunResult r = run_cmd("EMU_LAUNCH_LOG='" + log + "' '" + bin + n + "' 2>&1");
-        INFO(n << ":\n" << r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
-        REQUIRE(r.status == 0);
+    run_emu_tests(dir, w.names, "", "");
+    for (const std::string& n : w.names) {
+        const std::string out = slurp(dir + "/" + n + ".out");
+        INFO(n << ":\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0));
+        CHECK(slurp(dir + "/" + n + ".rc") == "0\n");
     }
-    const RunResult ra = run_cmd("EMU_LAUNCH_LOG='" + log_att + "' '" + bin + "attention' 2>&1");
-    INFO(ra.out.substr(ra.out.size() > 4000 ? ra.out.size() - 4000 : 0));
-    REQUIRE(ra.status == 0);
+    const std::string log = dir + "/launches.tsv", log_att = dir + "/attention.tsv";
     // Allowed: kernels defined only in the tests (internal linkage: unresolved) and instantiations
     // only a test makes (not in any ptxas report). Required: the workbench-only variants, each
     // launched and each found in the ptxas report.
-    struct Log {
-        std::string tsv, launches;
-        int min;
-        std::vector<std::string> kernels;
-    };
-    const Log logs[] = {{rep90.tsv, log, 800,
-                         {"wbwd_rls_warp_kernel", "combine_dz_kernel", "mhc_combine_nodw_kernel",
-                          "combine_token_kernel", "block_scores_backward_kernel", "full_scores_regstage_kernel"}},
-                        {rep90a.tsv, log_att, 30,
-                         {"attn_fwd_wgmma", "attn_bwd_dkdv_wgmma", "attn_bwd_dq_wgmma", "attn_fwd_pipe",
-                          "attn_bwd_dkdv_pipe", "attn_bwd_dq_pipe"}}};
-    for (const Log& l : logs) {
-        const RunResult r = launch_check(l.tsv, l.launches, l.min);
-        INFO(l.launches << ":\n" << r.out);
-        CHECK(r.status == 0);
-        CHECK_THAT(r.out, Catch::Contains(" 0 violations"));
-        const std::string launched = slurp(l.launches);
-        for (const std::string& k : l.kernels) {
-            INFO(k);
-            CHECK(launched.find(k) != std::string::npos);
-            const size_t unreported = r.out.find("not in the ptxas report");  // the list ends the output
-            CHECK(r.out.find(k, unreported == std::string::npos ? r.out.size() : unreported) == std::string::npos);
-        }
-        WARN(summary_line(r.out));
+    WARN(summary_line(check_workbench_launches(w, log, 800, false,
+                                               {"wbwd_rls_warp_kernel", "combine_dz_kernel", "mhc_combine_nodw_kernel",
+                                                "combine_token_kernel", "block_scores_backward_kernel",
+                                                "full_scores_regstage_kernel"})));
+    WARN(summary_line(check_workbench_launches(w, log_att, 30, true,
+                                               {"attn_fwd_wgmma", "attn_bwd_dkdv_wgmma", "attn_bwd_dq_wgmma",
+                                                "attn_fwd_pipe", "attn_bwd_dkdv_pipe", "attn_bwd_dq_pipe"})));
+}
+
+// scripts/gpu_check.sh runs each workbench with no flags on the GPU: its CHECKs, then its BENCH
+// runs at their full shapes (attention at llama-400m B 8 T 2048 and qwen3-1.7b B 2 T 8192, the
+// scheme workbenches at 16384 tokens of d 1024, ...), which no emulation test reaches. Each one's
+// main under launch-only emulation (its test's hidden "[.bench_launches]" case,
+// test/emu_bench_launches.h: launches checked and logged, no kernel run, so its CHECKs fail), then
+// every launch checked against ptxas as above. Its BENCH lines are counted: a workbench whose main
+// stopped early (an exception, which its main catches) prints fewer. Two at a time (both cores).
+TEST_CASE("ptxas: every launch of the workbenches' runs in gpu_check.sh, at their BENCH shapes, fits sm_90",
+          "[ptxas][cuda][emu]") {
+    const WorkbenchReports& w = workbench_reports();
+    if (w.names.empty()) return;
+    const std::string dir = scratch_dir("wb_bench_launches");
+    // the BENCH lines of each workbench's main without flags (the longest runs first)
+    const std::vector<std::pair<std::string, int>> bench_lines = {
+        {"ldm_scheme", 102}, {"hc", 66},     {"classifier", 13}, {"attnres", 60}, {"attention", 24}, {"adamw", 5},
+        {"rmsnorm", 24},     {"swiglu", 8},  {"embedding", 10},  {"rope", 14},    {"matmul", 16},    {"infer", 6}};
+    REQUIRE(bench_lines.size() == w.names.size());
+    for (const auto& b : bench_lines) REQUIRE(std::count(w.names.begin(), w.names.end(), b.first) == 1);
+    std::vector<std::string> names;
+    for (const auto& b : bench_lines) names.push_back(b.first);
+    const std::string seconds = run_emu_tests(dir, names, "EMU_LAUNCH_ONLY=1", "'[.bench_launches]'");
+    for (const auto& b : bench_lines) {
+        const std::string out = slurp(dir + "/" + b.first + ".out");
+        INFO(b.first << ":\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0));
+        CHECK(slurp(dir + "/" + b.first + ".rc") == "0\n");
+        CHECK_THAT(out, Catch::Contains("launches are checked, kernels and GEMMs not run") &&
+                            Catch::Contains("\nbench_launches: workbench_main returned "));
+        int n = 0;
+        for (const std::string& line : split(out, '\n')) n += line.rfind("BENCH ", 0) == 0;
+        CHECK(n == b.second);
     }
+    WARN("host time of each workbench's run (its CPU references, inputs, timing loops):" << seconds);
+    const std::string all = dir + "/launches.tsv";
+    // every kernel named (none only a test defines) and in the report
+    const std::string strict = " 0 unresolved symbols, 0 kernels ptxas did not report, 0 violations";
+    const std::string out = check_workbench_launches(w, all, 1000, false, {"wbwd_rls_warp_kernel", "combine_dz_kernel",
+                                                                           "block_scores_backward_kernel"});
+    CHECK_THAT(out, Catch::Contains(strict));
+    WARN(summary_line(out));
+    const std::string out_att = check_workbench_launches(
+        w, dir + "/attention.tsv", 30, true, {"attn_fwd_wgmma", "attn_bwd_dkdv_wgmma", "attn_bwd_dq_wgmma", "attn_fwd_pipe"});
+    CHECK_THAT(out_att, Catch::Contains(strict));
+    WARN(summary_line(out_att));
 }
 
 // The attention workbench's wgmma kernels (dev/cuda/attention_wgmma.cuh: forward, dK/dV, dQ) on

@@ -24,7 +24,8 @@ using namespace ldm::gpu;
 static int g_failures = 0;
 
 // ---- v1 (workbench only): pass 1 max, pass 2 Σ exp (expf), pass 3 writes; scalar loads ------
-namespace {
+// (a named namespace: its kernel keeps external linkage, so that an emulated launch log names it)
+namespace classifier_v1 {
 using classifier_detail::kThreads;
 using classifier_detail::target_logit;
 
@@ -106,7 +107,8 @@ void run_variant(int variant, T* logits, float* losses, const int32_t* targets, 
                                                                dscale, write);
     LDM_LAUNCH_CHECK();
 }
-}  // namespace
+}  // namespace classifier_v1
+using namespace classifier_v1;
 
 static void report_check(const char* variant, const char* dtype, const std::string& shape,
                          double rel, double max_abs, bool pass) {
