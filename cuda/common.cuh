@@ -328,24 +328,23 @@ template <typename T, typename H>
 inline void upload(T* dst, const H* src, int64_t n) {
     if constexpr (std::is_same<T, H>::value) {
         CUDA_CHECK(cudaMemcpy(dst, src, (size_t)n * sizeof(T), cudaMemcpyHostToDevice));
-        return;
+    } else {
+        std::vector<T> tmp((size_t)n);
+        for (int64_t i = 0; i < n; i++) tmp[(size_t)i] = from_f<T>((float)src[i]);
+        CUDA_CHECK(cudaMemcpy(dst, tmp.data(), (size_t)n * sizeof(T), cudaMemcpyHostToDevice));
     }
-    std::vector<T> tmp((size_t)n);
-    for (int64_t i = 0; i < n; i++) tmp[(size_t)i] = from_f<T>((float)src[i]);
-    CUDA_CHECK(cudaMemcpy(dst, tmp.data(), (size_t)n * sizeof(T), cudaMemcpyHostToDevice));
 }
 // Device T -> host float (blocking).
 template <typename T>
 inline std::vector<float> download(const T* src, int64_t n) {
-    if constexpr (std::is_same<T, float>::value) {
-        std::vector<float> out((size_t)n);
-        CUDA_CHECK(cudaMemcpy(out.data(), src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
-        return out;
-    }
-    std::vector<T> tmp((size_t)n);
-    CUDA_CHECK(cudaMemcpy(tmp.data(), src, (size_t)n * sizeof(T), cudaMemcpyDeviceToHost));
     std::vector<float> out((size_t)n);
-    for (int64_t i = 0; i < n; i++) out[(size_t)i] = to_f(tmp[(size_t)i]);
+    if constexpr (std::is_same<T, float>::value) {
+        CUDA_CHECK(cudaMemcpy(out.data(), src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<T> tmp((size_t)n);
+        CUDA_CHECK(cudaMemcpy(tmp.data(), src, (size_t)n * sizeof(T), cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < n; i++) out[(size_t)i] = to_f(tmp[(size_t)i]);
+    }
     return out;
 }
 

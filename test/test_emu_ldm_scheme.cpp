@@ -52,7 +52,8 @@ TEST_CASE("emu: the workbench's windowed-backward checks (dev/cuda/ldm_window_bw
 }
 
 // The windowed-backward bench's inputs: N tokens holding the rows of `distinct` tokens, in turn,
-// each row bit for bit those wbwd_inputs makes for the `distinct` tokens alone.
+// each row bit for bit those wbwd_inputs makes for the `distinct` tokens alone, found through the
+// kernels' own row offsets.
 TEST_CASE("ldm workbench: the windowed-backward bench's inputs repeat those of a few tokens", "[ldm]") {
     const int N = 11, distinct = 4, Hm = 2, dk = 3, dv = 5, w = 3, m = 2;
     const wbwd::WbwdHost few = wbwd::wbwd_inputs<bf16>(distinct, Hm, dk, dv, w, m, 77);
@@ -61,23 +62,38 @@ TEST_CASE("ldm workbench: the windowed-backward bench's inputs repeat those of a
     CHECK(all.m == m);
     CHECK(all.w == w);
     CHECK(all.lam == few.lam);
-    // (rows of `row` floats, `blocks` blocks of N (all) or `distinct` (few) rows each)
-    auto same = [&](const std::vector<float>& a, const std::vector<float>& f, int64_t row, int blocks) {
-        REQUIRE(a.size() == (size_t)(blocks * N * row));
-        REQUIRE(f.size() == (size_t)(blocks * distinct * row));
-        int bad = 0;
-        for (int64_t b = 0; b < blocks; b++)
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t i = 0; i < row; i++)
-                    bad += a[(size_t)((b * N + n) * row + i)] != f[(size_t)((b * distinct + n % distinct) * row + i)];
-        return bad;
-    };
-    CHECK(same(all.Kn, few.Kn, few.D.HK, m) == 0);
-    CHECK(same(all.Qn, few.Qn, few.D.HK, m) == 0);
-    CHECK(same(all.V, few.V, few.D.d, m) == 0);
-    CHECK(same(all.dR, few.dR, few.D.d, m) == 0);
-    CHECK(same(all.state, few.state, few.D.ST, 1) == 0);
-    CHECK(same(all.dstate, few.dstate, few.D.ST, 1) == 0);
+    // token n's rows of head h through the kernels' offsets (Dims::key_off, val_off, state_off; write
+    // t's block of a per-write array at t times its token count): those of token n % distinct
+    const auto& Da = all.D;
+    const auto& Df = few.D;
+    int bad = 0, rows = 0;
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < Hm; h++) {
+            const int f = n % distinct;
+            for (int t = 0; t < m; t++) {
+                const int64_t ka = t * (int64_t)N * Da.HK + Da.key_off(n, h), kf = t * (int64_t)distinct * Df.HK + Df.key_off(f, h);
+                const int64_t va = t * (int64_t)N * Da.d + Da.val_off(n, h), vf = t * (int64_t)distinct * Df.d + Df.val_off(f, h);
+                for (int i = 0; i < dk; i++) bad += all.Kn[(size_t)(ka + i)] != few.Kn[(size_t)(kf + i)];
+                for (int i = 0; i < dk; i++) bad += all.Qn[(size_t)(ka + i)] != few.Qn[(size_t)(kf + i)];
+                for (int i = 0; i < dv; i++) bad += all.V[(size_t)(va + i)] != few.V[(size_t)(vf + i)];
+                for (int i = 0; i < dv; i++) bad += all.dR[(size_t)(va + i)] != few.dR[(size_t)(vf + i)];
+                rows += 4;
+            }
+            const int64_t sa = Da.state_off(n, h), sf = Df.state_off(f, h);
+            for (int i = 0; i < Da.SS + Da.PP; i++) bad += all.state[(size_t)(sa + i)] != few.state[(size_t)(sf + i)];
+            for (int i = 0; i < Da.SS + Da.PP; i++) bad += all.dstate[(size_t)(sa + i)] != few.dstate[(size_t)(sf + i)];
+            rows += 2;
+        }
+    CHECK(rows == N * Hm * (4 * m + 2));
+    CHECK(bad == 0);
+    // the sizes of N tokens, and the layout the offsets above cover (every element once)
+    CHECK(all.Kn.size() == (size_t)(m * (int64_t)N * Da.HK));
+    CHECK(all.V.size() == (size_t)(m * (int64_t)N * Da.d));
+    CHECK(all.state.size() == (size_t)(N * (int64_t)Da.ST));
+    CHECK(all.dstate.size() == all.state.size());
+    CHECK(Da.ST == Hm * (Da.SS + Da.PP));
+    CHECK(Da.HK == Hm * dk);
+    CHECK(Da.d == Hm * dv);
     CHECK(few.state[0] != 0.f);  // (a state reached by writes, not the zeros it starts from)
 }
 

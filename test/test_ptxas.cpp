@@ -297,7 +297,10 @@ TEST_CASE("ptxas: every launch of gpu_check.sh's benchmarks, at their shapes, fi
 // the tests launch straight from cuda/*.cuh, sm_90a for the attention workbench (its wgmma
 // variant). Empty reports (after a SKIP) without the tests or nvcc. Made once per test binary.
 struct WorkbenchReports {
-    std::vector<std::string> names;  // test_emu_<name>, attention last (it has the other report)
+    // test_emu_<name>: every test that includes workbench code (attention's has the other
+    // report), and those of them with a [.bench_launches] case (test_emu_ldm includes only the
+    // LDM workbench's windowed-backward header)
+    std::vector<std::string> tests, benches;
     Report sm90, sm90a;
 };
 const WorkbenchReports& workbench_reports() {
@@ -305,8 +308,10 @@ const WorkbenchReports& workbench_reports() {
     static bool done = false;
     if (done) return w;
     done = true;
-    const std::vector<std::string> names = {"adamw", "attnres", "classifier", "embedding", "hc", "infer", "ldm_scheme",
-                                            "matmul", "rmsnorm", "rope", "swiglu", "attention"};
+    const std::vector<std::string> benches = {"adamw", "attnres", "classifier", "embedding", "hc", "infer", "ldm_scheme",
+                                              "matmul", "rmsnorm", "rope", "swiglu", "attention"};
+    std::vector<std::string> names = benches;
+    names.push_back("ldm");
     for (const std::string& n : names) {
         struct stat st {};
         if (stat((build_dir_of_test() + "/test/test_emu_" + n).c_str(), &st) != 0) {
@@ -315,7 +320,7 @@ const WorkbenchReports& workbench_reports() {
         }
     }
     std::vector<std::string> srcs;
-    for (const std::string& n : names)
+    for (const std::string& n : benches)
         if (n != "attention") srcs.push_back("dev/cuda/" + (n == "ldm_scheme" ? std::string("ldm") : n) + ".cu");
     srcs.push_back("train_gpt_baselines.cu");  // kernels the tests launch straight from cuda/*.cuh
     srcs.push_back("train_ldm.cu");
@@ -323,7 +328,7 @@ const WorkbenchReports& workbench_reports() {
     if (r90.tsv.empty()) return w;
     const Report r90a = make_report("ptxas_attention", {"dev/cuda/attention.cu"}, "90a");
     if (r90a.tsv.empty()) return w;
-    w = {names, r90, r90a};
+    w = {names, benches, r90, r90a};
     return w;
 }
 
@@ -347,15 +352,15 @@ std::string check_workbench_launches(const WorkbenchReports& w, const std::strin
 }
 
 // Runs build/test/test_emu_<name> ARGS for each of `names` in `dir`, two at a time (both cores),
-// with $EMU_LAUNCH_LOG=<name>.tsv and the environment `env`: its output in <name>.out, its exit
-// status in <name>.rc, its seconds in <name>.s. Then cats the launch logs of every name but
+// with $EMU_LAUNCH_LOG=<name>.tsv and the environment `env`, each for at most 15 minutes: its output
+// in <name>.out, its exit status in <name>.rc (124 when timed out), its seconds in <name>.s. Then cats the launch logs of every name but
 // "attention" into launches.tsv (attention's has its own report) and returns the seconds, "name N s"
 // each.
 std::string run_emu_tests(const std::string& dir, const std::vector<std::string>& names, const std::string& env,
                           const std::string& args) {
-    write_file(dir + "/one.sh", "t0=$(date +%s)\n" + env + " EMU_LAUNCH_LOG=\"$1.tsv\" '" + build_dir_of_test() +
-                                    "/test/test_emu_'\"$1\" " + args + " > \"$1.out\" 2>&1\necho $? > \"$1.rc\"\n"
-                                    "echo $(( $(date +%s) - t0 )) > \"$1.s\"\n");
+    write_file(dir + "/one.sh", "t0=$(date +%s)\ntouch \"$1.tsv\"\n" + env + " EMU_LAUNCH_LOG=\"$1.tsv\" timeout 900 '" +
+                                    build_dir_of_test() + "/test/test_emu_'\"$1\" " + args +
+                                    " > \"$1.out\" 2>&1\necho $? > \"$1.rc\"\necho $(( $(date +%s) - t0 )) > \"$1.s\"\n");
     std::string cmd = "cd '" + dir + "' && rm -f *.tsv && printf '%s\\n'", logs, seconds;
     for (const std::string& n : names) {
         cmd += " " + n;
@@ -376,10 +381,10 @@ std::string run_emu_tests(const std::string& dir, const std::vector<std::string>
 TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's registers and shared memory",
           "[ptxas][cuda][emu]") {
     const WorkbenchReports& w = workbench_reports();
-    if (w.names.empty()) return;
+    if (w.tests.empty()) return;
     const std::string dir = scratch_dir("wb_launches");
-    run_emu_tests(dir, w.names, "", "");
-    for (const std::string& n : w.names) {
+    run_emu_tests(dir, w.tests, "", "");
+    for (const std::string& n : w.tests) {
         const std::string out = slurp(dir + "/" + n + ".out");
         INFO(n << ":\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0));
         CHECK(slurp(dir + "/" + n + ".rc") == "0\n");
@@ -397,7 +402,8 @@ TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's register
                                                 "attn_fwd_pipe", "attn_bwd_dkdv_pipe", "attn_bwd_dq_pipe"})));
 }
 
-// scripts/gpu_check.sh runs each workbench with no flags on the GPU: its CHECKs, then its BENCH
+// scripts/gpu_check.sh runs each workbench (here: each with an emulation test, all but nccl) with no
+// flags on the GPU: its CHECKs, then its BENCH
 // runs at their full shapes (attention at llama-400m B 8 T 2048 and qwen3-1.7b B 2 T 8192, the
 // scheme workbenches at 16384 tokens of d 1024, ...), which no emulation test reaches. Each one's
 // main under launch-only emulation (its test's hidden "[.bench_launches]" case,
@@ -407,14 +413,14 @@ TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's register
 TEST_CASE("ptxas: every launch of the workbenches' runs in gpu_check.sh, at their BENCH shapes, fits sm_90",
           "[ptxas][cuda][emu]") {
     const WorkbenchReports& w = workbench_reports();
-    if (w.names.empty()) return;
+    if (w.tests.empty()) return;
     const std::string dir = scratch_dir("wb_bench_launches");
     // the BENCH lines of each workbench's main without flags (the longest runs first)
     const std::vector<std::pair<std::string, int>> bench_lines = {
-        {"ldm_scheme", 102}, {"hc", 66},     {"classifier", 13}, {"attnres", 60}, {"attention", 24}, {"adamw", 5},
+        {"ldm_scheme", 102}, {"hc", 66},     {"classifier", 13}, {"attention", 24}, {"attnres", 60}, {"adamw", 5},
         {"rmsnorm", 24},     {"swiglu", 8},  {"embedding", 10},  {"rope", 14},    {"matmul", 16},    {"infer", 6}};
-    REQUIRE(bench_lines.size() == w.names.size());
-    for (const auto& b : bench_lines) REQUIRE(std::count(w.names.begin(), w.names.end(), b.first) == 1);
+    REQUIRE(bench_lines.size() == w.benches.size());
+    for (const auto& b : bench_lines) REQUIRE(std::count(w.benches.begin(), w.benches.end(), b.first) == 1);
     std::vector<std::string> names;
     for (const auto& b : bench_lines) names.push_back(b.first);
     const std::string seconds = run_emu_tests(dir, names, "EMU_LAUNCH_ONLY=1", "'[.bench_launches]'");

@@ -544,7 +544,7 @@ void bench(bool quick) {
 // gradients ~ N(0, 1), lambda in [0.95, 1)), the window's writes applied in double from a state
 // reached by three random writes from (0, I/0.1) and rounded to fp32; on the GPU steps t = m-1..0;
 // against unwinding write by write in double (wbwd_reference). Inputs for the bench come from
-// the same generator, for its first `distinct` tokens, repeated across the bench shape.
+// the same generator run for `distinct` tokens, repeated across the bench shape.
 namespace wbwd {
 using namespace ldmk;
 
