@@ -145,11 +145,12 @@ inline P aligned_cast(Q q) {
 // $EMU_LAUNCH_ONLY=1 (not in the ThreadSanitizer build): every launch is checked and logged as
 // usual (block and grid limits, dynamic shared memory and opt-in, __launch_bounds__,
 // $EMU_LAUNCH_LOG) but no kernel body, no host GEMM (dev/emu/matmul_host.h) and no
-// cudaMemcpy[Async] between two cudaMalloc blocks runs, and cudaMalloc memory starts zeroed: a program's launch configurations at shapes far too large to
-// emulate (test_ptxas runs the trainers at the benchmark shapes so), with every device result
-// zero. Thread 0 of block (0,0,0) alone starts, and ends at kernel_entry, the first statement
-// gen.py puts in every kernel (after check_launch_bounds); a kernel that gen.py did not convert
-// runs its whole body in that one thread.
+// cudaMemcpy[Async] between two cudaMalloc blocks runs, and cudaMalloc memory starts zeroed: a
+// program's launch configurations at shapes far too large to emulate (test_ptxas runs the
+// trainers at the benchmark shapes and the workbenches at their BENCH shapes so), with every
+// device result zero. Thread 0 of block (0,0,0) alone starts, and ends at kernel_entry, the
+// first statement gen.py puts in every kernel (after check_launch_bounds); a kernel that gen.py
+// did not convert runs its whole body in that one thread.
 namespace detail {
 inline int& launch_only_state() {  // 1 on, 0 off, -1 not yet read from the environment
     static int s = -1;
