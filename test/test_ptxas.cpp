@@ -352,10 +352,10 @@ std::string check_workbench_launches(const WorkbenchReports& w, const std::strin
 }
 
 // Runs build/test/test_emu_<name> ARGS for each of `names` in `dir`, two at a time (both cores),
-// with $EMU_LAUNCH_LOG=<name>.tsv and the environment `env`, each for at most 15 minutes: its output
-// in <name>.out, its exit status in <name>.rc (124 when timed out), its seconds in <name>.s. Then cats the launch logs of every name but
-// "attention" into launches.tsv (attention's has its own report) and returns the seconds, "name N s"
-// each.
+// with $EMU_LAUNCH_LOG=<name>.tsv and the environment `env`, each for at most 15 minutes: its
+// output in <name>.out, its exit status in <name>.rc (124 when timed out), its seconds in
+// <name>.s. Then cats the launch logs of every name but "attention" into launches.tsv (attention's
+// has its own report) and returns the seconds, "name N s" each.
 std::string run_emu_tests(const std::string& dir, const std::vector<std::string>& names, const std::string& env,
                           const std::string& args) {
     write_file(dir + "/one.sh", "t0=$(date +%s)\ntouch \"$1.tsv\"\n" + env + " EMU_LAUNCH_LOG=\"$1.tsv\" timeout 900 '" +
@@ -403,9 +403,9 @@ TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's register
 }
 
 // scripts/gpu_check.sh runs each workbench (here: each with an emulation test, all but nccl) with no
-// flags on the GPU: its CHECKs, then its BENCH
-// runs at their full shapes (attention at llama-400m B 8 T 2048 and qwen3-1.7b B 2 T 8192, the
-// scheme workbenches at 16384 tokens of d 1024, ...), which no emulation test reaches. Each one's
+// flags on the GPU: its CHECKs, then its BENCH runs at their full shapes (attention at llama-400m
+// B 8 T 2048 and qwen3-1.7b B 2 T 8192, the scheme workbenches at 16384 tokens of d 1024, ...),
+// which no emulation test reaches. Each one's
 // main under launch-only emulation (its test's hidden "[.bench_launches]" case,
 // test/emu_bench_launches.h: launches checked and logged, no kernel run, so its CHECKs fail), then
 // every launch checked against ptxas as above. Its BENCH lines are counted: a workbench whose main

@@ -1401,14 +1401,17 @@ inline cudaError_t free_host_(void* p) {
     return cudaSuccess;
 }
 // Whether [p, p + n) lies in one emulated device allocation or one pinned host allocation.
-inline bool in_captureable_memory(const void* p, size_t n) {
+// Whether [p, p + n) lies in one block of `list` (pointer -> bytes).
+inline bool in_one_of(const std::vector<std::pair<void*, size_t>>& list, const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
-    for (auto* list : {&allocations(), &mapped_allocations(), &detail::pinned()})
-        for (const auto& a : *list) {
-            const char* b = static_cast<const char*>(a.first);
-            if (c >= b && c + n <= b + a.second) return true;
-        }
+    for (const auto& a : list) {
+        const char* b = static_cast<const char*>(a.first);
+        if (c >= b && c + n <= b + a.second) return true;
+    }
     return false;
+}
+inline bool in_captureable_memory(const void* p, size_t n) {
+    return in_one_of(allocations(), p, n) || in_one_of(mapped_allocations(), p, n) || in_one_of(detail::pinned(), p, n);
 }
 inline void check_captured_copy(const void* d, const void* s, size_t n) {
     if (!in_captureable_memory(d, n) || !in_captureable_memory(s, n))
@@ -1430,20 +1433,12 @@ inline void device_fill(void* d, int v, size_t n) {
     }
     std::memset(d, v, n);
 }
-// Whether [p, p + n) lies in one launch-only allocation (mapped_allocations).
-inline bool in_mapped(const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    for (const auto& a : mapped_allocations()) {
-        const char* b = static_cast<const char*>(a.first);
-        if (c >= b && c + n <= b + a.second) return true;
-    }
-    return false;
-}
 // The copy of cudaMemcpy[Async]: memmove, except in launch-only mode between two launch-only
 // allocations: a device-to-device copy is device work, like a kernel, and is not done (it would
 // back the destination's pages: the LDM workbench's stored states at its BENCH shape, 26 GB).
 inline void device_copy(void* d, const void* s, size_t n) {
-    if (!n || (launch_only() && in_mapped(d, n) && in_mapped(s, n))) return;
+    const auto& mapped = mapped_allocations();
+    if (!n || (launch_only() && in_one_of(mapped, d, n) && in_one_of(mapped, s, n))) return;
     std::memmove(d, s, n);
 }
 // Synchronous cudaMemcpy / cudaMemset (not allowed during a capture).
