@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cuda_emu/dev_cuda/attention.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
 
@@ -333,5 +333,5 @@ TEST_CASE("emu: attention scalar kernels (fp32 and bf16)", "[emu][attention]") {
     run<float>(shapes[0], kAuto, 3);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("attention")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("attention")

@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/classifier.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: classifier workbench checks (v1, v2, v2_scalar)", "[emu][classifier]") {
@@ -32,5 +32,5 @@ TEST_CASE("emu: classifier workbench checks (v1, v2, v2_scalar)", "[emu][classif
     CHECK(g_failures == 0);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("classifier")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("classifier")

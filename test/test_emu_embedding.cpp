@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cuda_emu/dev_cuda/embedding.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 #include "test/helpers.h"
 
@@ -138,5 +138,5 @@ TEST_CASE("emu: a misaligned vector access aborts the kernel, as it faults on a 
     cudaFree(tok);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("embedding")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("embedding")

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/hc.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 // The ThreadSanitizer build (build/tsan) runs the Race subset (dev/cuda/scheme_check.cuh Checks).
@@ -30,5 +30,5 @@ TEST_CASE("emu: HC / mHC scheme workbench checks (--quick shapes)", "[emu][hc]")
     CHECK(ok);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("hc")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("hc")

@@ -12,7 +12,7 @@
 #define EMU_HOST_ldsm ::emu::ldmatrix_x4(r, p, false)
 #define EMU_HOST_ldsm_trans ::emu::ldmatrix_x4(r, p, true)
 #include "cuda_emu/dev_cuda/infer.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: decode attention and KV-cache append (workbench checks)", "[emu][infer]") {
@@ -33,5 +33,5 @@ TEST_CASE("emu: decode attention and KV-cache append (workbench checks)", "[emu]
     CHECK(R.fails == 0);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("infer")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("infer")

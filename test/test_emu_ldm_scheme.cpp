@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/ldm.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: LDM scheme, every workbench check case (fp32, bf16)", "[emu][ldm]") {
@@ -97,5 +97,5 @@ TEST_CASE("ldm workbench: the windowed-backward bench's inputs repeat those of a
     CHECK(few.state[0] != 0.f);  // (a state reached by writes, not the zeros it starts from)
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("ldm")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("ldm")

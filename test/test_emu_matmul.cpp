@@ -8,7 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/matmul.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: matmul workbench checks (naive GEMM, linear layer, bias gradients)", "[emu][matmul]") {
@@ -37,5 +37,5 @@ TEST_CASE("emu: matmul workbench checks (naive GEMM, linear layer, bias gradient
     CHECK(R.fails == 0);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("matmul")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("matmul")

@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/rmsnorm.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: rmsnorm workbench checks (variants 1 and 2)", "[emu][rmsnorm]") {
@@ -28,5 +28,5 @@ TEST_CASE("emu: rmsnorm workbench checks (variants 1 and 2)", "[emu][rmsnorm]") 
     CHECK(R.fails == 0);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("rmsnorm")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("rmsnorm")

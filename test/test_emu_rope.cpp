@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/rope.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: rope workbench checks", "[emu][rope]") {
@@ -48,5 +48,5 @@ TEST_CASE("emu: qknorm_rope_backward in place only without QK-norm", "[emu][rope
                       Catch::Contains("din may alias dout only without QK-norm"));
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("rope")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("rope")

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_emu/dev_cuda/swiglu.cu.h"
-#include "test/emu_bench_launches.h"
+#include "test/emu_workbench_cases.h"
 #include "dev/emu/harness.h"
 
 TEST_CASE("emu: swiglu workbench checks (v1, v2)", "[emu][swiglu]") {
@@ -27,5 +27,5 @@ TEST_CASE("emu: swiglu workbench checks (v1, v2)", "[emu][swiglu]") {
     CHECK(R.fails == 0);
 }
 
-// scripts/gpu_check.sh's run of the workbench, launches only (test_ptxas checks them)
-EMU_BENCH_LAUNCHES_CASE("swiglu")
+// the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
+EMU_WORKBENCH_CASES("swiglu")

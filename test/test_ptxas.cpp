@@ -308,8 +308,9 @@ const WorkbenchReports& workbench_reports() {
     static bool done = false;
     if (done) return w;
     done = true;
-    const std::vector<std::string> benches = {"adamw", "attnres", "classifier", "embedding", "hc", "infer", "ldm_scheme",
-                                              "matmul", "rmsnorm", "rope", "swiglu", "attention"};
+    const std::vector<std::string> benches = {"adamw", "attnres", "classifier", "embedding", "hc",
+                                              "infer", "ldm_scheme", "matmul", "nccl", "rmsnorm",
+                                              "rope", "swiglu", "attention"};
     std::vector<std::string> names = benches;
     names.push_back("ldm");
     for (const std::string& n : names) {
@@ -402,23 +403,25 @@ TEST_CASE("ptxas: every launch of the emulated workbenches fits sm_90's register
                                                 "attn_fwd_pipe", "attn_bwd_dkdv_pipe", "attn_bwd_dq_pipe"})));
 }
 
-// scripts/gpu_check.sh runs each workbench (here: each with an emulation test, all but nccl) with no
-// flags on the GPU: its CHECKs, then its BENCH runs at their full shapes (attention at llama-400m
-// B 8 T 2048 and qwen3-1.7b B 2 T 8192, the scheme workbenches at 16384 tokens of d 1024, ...),
-// which no emulation test reaches. Each one's
-// main under launch-only emulation (its test's hidden "[.bench_launches]" case,
-// test/emu_bench_launches.h: launches checked and logged, no kernel run, so its CHECKs fail), then
-// every launch checked against ptxas as above. Its BENCH lines are counted: a workbench whose main
-// stopped early (an exception, which its main catches) prints fewer. Two at a time (both cores).
+// scripts/gpu_check.sh runs each workbench with no flags on the GPU: its CHECKs, then its BENCH
+// runs at their full shapes (attention at llama-400m B 8 T 2048 and qwen3-1.7b B 2 T 8192, the
+// scheme workbenches at 16384 tokens of d 1024, nccl on 4e8 values, ...), which no emulation test
+// reaches. Each one's main under launch-only emulation (its test's hidden "[.bench_launches]" case,
+// test/emu_workbench_cases.h: launches checked and logged, no kernel run, so its CHECKs fail), with
+// --check-only and then with --bench-only (together what the run without flags launches); then
+// every launch checked against ptxas as above. The lines are counted: CHECKs and no BENCH in the
+// first run, no CHECK and every BENCH in the second (a main that stopped early, on an exception it
+// catches, prints fewer). Two at a time (both cores).
 TEST_CASE("ptxas: every launch of the workbenches' runs in gpu_check.sh, at their BENCH shapes, fits sm_90",
           "[ptxas][cuda][emu]") {
     const WorkbenchReports& w = workbench_reports();
     if (w.tests.empty()) return;
     const std::string dir = scratch_dir("wb_bench_launches");
-    // the BENCH lines of each workbench's main without flags (the longest runs first)
+    // the BENCH lines of each workbench's main (the longest runs first)
     const std::vector<std::pair<std::string, int>> bench_lines = {
-        {"ldm_scheme", 102}, {"hc", 66},     {"classifier", 13}, {"attention", 24}, {"attnres", 60}, {"adamw", 5},
-        {"rmsnorm", 24},     {"swiglu", 8},  {"embedding", 10},  {"rope", 14},    {"matmul", 16},    {"infer", 6}};
+        {"ldm_scheme", 102}, {"hc", 66},     {"classifier", 13}, {"attention", 24}, {"attnres", 60},
+        {"adamw", 5},        {"rmsnorm", 24}, {"swiglu", 8},     {"embedding", 10}, {"rope", 14},
+        {"matmul", 16},      {"infer", 6},    {"nccl", 9}};
     REQUIRE(bench_lines.size() == w.benches.size());
     for (const auto& b : bench_lines) REQUIRE(std::count(w.benches.begin(), w.benches.end(), b.first) == 1);
     std::vector<std::string> names;
@@ -429,10 +432,19 @@ TEST_CASE("ptxas: every launch of the workbenches' runs in gpu_check.sh, at thei
         INFO(b.first << ":\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0));
         CHECK(slurp(dir + "/" + b.first + ".rc") == "0\n");
         CHECK_THAT(out, Catch::Contains("launches are checked, kernels and GEMMs not run") &&
-                            Catch::Contains("\nbench_launches: workbench_main returned "));
-        int n = 0;
-        for (const std::string& line : split(out, '\n')) n += line.rfind("BENCH ", 0) == 0;
-        CHECK(n == b.second);
+                            Catch::Contains("\nbench_launches: workbench_main --check-only returned ") &&
+                            Catch::Contains("\nbench_launches: workbench_main --bench-only returned "));
+        // the BENCH and CHECK lines of the --check-only run (0) and of the --bench-only run (1)
+        int bench[2] = {0, 0}, check[2] = {0, 0}, run = 0;
+        for (const std::string& line : split(out, '\n')) {
+            if (line == "bench_launches: --bench-only") run = 1;
+            bench[run] += line.rfind("BENCH ", 0) == 0;
+            check[run] += line.rfind("CHECK ", 0) == 0;
+        }
+        CHECK(bench[0] == 0);
+        CHECK(check[0] > 0);
+        CHECK(bench[1] == b.second);
+        CHECK(check[1] == 0);
     }
     WARN("host time of each workbench's run (its CPU references, inputs, timing loops):" << seconds);
     const std::string all = dir + "/launches.tsv";

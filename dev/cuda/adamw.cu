@@ -10,12 +10,14 @@
 //   CHECK adamw <variant> <dtype> <shape> rel=<x> max_abs=<y> PASS|FAIL
 //   BENCH adamw <variant> <dtype> <shape> ms=<x> GB/s=<y> TFLOP/s=-
 // The ",bitexact" lines report rel = fraction of values whose bits differ (PASS only at 0).
-// Exit code 1 if any CHECK failed; "skipped: no GPU" and exit 0 without a GPU. --quick: fewer shapes.
+// Exit code 1 if any CHECK failed; "skipped: no GPU" and exit 0 without a GPU. Flags (workbench.cuh
+// Cli): --quick (fewer CHECK sizes), --check-only, --bench-only, --help.
 #include <cstring>
 #include <random>
 
 #include "core/optim.h"
 #include "cuda/adamw.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -297,31 +299,37 @@ static void bench_norm(int64_t n) {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "adamw", "AdamW (v1, v2) and the gradient norm / step guard",
+                                 "fewer CHECK sizes (AdamW 1, 7, 1000003; norm 1, 1000003); the same BENCH");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("adamw");
-    bool quick = false;
-    for (int i = 1; i < argc; i++)
-        if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    const bool quick = cli.quick;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        std::vector<int64_t> sizes = {1, 2, 7, 1000, 4099, 1000003};
-        if (quick) sizes = {1, 7, 1000003};
-        uint64_t seed = 1;
-        for (int variant : {1, 2})
-            for (int64_t n : sizes) {
-                check_adamw<float>(variant, n, seed++);
-                check_adamw<bf16>(variant, n, seed++);
-            }
-        std::vector<int64_t> nsizes = {0, 1, 1000, 1000003, 50000017};
-        if (quick) nsizes = {1, 1000003};
-        for (int64_t n : nsizes) check_norm(n, seed++);
-        check_step_guard();
-
-        const int64_t N = 400000000;
-        for (int variant : {1, 2}) {
-            bench_adamw<float>(variant, N);
-            bench_adamw<bf16>(variant, N);
+        if (cli.check) {
+            std::vector<int64_t> sizes = {1, 2, 7, 1000, 4099, 1000003};
+            if (quick) sizes = {1, 7, 1000003};
+            uint64_t seed = 1;
+            for (int variant : {1, 2})
+                for (int64_t n : sizes) {
+                    check_adamw<float>(variant, n, seed++);
+                    check_adamw<bf16>(variant, n, seed++);
+                }
+            std::vector<int64_t> nsizes = {0, 1, 1000, 1000003, 50000017};
+            if (quick) nsizes = {1, 1000003};
+            for (int64_t n : nsizes) check_norm(n, seed++);
+            check_step_guard();
         }
-        bench_norm(N);
+        if (cli.bench) {
+            const int64_t N = 400000000;
+            for (int variant : {1, 2}) {
+                bench_adamw<float>(variant, N);
+                bench_adamw<bf16>(variant, N);
+            }
+            bench_norm(N);
+        }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "adamw: error: %s\n", e.what());
         return 1;

@@ -15,7 +15,8 @@
 // and mma-dqfull give mma's results bit for bit (same MMAs in the same order); then times forward
 // and forward+backward at B·T = 16384 tokens (T=2048 llama-400m heads, T=8192 qwen3-1.7b-like).
 // Output: CHECK/BENCH lines (doc/cuda.md workbench convention). Exit code 1 if a CHECK failed.
-// Usage: attention [--quick]   (--quick: checks only, no timing)
+// Usage: attention [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli; --quick:
+// the first 4 check shapes, no timing)
 #include <cstring>
 
 #include "cuda/attention.cuh"
@@ -23,6 +24,7 @@
 #include "dev/cuda/attention_wgmma.cuh"
 #include "dev/cuda/attention_plain_frags.cuh"
 #include "dev/cuda/attention_dq_fulltile.cuh"
+#include "dev/cuda/workbench.cuh"
 #include "cpu/ops.h"
 #include "cpu/rng.h"
 
@@ -274,10 +276,14 @@ void bench(const Shape& sh, Kernel variant, int warmup, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "attention",
+                                 "causal GQA attention forward and backward, every variant (wgmma last, on sm_90 only)",
+                                 "the first 4 CHECK shapes, no BENCH");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("attention");
-    bool quick = false;
-    for (int i = 1; i < argc; i++)
-        if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    const bool quick = cli.quick;
     try {
         std::printf("device: %s\n", device_description().c_str());
         // wgmma runs after every other variant's checks and benches: it has not run on a GPU yet,
@@ -307,12 +313,13 @@ int main(int argc, char** argv) {
         };
         if (quick) shapes.resize(4);
         uint64_t seed = 1000;
-        for (const Shape& sh : shapes) {
-            check_shape_dtype<float>(sh, variants, seed++);
-            check_shape_dtype<bf16>(sh, variants, seed++);
-        }
+        if (cli.check)
+            for (const Shape& sh : shapes) {
+                check_shape_dtype<float>(sh, variants, seed++);
+                check_shape_dtype<bf16>(sh, variants, seed++);
+            }
         const Shape llama{8, 2048, 16, 16, 64}, qwen{2, 8192, 16, 8, 128};
-        if (!quick) {
+        if (!quick && cli.bench) {
             bench<float>(llama, kScalar, 1, 3);
             bench<bf16>(llama, kScalar, 1, 3);
             for (Kernel v : {kMmaPlain, kMma, kMmaDqFull, kMmaPipe}) {
@@ -321,8 +328,9 @@ int main(int argc, char** argv) {
             }
         }
         // wgmma: its checks, then its benches, after every other variant's BENCH lines are out
-        for (const Shape& sh : shapes) check_shape_dtype<bf16>(sh, {kWgmma}, seed++);
-        if (!quick) {
+        if (cli.check)
+            for (const Shape& sh : shapes) check_shape_dtype<bf16>(sh, {kWgmma}, seed++);
+        if (!quick && cli.bench) {
             bench<bf16>(llama, kWgmma, 3, 20);
             bench<bf16>(qwen, kWgmma, 3, 20);
         }

@@ -13,7 +13,8 @@
 // loads instead of their cp.async ring (-flushdirect), with one source per flush
 // (-flush1, before the pairs) or a pair at every other flush (-pairall), and the direct backward
 // (production's Full path at d > 8192). Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
-// Usage: attnres [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
+// Usage: attnres [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli; --quick: the
+// small check shapes, no timing; no GPU: prints "skipped: no GPU", exits 0)
 #include <cstring>
 #include <limits>
 
@@ -22,6 +23,7 @@
 #include "dev/cuda/attnres_fullstage.cuh"
 #include "dev/cuda/attnres_onephase.cuh"
 #include "dev/cuda/scheme_check.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -317,18 +319,27 @@ static void run_bench() {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "attnres",
+                                 "AttnRes Full and Block (GpuAttnRes) forward + backward over D sublayers",
+                                 "the small CHECK shapes, no BENCH");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("attnres");
-    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    const bool quick = cli.quick;
     try {
         std::printf("# %s\n", device_description().c_str());
         const wb::Checks which = quick ? wb::Checks::Quick : wb::Checks::Full;
-        bool ok = run_checks<float>(which, 1e-4, 1e-4);
-        ok &= run_checks<bf16>(which, 3e-2, 5e-2);
-        if (!quick) {
+        bool ok = true;
+        if (cli.check) {
+            ok &= run_checks<float>(which, 1e-4, 1e-4);
+            ok &= run_checks<bf16>(which, 3e-2, 5e-2);
+        }
+        if (!quick && cli.bench) {
             run_bench<bf16>();
             run_bench<float>();
         }
-        std::printf("attnres: %s\n", ok ? "all checks passed" : "SOME CHECKS FAILED");
+        std::printf("attnres: %s\n", !cli.check ? "no checks run" : ok ? "all checks passed" : "SOME CHECKS FAILED");
         return ok ? 0 : 1;
     } catch (const std::exception& ex) {
         std::fprintf(stderr, "attnres: error: %s\n", ex.what());

@@ -11,11 +11,13 @@
 //   BENCH classifier <variant> <dtype> <shape> ms=<x> GB/s=<y> TFLOP/s=-
 // GB/s counts the minimal traffic N·Vp·sizeof(T) read + written once (v2 actually reads twice,
 // v1 three times).
-// Exit code 1 if any CHECK failed; "skipped: no GPU" and exit 0 without a GPU. --quick: fewer shapes.
+// Exit code 1 if any CHECK failed; "skipped: no GPU" and exit 0 without a GPU. Flags (workbench.cuh
+// Cli): --quick (fewer check shapes), --check-only, --bench-only, --help.
 #include <cstring>
 #include <random>
 
 #include "cuda/classifier.cuh"
+#include "dev/cuda/workbench.cuh"
 #include "cpu/ops.h"
 
 using namespace ldm;
@@ -245,10 +247,13 @@ static void bench(int variant, int64_t N, int V, int Vp, bool write) {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "classifier", "the fused softmax cross-entropy forward + backward (v1-v3)",
+                                 "4 CHECK shapes (not the N = 4096 and tiny-V ones); the same BENCH");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("classifier");
-    bool quick = false;
-    for (int i = 1; i < argc; i++)
-        if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    const bool quick = cli.quick;
     try {
         std::printf("device: %s\n", device_description().c_str());
         const std::vector<int> variants = {1, 2, 3};
@@ -261,18 +266,21 @@ int main(int argc, char** argv) {
                                      {6, 999, 1001},    {2, 3, 8},       {4096, 50257, 50257}};
         if (quick) shapes = {{3, 50257, 50304}, {7, 1000, 1024}, {5, 1001, 1008}, {6, 999, 1001}};
         uint64_t seed = 1;
-        for (const Shape& sh : shapes) {
-            check_shape<float>(sh.N, sh.V, sh.Vp, seed++, variants);
-            check_shape<bf16>(sh.N, sh.V, sh.Vp, seed++, variants);
-        }
+        if (cli.check)
+            for (const Shape& sh : shapes) {
+                check_shape<float>(sh.N, sh.V, sh.Vp, seed++, variants);
+                check_shape<bf16>(sh.N, sh.V, sh.Vp, seed++, variants);
+            }
         const int64_t N = 16384;
-        for (int variant : variants) {
-            bench<float>(variant, N, 50257, 50304, true);
-            bench<bf16>(variant, N, 50257, 50304, true);
-            bench<float>(variant, N, 151936, 151936, true);
-            bench<bf16>(variant, N, 151936, 151936, true);
+        if (cli.bench) {
+            for (int variant : variants) {
+                bench<float>(variant, N, 50257, 50304, true);
+                bench<bf16>(variant, N, 50257, 50304, true);
+                bench<float>(variant, N, 151936, 151936, true);
+                bench<bf16>(variant, N, 151936, 151936, true);
+            }
+            bench<bf16>(2, N, 50257, 50304, false);
         }
-        bench<bf16>(2, N, 50257, 50304, false);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "classifier: error: %s\n", e.what());
         return 1;

@@ -4,7 +4,8 @@
 // embedding_backward (v1 thread per (bucket, column), v2 block per bucket with packs) against
 // cpu::embedding_forward / embedding_backward, then timing on a llama-400m-like batch
 // (N = 8·2048, C = 1024, Vp = 50304).
-// Usage: build/cuda/embedding [--quick]. Output format: doc/cuda.md.
+// Usage: build/cuda/embedding [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli).
+// Output format: doc/cuda.md.
 #include <chrono>
 
 #include "cuda/embedding.cuh"
@@ -149,22 +150,31 @@ static void bench(Report& R, Rng& rng, int N, int C, int Vp) {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "embedding", "the token embedding forward and backward",
+                                 "2 CHECK shapes (not 4099 x 1024); BENCH bf16 only");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("embedding");
-    const bool quick = wb::has_flag(argc, argv, "--quick");
+    const bool quick = cli.quick;
     try {
         std::printf("embedding: %s\n", device_description().c_str());
         Report R;
         Rng rng(99);
-        check<float>(R, rng, 77, 37, 53);
-        check<bf16>(R, rng, 77, 37, 53);
-        check<float>(R, rng, 300, 64, 100);
-        check<bf16>(R, rng, 300, 64, 100);
-        if (!quick) {
-            check<float>(R, rng, 4099, 1024, 517);
-            check<bf16>(R, rng, 4099, 1024, 517);
+        if (cli.check) {
+            check<float>(R, rng, 77, 37, 53);
+            check<bf16>(R, rng, 77, 37, 53);
+            check<float>(R, rng, 300, 64, 100);
+            check<bf16>(R, rng, 300, 64, 100);
+            if (!quick) {
+                check<float>(R, rng, 4099, 1024, 517);
+                check<bf16>(R, rng, 4099, 1024, 517);
+            }
         }
-        bench<bf16>(R, rng, 16384, 1024, 50304);
-        if (!quick) bench<float>(R, rng, 16384, 1024, 50304);
+        if (cli.bench) {
+            bench<bf16>(R, rng, 16384, 1024, 50304);
+            if (!quick) bench<float>(R, rng, 16384, 1024, 50304);
+        }
         return R.finish("embedding");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "embedding: error: %s\n", e.what());

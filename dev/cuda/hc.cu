@@ -14,7 +14,8 @@
 // post-mix + projection and post-mix + pre-mix kernels on their own, and the deferred output's
 // misuse errors; then the forward+backward time of all D sublayers at N = 16384, d = 1024, D = 48,
 // n = 4. Output: CHECK / BENCH lines (doc/cuda.md); exit 1 if a CHECK fails.
-// Usage: hc [--quick]   (no GPU: prints "skipped: no GPU", exits 0)
+// Usage: hc [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli; --quick: the
+// small check shapes, no timing; no GPU: prints "skipped: no GPU", exits 0)
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
@@ -24,6 +25,7 @@
 #include "train_gpt_baselines.cu"
 #include "dev/cuda/hc_variants.cuh"
 #include "dev/cuda/scheme_check.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -462,18 +464,27 @@ static void run_bench() {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "hc",
+                                 "HC and mHC (GpuHC) forward and backward over D sublayers, every variant",
+                                 "the small CHECK shapes, no BENCH");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("hc");
-    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    const bool quick = cli.quick;
     try {
         std::printf("# %s\n", device_description().c_str());
         const wb::Checks which = quick ? wb::Checks::Quick : wb::Checks::Full;
-        bool ok = run_checks<float>(which, 1e-4, 1e-4);
-        ok &= run_checks<bf16>(which, 3e-2, 5e-2);
-        if (!quick) {
+        bool ok = true;
+        if (cli.check) {
+            ok &= run_checks<float>(which, 1e-4, 1e-4);
+            ok &= run_checks<bf16>(which, 3e-2, 5e-2);
+        }
+        if (!quick && cli.bench) {
             run_bench<bf16>();
             run_bench<float>();
         }
-        std::printf("hc: %s\n", ok ? "all checks passed" : "SOME CHECKS FAILED");
+        std::printf("hc: %s\n", !cli.check ? "no checks run" : ok ? "all checks passed" : "SOME CHECKS FAILED");
         return ok ? 0 : 1;
     } catch (const std::exception& ex) {
         std::fprintf(stderr, "hc: error: %s\n", ex.what());

@@ -6,7 +6,8 @@
 // inputs; decode (n = 1) and chunked (n > 1) steps, fp32 and bf16. Then decode timing on
 // llama-400m-like (B 8, nh = nkv = 16, hd 64, 2048 cached positions) and qwen3-like (B 4, nh 16,
 // nkv 8, hd 128, 8192 positions) caches: bytes = the K and V rows read.
-// Usage: build/cuda/infer [--quick]. Output format: doc/cuda.md. Not yet run on a GPU.
+// Usage: build/cuda/infer [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli).
+// Output format: doc/cuda.md. Not yet run on a GPU.
 #include "cuda/infer.cuh"
 #include "dev/cuda/workbench.cuh"
 
@@ -114,20 +115,27 @@ static void bench(Report& R, const Shape& S) {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "infer", "KV-cache append and cached attention (decode and chunked)",
+                                 "4 CHECK shapes; BENCH bf16 llama-400m decode only");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("infer");
-    const bool quick = wb::has_flag(argc, argv, "--quick");
+    const bool quick = cli.quick;
     try {
         std::printf("infer: %s\n", device_description().c_str());
         Report R;
         Rng rng(11);
-        for (int i = 0; i < (quick ? 4 : 6); i++) {
+        for (int i = 0; cli.check && i < (quick ? 4 : 6); i++) {
             check<float>(R, rng, kCheckShapes[i]);
             check<bf16>(R, rng, kCheckShapes[i]);
         }
-        bench<bf16>(R, {8, 1, 2047, 2048, 16, 16, 64});
-        if (!quick) {
-            bench<float>(R, {8, 1, 2047, 2048, 16, 16, 64});
-            bench<bf16>(R, {4, 1, 8191, 8192, 16, 8, 128});
+        if (cli.bench) {
+            bench<bf16>(R, {8, 1, 2047, 2048, 16, 16, 64});
+            if (!quick) {
+                bench<float>(R, {8, 1, 2047, 2048, 16, 16, 64});
+                bench<bf16>(R, {4, 1, 8191, 8192, 16, 8, 128});
+            }
         }
         return R.finish("infer");
     } catch (const std::exception& e) {

@@ -23,7 +23,8 @@
 //    and the loops were batched), "-rowsR" R rows per lane and step (production: kFwdRows /
 //    kBwdRows); "-dk4" the fused passes at d_k 4.
 //
-//   build/cuda/ldm [--quick]        prints CHECK / BENCH lines (doc/cuda.md), exit 1 on a FAIL
+//   build/cuda/ldm [--quick] [--check-only | --bench-only] [--help]   (workbench.cuh Cli)
+//                                   prints CHECK / BENCH lines (doc/cuda.md), exit 1 on a FAIL
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -37,6 +38,7 @@
 #include "cpu/scheme_ldm.h"
 #include "dev/cuda/ldm_window_bwd.cuh"
 #include "dev/cuda/scheme_check.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -853,17 +855,28 @@ std::vector<Case> check_cases() {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "ldm", "the LDM kernels and LdmGpuScheme, every rule, mode and dtype",
+                                 "the same CHECKs; the kernel BENCH lines over 5 timed runs (not 20)");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("ldm");
-    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    const bool quick = cli.quick;
     try {
         std::printf("device: %s\n", device_description().c_str());
-        for (const Case& c : check_cases())
-            for (bool thread : {false, true}) {
-                run_case<float>(c, thread);
-                run_case<bf16>(c, thread);
-            }
-        wbwd::check_window_bwd<float>();
-        wbwd::check_window_bwd<bf16>();
+        if (cli.check) {
+            for (const Case& c : check_cases())
+                for (bool thread : {false, true}) {
+                    run_case<float>(c, thread);
+                    run_case<bf16>(c, thread);
+                }
+            wbwd::check_window_bwd<float>();
+            wbwd::check_window_bwd<bf16>();
+        }
+        if (!cli.bench) {
+            std::printf("ldm: %s (%d failed checks)\n", g_fail ? "FAIL" : "all checks passed", g_fail);
+            return g_fail ? 1 : 0;
+        }
         bench<float>(quick);
         bench<bf16>(quick);
         wbwd::bench_window_bwd<bf16>(quick);

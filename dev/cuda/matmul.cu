@@ -5,7 +5,8 @@
 // cpu::matmul_forward, cpu::matmul_backward), then times them and prints the peak bf16 GEMM
 // rate used for MFU:
 //   BENCH matmul peak bf16 8192x8192x8192 ms=.. GB/s=- TFLOP/s=..
-// Usage: build/cuda/matmul [--quick]. Output format: doc/cuda.md.
+// Usage: build/cuda/matmul [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli).
+// Output format: doc/cuda.md.
 #include "cuda/matmul.cuh"
 #include "cpu/ops.h"
 #include "dev/cuda/workbench.cuh"
@@ -279,43 +280,52 @@ static void bench_square(Report& R, Matmul& mm, int n, const char* variant, bool
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "matmul",
+                                 "cuBLASLt GEMMs (every transpose pair, bias, beta) and the linear layer",
+                                 "the small CHECK shapes; BENCH the bf16 8192 peak only");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("matmul");
-    const bool quick = wb::has_flag(argc, argv, "--quick");
+    const bool quick = cli.quick;
     try {
         std::printf("matmul: %s\n", device_description().c_str());
         Report R;
         Matmul mm;
         Rng rng(1234);
-        // gemm: every transpose pair, odd shapes, bias, beta, padded leading dims.
-        for (int ta = 0; ta <= 1; ta++)
-            for (int tb = 0; tb <= 1; tb++) {
-                check_gemm<float, float>(R, mm, rng, ta, tb, 37, 53, 29, true, 0.f, 0);
-                check_gemm<bf16, bf16>(R, mm, rng, ta, tb, 37, 53, 29, true, 0.f, 0);
-                check_gemm<bf16, float>(R, mm, rng, ta, tb, 37, 53, 29, false, 1.f, 0);
-                if (!quick) {
-                    check_gemm<float, float>(R, mm, rng, ta, tb, 130, 96, 200, false, 1.f, 3);
-                    check_gemm<bf16, bf16>(R, mm, rng, ta, tb, 128, 256, 64, true, 0.5f, 8);
-                    check_gemm<bf16, float>(R, mm, rng, ta, tb, 257, 64, 320, true, 0.f, 0);
+        if (cli.check) {
+            // gemm: every transpose pair, odd shapes, bias, beta, padded leading dims.
+            for (int ta = 0; ta <= 1; ta++)
+                for (int tb = 0; tb <= 1; tb++) {
+                    check_gemm<float, float>(R, mm, rng, ta, tb, 37, 53, 29, true, 0.f, 0);
+                    check_gemm<bf16, bf16>(R, mm, rng, ta, tb, 37, 53, 29, true, 0.f, 0);
+                    check_gemm<bf16, float>(R, mm, rng, ta, tb, 37, 53, 29, false, 1.f, 0);
+                    if (!quick) {
+                        check_gemm<float, float>(R, mm, rng, ta, tb, 130, 96, 200, false, 1.f, 3);
+                        check_gemm<bf16, bf16>(R, mm, rng, ta, tb, 128, 256, 64, true, 0.5f, 8);
+                        check_gemm<bf16, float>(R, mm, rng, ta, tb, 257, 64, 320, true, 0.f, 0);
+                    }
                 }
+            // linear layer shapes: odd N, padded output (logits-like), bias on/off.
+            check_linear<float>(R, mm, rng, 77, 48, 40, 0, true);
+            check_linear<bf16>(R, mm, rng, 77, 48, 40, 0, true);
+            check_linear<float>(R, mm, rng, 131, 64, 50, 14, false);
+            check_linear<bf16>(R, mm, rng, 131, 64, 50, 14, false);
+            if (!quick) {
+                check_linear<float>(R, mm, rng, 1000, 256, 192, 0, true);
+                check_linear<bf16>(R, mm, rng, 1000, 256, 192, 0, true);
             }
-        // linear layer shapes: odd N, padded output (logits-like), bias on/off.
-        check_linear<float>(R, mm, rng, 77, 48, 40, 0, true);
-        check_linear<bf16>(R, mm, rng, 77, 48, 40, 0, true);
-        check_linear<float>(R, mm, rng, 131, 64, 50, 14, false);
-        check_linear<bf16>(R, mm, rng, 131, 64, 50, 14, false);
-        if (!quick) {
-            check_linear<float>(R, mm, rng, 1000, 256, 192, 0, true);
-            check_linear<bf16>(R, mm, rng, 1000, 256, 192, 0, true);
         }
-        // timing
-        bench_square<bf16, bf16>(R, mm, 8192, "peak", false);
-        if (!quick) {
-            bench_square<float, float>(R, mm, 4096, "gemm_v2_cublaslt", false);
-            bench_square<bf16, bf16>(R, mm, 1024, "gemm_v1_naive", true);
-            bench_square<bf16, bf16>(R, mm, 1024, "gemm_v2_cublaslt", false);
-            bench_linear<bf16>(R, mm, 16384, 1024, 3072);
-            bench_linear<float>(R, mm, 16384, 1024, 3072);
-            bench_linear<bf16>(R, mm, 16384, 1024, 5632);
+        if (cli.bench) {
+            bench_square<bf16, bf16>(R, mm, 8192, "peak", false);
+            if (!quick) {
+                bench_square<float, float>(R, mm, 4096, "gemm_v2_cublaslt", false);
+                bench_square<bf16, bf16>(R, mm, 1024, "gemm_v1_naive", true);
+                bench_square<bf16, bf16>(R, mm, 1024, "gemm_v2_cublaslt", false);
+                bench_linear<bf16>(R, mm, 16384, 1024, 3072);
+                bench_linear<float>(R, mm, 16384, 1024, 3072);
+                bench_linear<bf16>(R, mm, 16384, 1024, 5632);
+            }
         }
         return R.finish("matmul");
     } catch (const std::exception& e) {

@@ -4,8 +4,9 @@
 // including odd ones, with outputs poisoned (NaN) first; then times each collective on a
 // gradient-sized buffer (llama-400m-like: 4e8 fp32 values; --quick: 2^24).
 //
-//   build/cuda/nccl [--quick] [--nccl-id-file PATH]                   world size 1 (one GPU)
-//   mpirun -np 8 build/cuda/nccl                                      8 GPUs of a node
+//   build/cuda/nccl [--quick] [--check-only | --bench-only] [--nccl-id-file PATH] [--help]
+//                                               world size 1 (one GPU); flags: workbench.cuh Cli
+//   mpirun -np 8 build/cuda/nccl                8 GPUs of a node
 //
 // Output (doc/cuda.md workbench convention), from every rank's check and rank 0's timing:
 //   CHECK nccl <op> <dtype> n=<count> rel=<x> max_abs=<y> PASS|FAIL
@@ -36,6 +37,7 @@
 #include "core/dist.h"
 #include "cuda/common.cuh"
 #include "cuda/nccl.cuh"
+#include "dev/cuda/workbench.cuh"
 
 using namespace ldm;
 using namespace ldm::gpu;
@@ -234,6 +236,12 @@ void bench_buckets(const ModelConfig& cfg, const std::string& id_file, cudaStrea
 }  // namespace
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "nccl", "NCCL collectives and GpuDataParallel's bucketed reductions",
+                                 "BENCH on 2^24 values and the small preset (not 4e8 and llama-400m)",
+                                 {"--nccl-id-file"}, "[--nccl-id-file PATH] ");
+        rc >= 0)
+        return rc;
     try {
         dist::init(&argc, &argv);
         if (!gpu_available()) {
@@ -241,14 +249,8 @@ int main(int argc, char** argv) {
             dist::finalize();
             return 0;
         }
-        bool quick = false;
-        std::string id_file;
-        for (int i = 1; i < argc; i++) {
-            std::string a = argv[i];
-            if (a == "--quick") quick = true;
-            else if (a == "--nccl-id-file" && i + 1 < argc) id_file = argv[++i];
-            else throw Error("usage: nccl [--quick] [--nccl-id-file PATH]");
-        }
+        const bool quick = cli.quick;
+        const std::string id_file = cli.value("--nccl-id-file");
         NcclComm comm;
         comm.init(dist::context(), id_file);
         if (comm.rank == 0)
@@ -257,20 +259,22 @@ int main(int argc, char** argv) {
         cudaStream_t s;
         CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         int fails = 0;
-        for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000), int64_t(65537), int64_t((1 << 20) + 3)}) {
-            fails += check_all<float>(comm, s, n, 1e-6);
-            fails += check_all<bf16>(comm, s, n, 1e-2);
-        }
-        {
+        if (cli.check) {
+            for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000), int64_t(65537), int64_t((1 << 20) + 3)}) {
+                fails += check_all<float>(comm, s, n, 1e-6);
+                fails += check_all<bf16>(comm, s, n, 1e-2);
+            }
             ModelConfig tc = preset_config("tiny", 50257);
             tc.scheme = "mhc";
             tc.validate();
             for (int zero : {0, 1}) fails += check_buckets(tc, zero, id_file, s);
         }
-        const int64_t nb = quick ? (int64_t(1) << 24) : int64_t(400) * 1000 * 1000;
-        bench_all<float>(comm, s, nb);
-        bench_all<bf16>(comm, s, nb);
-        bench_buckets(preset_config(quick ? "small" : "llama-400m", 50257), id_file, s);
+        if (cli.bench) {
+            const int64_t nb = quick ? (int64_t(1) << 24) : int64_t(400) * 1000 * 1000;
+            bench_all<float>(comm, s, nb);
+            bench_all<bf16>(comm, s, nb);
+            bench_buckets(preset_config(quick ? "small" : "llama-400m", 50257), id_file, s);
+        }
         CUDA_CHECK(cudaStreamDestroy(s));
         std::vector<int64_t> f{fails};
         dist::allreduce_sum<int64_t>(dist::Span<int64_t>(f));

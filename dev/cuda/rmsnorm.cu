@@ -5,7 +5,8 @@
 // slower: doc/cuda.md "Kernel variants"), against cpu::rmsnorm_forward / rmsnorm_backward; PreLN's
 // fused rmsnorm_backward_residual against the CPU and, bit for bit, against the three kernels it
 // replaces; then timing at N = 8·2048, C = 1024 and the QK-norm view [N·16, 64].
-// Usage: build/cuda/rmsnorm [--quick]. Output format: doc/cuda.md.
+// Usage: build/cuda/rmsnorm [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli).
+// Output format: doc/cuda.md.
 #include "cuda/rmsnorm.cuh"
 #include "cuda/scheme.cuh"  // accumulate_f32, convert_f32 (the unfused PreLN sequence)
 #include "cpu/ops.h"
@@ -279,26 +280,36 @@ static void bench(Report& R, int N, int C) {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "rmsnorm",
+                                 "RMSNorm forward and backward, the residual-add and fused backward forms",
+                                 "2 CHECK shapes; BENCH bf16 16384 x 1024 only");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("rmsnorm");
-    const bool quick = wb::has_flag(argc, argv, "--quick");
+    const bool quick = cli.quick;
     try {
         std::printf("rmsnorm: %s\n", device_description().c_str());
         Report R;
         Rng rng(7);
-        check<float>(R, rng, 77, 37);
-        check<bf16>(R, rng, 77, 37);
-        check<float>(R, rng, 130, 64);
-        check<bf16>(R, rng, 130, 64);
-        if (!quick) {
-            check<float>(R, rng, 1001, 1024);
-            check<bf16>(R, rng, 1001, 1024);
-            check<float>(R, rng, 4099, 128);
-            check<bf16>(R, rng, 4099, 128);
+        if (cli.check) {
+            check<float>(R, rng, 77, 37);
+            check<bf16>(R, rng, 77, 37);
+            check<float>(R, rng, 130, 64);
+            check<bf16>(R, rng, 130, 64);
+            if (!quick) {
+                check<float>(R, rng, 1001, 1024);
+                check<bf16>(R, rng, 1001, 1024);
+                check<float>(R, rng, 4099, 128);
+                check<bf16>(R, rng, 4099, 128);
+            }
         }
-        bench<bf16>(R, 16384, 1024);
-        if (!quick) {
-            bench<float>(R, 16384, 1024);
-            bench<bf16>(R, 16384 * 16, 64);
+        if (cli.bench) {
+            bench<bf16>(R, 16384, 1024);
+            if (!quick) {
+                bench<float>(R, 16384, 1024);
+                bench<bf16>(R, 16384 * 16, 64);
+            }
         }
         return R.finish("rmsnorm");
     } catch (const std::exception& e) {

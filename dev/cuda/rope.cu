@@ -4,7 +4,8 @@
 // CPU path of cpu/model.cpp (cpu::rmsnorm_forward/backward on the [N·heads, hd] view, then
 // cpu::rope_forward/backward, tables from cpu::rope_tables); then timing on llama-400m-like
 // (nh = nkv = 16, hd = 64, no norm) and qwen3-like (nh 16, nkv 8, hd 128, QK-norm) batches.
-// Usage: build/cuda/rope [--quick]. Output format: doc/cuda.md.
+// Usage: build/cuda/rope [--quick] [--check-only | --bench-only] [--help] (workbench.cuh Cli).
+// Output format: doc/cuda.md.
 #include "cuda/rope.cuh"
 #include "cpu/ops.h"
 #include "dev/cuda/workbench.cuh"
@@ -333,22 +334,31 @@ static void bench(Report& R, const Shape& S, bool norm) {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "rope", "QK-norm + RoPE forward and backward (v1, v2 = production)",
+                                 "2 CHECK shapes; BENCH bf16 llama-400m only");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("rope");
-    const bool quick = wb::has_flag(argc, argv, "--quick");
+    const bool quick = cli.quick;
     try {
         std::printf("rope: %s\n", device_description().c_str());
         Report R;
         Rng rng(5);
-        const Shape small[] = {{2, 13, 4, 2, 8}, {3, 37, 3, 1, 6}, {2, 64, 16, 8, 128}};
-        for (int i = 0; i < (quick ? 2 : 3); i++)
-            for (int norm = 0; norm <= 1; norm++) {
-                check<float>(R, rng, small[i], norm != 0);
-                check<bf16>(R, rng, small[i], norm != 0);
+        if (cli.check) {
+            const Shape small[] = {{2, 13, 4, 2, 8}, {3, 37, 3, 1, 6}, {2, 64, 16, 8, 128}};
+            for (int i = 0; i < (quick ? 2 : 3); i++)
+                for (int norm = 0; norm <= 1; norm++) {
+                    check<float>(R, rng, small[i], norm != 0);
+                    check<bf16>(R, rng, small[i], norm != 0);
+                }
+        }
+        if (cli.bench) {
+            bench<bf16>(R, {8, 2048, 16, 16, 64}, false);
+            if (!quick) {
+                bench<float>(R, {8, 2048, 16, 16, 64}, false);
+                bench<bf16>(R, {8, 2048, 16, 8, 128}, true);
             }
-        bench<bf16>(R, {8, 2048, 16, 16, 64}, false);
-        if (!quick) {
-            bench<float>(R, {8, 2048, 16, 16, 64}, false);
-            bench<bf16>(R, {8, 2048, 16, 8, 128}, true);
         }
         return R.finish("rope");
     } catch (const std::exception& e) {

@@ -2,7 +2,8 @@
 // packed h13 layout, both production kernels (v1 thread per element: the fallback for any F;
 // v2 thread per 16-byte pack: where F and the alignment allow it) against
 // cpu::swiglu_forward / swiglu_backward on the same packed h13; then timing at N = 8·2048,
-// F = 2816 (llama-400m). Usage: build/cuda/swiglu [--quick]. Output format: doc/cuda.md.
+// F = 2816 (llama-400m). Usage: build/cuda/swiglu [--quick] [--check-only | --bench-only] [--help]
+// (workbench.cuh Cli). Output format: doc/cuda.md.
 #include "cuda/swiglu.cuh"
 #include "cpu/ops.h"
 #include "dev/cuda/workbench.cuh"
@@ -76,22 +77,31 @@ static void bench(Report& R, int64_t N, int F) {
 }
 
 int main(int argc, char** argv) {
+    wb::Cli cli;
+    if (const int rc = cli.parse(argc, argv, "swiglu", "SwiGLU forward and backward",
+                                 "2 CHECK shapes; BENCH bf16 only");
+        rc >= 0)
+        return rc;
     exit_if_no_gpu("swiglu");
-    const bool quick = wb::has_flag(argc, argv, "--quick");
+    const bool quick = cli.quick;
     try {
         std::printf("swiglu: %s\n", device_description().c_str());
         Report R;
         Rng rng(3);
-        check<float>(R, rng, 77, 37);
-        check<bf16>(R, rng, 77, 37);
-        check<float>(R, rng, 130, 64);
-        check<bf16>(R, rng, 130, 64);
-        if (!quick) {
-            check<float>(R, rng, 1001, 2816);
-            check<bf16>(R, rng, 1001, 2816);
+        if (cli.check) {
+            check<float>(R, rng, 77, 37);
+            check<bf16>(R, rng, 77, 37);
+            check<float>(R, rng, 130, 64);
+            check<bf16>(R, rng, 130, 64);
+            if (!quick) {
+                check<float>(R, rng, 1001, 2816);
+                check<bf16>(R, rng, 1001, 2816);
+            }
         }
-        bench<bf16>(R, 16384, 2816);
-        if (!quick) bench<float>(R, 16384, 2816);
+        if (cli.bench) {
+            bench<bf16>(R, 16384, 2816);
+            if (!quick) bench<float>(R, 16384, 2816);
+        }
         return R.finish("swiglu");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "swiglu: error: %s\n", e.what());

@@ -1,9 +1,13 @@
-// dev/cuda/workbench.cuh — helpers for the matmul / embedding / rmsnorm / rope / swiglu
-// workbenches: random inputs, rounding to the activation type, CHECK / BENCH lines in the
-// format of doc/cuda.md (workbench output convention), and a failure count for the exit code.
+// dev/cuda/workbench.cuh — helpers for the dev/cuda workbenches: the command line they all take
+// (Cli); for the matmul / embedding / rmsnorm / rope / swiglu / infer workbenches also random
+// inputs, rounding to the activation type, CHECK / BENCH lines in the format of doc/cuda.md
+// (workbench output convention), and a failure count for the exit code.
 #pragma once
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -112,11 +116,72 @@ struct Report {
     }
 };
 
-inline bool has_flag(int argc, char** argv, const char* flag) {
-    for (int i = 1; i < argc; i++)
-        if (std::strcmp(argv[i], flag) == 0) return true;
-    return false;
-}
+// The command line every workbench takes (doc/cuda.md "Workbench convention"):
+//   --quick        the workbench's smaller run (`quick` below says what it leaves out)
+//   --check-only   the CHECK lines only: no timing
+//   --bench-only   the BENCH lines only: no CPU reference, so timings without a correctness check
+//   --help         the usage on stdout
+// plus the workbench's own flags that take a value (`value_flags`, e.g. --nccl-id-file PATH).
+struct Cli {
+    bool quick = false, check = true, bench = true;
+    std::vector<std::pair<std::string, std::string>> values;  // (flag, value) of the value flags given
+
+    // Parses argv[1..]. Returns -1 to go on; 0 after --help (usage on stdout); 2 after a flag it
+    // does not know, a value flag without its value, or --check-only with --bench-only (the error
+    // and the usage on stderr). `about`: one line on what the workbench checks and times.
+    int parse(int argc, char** argv, const char* name, const char* about, const char* quick_means,
+              const std::vector<std::string>& value_flags = {}, const char* value_usage = "") {
+        auto usage = [&](FILE* f) {
+            std::fprintf(f,
+                         "usage: %s [--quick] [--check-only | --bench-only] %s[--help]\n"
+                         "  %s\n"
+                         "  CHECK lines compare each kernel variant with its CPU reference, BENCH lines time it\n"
+                         "  (doc/cuda.md \"Workbench convention\"); without flags: every CHECK, then every BENCH.\n"
+                         "  --quick       %s\n"
+                         "  --check-only  the CHECK lines only (no timing)\n"
+                         "  --bench-only  the BENCH lines only (no CPU reference: timings without a check)\n"
+                         "  --help        this text\n"
+                         "exit status: 0 every CHECK passed (or no GPU: \"skipped: no GPU\"), 1 a CHECK failed or an\n"
+                         "error, 2 a bad command line\n",
+                         name, value_usage, about, quick_means);
+        };
+        bool check_only = false, bench_only = false;
+        for (int i = 1; i < argc; i++) {
+            const std::string a = argv[i];
+            if (a == "--help" || a == "-h") {
+                usage(stdout);
+                return 0;
+            }
+            std::string err;
+            if (a == "--quick") quick = true;
+            else if (a == "--check-only") check_only = true;
+            else if (a == "--bench-only") bench_only = true;
+            else if (std::find(value_flags.begin(), value_flags.end(), a) != value_flags.end()) {
+                if (i + 1 < argc) values.emplace_back(a, argv[++i]);
+                else err = a + " needs a value";
+            } else err = "unknown argument '" + a + "'";
+            if (err.empty() && check_only && bench_only) err = "--check-only and --bench-only exclude each other";
+            if (!err.empty()) {
+                std::fprintf(stderr, "%s: error: %s\n", name, err.c_str());
+                usage(stderr);
+                return 2;
+            }
+        }
+        check = !bench_only;
+        bench = !check_only;
+        if (!check) std::printf("%s: --bench-only: no CHECK runs (timings only)\n", name);
+        if (!bench) std::printf("%s: --check-only: no BENCH runs\n", name);
+        std::fflush(stdout);
+        return -1;
+    }
+    // The last value given for `flag`, else `dflt`.
+    std::string value(const std::string& flag, const std::string& dflt = "") const {
+        std::string v = dflt;
+        for (const auto& fv : values)
+            if (fv.first == flag) v = fv.second;
+        return v;
+    }
+};
 
 // Timing defaults: median of 20 after 3 warm-up calls (doc/cuda.md convention).
 constexpr int kWarmup = 3, kReps = 20;

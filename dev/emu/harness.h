@@ -1,6 +1,6 @@
 // dev/emu/harness.h — helpers for the emulation tests (test/test_emu_*.cpp) that run dev/cuda
-// workbench checks on the CPU: capture what a workbench prints (its CHECK lines) and pick out
-// the failures, so a Catch2 test can require "no FAIL" and show only the failing lines.
+// workbench checks on the CPU: capture what a workbench prints (its CHECK lines, its errors) and
+// pick out the failures, so a Catch2 test can require "no FAIL" and show only the failing lines.
 #pragma once
 #include <unistd.h>
 
@@ -13,27 +13,28 @@
 
 namespace emu {
 
-// Runs fn() with stdout redirected to a temporary file; returns what fn printed.
-inline std::string capture_stdout(const std::function<void()>& fn) {
-    std::fflush(stdout);
+// Runs fn() with `stream` (stdout or stderr) redirected to a temporary file; returns what fn
+// printed there.
+inline std::string capture_stream(FILE* stream, const std::function<void()>& fn) {
+    std::fflush(stream);
     FILE* tmp = std::tmpfile();
     if (!tmp) {
         fn();
         return "";
     }
-    const int saved = dup(fileno(stdout));
-    dup2(fileno(tmp), fileno(stdout));
+    const int saved = dup(fileno(stream));
+    dup2(fileno(tmp), fileno(stream));
     try {
         fn();
     } catch (...) {
-        std::fflush(stdout);
-        dup2(saved, fileno(stdout));
+        std::fflush(stream);
+        dup2(saved, fileno(stream));
         close(saved);
         std::fclose(tmp);
         throw;
     }
-    std::fflush(stdout);
-    dup2(saved, fileno(stdout));
+    std::fflush(stream);
+    dup2(saved, fileno(stream));
     close(saved);
     std::string out;
     std::rewind(tmp);
@@ -43,6 +44,8 @@ inline std::string capture_stdout(const std::function<void()>& fn) {
     std::fclose(tmp);
     return out;
 }
+inline std::string capture_stdout(const std::function<void()>& fn) { return capture_stream(stdout, fn); }
+inline std::string capture_stderr(const std::function<void()>& fn) { return capture_stream(stderr, fn); }
 
 // Lines of `text` that start with `prefix` (e.g. "CHECK "), and of those the ones containing
 // `bad` (e.g. "FAIL").

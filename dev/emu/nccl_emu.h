@@ -6,10 +6,11 @@
 //   * several ranks under mpirun: the matching MPI collective on MPI_COMM_WORLD (allreduce,
 //     reduce_scatter_block, allgather, reduce, bcast), bf16 sums with a user-defined MPI op that
 //     adds in fp32 and rounds to nearest even (as NCCL's bf16 sum does per step).
-// Calls are blocking (streams are no-ops in the emulator); grouped calls (ncclGroupStart/End) run
-// in issue order, which is correct because every rank issues the same sequence. The unique id is
-// a constant: the communicator is MPI_COMM_WORLD. Included once per program (gen.py substitutes it
-// for `#include <nccl.h>` in the emulation copy of cuda/nccl.cuh).
+// Calls are blocking (streams are no-ops in the emulator); in launch-only mode they move nothing
+// (device work). Grouped calls (ncclGroupStart/End) run in issue order, which is correct because
+// every rank issues the same sequence. The unique id is a constant: the communicator is
+// MPI_COMM_WORLD. Included once per program (gen.py substitutes it for `#include <nccl.h>` in the
+// emulation copy of cuda/nccl.cuh).
 #pragma once
 #include <nccl.h>
 #ifndef OMPI_SKIP_MPICXX
@@ -87,6 +88,10 @@ inline ncclResult_t check(int mpi_rc) { return mpi_rc == MPI_SUCCESS ? ncclSucce
 inline void copy(void* dst, const void* src, size_t n) {
     if (dst != src && n) std::memmove(dst, src, n);
 }
+// Under launch-only emulation ($EMU_LAUNCH_ONLY, emu.h launch_only) a collective is device work
+// and moves nothing (every rank skips it alike): the buffers of a workbench's or trainer's
+// benchmark shape stay unbacked, and no MPI traffic runs.
+inline bool device_work_skipped() { return ::emu::launch_only(); }
 
 }  // namespace nccl
 }  // namespace emu
@@ -123,6 +128,7 @@ inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, nc
     ::emu::forbid_in_capture("ncclAllReduce");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
+    if (device_work_skipped()) return ncclSuccess;
     if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
     return check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t), sum_op(t),
                                MPI_COMM_WORLD));
@@ -132,6 +138,7 @@ inline ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_
     ::emu::forbid_in_capture("ncclReduceScatter");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
+    if (device_work_skipped()) return ncclSuccess;
     const size_t es = type_size(t);
     if (!multi(comm)) return copy(recv, send, recv_count * es), ncclSuccess;
     const bool inplace = static_cast<const char*>(send) + size_t(comm->rank) * recv_count * es == recv;
@@ -149,6 +156,7 @@ inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_coun
     ::emu::forbid_in_capture("ncclAllGather");
     using namespace emu::nccl;
     if (!type_size(t)) return ncclInvalidArgument;
+    if (device_work_skipped()) return ncclSuccess;
     const size_t es = type_size(t);
     if (!multi(comm)) return copy(recv, send, send_count * es), ncclSuccess;
     const bool inplace = static_cast<const char*>(recv) + size_t(comm->rank) * send_count * es == send;
@@ -160,6 +168,7 @@ inline ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclD
     ::emu::forbid_in_capture("ncclReduce");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
+    if (device_work_skipped()) return ncclSuccess;
     if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
     const bool me = comm->rank == root;
     return check(MPI_Reduce(me && send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t), sum_op(t), root,
@@ -170,6 +179,7 @@ inline ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, nc
     ::emu::forbid_in_capture("ncclBroadcast");
     using namespace emu::nccl;
     if (!type_size(t)) return ncclInvalidArgument;
+    if (device_work_skipped()) return ncclSuccess;
     const size_t es = type_size(t);
     if (comm && comm->rank == root) copy(recv, send, count * es);
     if (!multi(comm)) return ncclSuccess;
