@@ -1,17 +1,12 @@
-// test/emu_workbench_cases.h — EMU_WORKBENCH_CASES(NAME): two Catch2 cases for a test that includes
-// the emulation copy of the dev/cuda/NAME.cu workbench (its main is workbench_main there,
-// dev/emu/gen.py).
-//   * "NAME workbench command line": the flags every workbench takes (dev/cuda/workbench.cuh Cli):
-//     --help prints the usage and exits 0 before any GPU work; an unknown flag, and --check-only
-//     with --bench-only, exit 2 with the error and the usage on stderr.
-//   * "[.bench_launches]", hidden, only under launch-only emulation ($EMU_LAUNCH_ONLY=1, dev/emu/emu.h
-//     launch_only: each launch checked against the device limits and logged in $EMU_LAUNCH_LOG, no
-//     kernel runs): workbench_main with --check-only, then with --bench-only after the line
-//     "bench_launches: --bench-only". Together they launch what scripts/gpu_check.sh's run with no
-//     flags launches on a GPU (every CHECK, then every BENCH at its full shape), with no host work
-//     done twice. The CHECKs fail by design (the outputs stay zero), so the exit statuses mean
-//     nothing; the case prints them. test_ptxas runs it for every workbench, counts the CHECK and
-//     BENCH lines of both runs and checks the launches against ptxas.
+// test/emu_workbench_cases.h — cases for a test that includes the emulation copy of a dev/cuda
+// workbench (its main is workbench_main there, dev/emu/gen.py). EMU_WORKBENCH_CASES(NAME):
+//   * its command line (dev/cuda/workbench.cuh Cli): --help exits 0 with the usage before any GPU
+//     work; an unknown flag, and --check-only with --bench-only, exit 2 with the usage on stderr;
+//   * "[.bench_launches]", hidden, only under launch-only emulation ($EMU_LAUNCH_ONLY=1): main with
+//     --check-only, then with --bench-only after "bench_launches: --bench-only", which together
+//     launch what scripts/gpu_check.sh's flagless run launches; no kernel runs, so the CHECKs fail
+//     and the printed exit statuses mean nothing. test_ptxas counts the lines and checks the launches.
+// EMU_WORKBENCH_QUICK_TIMES_NOTHING_CASE(NAME): where --quick times nothing, --quick --bench-only exits 2.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -46,7 +41,7 @@
         CHECK(rc == 2);                                                                                \
         CHECK_THAT(err, Catch::StartsWith(NAME ": error: --check-only and --bench-only exclude each other")); \
     }                                                                                                  \
-    TEST_CASE(NAME " workbench at its BENCH shapes, launches only ($EMU_LAUNCH_ONLY=1)",               \
+    TEST_CASE(NAME " workbench as gpu_check.sh runs it, launches only ($EMU_LAUNCH_ONLY=1)",           \
               "[.bench_launches]") {                                                                   \
         REQUIRE(::emu::launch_only()); /* (a whole workbench emulated would run for days) */          \
         int rc = EMU_WORKBENCH_RUN_(NAME, "--check-only");                                             \
@@ -56,4 +51,15 @@
         rc = EMU_WORKBENCH_RUN_(NAME, "--bench-only");                                                 \
         std::printf("bench_launches: workbench_main --bench-only returned %d\n", rc);                  \
         std::fflush(stdout);                                                                           \
+    }
+
+#define EMU_WORKBENCH_QUICK_TIMES_NOTHING_CASE(NAME)                                                   \
+    TEST_CASE(NAME " workbench refuses --quick --bench-only (its --quick times nothing)",             \
+              "[emu][workbench_cli]") {                                                                \
+        int rc = -1;                                                                                   \
+        const std::string err =                                                                        \
+            ::emu::capture_stderr([&] { rc = EMU_WORKBENCH_RUN_(NAME, "--bench-only", "--quick"); });  \
+        CHECK(rc == 2);                                                                                \
+        CHECK_THAT(err, Catch::StartsWith(NAME ": error: --quick times nothing here, so --quick --bench-only " \
+                                               "would run nothing\nusage: " NAME));                     \
     }

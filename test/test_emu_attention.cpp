@@ -335,3 +335,4 @@ TEST_CASE("emu: attention scalar kernels (fp32 and bf16)", "[emu][attention]") {
 
 // the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
 EMU_WORKBENCH_CASES("attention")
+EMU_WORKBENCH_QUICK_TIMES_NOTHING_CASE("attention")

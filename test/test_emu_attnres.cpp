@@ -36,3 +36,4 @@ TEST_CASE("emu: AttnRes scheme workbench checks (--quick shapes)", "[emu][attnre
 
 // the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
 EMU_WORKBENCH_CASES("attnres")
+EMU_WORKBENCH_QUICK_TIMES_NOTHING_CASE("attnres")

@@ -32,3 +32,4 @@ TEST_CASE("emu: HC / mHC scheme workbench checks (--quick shapes)", "[emu][hc]")
 
 // the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
 EMU_WORKBENCH_CASES("hc")
+EMU_WORKBENCH_QUICK_TIMES_NOTHING_CASE("hc")

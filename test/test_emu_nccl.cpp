@@ -10,6 +10,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "cuda_emu/dev_cuda/nccl.cu.h"
 #include "test/emu_workbench_cases.h"
@@ -59,12 +62,18 @@ TEST_CASE("emu: nccl workbench checks on one rank (--check-only)", "[emu][nccl]"
                         !Catch::Contains("\nBENCH "));
 }
 
-// One rank of the mpirun below: the workbench's checks in this MPI world.
+// One rank of the mpirun below: the workbench's checks in this MPI world, its output and exit
+// status into $LDM_NCCL_RANKS_DIR/rank<r>.out (a file per rank: the ranks' stdout, merged by
+// mpirun, could interleave within a line).
 TEST_CASE("nccl workbench checks on this rank of an mpirun world", "[.two_ranks]") {
-    REQUIRE(std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr);
-    const int rc = EMU_WORKBENCH_RUN_("nccl", "--check-only");
-    std::printf("two_ranks: workbench_main returned %d\n", rc);
-    std::fflush(stdout);
+    const char* dir = std::getenv("LDM_NCCL_RANKS_DIR");
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    REQUIRE(dir != nullptr);
+    REQUIRE(rank != nullptr);
+    int rc = -1;
+    std::string out = emu::capture_stdout([&] { rc = EMU_WORKBENCH_RUN_("nccl", "--check-only"); });
+    out += "two_ranks: workbench_main returned " + std::to_string(rc) + "\n";
+    ldm::write_file_atomic(std::string(dir) + "/rank" + rank + ".out", out.data(), out.size());
     CHECK(rc == 0);
 }
 
@@ -74,19 +83,54 @@ TEST_CASE("emu: nccl workbench checks on two ranks under mpirun (MPI collectives
         return;
     }
     const std::string self = build_dir_of_test() + "/test/test_emu_nccl";
-    const RunResult r = run_cmd("mpirun --allow-run-as-root --oversubscribe --bind-to none --mca "
-                                "btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 -np 2 '" +
-                                self + "' '[.two_ranks]' 2>&1");
+    const std::string dir = scratch_dir("emu_nccl_two_ranks");
+    const RunResult r = run_cmd("LDM_NCCL_RANKS_DIR='" + dir + "' mpirun --allow-run-as-root --oversubscribe "
+                                "--bind-to none --mca btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 "
+                                "-np 2 '" + self + "' '[.two_ranks]' 2>&1");
     INFO(r.out);
     CHECK(r.status == 0);
     for (int rank = 0; rank < 2; rank++) {
-        const RankChecks c = rank_checks(r.out, rank, 2);
-        INFO("rank " << rank);
+        const std::string out = slurp(dir + "/rank" + std::to_string(rank) + ".out");
+        INFO("rank " << rank << ":\n" << out);
+        const RankChecks c = rank_checks(out, rank, 2);
         CHECK(c.lines == kChecksPerRank);
         CHECK(c.passed == c.lines);
+        CHECK_THAT(out, Catch::EndsWith("\ntwo_ranks: workbench_main returned 0\n"));
+        // the failure count summed over both ranks, printed by rank 0
+        CHECK(occurrences(out, "\nnccl: 0 failed checks over 2 ranks\n") == (rank == 0 ? 1u : 0u));
     }
-    CHECK_THAT(r.out, Catch::Contains("\nnccl: 0 failed checks over 2 ranks\n"));
-    CHECK(occurrences(r.out, "two_ranks: workbench_main returned 0\n") == 2);
+}
+
+// In launch-only mode (emu.h launch_only: device work is not done) every emulated collective
+// leaves its output as it was; otherwise, on one rank, each copies its input.
+TEST_CASE("emu: emulated NCCL moves nothing in launch-only mode", "[emu][nccl]") {
+    ncclUniqueId id;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    ncclComm_t comm = nullptr;
+    REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+    const std::vector<float> in = {1.5f, -2.f, 0.25f, 3.f, -7.5f};
+    const size_t n = in.size();
+    using Collective = std::function<ncclResult_t(const float*, float*)>;
+    const std::vector<std::pair<const char*, Collective>> collectives = {
+        {"all_reduce", [&](const float* s, float* d) { return ncclAllReduce(s, d, n, ncclFloat32, ncclSum, comm, 0); }},
+        {"reduce_scatter",
+         [&](const float* s, float* d) { return ncclReduceScatter(s, d, n, ncclFloat32, ncclSum, comm, 0); }},
+        {"all_gather", [&](const float* s, float* d) { return ncclAllGather(s, d, n, ncclFloat32, comm, 0); }},
+        {"reduce", [&](const float* s, float* d) { return ncclReduce(s, d, n, ncclFloat32, ncclSum, 0, comm, 0); }},
+        {"broadcast", [&](const float* s, float* d) { return ncclBroadcast(s, d, n, ncclFloat32, 0, comm, 0); }},
+    };
+    for (const auto& c : collectives) {
+        INFO(c.first);
+        std::vector<float> out(n, 9.f);
+        emu::set_launch_only(true);
+        const ncclResult_t skipped = c.second(in.data(), out.data());
+        emu::set_launch_only(false);
+        CHECK(skipped == ncclSuccess);
+        CHECK(out == std::vector<float>(n, 9.f));
+        CHECK(c.second(in.data(), out.data()) == ncclSuccess);
+        CHECK(out == in);
+    }
+    REQUIRE(ncclCommDestroy(comm) == ncclSuccess);
 }
 
 TEST_CASE("emu: nccl workbench --nccl-id-file needs its value", "[emu][nccl][workbench_cli]") {

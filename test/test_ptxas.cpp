@@ -417,34 +417,39 @@ TEST_CASE("ptxas: every launch of the workbenches' runs in gpu_check.sh, at thei
     const WorkbenchReports& w = workbench_reports();
     if (w.tests.empty()) return;
     const std::string dir = scratch_dir("wb_bench_launches");
-    // the BENCH lines of each workbench's main (the longest runs first)
-    const std::vector<std::pair<std::string, int>> bench_lines = {
-        {"ldm_scheme", 102}, {"hc", 66},     {"classifier", 13}, {"attention", 24}, {"attnres", 60},
-        {"adamw", 5},        {"rmsnorm", 24}, {"swiglu", 8},     {"embedding", 10}, {"rope", 14},
-        {"matmul", 16},      {"infer", 6},    {"nccl", 9}};
-    REQUIRE(bench_lines.size() == w.benches.size());
-    for (const auto& b : bench_lines) REQUIRE(std::count(w.benches.begin(), w.benches.end(), b.first) == 1);
+    // the CHECK and BENCH lines each workbench's main prints (the longest runs first)
+    struct Lines {
+        std::string name;
+        int checks, benches;
+    };
+    const std::vector<Lines> lines = {
+        {"ldm_scheme", 3628, 102}, {"hc", 1230, 66},   {"classifier", 180, 13}, {"attention", 466, 24},
+        {"attnres", 980, 60},      {"adamw", 90, 5},   {"rmsnorm", 288, 24},    {"swiglu", 20, 8},
+        {"embedding", 40, 10},     {"rope", 114, 14},  {"matmul", 114, 16},     {"infer", 48, 6},
+        {"nccl", 33, 9}};
+    REQUIRE(lines.size() == w.benches.size());
+    for (const Lines& b : lines) REQUIRE(std::count(w.benches.begin(), w.benches.end(), b.name) == 1);
     std::vector<std::string> names;
-    for (const auto& b : bench_lines) names.push_back(b.first);
+    for (const Lines& b : lines) names.push_back(b.name);
     const std::string seconds = run_emu_tests(dir, names, "EMU_LAUNCH_ONLY=1", "'[.bench_launches]'");
-    for (const auto& b : bench_lines) {
-        const std::string out = slurp(dir + "/" + b.first + ".out");
-        INFO(b.first << ":\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0));
-        CHECK(slurp(dir + "/" + b.first + ".rc") == "0\n");
+    for (const Lines& b : lines) {
+        const std::string out = slurp(dir + "/" + b.name + ".out");
+        INFO(b.name << ":\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0));
+        CHECK(slurp(dir + "/" + b.name + ".rc") == "0\n");
         CHECK_THAT(out, Catch::Contains("launches are checked, kernels and GEMMs not run") &&
                             Catch::Contains("\nbench_launches: workbench_main --check-only returned ") &&
                             Catch::Contains("\nbench_launches: workbench_main --bench-only returned "));
-        // the BENCH and CHECK lines of the --check-only run (0) and of the --bench-only run (1)
-        int bench[2] = {0, 0}, check[2] = {0, 0}, run = 0;
+        // the CHECK and BENCH lines of the --check-only run (0) and of the --bench-only run (1)
+        int check[2] = {0, 0}, bench[2] = {0, 0}, run = 0;
         for (const std::string& line : split(out, '\n')) {
             if (line == "bench_launches: --bench-only") run = 1;
-            bench[run] += line.rfind("BENCH ", 0) == 0;
             check[run] += line.rfind("CHECK ", 0) == 0;
+            bench[run] += line.rfind("BENCH ", 0) == 0;
         }
+        CHECK(check[0] == b.checks);
         CHECK(bench[0] == 0);
-        CHECK(check[0] > 0);
-        CHECK(bench[1] == b.second);
         CHECK(check[1] == 0);
+        CHECK(bench[1] == b.benches);
     }
     WARN("host time of each workbench's run (its CPU references, inputs, timing loops):" << seconds);
     const std::string all = dir + "/launches.tsv";

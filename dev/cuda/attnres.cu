@@ -320,6 +320,7 @@ static void run_bench() {
 
 int main(int argc, char** argv) {
     wb::Cli cli;
+    cli.quick_times_nothing = true;
     if (const int rc = cli.parse(argc, argv, "attnres",
                                  "AttnRes Full and Block (GpuAttnRes) forward + backward over D sublayers",
                                  "the small CHECK shapes, no BENCH");

@@ -465,6 +465,7 @@ static void run_bench() {
 
 int main(int argc, char** argv) {
     wb::Cli cli;
+    cli.quick_times_nothing = true;
     if (const int rc = cli.parse(argc, argv, "hc",
                                  "HC and mHC (GpuHC) forward and backward over D sublayers, every variant",
                                  "the small CHECK shapes, no BENCH");

@@ -894,6 +894,7 @@ int main(int argc, char** argv) {
         std::printf("error: %s\n", ex.what());
         return 1;
     }
-    std::printf("ldm: %s (%d failed checks)\n", g_fail ? "FAIL" : "all checks passed", g_fail);
+    std::printf("ldm: %s (%d failed checks)\n", !cli.check ? "no checks run" : g_fail ? "FAIL" : "all checks passed",
+                g_fail);
     return g_fail ? 1 : 0;
 }

@@ -117,18 +117,21 @@ struct Report {
 };
 
 // The command line every workbench takes (doc/cuda.md "Workbench convention"):
-//   --quick        the workbench's smaller run (`quick` below says what it leaves out)
+//   --quick        the workbench's smaller run (parse's `quick_means` says what it leaves out)
 //   --check-only   the CHECK lines only: no timing
 //   --bench-only   the BENCH lines only: no CPU reference, so timings without a correctness check
-//   --help         the usage on stdout
+//   --help, -h     the usage on stdout
 // plus the workbench's own flags that take a value (`value_flags`, e.g. --nccl-id-file PATH).
 struct Cli {
     bool quick = false, check = true, bench = true;
+    // Set before parse where --quick times nothing: --quick with --bench-only is then refused.
+    bool quick_times_nothing = false;
     std::vector<std::pair<std::string, std::string>> values;  // (flag, value) of the value flags given
 
     // Parses argv[1..]. Returns -1 to go on; 0 after --help (usage on stdout); 2 after a flag it
-    // does not know, a value flag without its value, or --check-only with --bench-only (the error
-    // and the usage on stderr). `about`: one line on what the workbench checks and times.
+    // does not know, a value flag without its value, --check-only with --bench-only, or --quick
+    // with --bench-only where quick_times_nothing (the error and the usage on stderr). `about`: one
+    // line on what the workbench checks and times.
     int parse(int argc, char** argv, const char* name, const char* about, const char* quick_means,
               const std::vector<std::string>& value_flags = {}, const char* value_usage = "") {
         auto usage = [&](FILE* f) {
@@ -140,7 +143,7 @@ struct Cli {
                          "  --quick       %s\n"
                          "  --check-only  the CHECK lines only (no timing)\n"
                          "  --bench-only  the BENCH lines only (no CPU reference: timings without a check)\n"
-                         "  --help        this text\n"
+                         "  --help, -h    this text\n"
                          "exit status: 0 every CHECK passed (or no GPU: \"skipped: no GPU\"), 1 a CHECK failed or an\n"
                          "error, 2 a bad command line\n",
                          name, value_usage, about, quick_means);
@@ -161,6 +164,8 @@ struct Cli {
                 else err = a + " needs a value";
             } else err = "unknown argument '" + a + "'";
             if (err.empty() && check_only && bench_only) err = "--check-only and --bench-only exclude each other";
+            if (err.empty() && quick && bench_only && quick_times_nothing)
+                err = "--quick times nothing here, so --quick --bench-only would run nothing";
             if (!err.empty()) {
                 std::fprintf(stderr, "%s: error: %s\n", name, err.c_str());
                 usage(stderr);

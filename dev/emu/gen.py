@@ -28,7 +28,7 @@ cuda/*.cuh or dev/cuda/*.cuh they include. Rewrites:
   * `struct Matmul {...};` (cuBLASLt, matmul.cuh) -> dev/emu/matmul_host.h (host loops);
   * `#include <nccl.h>` -> dev/emu/nccl_emu.h (NCCL on host memory; MPI between ranks);
   * in a workbench, `int main(` -> `int workbench_main(` (a harness calls its static check
-    functions, or workbench_main with --quick). A top-level program (train_ldm.cu ->
+    functions, or workbench_main with its flags: test/emu_workbench_cases.h). A top-level program (train_ldm.cu ->
     OUT/cuda_emu/train_ldm.cu.h) keeps its main(): dev/emu/program.cpp includes it to build the
     emulated program, and a test that includes it defines TESTING first (the main is guarded).
 Prints one line per file with the number of rewrites; exits non-zero when a file does not exist.
