@@ -20,23 +20,6 @@
 
 namespace {
 
-// The CHECK lines of `out` that name rank r of W ("(rank r of W)"), and how many of them PASS.
-struct RankChecks {
-    int lines = 0, passed = 0;
-};
-RankChecks rank_checks(const std::string& out, int r, int W) {
-    RankChecks c;
-    const std::string tag = " (rank " + std::to_string(r) + " of " + std::to_string(W) + ")";
-    for (const std::string& line : split(out, '\n')) {
-        if (line.rfind("CHECK nccl ", 0) != 0 || line.size() < tag.size() ||
-            line.compare(line.size() - tag.size(), tag.size(), tag) != 0)
-            continue;
-        c.lines++;
-        c.passed += line.find(" PASS (rank ") != std::string::npos;
-    }
-    return c;
-}
-
 size_t occurrences(const std::string& s, const std::string& what) {
     size_t n = 0;
     for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + what.size())) n++;
@@ -47,6 +30,15 @@ size_t occurrences(const std::string& s, const std::string& what) {
 // reduction at ZeRO-0 and ZeRO-1, the ZeRO-1 parameter gather.
 constexpr int kChecksPerRank = 5 * 2 * 3 + 2 + 1;
 
+// Rank r of W's output `out` holds kChecksPerRank CHECK lines, each naming that rank, none FAIL.
+void require_rank_checks(const std::string& out, int r, int W) {
+    const emu::CheckLines c = emu::check_lines(out, "CHECK nccl ");
+    CHECK(c.total == kChecksPerRank);
+    CHECK(occurrences(out, " (rank " + std::to_string(r) + " of " + std::to_string(W) + ")\n") ==
+          size_t(kChecksPerRank));
+    CHECK(c.failed.empty());
+}
+
 }  // namespace
 
 TEST_CASE("emu: nccl workbench checks on one rank (--check-only)", "[emu][nccl]") {
@@ -54,9 +46,7 @@ TEST_CASE("emu: nccl workbench checks on one rank (--check-only)", "[emu][nccl]"
     const std::string out = emu::capture_stdout([&] { rc = EMU_WORKBENCH_RUN_("nccl", "--check-only"); });
     INFO(out);
     CHECK(rc == 0);
-    const RankChecks c = rank_checks(out, 0, 1);
-    CHECK(c.lines == kChecksPerRank);
-    CHECK(c.passed == c.lines);
+    require_rank_checks(out, 0, 1);
     CHECK_THAT(out, Catch::Contains("nccl: --check-only: no BENCH runs\n") &&
                         Catch::Contains("\nnccl: 0 failed checks over 1 ranks\n") &&
                         !Catch::Contains("\nBENCH "));
@@ -92,9 +82,7 @@ TEST_CASE("emu: nccl workbench checks on two ranks under mpirun (MPI collectives
     for (int rank = 0; rank < 2; rank++) {
         const std::string out = slurp(dir + "/rank" + std::to_string(rank) + ".out");
         INFO("rank " << rank << ":\n" << out);
-        const RankChecks c = rank_checks(out, rank, 2);
-        CHECK(c.lines == kChecksPerRank);
-        CHECK(c.passed == c.lines);
+        require_rank_checks(out, rank, 2);
         CHECK_THAT(out, Catch::EndsWith("\ntwo_ranks: workbench_main returned 0\n"));
         // the failure count summed over both ranks, printed by rank 0
         CHECK(occurrences(out, "\nnccl: 0 failed checks over 2 ranks\n") == (rank == 0 ? 1u : 0u));
