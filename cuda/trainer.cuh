@@ -89,17 +89,36 @@ class GpuScoringModel : public ScoringModel {
 };
 
 // Peak bf16 TFLOP/s of this device: median of 10 timed 8192^3 bf16 GEMMs (C = A·Bᵀ, fp32
-// accumulation) through the same cuBLASLt wrapper, after 3 warm-up calls. 0 under the host
-// emulation of dev/emu (no device peak; the host GEMMs would take hours): MFU is then null.
-inline double measure_peak_bf16_tflops(cudaStream_t s) {
+// accumulation) through the same cuBLASLt wrapper, after 3 warm-up calls. The inputs are
+// constants (A = 0.01, B = 0.02; the MFU denominator, spec performance.md's "885 measured" on the
+// H200) or, with random_inputs, values uniform in [-1, 1) from a fixed host generator, as in
+// training: the tensor cores then draw more power and run slower (doc/cuda.md "MFU"). 0 under
+// the host emulation of dev/emu (no device peak; the host GEMMs would take hours): MFU is then null.
+inline double measure_peak_bf16_tflops(cudaStream_t s, bool random_inputs = false) {
 #ifdef LDM_EMULATED
     (void)s;
+    (void)random_inputs;
     return 0.0;
 #endif
     const int64_t n = 8192;
     DeviceBuffer<bf16> A(n * n), Bm(n * n), C(n * n);
-    fill<bf16>(A.ptr, n * n, 0.01f, s);
-    fill<bf16>(Bm.ptr, n * n, 0.02f, s);
+    if (random_inputs) {
+        std::vector<bf16> h(size_t(n * n));
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (bf16* dst : {A.ptr, Bm.ptr}) {
+            for (bf16& v : h) {  // splitmix64; the top 24 bits as a uniform value in [-1, 1)
+                uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+                z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+                z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+                z ^= z >> 31;
+                v = from_f<bf16>(float(int64_t(z >> 40) - (int64_t(1) << 23)) * (1.0f / float(1 << 23)));
+            }
+            CUDA_CHECK(cudaMemcpy(dst, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+        }
+    } else {
+        fill<bf16>(A.ptr, n * n, 0.01f, s);
+        fill<bf16>(Bm.ptr, n * n, 0.02f, s);
+    }
     Matmul mm;
     float ms = time_median_ms(
         [&] { mm.gemm<bf16, bf16>(false, true, n, n, n, 1.0f, A.ptr, n, Bm.ptr, n, 0.0f, C.ptr, n, nullptr, s); },
@@ -422,6 +441,7 @@ class GpuBackend {
         using trainer_detail::gib;
         const double fpt = train::model_flops_per_token(cfg_, o_.T);
         const double peak = trainer_detail::measure_peak_bf16_tflops(model_.stream);
+        const double peak_random = trainer_detail::measure_peak_bf16_tflops(model_.stream, true);
         const double copy_tbs = trainer_detail::measure_copy_tbs(model_.stream);
         const double achieved = fpt * tps / 1e12;
         nlohmann::json stages = nlohmann::json::object();
@@ -444,6 +464,8 @@ class GpuBackend {
                 {"model_flops_per_token", fpt},
                 {"achieved_tflops", achieved}, {"peak_bf16_tflops", peak},
                 {"mfu", peak > 0 ? nlohmann::json(achieved / peak) : nlohmann::json(nullptr)},
+                {"peak_bf16_tflops_random", peak_random > 0 ? nlohmann::json(peak_random) : nlohmann::json(nullptr)},
+                {"mfu_random_peak", peak_random > 0 ? nlohmann::json(achieved / peak_random) : nlohmann::json(nullptr)},
                 {"copy_tbs", copy_tbs > 0 ? nlohmann::json(copy_tbs) : nlohmann::json(nullptr)},
                 {"peak_mem_gib", gib(double(peak_used_))}, {"alloc_gib", gib(double(allocated()))},
                 {"scheme_bytes_per_token", model_.scheme().extra_bytes_per_token()}, {"device", device_},

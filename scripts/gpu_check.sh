@@ -283,8 +283,8 @@ with open(sys.argv[1], "wb") as f:
 EOF
 fi
 TRAIN_GLOB="$BDATA/*train*.bin"
-TOK_FLAG=""
-[ -f "$DATA_DIR/gpt2_tokenizer/encoder.json" ] && TOK_FLAG="--tokenizer $DATA_DIR/gpt2_tokenizer"
+TOK_FLAG=()  # an array: the data path may hold spaces
+[ -f "$DATA_DIR/gpt2_tokenizer/encoder.json" ] && TOK_FLAG=(--tokenizer "$DATA_DIR/gpt2_tokenizer")
 
 bench() {  # bench <label> <extra flags...>: one --bench run of $TRAINER (at $BENCH_PRESET, or
   # the PRESET:T:B in $SHAPE when set)
@@ -298,14 +298,16 @@ bench() {  # bench <label> <extra flags...>: one --bench run of $TRAINER (at $BE
   start_item "bench $label" "$BENCH_TIMEOUT" || return
   local log="$OUTDIR/bench_$label.log"
   timed "bench $label" "$log" "$TRAINER" --preset "$bp" -T "$bt" -B "$bb" --dtype bf16 \
-    --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" $TOK_FLAG --sample-every -1 --quiet "$@" || return
+    --bench "$BENCH_STEPS" --train-data "$TRAIN_GLOB" "${TOK_FLAG[@]}" --sample-every -1 --quiet "$@" || return
   local rc=$RC dt=$DT
   local line=$(grep '^BENCH ' "$log" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$line" ]; then
     row "$(printf 'bench %-20s PASS  %s' "$label" "$(python3 -c '
 import json, sys
 j = json.loads(sys.argv[1][6:])
-mfu = "MFU %.1f%% (peak %.0f TFLOP/s)" % (100 * j["mfu"], j["peak_bf16_tflops"]) if j.get("mfu") else "MFU n/a (peak unknown)"
+mfu = "MFU %.1f%% (peak %.0f TFLOP/s%s)" % (100 * j["mfu"], j["peak_bf16_tflops"],
+    "; %.1f%% against the random-input peak %.0f" % (100 * j["mfu_random_peak"], j["peak_bf16_tflops_random"])
+    if j.get("mfu_random_peak") else "") if j.get("mfu") else "MFU n/a (peak unknown)"
 print("%.0f tok/s, %.1f ms/step, %s, peak mem %.1f GiB, scheme %d B/token" % (
     j["tokens_per_s"], j["step_ms"], mfu, j["peak_mem_gib"], j["scheme_bytes_per_token"]))' "$line" 2>/dev/null || echo "$line")")"
     printf '%s\t%s\n' "$label" "${line#BENCH }" >> "$OUTDIR/bench_lines.txt"
@@ -335,7 +337,7 @@ infer_bench() {  # prefill of T/2 tokens, then min(128, T/2) decode steps, B seq
   start_item "bench infer-preln" "$BENCH_TIMEOUT" || return
   local ilog="$OUTDIR/bench_infer_preln.log"
   timed "bench infer-preln" "$ilog" "$TRAINER" --preset "$BENCH_PRESET" -T "$BENCH_T" -B "$BENCH_B" --dtype bf16 \
-    --scheme preln $TOK_FLAG --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" || return
+    --scheme preln "${TOK_FLAG[@]}" --bench-infer "$((BENCH_T / 2)):$(( BENCH_T / 2 < 128 ? BENCH_T / 2 : 128 ))" || return
   local rc=$RC dt=$DT
   local iline=$(grep '^BENCH_INFER ' "$ilog" | tail -1)
   if [ "$rc" = 0 ] && [ -n "$iline" ]; then
@@ -360,13 +362,18 @@ PEER_DEVICE=${PEER_DEVICE:-cuda}
 peer() {  # peer <mode>
   local mode=$1 p probe='import torch; assert torch.cuda.is_available()'
   done_before "peer torch-$mode" && return
-  if [ "$PEER_PROBED" = 0 ]; then  # the first Python with (CUDA) PyTorch, looked for once
+  local left=$(( BUDGET - ($(date +%s) - T0) ))
+  if [ "$PEER_PROBED" = 0 ] && [ "$left" -ge "$MIN_ITEM" ]; then  # the first Python with (CUDA) PyTorch,
+    # looked for once, within the budget (importing torch takes seconds; start_item below then
+    # skips the item if the probe spent what was left)
     PEER_PROBED=1
     [ "$PEER_DEVICE" = cpu ] && probe='import torch'
+    local pt=$(( left < 60 ? left : 60 ))
     for p in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
-      if command -v "$p" > /dev/null && timeout -k 5 60 "$p" -c "$probe" 2> /dev/null; then PEER_PY=$p; break; fi
+      if command -v "$p" > /dev/null && timeout -k 5 "$pt" "$p" -c "$probe" 2> /dev/null; then PEER_PY=$p; break; fi
     done
   fi
+  [ "$PEER_PROBED" = 0 ] && { start_item "peer torch-$mode" "${PEER_TIMEOUT:-240}"; return; }  # budget spent: SKIP
   if [ -z "$PEER_PY" ]; then
     row "$(printf 'peer torch-%-15s n/a   (no Python with %sPyTorch)' "$mode" "$([ "$PEER_DEVICE" = cpu ] || echo 'CUDA ')")"
     return

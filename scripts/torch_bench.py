@@ -4,8 +4,10 @@ and the report writer used by scripts/bench_cpu_schemes.sh and scripts/bench_gpu
 
   torch_bench.py bench --preset small --scheme ldm [--ldm-rule rls] [--no-residual] -B 4 -T 256
         [--steps 10] [--warmup 2] [--device cpu|cuda] [--mode eager|compile] [--dtype fp32|bf16]
-        [--n-layer N] [--d-model D] [--vocab-size V] [--threads N] [--spec-bin build/generate_cpu]
-      One training configuration in PyTorch: forward + backward + AdamW step on a fixed random
+        [--n-layer N] [--d-model D] [--vocab-size V] [--threads N] [--grad-clip C]
+        [--spec-bin build/generate_cpu]
+      One training configuration in PyTorch: forward + backward + global-norm gradient clip
+      (--grad-clip, default 1.0 as the C++ trainers; 0 = off) + AdamW step on a fixed random
       batch, median step time of --steps steps after --warmup steps. Prints
       BENCH {"tokens_per_s", "step_ms", "peak_mem_gib", ...}.
   torch_bench.py run --rows ROWS.jsonl --impl cpp|torch-eager|torch-compile --label SCHEME
@@ -272,6 +274,8 @@ def cmd_bench(a):
         else:
             loss = loss_fn(P, tokens, targets)
         loss.backward()
+        if a.grad_clip > 0:  # as the C++ trainers (global-norm clip, --grad-clip 1.0 by default)
+            torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
         opt.step()
         return loss
 
@@ -301,7 +305,8 @@ def cmd_bench(a):
          "dtype": a.dtype, "B": a.B, "T": a.T, "n_layer": cfg["n_layer"], "param_count": spec["param_count"],
          "steps_timed": a.steps, "step_ms": med * 1e3, "step_ms_mean": 1e3 * sum(times) / len(times),
          "tokens_per_s": a.B * a.T / med, "warmup_s": warm_s, "loss": lv, "torch": torch.__version__,
-         "threads": torch.get_num_threads(), "attention_backend": backend, "gqa": gqa}
+         "threads": torch.get_num_threads(), "attention_backend": backend, "gqa": gqa,
+         "grad_clip": a.grad_clip}
     if a.device == "cuda":
         r["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
         r["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
@@ -634,6 +639,8 @@ def main():
     b.add_argument("--mode", default="eager", choices=["eager", "compile"])
     b.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
     b.add_argument("--threads", type=int, default=0)
+    b.add_argument("--grad-clip", type=float, default=1.0,
+                   help="global gradient-norm clip before each AdamW step, as the C++ trainers' --grad-clip (0 = off)")
     b.add_argument("--spec-bin", default=os.path.join(ROOT, "build", "generate_cpu"))
     r = sub.add_parser("run", help="run one benchmark command and append a row")
     r.add_argument("--rows", required=True)

@@ -144,6 +144,12 @@ std::string slurp(const std::string& path) {
     return ss.str();
 }
 
+size_t count_of(const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + what.size())) n++;
+    return n;
+}
+
 std::vector<std::string> split(const std::string& s, char sep) {
     std::vector<std::string> out;
     std::string cur;

@@ -25,6 +25,9 @@ std::string slurp(const std::string& path);
 // s cut at every sep (n separators give n + 1 pieces, empty ones included).
 std::vector<std::string> split(const std::string& s, char sep);
 
+// Non-overlapping occurrences of `what` (not empty) in `s`.
+size_t count_of(const std::string& s, const std::string& what);
+
 // A scratch directory under build/test_tmp/<name>, emptied on creation. Registered with
 // register_scratch_dir, so it is removed when the test case that made it passes.
 std::string scratch_dir(const std::string& name);

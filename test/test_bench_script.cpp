@@ -406,6 +406,20 @@ TEST_CASE("gpu_targets.py: every GPU target met, missed or not measured from one
         CHECK((one.out.find("The targets were set on an H200 SXM") != std::string::npos) == caveat);
         if (caveat) CHECK_THAT(one.out, Catch::Contains("(an H100 SXM has it; an H100 PCIe, an H200 NVL or an A100 does not)"));
     }
+    // the random-input GEMM peak beside the constant-input one; the MFU against it beside the
+    // verdict, which stays on `mfu` (the constant-input peak, the higher one)
+    {
+        std::ofstream f(dir + "/bench_lines.txt", std::ios::trunc);
+        f << cpp("preln", "preln", 100,
+                 {{"peak_bf16_tflops", 900.0}, {"peak_bf16_tflops_random", 800.0}, {"mfu", 0.45},
+                  {"mfu_random_peak", 0.50625}, {"copy_tbs", 4.3}, {"device", "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB"}});
+    }
+    const RunResult rnd = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "' 2>&1");
+    INFO(rnd.out);
+    CHECK_THAT(rnd.out, Catch::Contains("\nMeasured on: NVIDIA H200 (bf16 GEMM 900 TFLOP/s (random inputs: 800), "
+                                        "copy 4.30 TB/s, medians of its runs).\n"));
+    CHECK_THAT(rnd.out, Catch::Contains("| PreLN llama-400m T=2048 B=8 MFU >= 50% | 45.0%; 50.6% against the "
+                                        "random-input GEMM peak | **missed** |\n"));
     const RunResult bad = run_cmd("/usr/bin/python3 '" LDM_SOURCE_DIR "/scripts/gpu_targets.py' '" + dir + "/none' 2>&1");
     CHECK(bad.status == 1);
     CHECK_THAT(bad.out, Catch::Contains("is not a directory"));

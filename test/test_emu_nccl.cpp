@@ -20,22 +20,16 @@
 
 namespace {
 
-size_t occurrences(const std::string& s, const std::string& what) {
-    size_t n = 0;
-    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + what.size())) n++;
-    return n;
-}
-
 // The workbench's CHECK lines per rank: 5 sizes x 2 dtypes x 3 collectives, the bucketed
 // reduction at ZeRO-0 and ZeRO-1, the ZeRO-1 parameter gather.
 constexpr int kChecksPerRank = 5 * 2 * 3 + 2 + 1;
 
-// Rank r of W's output `out` holds kChecksPerRank CHECK lines, each naming that rank, none FAIL.
+// Rank r of W's output `out` holds kChecksPerRank CHECK lines, each naming that rank, all ending
+// in PASS (emu::check_lines: what scripts/gpu_check.sh counts as passed).
 void require_rank_checks(const std::string& out, int r, int W) {
     const emu::CheckLines c = emu::check_lines(out, "CHECK nccl ");
     CHECK(c.total == kChecksPerRank);
-    CHECK(occurrences(out, " (rank " + std::to_string(r) + " of " + std::to_string(W) + ")\n") ==
-          size_t(kChecksPerRank));
+    CHECK(count_of(out, " rank=" + std::to_string(r) + "/" + std::to_string(W) + " ") == size_t(kChecksPerRank));
     CHECK(c.failed.empty());
 }
 
@@ -85,7 +79,7 @@ TEST_CASE("emu: nccl workbench checks on two ranks under mpirun (MPI collectives
         require_rank_checks(out, rank, 2);
         CHECK_THAT(out, Catch::EndsWith("\ntwo_ranks: workbench_main returned 0\n"));
         // the failure count summed over both ranks, printed by rank 0
-        CHECK(occurrences(out, "\nnccl: 0 failed checks over 2 ranks\n") == (rank == 0 ? 1u : 0u));
+        CHECK(count_of(out, "\nnccl: 0 failed checks over 2 ranks\n") == (rank == 0 ? 1u : 0u));
     }
 }
 
@@ -131,3 +125,20 @@ TEST_CASE("emu: nccl workbench --nccl-id-file needs its value", "[emu][nccl][wor
 
 // the workbench's command line; gpu_check.sh's run of it, launches only (test_ptxas checks them)
 EMU_WORKBENCH_CASES("nccl")
+
+// The rule every emulation test and scripts/gpu_check.sh count CHECK lines by: a line passes only
+// when its last word is PASS (the old nccl format, with the rank after the verdict, failed it).
+TEST_CASE("emu::check_lines: a CHECK line passes only when it ends in PASS", "[emu][nccl]") {
+    const emu::CheckLines c = emu::check_lines(
+        "CHECK a fp32 n=1 rel=0 max_abs=0 PASS\n"
+        "CHECK b bf16 n=1 rel=1 max_abs=1 FAIL  worst: 3\n"
+        "CHECK nccl c fp32 n=1 rel=0 max_abs=0 PASS (rank 0 of 1)\n"
+        "BENCH d fp32 n=1 ms=1 GB/s=- TFLOP/s=-\n"
+        "summary: CHECK lines PASS\n"
+        "CHECK e fp32 PASSED\n");
+    CHECK(c.total == 4);
+    CHECK(c.failed == std::vector<std::string>{"CHECK b bf16 n=1 rel=1 max_abs=1 FAIL  worst: 3",
+                                               "CHECK nccl c fp32 n=1 rel=0 max_abs=0 PASS (rank 0 of 1)",
+                                               "CHECK e fp32 PASSED"});
+    CHECK(emu::check_lines("CHECK nccl all_reduce fp32 n=1 rank=0/1 rel=0 max_abs=0 PASS\n", "CHECK nccl ").failed.empty());
+}

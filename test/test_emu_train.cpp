@@ -140,13 +140,6 @@ std::vector<json> records(const std::string& log, const char* type) {
     return out;
 }
 
-// Occurrences of `what` in `s`.
-size_t count_of(const std::string& s, const std::string& what) {
-    size_t n = 0;
-    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) n++;
-    return n;
-}
-
 }  // namespace
 
 TEST_CASE("emu train: one step (2 micro-batches) == train_cpu, every scheme and LDM mode, fp32 and bf16",

@@ -39,12 +39,6 @@ std::vector<std::map<std::string, std::string>> read_csv(const std::string& path
     return rows;
 }
 
-size_t count_of(const std::string& s, const std::string& needle) {
-    size_t n = 0;
-    for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) n++;
-    return n;
-}
-
 }  // namespace
 
 TEST_CASE("study.sh --recipe ci: stopped and continued, summary, verdict from the numbers, plots", "[study][script]") {

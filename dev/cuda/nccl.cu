@@ -9,7 +9,7 @@
 //   mpirun -np 8 build/cuda/nccl                8 GPUs of a node
 //
 // Output (doc/cuda.md workbench convention), from every rank's check and rank 0's timing:
-//   CHECK nccl <op> <dtype> n=<count> rel=<x> max_abs=<y> PASS|FAIL
+//   CHECK nccl <op> <dtype> n=<count> rank=<r>/<W> rel=<x> max_abs=<y> PASS|FAIL
 //   BENCH nccl <op> <dtype> n=<count> ms=<x> GB/s=<bus bandwidth> TFLOP/s=-
 // Bus bandwidth (nccl-tests convention): all-reduce bytes*2(W-1)/W / t; reduce-scatter and
 // all-gather bytes*(W-1)/W / t, bytes = the full buffer; with W = 1 the algorithm bandwidth
@@ -17,7 +17,7 @@
 //
 // The trainers' overlap path (GpuDataParallel with overlap, issue #10 item 3) on the gradient
 // layout of a model (tiny + mHC for the checks; llama-400m for the timing, --quick: small):
-//   CHECK nccl bucketed_zero<z> fp32 n=... buckets=... max_abs=... PASS|FAIL
+//   CHECK nccl bucketed_zero<z> fp32 n=... rank=<r>/<W> buckets=... max_abs=... PASS|FAIL
 //     the buckets reduced stage by stage through on_grads_final / finish_reduction (as
 //     GPT::backward drives them) == the expected sum (ZeRO-0: every element; ZeRO-1: this rank's
 //     slice), exactly; the inputs are multiples of 1/4, so every summation order gives the same
@@ -55,8 +55,8 @@ int check_all(NcclComm& comm, cudaStream_t s, int64_t n, double tol) {
     auto report = [&](const char* op, const std::vector<float>& got, const std::vector<float>& want) {
         Compare c = compare(got.data(), want.data(), int64_t(want.size()));
         const bool ok = c.finite && c.rel <= tol;
-        std::printf("CHECK nccl %s %s n=%lld rel=%.3g max_abs=%.3g %s (rank %d of %d)\n", op, dtype_name<T>(),
-                    (long long)n, c.rel, c.max_abs, ok ? "PASS" : "FAIL", r, W);
+        std::printf("CHECK nccl %s %s n=%lld rank=%d/%d rel=%.3g max_abs=%.3g %s\n", op, dtype_name<T>(),
+                    (long long)n, r, W, c.rel, c.max_abs, ok ? "PASS" : "FAIL");
         if (!ok) fails++;
     };
     // all-reduce, in place
@@ -168,8 +168,8 @@ int check_buckets(const ModelConfig& cfg, int zero, const std::string& id_file, 
         if (e > max_abs || e != e) max_abs = e;
     }
     int fails = ok ? 0 : 1;
-    std::printf("CHECK nccl bucketed_zero%d fp32 n=%lld buckets=%zu max_abs=%.3g %s (rank %d of %d)\n", zero,
-                (long long)n, dp.buckets.size(), max_abs, ok ? "PASS" : "FAIL", r, W);
+    std::printf("CHECK nccl bucketed_zero%d fp32 n=%lld rank=%d/%d buckets=%zu max_abs=%.3g %s\n", zero,
+                (long long)n, r, W, dp.buckets.size(), max_abs, ok ? "PASS" : "FAIL");
     if (zero == 1) {
         // bf16 working copy: this rank's slice holds its owner's values, the rest NaN; the fp32
         // master likewise; after gather_params every element holds its owner's value (work), and
@@ -194,9 +194,9 @@ int check_buckets(const ModelConfig& cfg, int zero, const std::string& id_file, 
         Compare cw = compare(gw.data(), want.data(), n);
         Compare cm = compare(gm.data() + lo_s, want.data() + lo_s, n - lo_s);
         const bool okg = cw.finite && cw.max_abs == 0 && cm.finite && cm.max_abs == 0;
-        std::printf("CHECK nccl gather_params bf16 n=%lld scheme_fp32=%lld max_abs=%.3g %s (rank %d of %d)\n",
-                    (long long)n, (long long)(n - lo_s), std::max(cw.max_abs, cm.max_abs), okg ? "PASS" : "FAIL",
-                    r, W);
+        std::printf("CHECK nccl gather_params bf16 n=%lld rank=%d/%d scheme_fp32=%lld max_abs=%.3g %s\n",
+                    (long long)n, r, W, (long long)(n - lo_s), std::max(cw.max_abs, cm.max_abs),
+                    okg ? "PASS" : "FAIL");
         if (!okg) fails++;
     }
     return fails;
