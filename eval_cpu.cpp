@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
         if (o.val_T < 0 || o.max_length < 0 || o.max_docs < 0 || o.max_examples < 0 || o.val_batches < 0)
             throw Error("--val-T, --max-length, --max-docs, --max-examples and --val-batches must be >= 0");
         if (o.batch_tokens < 1 || o.max_rows < 1) throw Error("--batch-tokens and --max-rows must be >= 1");
-        if (o.threads < 0) throw Error("--threads must be >= 0");
+        check_threads_flag(o.threads);
         if (!o.out.empty()) {  // checked now, not after the whole evaluation
             const size_t slash = o.out.find_last_of('/');
             prepare_output_dir(slash == std::string::npos ? "." : o.out.substr(0, slash + (slash == 0)), "--out");

@@ -123,8 +123,12 @@ int main(int argc, char** argv) {
 
         if (o.dtype != "fp32" && o.dtype != "fp64") throw Error("--dtype must be fp32 or fp64, got '" + o.dtype + "'");
         cpu::check_generation_flags(o);
-        if (o.threads < 0) throw Error("--threads must be >= 0");
+        check_threads_flag(o.threads);
         if (o.checkpoint.empty() == o.preset.empty()) throw Error("give exactly one of --checkpoint and --preset");
+        for (const auto& [flag, v] : {std::pair<const char*, int>{"--n-layer", o.n_layer}, {"--d-model", o.d_model}})
+            if (v < 0) throw Error(strprintf("%s must be >= 0 (0 = the preset's), got %d", flag, v));
+        if (o.vocab_size < 0)
+            throw Error(strprintf("--vocab-size must be >= 0 (0 = the tokenizer's, else 50257), got %d", o.vocab_size));
         const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
@@ -146,6 +150,9 @@ int main(int argc, char** argv) {
                                       tok->vocab_size(), cfg.vocab_size,
                                       cfg.vocab_size == 257 ? " (257 ids is the byte tokenizer: --tokenizer bytes)" : ""));
         } else {
+            if (tok && o.vocab_size > 0 && uint32_t(o.vocab_size) < tok->vocab_size())
+                throw Error(strprintf("--vocab-size %d is smaller than the tokenizer's %u ids", o.vocab_size,
+                                      tok->vocab_size()));
             cfg = preset_config(o.preset, o.vocab_size > 0 ? o.vocab_size : tok ? (int)tok->vocab_size() : 50257);
             if (o.n_layer > 0) cfg.n_layer = o.n_layer;
             if (o.d_model > 0) cfg.d_model = o.d_model;

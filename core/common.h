@@ -20,6 +20,15 @@ struct Error : std::runtime_error {
 // printf-style formatting into a std::string.
 std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// The largest --threads a tool accepts: far above any machine's core count, far below where the
+// OpenMP runtime fails to start its threads (100000 crashed libgomp).
+constexpr int kMaxThreads = 4096;
+// ldm::Error naming --threads unless 0 <= threads <= kMaxThreads (0: all cores).
+inline void check_threads_flag(long long threads) {
+    if (threads < 0 || threads > kMaxThreads)
+        throw Error(strprintf("--threads must be between 0 (all cores) and %d, got %lld", kMaxThreads, threads));
+}
+
 // Directory holding the shared test/demo data (gpt2_tokenizer/, lambada/, ...):
 // $LDM_DATA_DIR if set, else <source dir>/../shared/data, else ./../shared/data.
 // Returns "" when none exists (callers skip with a visible message).

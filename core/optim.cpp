@@ -11,7 +11,7 @@ namespace ldm {
 void LRSchedule::validate() const {
     if (kind != "cosine" && kind != "linear" && kind != "wsd" && kind != "constant")
         throw Error("--schedule: unknown schedule '" + kind + "' (expected cosine|linear|wsd|constant)");
-    if (!(lr >= 0) || !std::isfinite(lr)) throw Error(strprintf("--lr: must be >= 0, got %g", lr));
+    if (!(lr >= 0) || !std::isfinite(lr)) throw Error(strprintf("--lr: must be finite and >= 0, got %g", lr));
     if (!(min_lr_ratio >= 0 && min_lr_ratio <= 1))
         throw Error(strprintf("--min-lr-ratio: must be in [0, 1], got %g", min_lr_ratio));
     if (warmup_steps < 0) throw Error(strprintf("--warmup-steps: must be >= 0, got %lld", (long long)warmup_steps));

@@ -175,14 +175,16 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
 // Checks and completes the flags every trainer shares (before anything is loaded): -B, -T > 0;
 // --total-batch-tokens a multiple of B*T (0 = B*T); --bench N sets --steps N + 2; --steps >= 1;
 // --val-batches >= 1; --eval-every / --eval-max-examples >= 0 and --eval-every with an eval
-// binary; --threads >= 0; --zero 0 or 1. Throws ldm::Error naming the flag.
+// binary; --threads in [0, kMaxThreads]; --zero 0 or 1. Throws ldm::Error naming the flag.
 template <class O>
 void check_train_flags(O& o) {
     if (o.B <= 0) throw Error(strprintf("-B/--batch-size must be > 0, got %d", o.B));
     if (o.T <= 0) throw Error(strprintf("-T/--seq-len must be > 0, got %d", o.T));
     const int64_t bt = int64_t(o.B) * o.T;
     if (o.total_batch_tokens == 0) o.total_batch_tokens = bt;
-    if (o.total_batch_tokens < 0 || o.total_batch_tokens % bt != 0)
+    if (o.total_batch_tokens < 0)
+        throw Error(strprintf("--total-batch-tokens must be >= 0 (0 = B*T), got %lld", (long long)o.total_batch_tokens));
+    if (o.total_batch_tokens % bt != 0)
         throw Error(strprintf("--total-batch-tokens %lld is not divisible by B*T = %d*%d = %lld",
                               (long long)o.total_batch_tokens, o.B, o.T, (long long)bt));
     if (o.bench > 0) o.steps = o.bench + 2;
@@ -191,7 +193,7 @@ void check_train_flags(O& o) {
     if (o.eval_every < 0 || o.eval_max_examples < 0) throw Error("--eval-every and --eval-max-examples must be >= 0");
     if (o.eval_every > 0 && o.eval_lambada.empty() && o.eval_wikitext.empty() && o.eval_hellaswag.empty())
         throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
-    if (o.threads < 0) throw Error("--threads must be >= 0");
+    check_threads_flag(o.threads);
     if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
 }
 

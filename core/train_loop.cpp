@@ -183,5 +183,20 @@ std::string resolve_resume(const std::string& resume, const std::string& out_dir
     return c.back();
 }
 
+void check_fresh_start(const std::string& out_dir, const std::string& log) {
+    const char* remedy = "To continue that run, add --resume latest (or auto); to start afresh, ";
+    if (!out_dir.empty()) {
+        const std::vector<std::string> c = complete_checkpoints(out_dir);
+        if (!c.empty())
+            throw Error("--out-dir " + out_dir + " already holds the checkpoints of a run (the newest: " + c.back() +
+                        ".model): a new run there would overwrite them, and --resume latest would then mix the two "
+                        "runs. " + remedy + "choose another --out-dir or delete those checkpoints");
+    }
+    struct stat st {};
+    if (!log.empty() && ::stat(log.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+        throw Error("--log " + log + " already holds a run's log (" + std::to_string((long long)st.st_size) +
+                    " bytes): a new run would replace it. " + remedy + "choose another --log or delete it");
+}
+
 }  // namespace train
 }  // namespace ldm

@@ -161,6 +161,11 @@ void remove_checkpoint(const std::string& base);
 // The checkpoint --resume names: a path as given; "latest" = the newest complete checkpoint in
 // out_dir (ldm::Error when there is none); "auto" = the same, or "" (start fresh) when there is none.
 std::string resolve_resume(const std::string& resume, const std::string& out_dir);
+// A run started without --resume must not overwrite another run's files: ldm::Error when out_dir
+// holds a complete checkpoint (the new run would overwrite some, and --resume latest would then
+// mix the two runs) or when the file `log` exists and is not empty (the new run would replace
+// it). Either may be "" (not checked).
+void check_fresh_start(const std::string& out_dir, const std::string& log);
 
 // True when every value is finite.
 template <typename R>
@@ -240,6 +245,20 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     const uint32_t V = uint32_t(cfg.vocab_size);
     const uint32_t eot = tok ? tok->eot_id() : V - 1;
     const int64_t n = be.n_params();
+
+    // A fresh run must not overwrite another run's checkpoints or log (the dump writes neither; a
+    // --bench run no checkpoint). Every rank checks, and the sum over ranks is a collective: no
+    // rank goes on (rank 0 to write the log) before all have looked, and all fail together.
+    if (o.resume.empty() && o.dump_debug_state.empty()) {
+        std::string why;
+        try {
+            check_fresh_start(o.bench == 0 ? o.out_dir : "", o.log);
+        } catch (const Error& e) {
+            why = e.what();
+        }
+        if (be.sum_over_ranks(why.empty() ? 0.0 : 1.0) > 0)
+            throw Error(!why.empty() ? why : "another rank found the files of an earlier run in --out-dir or --log");
+    }
 
     // Data: every shard is validated by the loaders (ids < V) before any step.
     if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");

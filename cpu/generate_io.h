@@ -60,6 +60,7 @@ inline void check_generation_flags(const GenerationFlags& g) {
     if (!(g.top_p > 0 && g.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
     if (!std::isfinite(g.temperature)) throw Error("--temperature must be a finite number (<= 0: greedy)");
     if (g.prompt_len < 0) throw Error("--prompt-len must be >= 0");
+    if (g.prompt_len > 0 && !g.prompt.empty()) throw Error("give --prompt or --prompt-len, not both");
     if (g.max_len < 0) throw Error("--max-len must be >= 0");
 }
 

@@ -3,6 +3,8 @@
 // lambada_openai, wikitext, hellaswag). See data/prep_eval.h.
 #include "data/prep_eval.h"
 
+#include <sys/stat.h>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <bzlib.h>
 #include <pcre2.h>
@@ -644,13 +646,17 @@ bool parse_args(int argc, char** argv, const char* help, Args& a) {
     } else {
       char* end = nullptr;
       long t = std::strtol(val.c_str(), &end, 10);
-      if (val.empty() || *end || t < 0 || t > 4096) throw UsageError("--threads: bad value " + val);
+      if (val.empty() || *end || t < 0 || t > kMaxThreads) throw UsageError("--threads: bad value " + val);
       a.threads = int(t);
     }
   }
   if (a.tokenizer.empty()) throw UsageError("missing --tokenizer <bytes|dir|tokenizer.json> (see --help)");
   if (a.input.empty()) throw UsageError("missing --input FILE (see --help)");
   if (a.out.empty()) throw UsageError("missing --out FILE (see --help)");
+  struct stat si {}, so {};
+  if (::stat(a.input.c_str(), &si) == 0 && ::stat(a.out.c_str(), &so) == 0 && si.st_dev == so.st_dev &&
+      si.st_ino == so.st_ino)
+    throw UsageError("--out " + a.out + " is the --input file: writing the binary would replace the text");
   return true;
 }
 

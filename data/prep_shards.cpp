@@ -704,7 +704,12 @@ int cmd_shards(int argc, char** argv) {
         if (a.flags.count("--val-docs")) o.val_docs = int64_t(parse_u64("--val-docs", one(a, "--val-docs")));
         if (o.val_docs >= 0 && o.val_tokens >= 0)
             throw std::invalid_argument("give either --val-tokens or --val-docs, not both");
-        if (a.flags.count("--threads")) o.threads = int(parse_u64("--threads", one(a, "--threads")));
+        if (a.flags.count("--threads")) {
+            const uint64_t t = parse_u64("--threads", one(a, "--threads"));
+            if (t > uint64_t(kMaxThreads))
+                throw std::invalid_argument("--threads must be between 0 (all cores) and " + std::to_string(kMaxThreads));
+            o.threads = int(t);
+        }
         o.progress = !a.flags.count("--quiet");
         o.skip_bad_docs = a.flags.count("--skip-bad-docs") > 0;
         ShardsSummary s = prepare_shards(o);

@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
         ap.add("--no-model", &no_model, "time the schemes alone only");
         ap.add("--json", &json, "also print one BENCH_SCHEME json line per scheme");
         if (!ap.parse(argc, argv)) return 0;
-        if (B <= 0 || T <= 0 || reps <= 0 || threads < 0) throw Error("-B, -T, --reps must be > 0, --threads >= 0");
+        if (B <= 0 || T <= 0 || reps <= 0) throw Error("-B, -T, --reps must be > 0");
+        check_threads_flag(threads);
         if (dtype != "fp32" && dtype != "fp64") throw Error("--dtype must be fp32 or fp64, got '" + dtype + "'");
         if (threads > 0) omp_set_num_threads(threads);
         ModelConfig base = preset_config(preset, vocab);

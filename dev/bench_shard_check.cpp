@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
         if (width != 2 && width != 4) throw ldm::Error("--width must be 2 or 4");
         if (shards < 1 || tokens < 2 || reps < 1 || vocab < 1) throw ldm::Error("bad sizes");
         if (width == 2 && vocab > 65536) throw ldm::Error("--vocab > 65536 needs --width 4");
+        ldm::check_threads_flag(threads);
         if (threads > 0) omp_set_num_threads(threads);
         ldm::mkdir_p(dir);
         std::vector<uint32_t> buf(static_cast<size_t>(tokens));

@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
             }
         }
         if (threads < 1 || reps < 1) throw ldm::Error("--threads and --reps must be >= 1");
+        ldm::check_threads_flag(threads);
         if (tokpath.empty()) {
             std::string d = ldm::find_data_dir();
             if (d.empty()) throw ldm::Error("no --tokenizer and no data directory");

@@ -23,6 +23,7 @@ for d in "${LDM_DATA_DIR:-}" ../shared/data; do
 done
 [ -n "$DATA" ] || { echo "bench_cpu: no FineWeb-Edu sample (\$LDM_DATA_DIR or ../shared/data); run scripts/demo.sh" >&2; exit 1; }
 mkdir -p "$OUT"
+rm -f "$OUT/bench.jsonl"  # this script's own log of the last run (a trainer never replaces a log unasked)
 if [ ! -f "$OUT/data/fineweb_train_000001.bin" ]; then
   "$BUILD/ldm_data" shards --tokenizer "$DATA/gpt2_tokenizer" \
     --input "$DATA/fineweb_edu_sample/fineweb_edu_sample.jsonl" --out-dir "$OUT/data" --name fineweb --val-docs 15 --quiet

@@ -397,6 +397,20 @@ TEST_CASE("dist: resume with the same world size is bit-exact; another world siz
     RunResult bad = run_cmd(mpirun(2) + trainer_path() + args + " --resume " + dir + "/A/ckpt_000002 --out-dir " + dir + "/G");
     CHECK(bad.status != 0);
     CHECK_THAT(bad.out, Catch::Contains("incomplete"));
+
+    // A fresh 2-rank run into A's directory, or onto A's log, is refused before its first step
+    // (every rank checks before rank 0 writes the log); A's files are left as they were.
+    const std::string log_a = read_file(dir + "/A/log.jsonl"), model_a = read_file(dir + "/A/ckpt_000004.model");
+    for (const std::string& where :
+         {" --out-dir " + dir + "/A", " --out-dir " + dir + "/H --log " + dir + "/A/log.jsonl"}) {
+        RunResult f = run_cmd(mpirun(2) + trainer_path() + args + where);
+        INFO(where << "\n" << f.out);
+        CHECK(f.status != 0);
+        CHECK_THAT(f.out, Catch::Contains("already holds") && !Catch::Contains("step      1"));
+    }
+    CHECK(read_file(dir + "/A/log.jsonl") == log_a);
+    CHECK(read_file(dir + "/A/ckpt_000004.model") == model_a);
+    CHECK_FALSE(file_exists(dir + "/H/ckpt_000004.model"));
 }
 
 TEST_CASE("scripts/paper: --dry-run prints the recipe's commands; auto-resume takes the newest marker", "[dist][scripts]") {
@@ -426,7 +440,7 @@ TEST_CASE("scripts/paper: --dry-run prints the recipe's commands; auto-resume ta
     CHECK_THAT(s.out, Catch::Contains("srun --nodes 8 --ntasks 64 --ntasks-per-node 8"));
     CHECK_THAT(s.out, Catch::Contains("--preset qwen-1.5b --scheme mhc -B 8 -T 2048 --total-batch-tokens 1048576 --steps 94972"));
     CHECK_THAT(s.out, Catch::Contains("accumulation 1"));
-    CHECK(s.out.find("--resume") == std::string::npos);
+    CHECK_THAT(s.out, Catch::Contains("--quiet --resume auto"));  // no marker yet: a fresh start (or a restart)
     // auto-resume: newest complete checkpoint; one without a marker is ignored
     run_cmd("mkdir -p " + dir + "/m && touch " + dir + "/m/ckpt_001000.done " + dir + "/m/ckpt_002000.done " + dir +
             "/m/ckpt_003000.model " + dir + "/m/ckpt_003000.state.rank0of64");

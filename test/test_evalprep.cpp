@@ -824,6 +824,12 @@ TEST_CASE("eval subcommands: --help, usage errors and bad inputs give non-zero e
                {"h.jsonl:2", "missing field \"label\""});
   expect_error([&] { ep::parse_hellaswag_jsonl(R"({"activity_label": "A", "ctx_a": "b", "ctx_b": "c", "endings": ["1","2","3","4"], "label": -1})", "h.jsonl"); },
                {"h.jsonl:1", "label -1 out of range"});
+  // --out naming the --input file (by any spelling): a usage error, the text kept
+  const std::string ok_text = ldm::read_file(dir + "/ok.jsonl");
+  for (const std::string& o : {dir + "/ok.jsonl", dir + "/./ok.jsonl"})
+    CHECK(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", dir + "/ok.jsonl", "--out", o}) == 2);
+  CHECK(call(cmd_wikitext, {"wikitext", "--tokenizer", tokdir, "--input", dir + "/ok.jsonl", "--out", dir + "/ok.jsonl"}) == 2);
+  CHECK(ldm::read_file(dir + "/ok.jsonl") == ok_text);
   // Missing input file, bad tokenizer path, unwritable output.
   CHECK(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", dir + "/none.jsonl", "--out", dir + "/o.bin"}) == 1);
   CHECK(call(cmd_lambada, {"lambada", "--tokenizer", dir + "/no_tokenizer", "--input", dir + "/ok.jsonl", "--out", dir + "/o.bin"}) == 1);

@@ -110,6 +110,11 @@ TEST_CASE("generate_cpu: --prompt-len draws cpu::random_token_ids; bad input exi
     fails("--tokenizer /nonexistent/tok", "does not exist");
     fails("--max-new-tokens 0", "--max-new-tokens");
     fails("--temperature nan", "--temperature must be a finite number");
+    fails("--threads 100000", "--threads must be between 0 (all cores) and 4096, got 100000");
+    fails("--n-layer -1", "--n-layer must be >= 0 (0 = the preset's), got -1");
+    fails("--d-model -64", "--d-model must be >= 0 (0 = the preset's), got -64");
+    fails("--vocab-size 100", "--vocab-size 100 is smaller than the tokenizer's 50257 ids");
+    fails("--prompt hello --prompt-len 3", "give --prompt or --prompt-len, not both");
     // a generation past the context slides its window and says so once (12 prompt tokens + 21
     // new fill 32 positions: 19 more on the window of the last 32)
     RunResult full = run_cmd(bin + " --greedy --prompt-len 12 --max-new-tokens 40 --quiet");

@@ -177,6 +177,11 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
     expect_fail(tr + " --preset gpt5" + data, "gpt5");
     expect_fail(tr + " --preset tiny --n-head 4 --n-kv-head 3" + data, "n_kv_head");
     expect_fail(tr + " --preset tiny -B 4 -T 32 --total-batch-tokens 200" + data, "not divisible by B*T");
+    expect_fail(tr + " --preset tiny -B 4 -T 32 --total-batch-tokens -128" + data,
+                "--total-batch-tokens must be >= 0 (0 = B*T), got -128");
+    expect_fail(tr + " --preset tiny --lr inf" + data, "--lr: must be finite and >= 0, got inf");
+    expect_fail(tr + " --preset tiny --threads 100000" + data, "--threads must be between 0 (all cores) and 4096, got 100000");
+    expect_fail(tr + " --preset tiny --threads -1" + data, "--threads must be between 0 (all cores) and 4096, got -1");
     expect_fail(tr + " --preset tiny --bogus-flag 3" + data, "unknown flag '--bogus-flag'");
     expect_fail(tr + " --preset tiny --lr abc" + data, "--lr: expected a number");
     expect_fail(tr + " --preset tiny --dtype fp16" + data, "--dtype");

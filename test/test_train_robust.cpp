@@ -7,6 +7,7 @@
 //   a refused --resume names the newest complete checkpoint;
 //   --resume latest / auto, --keep-checkpoints, --stop-after, extending a finished run with a
 //     larger --steps, resuming a finished run says so;
+//   a run without --resume refuses an --out-dir holding checkpoints or a --log that is not empty;
 //   --warmup-steps > --steps warns; a model too large for the machine is refused before
 //     allocating, naming what it needs.
 #include <catch2/catch.hpp>
@@ -150,6 +151,41 @@ TEST_CASE("train loop: --stop-after, --resume auto, --keep-checkpoints, finished
         CHECK(r.status == 1);
         CHECK_THAT(r.out, Catch::Contains("error:"));
     }
+}
+
+TEST_CASE("train loop: a run without --resume leaves another run's checkpoints and log alone", "[train][robust]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("robust_fresh");
+    const std::string out = " --out-dir " + dir + "/run --log " + dir + "/run.jsonl";
+    REQUIRE(run_cmd(cmd(shards, "--steps 4 --stop-after 2" + out)).status == 0);
+    const std::string model = ldm::read_file(dir + "/run/ckpt_000002.model"), log = ldm::read_file(dir + "/run.jsonl");
+    REQUIRE(!log.empty());
+    // a fresh run into the same --out-dir: refused before its first step; nothing touched
+    RunResult r = run_cmd(cmd(shards, "--steps 2" + out));
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("--out-dir " + dir + "/run already holds the checkpoints of a run (the newest: " +
+                                      dir + "/run/ckpt_000002.model)") &&
+                          Catch::Contains("add --resume latest (or auto)") && !Catch::Contains("step      1"));
+    // the log alone (another --out-dir): refused too, also for a --bench run (it writes the log)
+    for (const std::string& extra : {"--steps 2 --out-dir " + dir + "/other", std::string("--bench 1")}) {
+        RunResult g = run_cmd(cmd(shards, extra + " --log " + dir + "/run.jsonl"));
+        INFO(extra << "\n" << g.out);
+        CHECK(g.status == 1);
+        CHECK_THAT(g.out, Catch::Contains("--log " + dir + "/run.jsonl already holds a run's log (" +
+                                          std::to_string(log.size()) + " bytes)"));
+    }
+    CHECK_FALSE(ldm::file_exists(dir + "/other/ckpt_000002.model"));
+    CHECK(ldm::read_file(dir + "/run/ckpt_000002.model") == model);
+    CHECK(ldm::read_file(dir + "/run.jsonl") == log);
+    // a --bench run may use the directory (it writes no checkpoint); --resume latest continues the run
+    CHECK(run_cmd(cmd(shards, "--bench 1 --out-dir " + dir + "/run")).status == 0);
+    RunResult c = run_cmd(cmd(shards, "--steps 4 --resume latest" + out));
+    INFO(c.out);
+    CHECK(c.status == 0);
+    CHECK_THAT(c.out, Catch::Contains("resumed from " + dir + "/run/ckpt_000002.model at step 2"));
+    CHECK(steps_of(dir + "/run.jsonl").size() == 4);
 }
 
 TEST_CASE("train loop: --warmup-steps > --steps warns; a model too large for this machine is refused up front",

@@ -78,9 +78,9 @@ if [ -n "$DK" ]; then MODEL="$MODEL --ldm-dk $DK"; fi
 TOK=""
 if [ -n "$TOKENIZER" ]; then TOK="--tokenizer $TOKENIZER"; fi
 
-cmd_for() {  # $1 = resume base or ""
-  local res=""
-  [ -n "$1" ] && res=" --resume $1"
+cmd_for() {  # $1 = resume base or "" (then --resume auto: a fresh start, or the restart of a run
+  # that failed before its first checkpoint, whose log the trainer would otherwise refuse to replace)
+  local res=" --resume ${1:-auto}"
   echo "$(launcher_cmd "$WORLD") $TRAINER $MODEL -B $B -T $SEQ_LEN --total-batch-tokens $TOKENS_PER_STEP" \
        "--steps $STEPS --lr $LR --warmup-steps $WARMUP --schedule cosine --min-lr-ratio 0.1 --dtype bf16" \
        "--zero $ZERO --train-data '$DATA/*train*.bin' --val-data '$DATA/*val*.bin' $TOK --val-every 1000" \
