@@ -199,7 +199,9 @@ TEST_CASE("ptxas: every launch of the emulated trainers fits sm_90's registers a
     const std::string common = " --preset tiny -B 3 -T 13 --seed 7 --tokenizer bytes --steps 1 --total-batch-tokens 78"
                                " --train-data '" + shards + "/sh_train_*.bin' --val-data '" + shards +
                                "/sh_val_*.bin' --val-batches 1 --val-every 1 --sample-every 1 --sample-tokens 4"
-                               " --quiet --out-dir '" + dir + "/run'";
+                               " --quiet";
+    // each run its own --out-dir (a run without --resume refuses one holding checkpoints)
+    auto out_dir = [&](int k) { return " --out-dir '" + dir + "/run" + std::to_string(k) + "'"; };
     // every scheme and LDM kernel path (the configurations of test_emu_train)
     const char* baselines[] = {"--scheme preln", "--scheme preln --n-head 2 --n-kv-head 1 --head-dim 64",
                                "--scheme hc --hc-streams 3", "--scheme mhc --hc-streams 4", "--scheme attnres-full",
@@ -211,15 +213,15 @@ TEST_CASE("ptxas: every launch of the emulated trainers fits sm_90's registers a
     int runs = 0;
     for (const char* dtype : {"fp32", "bf16"}) {
         for (const char* f : baselines) {
-            r = run_cmd("EMU_LAUNCH_LOG='" + log + "' " + emu + "train_gpt_baselines" + common + " " + f + " --dtype " +
-                        dtype + " 2>&1");
+            r = run_cmd("EMU_LAUNCH_LOG='" + log + "' " + emu + "train_gpt_baselines" + common + out_dir(runs) + " " + f +
+                        " --dtype " + dtype + " 2>&1");
             INFO(f << " " << dtype << ": " << r.out);
             REQUIRE(r.status == 0);
             runs++;
         }
         for (const char* f : ldm_paths) {
-            r = run_cmd("EMU_LAUNCH_LOG='" + log + "' " + emu + "train_ldm --scheme ldm" + common + " " + f +
-                        " --dtype " + dtype + " 2>&1");
+            r = run_cmd("EMU_LAUNCH_LOG='" + log + "' " + emu + "train_ldm --scheme ldm" + common + out_dir(runs) + " " +
+                        f + " --dtype " + dtype + " 2>&1");
             INFO(f << " " << dtype << ": " << r.out);
             REQUIRE(r.status == 0);
             runs++;
