@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
                 throw Error(strprintf("--tokenizer %s has %u ids but the model %s has vocab_size %u: tokenizer mismatch",
                                       o.tokenizer.c_str(), tok->vocab_size(), o.checkpoint.c_str(), V));
             s.expected_eot = tok->eot_id();
+            s.expected_fingerprint = tokenizer_fingerprint(*tok);
         }
         if (o.max_length > ck.cfg.seq_len)
             throw Error(strprintf("--max-length %d exceeds the model's context (seq_len %d)", o.max_length,

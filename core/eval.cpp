@@ -171,7 +171,7 @@ std::vector<ScoreResult> score_requests(ScoringModel& m, const std::vector<Score
 
 // ---- evaluations ------------------------------------------------------------------------------
 void check_eval_tokenizer(const EvalTokenizerInfo& t, uint32_t model_vocab, int64_t expected_eot,
-                          const std::string& path) {
+                          const std::string& path, uint64_t expected_fingerprint) {
   if (t.vocab_size != model_vocab)
     throw Error(strprintf("%s: eval binary was made with a tokenizer of %u ids (%s, eot %u) but the model has "
                           "vocab_size %u: tokenizer mismatch",
@@ -182,6 +182,11 @@ void check_eval_tokenizer(const EvalTokenizerInfo& t, uint32_t model_vocab, int6
     throw Error(strprintf("%s: eval binary's end-of-text id is %u but the model's tokenizer has %lld: tokenizer "
                           "mismatch",
                           path.c_str(), t.eot_id, (long long)expected_eot));
+  if (expected_fingerprint != 0 && t.fingerprint != 0 && t.fingerprint != expected_fingerprint)
+    throw Error(strprintf("%s: eval binary was made with another tokenizer (%s, fingerprint %016llx) than the "
+                          "model's (fingerprint %016llx): tokenizer mismatch",
+                          path.c_str(), t.name.empty() ? "unnamed" : t.name.c_str(), (unsigned long long)t.fingerprint,
+                          (unsigned long long)expected_fingerprint));
 }
 
 ValResult eval_val(ScoringModel& m, const std::string& pattern, int B, int T, int64_t n_batches,
@@ -193,6 +198,9 @@ ValResult eval_val(ScoringModel& m, const std::string& pattern, int B, int T, in
   DataLoader dl(pattern, B, T, 0, 1, false, 0, m.vocab_size());
   const int64_t avail = int64_t(dl.batches_per_epoch());
   const int64_t nb = (n_batches <= 0 || n_batches > avail) ? avail : n_batches;
+  if (n_batches > avail)
+    std::fprintf(stderr, "note: --val-batches %lld: the val shards hold %lld batches of %d x %d tokens; all are used\n",
+                 (long long)n_batches, (long long)avail, B, T);
   std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
   std::vector<double> lp(size_t(B) * T);
   std::vector<uint8_t> am(size_t(B) * T);
@@ -242,6 +250,8 @@ WikiTextResult eval_wikitext(ScoringModel& m, const WikiTextSet& set, int max_le
       reqs.push_back(std::move(q));
     }
   }
+  if (r.words == 0 || r.bytes == 0)
+    throw Error("eval_wikitext: no words or bytes to normalise by (an empty WikiText set)");
   r.windows = int64_t(reqs.size());
   for (const ScoreResult& s : score_requests(m, reqs, opt)) r.ll += s.ll;
   r.word_perplexity = std::exp(-r.ll / double(r.words));
@@ -254,6 +264,7 @@ WikiTextResult eval_wikitext(ScoringModel& m, const WikiTextSet& set, int max_le
 LambadaResult eval_lambada(ScoringModel& m, const LambadaSet& set, int64_t max_examples, const BatchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t n = max_examples > 0 ? std::min(set.examples.size(), size_t(max_examples)) : set.examples.size();
+  if (n == 0) throw Error("eval_lambada: the LAMBADA set has no examples");
   std::vector<ScoreRequest> reqs;
   reqs.reserve(n);
   LambadaResult r;
@@ -261,6 +272,7 @@ LambadaResult eval_lambada(ScoringModel& m, const LambadaSet& set, int64_t max_e
     const LambadaExample& e = set.examples[i];
     reqs.push_back(make_request(e.context, e.target, m.max_seq_len(), set.tok.eot_id));
     r.target_tokens += int64_t(e.target.size());
+    r.truncated_targets += size_t(reqs.back().n_scored) < e.target.size() ? 1 : 0;
   }
   for (const ScoreResult& s : score_requests(m, reqs, opt)) {
     r.ll += s.ll;
@@ -277,14 +289,17 @@ HellaSwagResult eval_hellaswag(ScoringModel& m, const HellaSwagSet& set, int64_t
                                const BatchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t n = max_examples > 0 ? std::min(set.items.size(), size_t(max_examples)) : set.items.size();
+  if (n == 0) throw Error("eval_hellaswag: the HellaSwag set has no items");
   std::vector<ScoreRequest> reqs;
   reqs.reserve(4 * n);
-  for (size_t i = 0; i < n; i++)
-    for (int k = 0; k < 4; k++)
-      reqs.push_back(make_request(set.items[i].context, set.items[i].endings[size_t(k)], m.max_seq_len(),
-                                  set.tok.eot_id));
-  const std::vector<ScoreResult> s = score_requests(m, reqs, opt);
   HellaSwagResult r;
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < 4; k++) {
+      const std::vector<uint32_t>& ending = set.items[i].endings[size_t(k)];
+      reqs.push_back(make_request(set.items[i].context, ending, m.max_seq_len(), set.tok.eot_id));
+      r.truncated_endings += size_t(reqs.back().n_scored) < ending.size() ? 1 : 0;
+    }
+  const std::vector<ScoreResult> s = score_requests(m, reqs, opt);
   for (size_t i = 0; i < n; i++) {
     const HellaSwagItem& it = set.items[i];
     int best = 0, best_norm = 0;
@@ -328,6 +343,7 @@ json to_json(const LambadaResult& r) {
   return json{{"examples", r.examples},
               {"target_tokens", r.target_tokens},
               {"correct", r.correct},
+              {"truncated_targets", r.truncated_targets},
               {"ll", r.ll},
               {"ppl", r.ppl},
               {"acc", r.acc},
@@ -338,6 +354,7 @@ json to_json(const HellaSwagResult& r) {
   return json{{"items", r.items},
               {"correct", r.correct},
               {"correct_norm", r.correct_norm},
+              {"truncated_endings", r.truncated_endings},
               {"acc", r.acc},
               {"acc_norm", r.acc_norm},
               {"seconds", r.seconds},
@@ -350,17 +367,17 @@ LoadedEvalSets load_eval_sets(const EvalSuite& s, uint32_t model_vocab) {
   std::vector<std::pair<std::string, const EvalTokenizerInfo*>> infos;
   if (!s.wikitext.empty()) {
     L.wikitext.reset(new WikiTextSet(read_wikitext(s.wikitext)));
-    check_eval_tokenizer(L.wikitext->tok, model_vocab, s.expected_eot, s.wikitext);
+    check_eval_tokenizer(L.wikitext->tok, model_vocab, s.expected_eot, s.wikitext, s.expected_fingerprint);
     infos.push_back({s.wikitext, &L.wikitext->tok});
   }
   if (!s.lambada.empty()) {
     L.lambada.reset(new LambadaSet(read_lambada(s.lambada)));
-    check_eval_tokenizer(L.lambada->tok, model_vocab, s.expected_eot, s.lambada);
+    check_eval_tokenizer(L.lambada->tok, model_vocab, s.expected_eot, s.lambada, s.expected_fingerprint);
     infos.push_back({s.lambada, &L.lambada->tok});
   }
   if (!s.hellaswag.empty()) {
     L.hellaswag.reset(new HellaSwagSet(read_hellaswag(s.hellaswag)));
-    check_eval_tokenizer(L.hellaswag->tok, model_vocab, s.expected_eot, s.hellaswag);
+    check_eval_tokenizer(L.hellaswag->tok, model_vocab, s.expected_eot, s.hellaswag, s.expected_fingerprint);
     infos.push_back({s.hellaswag, &L.hellaswag->tok});
   }
   for (size_t i = 1; i < infos.size(); i++) {
@@ -433,6 +450,12 @@ std::string format_results_table(const json& r) {
     t += strprintf("%-28s ", name) + strprintf(fmt, v) + (ref.empty() ? "" : "   " + ref) + "\n";
   };
   auto count = [&](const char* name, int64_t v) { t += strprintf("%-28s %14lld\n", name, (long long)v); };
+  // Continuations longer than the model's window: only their last max_seq_len tokens were scored.
+  auto truncated = [&](const char* set, int64_t n, const char* what) {
+    if (n > 0)
+      t += strprintf("%-28s %14lld   longer than the window L: only their last L tokens scored\n",
+                     strprintf("%s truncated %s", set, what).c_str(), (long long)n);
+  };
   if (r.contains("val")) {
     const json& v = r["val"];
     const double u = v.value("uniform_loss", 0.0);
@@ -454,12 +477,14 @@ std::string format_results_table(const json& r) {
     row("lambada ppl", v["ppl"].get<double>(), "%14.3f", "GPT-2 124M: ~35-40");
     row("lambada acc", v["acc"].get<double>(), "%14.4f", "chance: ~0; GPT-2 124M: ~0.33");
     count("lambada examples", v["examples"].get<int64_t>());
+    truncated("lambada", v.value("truncated_targets", int64_t(0)), "targets");
   }
   if (r.contains("hellaswag")) {
     const json& v = r["hellaswag"];
     row("hellaswag acc", v["acc"].get<double>(), "%14.4f", "chance (4 endings): 0.25; GPT-2 124M: ~0.29");
     row("hellaswag acc_norm", v["acc_norm"].get<double>(), "%14.4f", "chance: 0.25; GPT-2 124M: ~0.31");
     count("hellaswag items", v["items"].get<int64_t>());
+    truncated("hellaswag", v.value("truncated_endings", int64_t(0)), "endings");
   }
   if (r.contains("wikitext") || r.contains("lambada") || r.contains("hellaswag"))
     t += "(a model trained for minutes on a CPU sits near chance on LAMBADA and HellaSwag; compare models\n"

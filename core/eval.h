@@ -113,10 +113,11 @@ std::vector<ScoreResult> score_requests(ScoringModel& m, const std::vector<Score
 
 // ---- The evaluations -----------------------------------------------------------------------
 // Tokenizer check of an eval binary against the model: vocab_size must equal model_vocab and
-// eot_id must be < vocab; when expected_eot >= 0 (a tokenizer was given) eot_id must equal it.
-// ldm::Error naming `path` and both values otherwise.
+// eot_id must be < vocab; when expected_eot >= 0 (a tokenizer was given) eot_id must equal it;
+// when expected_fingerprint and the binary's fingerprint are both non-zero they must be equal
+// (core/tokenizer.h tokenizer_fingerprint). ldm::Error naming `path` and both values otherwise.
 void check_eval_tokenizer(const EvalTokenizerInfo& t, uint32_t model_vocab, int64_t expected_eot,
-                          const std::string& path);
+                          const std::string& path, uint64_t expected_fingerprint = 0);
 
 struct ValResult {
   int64_t batches = 0, tokens = 0;
@@ -144,15 +145,20 @@ WikiTextResult eval_wikitext(ScoringModel& m, const WikiTextSet& set, int max_le
 
 struct LambadaResult {
   int64_t examples = 0, target_tokens = 0, correct = 0;
+  int64_t truncated_targets = 0;  // examples whose target is longer than the window: its last
+                                  // max_seq_len tokens are scored (make_request), ll and acc on those
   double ll = 0;           // sum over examples
   double ppl = 0, acc = 0; // exp(-ll / examples); correct / examples
   double seconds = 0;
 };
+// ldm::Error on an empty set (no examples / items / words: the means would be NaN).
 LambadaResult eval_lambada(ScoringModel& m, const LambadaSet& set, int64_t max_examples,
                            const BatchOptions& opt);
 
 struct HellaSwagResult {
   int64_t items = 0, correct = 0, correct_norm = 0;
+  int64_t truncated_endings = 0;  // endings longer than the window: only their last max_seq_len
+                                  // tokens are scored (make_request)
   double acc = 0, acc_norm = 0;
   double seconds = 0;
 };
@@ -176,6 +182,7 @@ struct EvalSuite {
   int64_t max_examples = 0;       // LAMBADA examples / HellaSwag items (0 = all)
   int64_t max_docs = 0;           // WikiText documents (0 = all)
   int64_t expected_eot = -1;      // >= 0: the model's tokenizer's end-of-text id
+  uint64_t expected_fingerprint = 0;  // != 0: the model's tokenizer's tokenizer_fingerprint
   BatchOptions batch;
   bool print_progress = false;    // progress line on stderr (examples/s, tokens/s)
 };
@@ -185,7 +192,8 @@ struct LoadedEvalSets {
   std::unique_ptr<LambadaSet> lambada;
   std::unique_ptr<HellaSwagSet> hellaswag;
 };
-// Reads the suite's binaries and checks each against the model's vocabulary (and expected_eot)
+// Reads the suite's binaries and checks each against the model's vocabulary (and expected_eot,
+// expected_fingerprint)
 // and the binaries' tokenizer fingerprints against each other (when both are non-zero).
 LoadedEvalSets load_eval_sets(const EvalSuite& s, uint32_t model_vocab);
 // Runs every configured evaluation and returns {"val": {...}, "wikitext": {...},

@@ -81,6 +81,8 @@ void serialize_and_write(const std::string& path, const Payload& p) {
     throw Error(path + ": cannot write eval binary: tokenizer name longer than 63 bytes: " + t.name);
   if (p.records.size() != p.n_items * k.record_bytes || p.seqs.size() != p.n_items * k.seqs_per_item)
     throw Error(path + ": internal error: eval payload sizes disagree");
+  if (p.n_items == 0)
+    throw Error(strprintf("%s: cannot write an empty %s eval binary (no items)", path.c_str(), k.name));
   const uint32_t tb = t.vocab_size <= 65536 ? 2 : 4;
   uint64_t n_tokens = 0;
   for (size_t s = 0; s < p.seqs.size(); s++) {
@@ -206,6 +208,8 @@ Parsed parse_file(const std::string& path, Kind want) {
     throw Error(strprintf("%s: bad header: absurd counts (items %llu, seqs %llu, tokens %llu)", P,
                           (unsigned long long)r.n_items, (unsigned long long)n_seqs,
                           (unsigned long long)n_tokens));
+  if (r.n_items == 0)
+    throw Error(strprintf("%s: empty %s eval binary: the header counts no items", P, k.name));
   if (n_seqs != r.n_items * spi)
     throw Error(strprintf("%s: bad header: %llu sequences for %llu items (expected %u per item)", P,
                           (unsigned long long)n_seqs, (unsigned long long)r.n_items, spi));
@@ -301,7 +305,12 @@ void write_wikitext(const std::string& path, const WikiTextSet& s) {
   p.tok = &s.tok;
   p.n_items = s.docs.size();
   uint64_t w = 0, by = 0;
-  for (const auto& d : s.docs) {
+  for (size_t i = 0; i < s.docs.size(); i++) {
+    const WikiTextDoc& d = s.docs[i];
+    if (d.tokens.empty() || d.words == 0 || d.bytes == 0)
+      throw Error(strprintf("%s: cannot write WikiText document %zu: %zu tokens, %llu words, %llu bytes "
+                            "(each must be >= 1)", path.c_str(), i, d.tokens.size(),
+                            (unsigned long long)d.words, (unsigned long long)d.bytes));
     app64(p.records, d.words);
     app64(p.records, d.bytes);
     w += d.words;
@@ -326,6 +335,10 @@ WikiTextSet read_wikitext(const std::string& path) {
     s.docs[i].words = get64(r.records, 16 * i);
     s.docs[i].bytes = get64(r.records, 16 * i + 8);
     s.docs[i].tokens = std::move(r.seqs[i]);
+    if (s.docs[i].tokens.empty() || s.docs[i].words == 0 || s.docs[i].bytes == 0)
+      throw Error(strprintf("%s: WikiText document %llu: %zu tokens, %llu words, %llu bytes (each must be >= 1)",
+                            path.c_str(), (unsigned long long)i, s.docs[i].tokens.size(),
+                            (unsigned long long)s.docs[i].words, (unsigned long long)s.docs[i].bytes));
     w += s.docs[i].words;
     by += s.docs[i].bytes;
   }

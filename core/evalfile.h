@@ -13,8 +13,9 @@
 //
 // Readers check the magic (which also names the kind), version, header fields, exact file size
 // (truncated / trailing bytes), offsets (start 0, non-decreasing, end = n_tokens), token ids
-// < vocab_size, labels and totals, and throw ldm::Error naming the file and what is wrong.
-// Writers write atomically (temp file + rename).
+// < vocab_size, labels and totals, at least one item, WikiText documents with >= 1 token, word
+// and byte, and throw ldm::Error naming the file and what is wrong. Writers refuse the same
+// sets and write atomically (temp file + rename).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -24,12 +25,13 @@
 namespace ldm {
 
 // The tokenizer the file was made with, so the evaluator can refuse a mismatch with the model
-// (vocab size, end-of-text id) or with another binary (fingerprint).
+// (vocab size, end-of-text id, and the fingerprint when the model's tokenizer is known) or with
+// another binary (fingerprint).
 struct EvalTokenizerInfo {
   uint32_t eot_id = 0;        // end-of-text id: prefix token of WikiText rolling windows
   uint32_t vocab_size = 0;    // number of ids (max id + 1); every stored token is < vocab_size
   uint64_t fingerprint = 0;   // FNV-1a 64 of the id -> bytes table (tokenizer_fingerprint in
-                              // data/prep_eval.h); 0 = unknown
+                              // core/tokenizer.h); 0 = unknown
   std::string name;           // e.g. "gpt2_tokenizer" (basename of the tokenizer path), <= 63 bytes
 };
 

@@ -2,6 +2,8 @@
 // BPE) and the byte tokenizer. See core/tokenizer.h and doc/tokenizer.md.
 #include "core/tokenizer.h"
 
+#include "core/checkpoint.h"  // fnv1a64
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <utf8proc.h>
@@ -989,6 +991,25 @@ std::unique_ptr<Tokenizer> load_tokenizer_flag(const std::string& flag_value) {
         throw Error("--tokenizer: " + path + " does not exist");
     }
     return std::unique_ptr<Tokenizer>(new Tokenizer(Tokenizer::load(path)));
+}
+
+uint64_t tokenizer_fingerprint(const Tokenizer& tok) {
+    // Not FNV's offset basis (14695981039346656037): this value, one digit short, is what every
+    // eval binary written so far holds, so it stays (the hash is an identity, not a checksum).
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t id = 0; id < tok.vocab_size(); id++) {
+        std::string b = tok.decode(&id, 1);
+        uint8_t len[4] = {uint8_t(b.size()), uint8_t(b.size() >> 8), uint8_t(b.size() >> 16), uint8_t(b.size() >> 24)};
+        h = fnv1a64(len, 4, h);
+        h = fnv1a64(b.data(), b.size(), h);
+    }
+    static const char* probe =
+        "The quick brown fox's 12345 jumps -- over\tthe lazy dog's  back.\n Naïve café, ελληνικά, 日本語!";
+    for (uint32_t id : tok.encode(probe)) {
+        uint8_t b[4] = {uint8_t(id), uint8_t(id >> 8), uint8_t(id >> 16), uint8_t(id >> 24)};
+        h = fnv1a64(b, 4, h);
+    }
+    return h;
 }
 
 }  // namespace ldm

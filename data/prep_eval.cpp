@@ -4,6 +4,7 @@
 #include "data/prep_eval.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <bzlib.h>
@@ -553,6 +554,10 @@ std::string read_maybe_bz2(const std::string& path) {
     st.avail_in = unsigned(std::min<size_t>(raw.size() - in_pos, 1u << 30));
     int rc;
     do {
+      if (st.avail_in == 0) {  // refill: inputs over 1 GiB are handed over 1 GiB at a time
+        const size_t at = size_t(st.next_in - raw.data());
+        st.avail_in = unsigned(std::min<size_t>(raw.size() - at, 1u << 30));
+      }
       st.next_out = buf.data();
       st.avail_out = unsigned(buf.size());
       rc = BZ2_bzDecompress(&st);
@@ -562,7 +567,7 @@ std::string read_maybe_bz2(const std::string& path) {
                               size_t(st.next_in - raw.data())));
       }
       out.append(buf.data(), buf.size() - st.avail_out);
-      if (rc == BZ_OK && st.avail_in == 0 && st.avail_out != 0) {
+      if (rc == BZ_OK && st.avail_in == 0 && st.avail_out != 0 && size_t(st.next_in - raw.data()) == raw.size()) {
         BZ2_bzDecompressEnd(&st);
         throw Error(path + ": truncated bzip2 stream");
       }
@@ -573,34 +578,6 @@ std::string read_maybe_bz2(const std::string& path) {
       throw Error(strprintf("%s: %zu trailing bytes after the bzip2 stream", path.c_str(), raw.size() - in_pos));
   }
   return out;
-}
-
-namespace {
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; i++) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-}  // namespace
-
-uint64_t tokenizer_fingerprint(const Tokenizer& tok) {
-  uint64_t h = fnv1a64(nullptr, 0);
-  for (uint32_t id = 0; id < tok.vocab_size(); id++) {
-    std::string b = tok.decode(&id, 1);
-    uint8_t len[4] = {uint8_t(b.size()), uint8_t(b.size() >> 8), uint8_t(b.size() >> 16), uint8_t(b.size() >> 24)};
-    h = fnv1a64(len, 4, h);
-    h = fnv1a64(b.data(), b.size(), h);
-  }
-  static const char* probe =
-      "The quick brown fox's 12345 jumps -- over\tthe lazy dog's  back.\n Naïve café, ελληνικά, 日本語!";
-  for (uint32_t id : tok.encode(probe)) {
-    uint8_t b[4] = {uint8_t(id), uint8_t(id >> 8), uint8_t(id >> 16), uint8_t(id >> 24)};
-    h = fnv1a64(b, 4, h);
-  }
-  return h;
 }
 
 }  // namespace evalprep
@@ -695,14 +672,20 @@ void parallel_for(size_t n, int threads, F f) {
 }
 
 int run(const char* name, int argc, char** argv, const char* help, int (*body)(const Args&)) {
+  std::vector<std::string> made;  // directories of --out this run created (removed again on failure)
   try {
     Args a;
     if (!parse_args(argc, argv, help, a)) return 0;
+    // --out's directory is created like `mkdir -p` (e.g. out/eval/lambada.bin in a fresh checkout).
+    const size_t slash = a.out.find_last_of('/');
+    if (slash != std::string::npos && slash > 0) made = mkdir_p(a.out.substr(0, slash));
     return body(a);
   } catch (const UsageError& e) {
+    for (auto it = made.rbegin(); it != made.rend(); ++it) ::rmdir(it->c_str());  // only if empty
     std::fprintf(stderr, "error: %s: %s\n", name, e.what());
     return 2;
   } catch (const std::exception& e) {
+    for (auto it = made.rbegin(); it != made.rend(); ++it) ::rmdir(it->c_str());
     std::fprintf(stderr, "error: %s: %s\n", name, e.what());
     return 1;
   }

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/tokenizer.h"
+
 int cmd_lambada(int argc, char** argv);
 int cmd_wikitext(int argc, char** argv);
 int cmd_hellaswag(int argc, char** argv);
@@ -99,9 +101,8 @@ void encode_pair(const Tokenizer& tok, std::string_view context, std::string_vie
 // streams) with libbz2. ldm::Error naming the file on I/O or bzip2 errors.
 std::string read_maybe_bz2(const std::string& path);
 
-// FNV-1a 64 over, for id = 0..vocab_size-1, the uint32 LE byte length and the bytes of
-// decode({id}), then the ids of encode() of a fixed probe sentence (so merges count too).
-uint64_t tokenizer_fingerprint(const Tokenizer& tok);
+// The binaries' tokenizer fingerprint (core/tokenizer.h), under the name the tests use.
+using ldm::tokenizer_fingerprint;
 
 }  // namespace evalprep
 }  // namespace ldm

@@ -15,6 +15,7 @@
 #include "test/helpers.h"
 
 using namespace ldm;
+using json = nlohmann::json;
 
 namespace {
 
@@ -416,6 +417,71 @@ TEST_CASE("HellaSwag: acc = argmax sum ll, acc_norm = argmax ll / chars (first m
   CHECK(ru.correct_norm == norm_expect);
 }
 
+TEST_CASE("LAMBADA and HellaSwag: continuations longer than the window are counted, their last L tokens scored",
+          "[eval]") {
+  std::mt19937_64 g(13);
+  const int V = 23, L = 3;
+  LambadaSet ls;
+  ls.tok.vocab_size = V;
+  ls.tok.eot_id = 22;
+  HellaSwagSet hs;
+  hs.tok.vocab_size = V;
+  hs.tok.eot_id = 22;
+  // Expected: a continuation of n > L tokens keeps its last L tokens as the scored part, with the
+  // one token before them as the only context (whole = ctx + cont, last L + 1 tokens kept).
+  auto expected_ll = [&](const std::vector<uint32_t>& ctx, const std::vector<uint32_t>& cont) {
+    std::vector<int32_t> whole;
+    if (ctx.empty()) whole.push_back(22);
+    for (auto x : ctx) whole.push_back(int32_t(x));
+    for (auto x : cont) whole.push_back(int32_t(x));
+    const size_t scored = std::min(cont.size(), size_t(L));
+    const size_t first = whole.size() - scored, start = whole.size() - std::min(whole.size(), size_t(L) + 1);
+    double ll = 0;
+    for (size_t p = first; p < whole.size(); p++)
+      ll += HashDist::score(std::vector<int32_t>(whole.begin() + ptrdiff_t(start), whole.begin() + ptrdiff_t(p)),
+                            whole[p], V).first;
+    return ll;
+  };
+  int64_t long_targets = 0, long_endings = 0;
+  double ll_sum = 0;
+  for (int i = 0; i < 60; i++) {
+    LambadaExample e;
+    e.context = rand_tokens(g, int(g() % 5), V);
+    e.target = rand_tokens(g, 1 + int(g() % 6), V);  // 1..6 tokens, window 3
+    long_targets += e.target.size() > size_t(L);
+    ll_sum += expected_ll(e.context, e.target);
+    ls.examples.push_back(e);
+    HellaSwagItem it;
+    it.context = rand_tokens(g, 1 + int(g() % 4), V);
+    for (int k = 0; k < 4; k++) {
+      it.endings[size_t(k)] = rand_tokens(g, 1 + int(g() % 6), V);
+      it.ending_chars[size_t(k)] = 5;
+      long_endings += it.endings[size_t(k)].size() > size_t(L);
+    }
+    it.label = uint32_t(g() % 4);
+    hs.items.push_back(it);
+  }
+  REQUIRE(long_targets > 0);
+  REQUIRE(long_targets < 60);
+  HashModel m(V, L);
+  LambadaResult r = eval_lambada(m, ls, 0, batch(12));
+  CHECK(r.truncated_targets == long_targets);
+  CHECK(r.ll == Approx(ll_sum).epsilon(1e-12));
+  HellaSwagResult h = eval_hellaswag(m, hs, 0, batch(12));
+  CHECK(h.truncated_endings == long_endings);
+  // In the JSON and, only when non-zero, in the printed table.
+  json res{{"lambada", to_json(r)}, {"hellaswag", to_json(h)}};
+  CHECK(res["lambada"]["truncated_targets"].get<int64_t>() == long_targets);
+  CHECK(res["hellaswag"]["truncated_endings"].get<int64_t>() == long_endings);
+  const std::string table = format_results_table(res);
+  CHECK_THAT(table, Catch::Contains(strprintf("lambada truncated targets %17lld", (long long)long_targets)));
+  CHECK_THAT(table, Catch::Contains("hellaswag truncated endings"));
+  HashModel wide(V, 12);
+  LambadaResult rw = eval_lambada(wide, ls, 0, batch(40));
+  CHECK(rw.truncated_targets == 0);
+  CHECK(format_results_table(json{{"lambada", to_json(rw)}}).find("truncated") == std::string::npos);
+}
+
 TEST_CASE("validation loss: mean token cross-entropy over fixed sequential batches", "[eval]") {
   std::string dir = scratch_dir("eval_val");
   std::mt19937_64 g(13);
@@ -458,6 +524,15 @@ TEST_CASE("tokenizer checks and row_logprob", "[eval]") {
   CHECK_NOTHROW(check_eval_tokenizer(t, 50257, 50256, "x.bin"));
   CHECK_THROWS_WITH(check_eval_tokenizer(t, 50280, -1, "x.bin"), Catch::Contains("x.bin") && Catch::Contains("mismatch"));
   CHECK_THROWS_WITH(check_eval_tokenizer(t, 50257, 50279, "x.bin"), Catch::Contains("mismatch"));
+  // Fingerprints: compared only when both are recorded (non-zero).
+  t.fingerprint = 0x1234;
+  CHECK_NOTHROW(check_eval_tokenizer(t, 50257, 50256, "x.bin", 0x1234));
+  CHECK_NOTHROW(check_eval_tokenizer(t, 50257, 50256, "x.bin", 0));
+  CHECK_THROWS_WITH(check_eval_tokenizer(t, 50257, 50256, "x.bin", 0x1235),
+                    Catch::Contains("x.bin") && Catch::Contains("fingerprint 0000000000001234") &&
+                        Catch::Contains("0000000000001235") && Catch::Contains("tokenizer mismatch"));
+  t.fingerprint = 0;
+  CHECK_NOTHROW(check_eval_tokenizer(t, 50257, 50256, "x.bin", 0x1235));
   // row_logprob: log-softmax in double against a direct formula; first index wins ties.
   std::vector<float> z{1.5f, -2.f, 3.25f, 3.25f, 0.f};
   double s = 0;

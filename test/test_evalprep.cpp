@@ -250,7 +250,7 @@ TEST_CASE("eval binaries round-trip (2- and 4-byte tokens) and match the documen
     ldm::WikiTextSet W;
     W.tok = tinfo(vocab, 7);
     for (int i = 0; i < 9; i++) {
-      W.docs.push_back({rand_tokens(rng, vocab, 0, 300), rng() % 1000 + 1, rng() % 5000 + 1});
+      W.docs.push_back({rand_tokens(rng, vocab, 1, 300), rng() % 1000 + 1, rng() % 5000 + 1});
       W.total_words += W.docs.back().words;
       W.total_bytes += W.docs.back().bytes;
     }
@@ -412,6 +412,50 @@ TEST_CASE("corrupt eval binaries are rejected with a message naming the file", "
     expect_error([&] { ldm::read_wikitext(q); }, {"wt_bad.bin", "totals"});
     W.total_words = 9;
     expect_error([&] { ldm::write_wikitext(dir + "/wt2.bin", W); }, {"wt2.bin", "totals"});
+  }
+  SECTION("empty sets and impossible WikiText documents (their metrics would be NaN or biased)") {
+    // A header that counts no items: n_items = n_seqs = n_tokens = 0, one offset (0).
+    std::string e = B.substr(0, 256);
+    put_le(e, 32, 0, 8);
+    put_le(e, 40, 0, 8);
+    put_le(e, 48, 0, 8);
+    e += std::string(8, '\0');
+    std::string p = bad("empty.bin", e);
+    expect_error([&] { ldm::read_hellaswag(p); }, {"empty.bin", "empty HellaSwag eval binary"});
+    ldm::HellaSwagSet H0;
+    H0.tok = H.tok;
+    H0.source_format = H.source_format;
+    expect_error([&] { ldm::write_hellaswag(dir + "/e1.bin", H0); }, {"e1.bin", "empty HellaSwag"});
+    ldm::LambadaSet L0;
+    L0.tok = H.tok;
+    expect_error([&] { ldm::write_lambada(dir + "/e2.bin", L0); }, {"e2.bin", "empty LAMBADA"});
+    CHECK_FALSE(ldm::file_exists(dir + "/e1.bin"));
+    ldm::WikiTextSet W;
+    W.tok = tinfo(50257, 50256);
+    W.docs.push_back({{1, 2, 3}, 10, 20});
+    W.docs.push_back({{4}, 1, 1});
+    W.total_words = 11;
+    W.total_bytes = 21;
+    const std::string wp = dir + "/wt_ok.bin";
+    ldm::write_wikitext(wp, W);
+    const std::string wb = ldm::read_file(wp);
+    for (int field : {0, 1, 2}) {  // document 1: words, bytes, tokens
+      INFO("field " << field);
+      auto W2 = W;
+      std::string b = wb;
+      if (field == 0) W2.docs[1].words = 0, W2.total_words = 10, put_le(b, 256 + 16, 0, 8), put_le(b, 72, 10, 8);
+      if (field == 1) W2.docs[1].bytes = 0, W2.total_bytes = 20, put_le(b, 256 + 24, 0, 8), put_le(b, 80, 20, 8);
+      if (field == 2) {
+        W2.docs[1].tokens.clear();
+        // 3 tokens, offsets [0, 3, 3]: drop the last token (2 bytes) and fix the count
+        put_le(b, 48, 3, 8);
+        put_le(b, 256 + 32 + 16, 3, 8);
+        b.resize(b.size() - 2);
+      }
+      expect_error([&] { ldm::write_wikitext(dir + "/wt_w.bin", W2); }, {"wt_w.bin", "document 1", "must be >= 1"});
+      std::string q = bad("wt_doc.bin", b);
+      expect_error([&] { ldm::read_wikitext(q); }, {"wt_doc.bin", "document 1", "must be >= 1"});
+    }
   }
   SECTION("writers refuse invalid sets") {
     auto H2 = H;
@@ -833,7 +877,13 @@ TEST_CASE("eval subcommands: --help, usage errors and bad inputs give non-zero e
   // Missing input file, bad tokenizer path, unwritable output.
   CHECK(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", dir + "/none.jsonl", "--out", dir + "/o.bin"}) == 1);
   CHECK(call(cmd_lambada, {"lambada", "--tokenizer", dir + "/no_tokenizer", "--input", dir + "/ok.jsonl", "--out", dir + "/o.bin"}) == 1);
-  CHECK(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", dir + "/ok.jsonl", "--out", dir + "/no/such/dir/o.bin"}) == 1);
+  CHECK(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", dir + "/ok.jsonl", "--out", dir + "/ok.jsonl.bin/o.bin"}) == 1);
+  // --out's missing directories are created (like `mkdir -p`), and removed again when the run fails.
+  run_cmd("rm -rf '" + dir + "/made'");
+  CHECK(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", dir + "/ok.jsonl", "--out", dir + "/made/eval/o.bin"}) == 0);
+  CHECK(ldm::read_lambada(dir + "/made/eval/o.bin").examples.size() == 1);
+  CHECK(call(cmd_lambada, {"lambada", "--tokenizer", tokdir, "--input", dir + "/none.jsonl", "--out", dir + "/made2/eval/o.bin"}) == 1);
+  CHECK_FALSE(ldm::file_exists(dir + "/made2"));
   // A truncated .bz2 input.
   std::string bz = ldm::read_file(data + "/hellaswag/hellaswag_val_full.txt.bz2");
   CHECK(run_on(cmd_hellaswag, "hellaswag", "cut.txt.bz2", bz.substr(0, 5000)) == 1);

@@ -428,3 +428,10 @@ TEST_CASE("load_tokenizer_flag: bytes, a path, the data directory default, a mis
     REQUIRE(o);
     CHECK(o->vocab_size() == 50280);
 }
+
+TEST_CASE("tokenizer_fingerprint of the byte tokenizer: the value eval binaries hold", "[tokenizer]") {
+    // Pinned: computed outside this project (Python, FNV-1a 64 from 1469598103934665603 over the
+    // u32 length + bytes of each id's decoding, 0..255 one byte each, 256 "<|endoftext|>", then
+    // the probe sentence's UTF-8 bytes as u32 ids). A change here invalidates every eval binary.
+    CHECK(ldm::tokenizer_fingerprint(ldm::Tokenizer::bytes()) == 0x057ceec4a05acd2eull);
+}
