@@ -174,7 +174,8 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
 
 // Checks and completes the flags every trainer shares (before anything is loaded): -B, -T > 0;
 // --total-batch-tokens a multiple of B*T (0 = B*T); --bench N sets --steps N + 2; --steps >= 1;
-// --val-batches >= 1; --eval-every / --eval-max-examples >= 0 and --eval-every with an eval
+// --val-batches >= 1; --val-every >= 0 and only with --val-data; --sample-every >= -1,
+// --sample-tokens >= 0; --eval-every / --eval-max-examples >= 0 and --eval-every with an eval
 // binary; --threads in [0, kMaxThreads]; --zero 0 or 1. Throws ldm::Error naming the flag.
 template <class O>
 void check_train_flags(O& o) {
@@ -190,6 +191,13 @@ void check_train_flags(O& o) {
     if (o.bench > 0) o.steps = o.bench + 2;
     if (o.steps < 1) throw Error("--steps must be >= 1");
     if (o.val_batches < 1) throw Error("--val-batches must be >= 1");
+    if (o.val_every < 0)
+        throw Error(strprintf("--val-every must be >= 0 (0 = only at the end), got %lld", (long long)o.val_every));
+    if (o.val_every > 0 && o.val_data.empty()) throw Error("--val-every needs --val-data (the validation shards)");
+    if (o.sample_every < -1)
+        throw Error(strprintf("--sample-every must be >= -1 (0 = only at the end, -1 = never), got %lld",
+                              (long long)o.sample_every));
+    if (o.sample_tokens < 0) throw Error(strprintf("--sample-tokens must be >= 0, got %d", o.sample_tokens));
     if (o.eval_every < 0 || o.eval_max_examples < 0) throw Error("--eval-every and --eval-max-examples must be >= 0");
     if (o.eval_every > 0 && o.eval_lambada.empty() && o.eval_wikitext.empty() && o.eval_hellaswag.empty())
         throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");

@@ -273,6 +273,10 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     const int val_batches =
         val ? int(std::min<uint64_t>(uint64_t(o.val_batches), val->batches_per_epoch() * uint64_t(W))) : 0;
     const int val_batches_local = val_batches > rank ? (val_batches - rank + W - 1) / W : 0;
+    if (val && val_batches < o.val_batches && rank == 0)
+        std::fprintf(stderr, "note: --val-batches %d: the val shards hold %d batches of B x T = %d x %d tokens%s; "
+                     "validation uses those %d\n", o.val_batches, val_batches, B, T,
+                     W > 1 ? " on all ranks together" : "", val_batches);
 
     LRSchedule sched;
     sched.kind = o.schedule;
@@ -393,6 +397,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     esuite.expected_eot = tok ? int64_t(tok->eot_id()) : -1;
     esuite.print_progress = !o.quiet;
     const bool do_evals = !(o.eval_lambada.empty() && o.eval_wikitext.empty() && o.eval_hellaswag.empty());
+    esuite.expected_fingerprint = tok && do_evals ? tokenizer_fingerprint(*tok) : 0;
     LoadedEvalSets esets;
     if (do_evals) esets = load_eval_sets(esuite, V);
     auto run_evals = [&](int64_t step) {
@@ -507,7 +512,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
             logger.log({{"type", "val"}, {"step", step}, {"val_loss", last_val}});
         }
         if (do_evals && o.eval_every > 0 && step > 0 && step % o.eval_every == 0) run_evals(step);
-        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0 && rank == 0) {
+        if (o.sample_every > 0 && o.sample_tokens > 0 && step > 0 && step % o.sample_every == 0 && rank == 0) {
             std::string s = sample();
             std::printf("step %6lld | sample: %s\n", (long long)step, s.c_str());
             logger.log({{"type", "sample"}, {"step", step}, {"text", s}});

@@ -73,6 +73,17 @@ TEST_CASE("train_cpu --eval-every logs LAMBADA / WikiText / HellaSwag results; p
   r = run_cmd(base + " --steps 2 --eval-lambada " + dir + "/olmo.bin");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("error:") && Catch::Contains("olmo.bin"));
+  // Same vocabulary and end-of-text id as GPT-2 but another tokenizer's fingerprint: refused too.
+  ldm::LambadaSet other;
+  other.tok.vocab_size = 50257;
+  other.tok.eot_id = 50256;
+  other.tok.fingerprint = 0x0123456789abcdefull;
+  other.examples.push_back({{1, 2}, {3}});
+  ldm::write_lambada(dir + "/other.bin", other);
+  r = run_cmd(base + " --steps 2 --eval-lambada " + dir + "/other.bin");
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains("other.bin") && Catch::Contains("fingerprint 0123456789abcdef") &&
+                        Catch::Contains("tokenizer mismatch"));
   r = run_cmd(base + " --steps 2 --eval-every 1");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("--eval-every"));

@@ -191,6 +191,10 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
     // output flags are checked before any training step
     expect_fail(tr + " --preset tiny --ckpt-every 1" + data, "--ckpt-every needs --out-dir");
     expect_fail(tr + " --preset tiny --grad-clip -1" + data, "--grad-clip must be >= 0");
+    expect_fail(tr + " --preset tiny --val-every -5" + data, "--val-every must be >= 0 (0 = only at the end), got -5");
+    expect_fail(tr + " --preset tiny --val-every 10" + data, "--val-every needs --val-data");
+    expect_fail(tr + " --preset tiny --sample-every -2" + data, "--sample-every must be >= -1");
+    expect_fail(tr + " --preset tiny --sample-tokens -1" + data, "--sample-tokens must be >= 0, got -1");
     ldm::write_file_atomic(dir + "/a_file", "x", 1);
     {
         RunResult f = run_cmd(tr + " --preset tiny -B 2 -T 32 --steps 2" + data + " --out-dir '" + dir + "/a_file'");
@@ -198,6 +202,24 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
         CHECK(f.status == 1);
         CHECK_THAT(f.out, Catch::Contains("--out-dir: cannot write into"));
         CHECK_THAT(f.out, !Catch::Contains("step      1"));  // refused before the first step
+    }
+
+    // --val-batches above what the val shards hold: validation uses all of them, with a note
+    {
+        std::vector<uint32_t> val = ldm::read_shard(shards + "/val.bin");
+        REQUIRE(val.size() > 300);
+        val.resize(300);
+        ldm::write_shard(dir + "/smallval.bin", val.data(), val.size(), false);
+        RunResult v = run_cmd(tr + " --preset tiny -B 2 -T 32 --steps 1 --sample-every -1 --val-batches 50" + data +
+                              " --val-data '" + dir + "/smallval.bin'");
+        INFO(v.out);
+        CHECK(v.status == 0);
+        CHECK_THAT(v.out, Catch::Contains("note: --val-batches 50: the val shards hold ") &&
+                              Catch::Contains(" batches of B x T = 2 x 32 tokens; validation uses those"));
+        RunResult w = run_cmd(tr + " --preset tiny -B 2 -T 32 --steps 1 --sample-every -1 --val-batches 2" + data +
+                              " --val-data '" + dir + "/smallval.bin'");
+        CHECK(w.status == 0);
+        CHECK_THAT(w.out, !Catch::Contains("note: --val-batches"));
     }
 
     // too few tokens for one B*T window
