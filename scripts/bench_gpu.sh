@@ -89,7 +89,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 mkdir -p "$OUT/logs" "$BUILD/bench_data"
-rm -f "$OUT/rows.jsonl" "$OUT/infer_rows.jsonl" "$OUT"/logs/*.txt
+# an earlier run's results go first, so a failed report never leaves them looking like this run's
+rm -f "$OUT/rows.jsonl" "$OUT/infer_rows.jsonl" "$OUT"/logs/*.txt "$OUT/bench.md" "$OUT/bench.csv" \
+  "$OUT/bench_tokens.png" "$OUT/bench_memory.png" "$OUT/infer.csv"
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
@@ -133,6 +135,7 @@ for shape in $SHAPES; do
   NL=${NL:-0}
   label="$preset T=$T B=$B"; lflag=(); tl=()
   if [ "$NL" != 0 ]; then label="$label L=$NL"; lflag=(--n-layer "$NL"); tl=(--n-layer "$NL"); fi
+  tag="${preset}_T${T}_B${B}"; [ "$NL" != 0 ] && tag+="_L$NL"   # log names: one per shape
   # number of blocks of the run (for ms/layer)
   nl_run=$NL
   if [ "$nl_run" = 0 ]; then
@@ -144,13 +147,13 @@ for shape in $SHAPES; do
     bin=${f%%|*}; rest=${f#*|}; cflags=${rest%%|*}; tflags=${rest#*|}
     # shellcheck disable=SC2086
     $PY scripts/torch_bench.py run --rows "$OUT/rows.jsonl" --impl cpp --label "$s" --shape "$label" \
-      --n-layer "$nl_run" --timeout "$TIMEOUT" --log "$OUT/logs/cpp_${preset}_${T}_${s}.txt" -- \
+      --n-layer "$nl_run" --timeout "$TIMEOUT" --log "$OUT/logs/cpp_${tag}_${s}.txt" -- \
       "$BUILD/cuda/$bin" --preset "$preset" "${lflag[@]}" $cflags -B "$B" -T "$T" --bench "$STEPS" \
       --dtype "$DTYPE" --quiet --train-data "$BUILD/bench_data/synthetic_train_*.bin" --tokenizer "$TOK" \
       --sample-every -1
     if [ "$INFER" = 1 ] && [ "$s" != preln-graph ]; then  # inference: prefill T/2 tokens, then min(128, T/2) decode steps (graphs: training only)
       P=$((T / 2)); G=$((T / 2 < 128 ? T / 2 : 128))
-      ilog="$OUT/logs/cpp_infer_${preset}_${T}_${s}.txt"
+      ilog="$OUT/logs/cpp_infer_${tag}_${s}.txt"
       # shellcheck disable=SC2086
       timeout -k 5 "$TIMEOUT" "$BUILD/cuda/$bin" --preset "$preset" "${lflag[@]}" $cflags -B "$B" -T "$T" \
         --dtype "$DTYPE" --tokenizer "$TOK" --bench-infer "$P:$G" > "$ilog" 2>&1
@@ -171,7 +174,7 @@ PY
       for m in $modes; do
         # shellcheck disable=SC2086
         $PY scripts/torch_bench.py run --rows "$OUT/rows.jsonl" --impl "torch-$m" --label "$s" --shape "$label" \
-          --n-layer "$nl_run" --timeout "$TIMEOUT" --log "$OUT/logs/torch_${m}_${preset}_${T}_${s}.txt" -- \
+          --n-layer "$nl_run" --timeout "$TIMEOUT" --log "$OUT/logs/torch_${m}_${tag}_${s}.txt" -- \
           $PY scripts/torch_bench.py bench --device "${PEER_DEVICE:-cuda}" --mode "$m" --dtype "$DTYPE" --preset "$preset" \
           "${tl[@]}" $tflags -B "$B" -T "$T" --steps "$STEPS" --warmup "$TORCH_WARMUP" --spec-bin "$BUILD/generate_cpu"
       done
@@ -186,7 +189,8 @@ if [ "$WORKBENCH" = 1 ] && [ -x "$BUILD/cuda/attention" ]; then
   ATT_FLAG=(--attention "$OUT/logs/wb_attention.txt")
 fi
 $PY scripts/torch_bench.py report --kind gpu --rows "$OUT/rows.jsonl" --out "$OUT" "${ATT_FLAG[@]}" \
-  --title "GPU benchmark ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)): C++ trainers vs PyTorch, every scheme"
+  --title "GPU benchmark ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)): C++ trainers vs PyTorch, every scheme" ||
+  { echo "error: bench_gpu: the report failed (rows: $OUT/rows.jsonl)" >&2; exit 1; }
 
 # Inference rows: an "Inference" section of bench.md and infer.csv.
 if [ "$INFER" = 1 ] && [ -f "$OUT/infer_rows.jsonl" ]; then

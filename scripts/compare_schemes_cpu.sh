@@ -64,8 +64,10 @@ fi
   --input "$DATA/lambada/lambada_test.jsonl" --out "$OUT/eval/lambada.bin" >/dev/null
 [ -f "$OUT/eval/wikitext2.bin" ] || "$BUILD/ldm_data" wikitext --tokenizer "$TOK" \
   --input "$DATA/wikitext2/wiki.test.raw" --out "$OUT/eval/wikitext2.bin" >/dev/null
+HS_SRC="$DATA/hellaswag/hellaswag_val.jsonl"   # scripts/download_data.sh's file, else the shared .bz2
+[ -f "$HS_SRC" ] || HS_SRC="$DATA/hellaswag/hellaswag_val_full.txt.bz2"
 [ -f "$OUT/eval/hellaswag.bin" ] || "$BUILD/ldm_data" hellaswag --tokenizer "$TOK" \
-  --input "$DATA/hellaswag/hellaswag_val_full.txt.bz2" --out "$OUT/eval/hellaswag.bin" >/dev/null
+  --input "$HS_SRC" --out "$OUT/eval/hellaswag.bin" >/dev/null
 
 
 ckpts=(); logs=()

@@ -5,7 +5,7 @@
 # checkpoint (OUT_json/<n>_<name>.json). See doc/evaluation.md.
 #
 #   scripts/eval_checkpoints.sh --out results/small [--val-data GLOB] [--wikitext F] [--lambada F]
-#       [--hellaswag F] [--eval-dir DIR] [--bin build] [-- extra eval_cpu flags] CKPT.model ...
+#       [--hellaswag F] [--eval-dir DIR] [--bin build] [--extra "EVAL_CPU FLAGS"] CKPT.model ...
 #
 #   --eval-dir DIR  takes DIR/wikitext2.bin, DIR/lambada.bin, DIR/hellaswag.bin when present
 #                   (as written by `ldm_data wikitext|lambada|hellaswag --out DIR/...`)

@@ -32,6 +32,7 @@
 #   --model "FLAGS"        model flags (e.g. "--preset small --d-model 128")
 #   -B N, -T N, --total-batch-tokens N, --steps N, --tokens N (steps = N / tokens per step),
 #   --warmup-steps N, --schedule S, --min-lr-ratio R, --dtype D, --zero 0|1, --threads N
+#                          (without --warmup-steps, a recipe's warm-up scales with --steps / --tokens)
 #   --data shakespeare|fineweb-sample|DIR   shakespeare: bytes shards of tiny Shakespeare;
 #                          fineweb-sample: GPT-2 shards of the FineWeb-Edu sample; DIR: its
 #                          *train*.bin / *val*.bin. Sources: $LDM_DATA_DIR, else ../shared/data
@@ -101,6 +102,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[$i]}" in -h|--help) usage; exit 0 ;; esac
 done
 [ -n "$RECIPE" ] && apply_recipe "$RECIPE"
+RECIPE_STEPS=$STEPS RECIPE_WARMUP=$WARMUP   # a recipe's warm-up scales with --steps / --tokens
 need() { [ $# -ge 2 ] || { echo "error: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -117,7 +119,7 @@ while [ $# -gt 0 ]; do
     --total-batch-tokens) need "$@"; TOTAL_BATCH=$2; shift 2 ;;
     --steps) need "$@"; STEPS=$2; TOKENS=0; shift 2 ;;
     --tokens) need "$@"; TOKENS=$2; shift 2 ;;
-    --warmup-steps) need "$@"; WARMUP=$2; shift 2 ;;
+    --warmup-steps) need "$@"; WARMUP=$2; RECIPE_WARMUP=""; shift 2 ;;
     --schedule) need "$@"; SCHEDULE=$2; shift 2 ;;
     --min-lr-ratio) need "$@"; MIN_LR=$2; shift 2 ;;
     --dtype) need "$@"; DTYPE=$2; shift 2 ;;
@@ -190,6 +192,10 @@ if [ "$TOKENS" -gt 0 ]; then
   [ "$STEPS" -ge 1 ] || bad "--tokens $TOKENS is less than one step of $per_step tokens"
 fi
 [ "$STEPS" -ge 1 ] || bad "--steps must be >= 1"
+if [ -n "$RECIPE_WARMUP" ] && [ "$STEPS" != "$RECIPE_STEPS" ]; then
+  WARMUP=$((RECIPE_WARMUP * STEPS / RECIPE_STEPS))   # the recipe's fraction of the new step count
+  [ "$RECIPE_WARMUP" -gt 0 ] && [ "$WARMUP" -lt 1 ] && WARMUP=1
+fi
 [ -n "$WARMUP" ] || WARMUP=$((STEPS / 20))
 
 scheme_flags() {  # name -> trainer flags
@@ -274,7 +280,10 @@ if [ "$EVAL" = 1 ] && [ -n "$SRC" ]; then
   build_eval lambada "$SRC/lambada/lambada_test.jsonl" "$OUT/eval/lambada.bin" && LAMBADA="$OUT/eval/lambada.bin"
   build_eval wikitext "$SRC/wikitext2/wiki.test.raw" "$OUT/eval/wikitext2.bin" && WIKITEXT="$OUT/eval/wikitext2.bin"
   if [ "$HELLASWAG" = 1 ]; then
-    build_eval hellaswag "$SRC/hellaswag/hellaswag_val_full.txt.bz2" "$OUT/eval/hellaswag.bin" && HS="$OUT/eval/hellaswag.bin"
+    # the shared copy is the .bz2 of the full set; scripts/download_data.sh fetches the .jsonl
+    HS_SRC="$SRC/hellaswag/hellaswag_val.jsonl"
+    [ -f "$HS_SRC" ] || HS_SRC="$SRC/hellaswag/hellaswag_val_full.txt.bz2"
+    build_eval hellaswag "$HS_SRC" "$OUT/eval/hellaswag.bin" && HS="$OUT/eval/hellaswag.bin"
   fi
 fi
 [ "$EVAL" = 1 ] && [ -z "$LAMBADA$WIKITEXT$HS" ] && echo "study: no eval data found: val loss only" >&2
@@ -320,12 +329,20 @@ quote() { local w o=""; for w in "$@"; do o+="$(printf '%q' "$w") "; done; echo 
 final_of() { printf '%s/ckpt_%06d' "$1" "$STEPS"; }
 # Deletes all but the newest K checkpoints of a run directory (the trainer's --keep-checkpoints
 # counts only what one invocation wrote; a study resumes many times).
+# Only complete checkpoints count (a .done marker or a .state; the final one also without them
+# when --drop-final-state dropped its state): one cut short by a kill never displaces the newest
+# complete one. Names sort by step (ckpt_%06d).
 prune_checkpoints() {  # dir K
-  local b all
-  all=$(ls "$1"/ckpt_*.model 2>/dev/null | sort || true)
-  [ -n "$all" ] || return 0
-  for b in $(echo "$all" | head -n -"$2"); do
-    b=${b%.model}; rm -f "$b.model" "$b.state" "$b".state.rank* "$b.done"
+  local f b i complete=()
+  for f in "$1"/ckpt_*.model; do
+    [ -e "$f" ] || continue
+    b=${f%.model}
+    if [ -f "$b.done" ] || [ -f "$b.state" ] || { [ "$DROP_STATE" = 1 ] && [ "$b" = "$(final_of "$1")" ]; }; then
+      complete+=("$b")
+    fi
+  done
+  for ((i = 0; i < ${#complete[@]} - $2; i++)); do
+    b=${complete[$i]}; rm -f "$b.model" "$b.state" "$b".state.rank* "$b.done"
   done
 }
 final_exists() { [ -f "$1.model" ] && { [ -f "$1.done" ] || [ -f "$1.state" ] || [ "$DROP_STATE" = 1 ]; }; }
@@ -357,6 +374,15 @@ for r in "${runs[@]}"; do
     done_n=$((done_n + 1)); continue
   fi
   rm -f "$dir/done.json" "$dir/failed.txt"
+  if [ -f "$dir/cmd.txt" ] && [ "$(cat "$dir/cmd.txt")" != "$ident" ]; then
+    # another command (e.g. more --steps): the evaluation and sample of the old model are stale
+    rm -f "$dir/eval.json" "$dir/eval_console.txt" "$dir/sample.txt" "$dir/sample_console.txt" "$dir/sample_stderr.txt"
+    if [ "$DROP_STATE" = 1 ] && ! final_exists "$(final_of "$dir")" && compgen -G "$dir/ckpt_*.model" > /dev/null &&
+       ! compgen -G "$dir/ckpt_*.state" > /dev/null && ! compgen -G "$dir/ckpt_*.done" > /dev/null; then
+      echo "study: [$i/${#runs[@]}] $name: the command changed and this recipe dropped the optimizer state of" \
+        "the finished checkpoint (--drop-final-state): the run trains again from step 0" >&2
+    fi
+  fi
   printf '%s\n' "$ident" > "$dir/cmd.txt"
   final=$(final_of "$dir")
   [ "$KEEP" -gt 0 ] && prune_checkpoints "$dir" "$KEEP"
@@ -366,6 +392,8 @@ for r in "${runs[@]}"; do
     gpu=(); [ "$TRAINER" = gpu ] && gpu=(--gpu)
     echo "study: [$i/${#runs[@]}] $name: training (console: $dir/console.txt)"
     t0=$(date +%s)
+    lines0=0   # console.txt holds every attempt; this one's lines start after lines0
+    [ -f "$dir/console.txt" ] && lines0=$(wc -l < "$dir/console.txt")
     set +e
     # the console goes to console.txt; every 100th step line (with its ETA) is shown here too
     /usr/bin/python3 "$ROOT/scripts/measure_run.py" --record "$dir/invocations.jsonl" "${gpu[@]}" -- \
@@ -374,12 +402,13 @@ for r in "${runs[@]}"; do
     rc=${PIPESTATUS[0]}
     set -e
     if [ "$rc" != 0 ]; then
-      msg=$(grep -a "error" "$dir/console.txt" | tail -n 1)
+      msg=$(tail -n +"$((lines0 + 1))" "$dir/console.txt" | grep -a "error" | tail -n 1 || true)
       echo "${msg:-exit status $rc}" > "$dir/failed.txt"
       echo "study: [$i/${#runs[@]}] $name: FAILED (exit $rc): ${msg:-see $dir/console.txt}" >&2
       failed=$((failed + 1)); continue
     fi
-    grep -a "final val loss\|stopped after" "$dir/console.txt" | tail -n 1 | sed "s|^|study:   $name: |" || true
+    tail -n +"$((lines0 + 1))" "$dir/console.txt" | grep -a "final val loss\|stopped after" | tail -n 1 |
+      sed "s|^|study:   $name: |" || true
     echo "study:   $name: $(( $(date +%s) - t0 )) s"
     if ! final_exists "$final"; then
       stopped=$((stopped + 1)); continue   # --stop-after: continues on the next invocation

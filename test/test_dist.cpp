@@ -458,6 +458,33 @@ TEST_CASE("scripts/paper: --dry-run prints the recipe's commands; auto-resume ta
     REQUIRE(e.status == 0);
     CHECK_THAT(e.out, Catch::Contains("scripts/eval_checkpoints.sh --out " + dir + "/table"));
     CHECK_THAT(e.out, Catch::Contains(dir + "/m/ckpt_002000.model"));
+
+    // A diverging trainer is not restarted (it would diverge again) and the sweep goes on with
+    // the next runs, exiting 1 at the end. Fakes: an mpirun that runs the trainer it is given, a
+    // trainer that prints the divergence error (or another error) and exits 1.
+    const std::string fb = dir + "/fake bin";  // a space: the commands are words, not eval'd strings
+    run_cmd("mkdir -p '" + fb + "'");
+    const std::string mpirun = "#!/bin/bash\nwhile [ $# -gt 0 ] && [[ \"$1\" != */train_* ]]; do shift; done\nexec \"$@\"\n";
+    const std::string diverge = "#!/bin/bash\necho \"error: loss is nan at step 3 (diverged): the step's update was not applied\"\nexit 1\n";
+    write_file_atomic(fb + "/mpirun", mpirun.data(), mpirun.size());
+    write_file_atomic(fb + "/train_gpt_baselines", diverge.data(), diverge.size());
+    run_cmd("chmod +x '" + fb + "/mpirun' '" + fb + "/train_gpt_baselines'");
+    const std::string env = "PATH='" + fb + "':$PATH timeout 60 ";
+    RunResult dv = run_cmd(env + src + "/scripts/paper/sweep.sh --out '" + dir + "/sw' --sizes 400m --schemes preln " +
+                           "--part lr --bin '" + fb + "' --max-restarts 3");
+    INFO(dv.out);
+    CHECK(dv.status == 1);
+    CHECK(count_of(dv.out, "diverged (see ") == 3);  // each of the 3 LR points ran once, none restarted
+    CHECK_THAT(dv.out, !Catch::Contains("restart 1 of"));
+    CHECK_THAT(dv.out, Catch::Contains("3 of 3 runs failed: 400m_preln_lr5e-4 400m_preln_lr1e-3 400m_preln_lr2e-3"));
+    CHECK_THAT(read_file(dir + "/sw/400m_preln_lr1e-3/console.txt"), Catch::Contains("(diverged)"));
+    // any other failure is restarted up to --max-restarts (0 here: given up at once)
+    const std::string crash = "#!/bin/bash\necho 'error: NCCL timeout'\nexit 1\n";
+    write_file_atomic(fb + "/train_gpt_baselines", crash.data(), crash.size());
+    RunResult cr = run_cmd(env + src + "/scripts/paper/train.sh --size 400m --scheme preln --lr 1e-3 --out '" + dir +
+                           "/cr' --bin '" + fb + "' --max-restarts 0");
+    CHECK(cr.status == 1);
+    CHECK_THAT(cr.out, Catch::Contains("failed 1 times; giving up"));
 }
 
 TEST_CASE("dist: GPU trainer, one GPU: the NCCL paths (--nccl, ZeRO-0/1, overlap on/off) give the plain run's bytes", "[dist][gpu]") {

@@ -198,6 +198,12 @@ TEST_CASE("study.sh: bad flags are refused before any work; the GPU recipes' com
     // --tokens sets the steps from the token budget
     RunResult t = run_cmd(src + "/scripts/study.sh --recipe h200-1h --tokens 52428800 --out " + dir + "/h --dry-run");
     CHECK_THAT(t.out, Catch::Contains("--steps 100 "));
+    // the recipe's warm-up (20 of 200 steps) scales with the step count; an explicit one is kept
+    CHECK_THAT(t.out, Catch::Contains("--warmup-steps 10 "));
+    t = run_cmd(src + "/scripts/study.sh --recipe h200-1h --steps 50 --warmup-steps 7 --out " + dir + "/h --dry-run");
+    CHECK_THAT(t.out, Catch::Contains("--steps 50 ") && Catch::Contains("--warmup-steps 7 "));
+    t = run_cmd(src + "/scripts/study.sh --recipe paper-400m --steps 100 --out " + dir + "/p --dry-run");
+    CHECK_THAT(t.out, Catch::Contains("--steps 100 --lr 5e-4 --warmup-steps 1 "));  // 476 of 47684: 0, at least 1
     // the paper's recipe on 2 nodes of 8 GPUs: 16 ranks, the paper's step count, LR sweep, d_k 4
     RunResult p = run_cmd(src + "/scripts/study.sh --recipe paper-400m --nodes 2 --schemes 'ldm attnres-block' --out " +
                           dir + "/p --dry-run");

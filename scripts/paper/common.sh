@@ -55,6 +55,11 @@ latest_marker() {
   return 0
 }
 
+# The words of a command, shell-quoted (printf %q) where needed, on one line.
+quote_words() { local w o=""; for w in "$@"; do o+="$(printf '%q' "$w") "; done; echo "${o% }"; }
+
+# Runs the command given as words (no eval: paths with spaces stay one word); with DRY_RUN=1
+# only prints it.
 run_or_print() {
-  if [ "${DRY_RUN:-0}" = 1 ]; then echo "$*"; else echo "+ $*" >&2; eval "$@"; fi
+  if [ "${DRY_RUN:-0}" = 1 ]; then quote_words "$@"; else echo "+ $(quote_words "$@")" >&2; "$@"; fi
 }

@@ -41,4 +41,4 @@ done
 args=(--out "$OUT")
 [ -n "$EVDIR" ] && args+=(--eval-dir "$EVDIR")
 [ -n "$VAL" ] && args+=(--val-data "$VAL")
-run_or_print "$root/scripts/eval_checkpoints.sh ${args[*]} ${EXTRA[*]:-} ${ckpts[*]}"
+run_or_print "$root/scripts/eval_checkpoints.sh" "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} "${ckpts[@]}"

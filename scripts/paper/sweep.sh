@@ -48,7 +48,7 @@ if [ "$PART" != aspect ]; then
     done
   done
 fi
-if [ "$PART" != lr ]; then
+if [ "$PART" != lr ] && [[ " $SIZES " == *" 400m "* ]]; then   # the aspect sweep is at 400M
   for s in $SCHEMES; do
     dk=""
     [ "$s" = ldm ] && dk="--ldm-dk 4"
@@ -64,8 +64,14 @@ if [ "$LIST" = 1 ]; then
   echo "# ${#runs[@]} runs"
   exit 0
 fi
+[ ${#runs[@]} -gt 0 ] || die "no runs: --part $PART with --sizes '$SIZES' (the aspect sweep is at 400m)"
+failed=()
 for r in "${runs[@]}"; do
   name="${r%%|*}"
   # shellcheck disable=SC2086
-  "$here/train.sh" ${r#*|} --out "$OUT/$name" "${PASS[@]}"
+  if ! "$here/train.sh" ${r#*|} --out "$OUT/$name" ${PASS[@]+"${PASS[@]}"}; then
+    failed+=("$name")   # e.g. a diverged high-LR point: the sweep goes on
+    echo "sweep.sh: $name failed; going on with the next run" >&2
+  fi
 done
+[ ${#failed[@]} -eq 0 ] || die "${#failed[@]} of ${#runs[@]} runs failed: ${failed[*]}"

@@ -2,7 +2,9 @@
 # One training run of the paper's recipe on 1..N nodes of 8 GPUs, with an auto-resume loop:
 # before every (re)start it resumes from the newest COMPLETE checkpoint (the newest
 # ckpt_<step>.done marker in the run directory; a checkpoint without its marker is ignored), and
-# it restarts after a failure up to --max-restarts times. See doc/distributed.md.
+# it restarts after a failure up to --max-restarts times, but not after a divergence (resume is
+# bit-exact, so it would diverge again). The console is also appended to DIR/console.txt.
+# See doc/distributed.md.
 #
 #   scripts/paper/train.sh --size 400m|1.5b --scheme S --lr LR --out DIR [options]
 #
@@ -12,7 +14,8 @@
 #   --n-layer L --d-model D   aspect-ratio override (n_head = D/64, ffn = 2.75 D rounded to 32)
 #   --ldm-dk K            LDM key size (the paper's 400M LDM uses 4)
 #   --out DIR             run directory (checkpoints, log.jsonl); the run is named after it
-#   --data DIR            token shards DIR/*train*.bin, DIR/*val*.bin (default $LDM_DATA_DIR/fineweb)
+#   --data DIR            token shards DIR/*train*.bin, DIR/*val*.bin (default $LDM_DATA_DIR/fineweb,
+#                         else <checkout>/../shared/data/fineweb)
 #   --tokenizer P         tokenizer dir or tokenizer.json (default: the trainer's)
 #   --nodes N             nodes (default 1); --gpus-per-node G (default 8)
 #   --launcher mpirun|srun   (default mpirun; srun uses --mpi=pmix)
@@ -28,7 +31,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/common.sh"
 root="$(cd "$here/../.." && pwd)"
 
-SIZE="" SCHEME="" LR="" OUT="" DATA="${LDM_DATA_DIR:-../shared/data}/fineweb" TOKENIZER=""
+SIZE="" SCHEME="" LR="" OUT="" DATA="${LDM_DATA_DIR:-$root/../shared/data}/fineweb" TOKENIZER=""
 NODES=1 GPUS_PER_NODE=8 LAUNCHER=mpirun HOSTFILE="" ZERO=1 CKPT_EVERY=1000 MAX_RESTARTS=20
 BIN="$root/build/cuda" DRY_RUN=0 NLAYER="" DMODEL="" DK="" EXTRA=()
 while [ $# -gt 0 ]; do
@@ -51,7 +54,7 @@ while [ $# -gt 0 ]; do
     --max-restarts) MAX_RESTARTS="${2:?}"; shift 2 ;;
     --bin) BIN="${2:?}"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) die "unknown flag $1" ;;
   esac
@@ -68,29 +71,34 @@ case "$SCHEME" in
 esac
 WORLD=$((NODES * GPUS_PER_NODE))
 B=$(micro_batch_for "$WORLD")
-MODEL="--preset $PRESET --scheme $SCHEME"
-if [ -n "$NLAYER" ]; then MODEL="$MODEL --n-layer $NLAYER"; fi
+launcher_cmd "$WORLD" > /dev/null   # an unknown --launcher stops here
+MODEL=(--preset "$PRESET" --scheme "$SCHEME")
+if [ -n "$NLAYER" ]; then MODEL+=(--n-layer "$NLAYER"); fi
 if [ -n "$DMODEL" ]; then
   ffn=$(( (DMODEL * 11 / 4 + 31) / 32 * 32 ))
-  MODEL="$MODEL --d-model $DMODEL --n-head $((DMODEL / 64)) --n-kv-head $((DMODEL / 64)) --head-dim 64 --ffn $ffn"
+  MODEL+=(--d-model "$DMODEL" --n-head $((DMODEL / 64)) --n-kv-head $((DMODEL / 64)) --head-dim 64 --ffn "$ffn")
 fi
-if [ -n "$DK" ]; then MODEL="$MODEL --ldm-dk $DK"; fi
-TOK=""
-if [ -n "$TOKENIZER" ]; then TOK="--tokenizer $TOKENIZER"; fi
+if [ -n "$DK" ]; then MODEL+=(--ldm-dk "$DK"); fi
+TOK=()
+if [ -n "$TOKENIZER" ]; then TOK=(--tokenizer "$TOKENIZER"); fi
 
 cmd_for() {  # $1 = resume base or "" (then --resume auto: a fresh start, or the restart of a run
-  # that failed before its first checkpoint, whose log the trainer would otherwise refuse to replace)
-  local res=" --resume ${1:-auto}"
-  echo "$(launcher_cmd "$WORLD") $TRAINER $MODEL -B $B -T $SEQ_LEN --total-batch-tokens $TOKENS_PER_STEP" \
-       "--steps $STEPS --lr $LR --warmup-steps $WARMUP --schedule cosine --min-lr-ratio 0.1 --dtype bf16" \
-       "--zero $ZERO --train-data '$DATA/*train*.bin' --val-data '$DATA/*val*.bin' $TOK --val-every 1000" \
-       "--val-batches 20 --ckpt-every $CKPT_EVERY --out-dir $OUT --log $OUT/log.jsonl --quiet$res ${EXTRA[*]:-}"
+  # that failed before its first checkpoint, whose log the trainer would otherwise refuse to replace).
+  # Sets CMD (the words; the shard globs stay unexpanded for the trainer).
+  local launch
+  read -r -a launch <<< "$(launcher_cmd "$WORLD")"
+  CMD=("${launch[@]}" "$TRAINER" "${MODEL[@]}" -B "$B" -T "$SEQ_LEN" --total-batch-tokens "$TOKENS_PER_STEP"
+       --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" --schedule cosine --min-lr-ratio 0.1 --dtype bf16
+       --zero "$ZERO" --train-data "$DATA/*train*.bin" --val-data "$DATA/*val*.bin" ${TOK[@]+"${TOK[@]}"} --val-every 1000
+       --val-batches 20 --ckpt-every "$CKPT_EVERY" --out-dir "$OUT" --log "$OUT/log.jsonl" --quiet
+       --resume "${1:-auto}" ${EXTRA[@]+"${EXTRA[@]}"})
 }
 
 if [ "$DRY_RUN" = 1 ]; then
   echo "# run $OUT: $SIZE $SCHEME lr $LR, $NODES node(s) x $GPUS_PER_NODE GPUs, B=$B per GPU," \
        "accumulation $((SEQS_PER_STEP / WORLD / B)), $STEPS steps, resume from: $(latest_marker "$OUT")"
   cmd_for "$(latest_marker "$OUT")"
+  quote_words "${CMD[@]}"
   exit 0
 fi
 
@@ -101,9 +109,21 @@ while :; do
   if [ -f "$final.done" ]; then echo "train.sh: $OUT complete ($final)"; exit 0; fi
   resume=$(latest_marker "$OUT")
   [ -n "$resume" ] && echo "train.sh: resuming $OUT from $resume" >&2
-  if run_or_print "$(cmd_for "$resume")"; then
+  cmd_for "$resume"
+  # the console also goes to console.txt: a divergence is deterministic (bit-exact resume), so it
+  # is not retried
+  lines0=0
+  [ -f "$OUT/console.txt" ] && lines0=$(wc -l < "$OUT/console.txt")
+  set +e
+  run_or_print "${CMD[@]}" 2>&1 | tee -a "$OUT/console.txt"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" = 0 ]; then
     [ -f "$final.done" ] && { echo "train.sh: $OUT complete"; exit 0; }
     die "the trainer exited 0 but $final.done is missing"
+  fi
+  if tail -n +"$((lines0 + 1))" "$OUT/console.txt" | grep -q "(diverged)"; then
+    die "$OUT diverged (see $OUT/console.txt): not restarted; resume from the last good checkpoint with a lower --lr"
   fi
   restarts=$((restarts + 1))
   [ "$restarts" -le "$MAX_RESTARTS" ] || die "$OUT failed $restarts times; giving up"
