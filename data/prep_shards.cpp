@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <dirent.h>
+#include <fcntl.h>
 #include <deque>
 #include <glob.h>
 #include <iostream>
@@ -297,35 +298,40 @@ class Output {
     std::unique_ptr<ShardWriter> val_, train_;
 };
 
-// Removes NAME_{val,train}_NNNNNN.bin in out_dir that this run did not write (stale outputs of an
-// earlier, larger run would otherwise be picked up by the loader's glob).
-void remove_stale(const ShardsOptions& o, const std::vector<std::string>& written) {
-    DIR* d = ::opendir(o.out_dir.c_str());
-    if (!d) return;
-    std::vector<std::string> stale;
+// The file names NAME_{val,train}_NNNNNN.bin of regular files in dir (sorted): an earlier run's
+// shards, which a commit replaces as a whole.
+std::vector<std::string> shard_files_in(const ShardsOptions& o, const std::string& dir) {
+    std::vector<std::string> names;
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return names;
     while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
+        const std::string n = e->d_name;
         for (const char* split : {"_val_", "_train_"}) {
-            std::string pre = o.name + split;
+            const std::string pre = o.name + split;
+            struct stat st;
             if (n.size() == pre.size() + 10 && n.compare(0, pre.size(), pre) == 0 &&
                 n.compare(n.size() - 4, 4, ".bin") == 0 &&
-                std::all_of(n.begin() + long(pre.size()), n.end() - 4,
-                            [](char c) { return c >= '0' && c <= '9'; })) {
-                std::string p = o.out_dir + "/" + n;
-                if (std::find(written.begin(), written.end(), p) == written.end()) stale.push_back(p);
-            }
+                std::all_of(n.begin() + long(pre.size()), n.end() - 4, [](char c) { return c >= '0' && c <= '9'; }) &&
+                ::stat((dir + "/" + n).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+                names.push_back(n);
         }
     }
     ::closedir(d);
-    std::sort(stale.begin(), stale.end());
-    for (const std::string& p : stale) {
-        if (::unlink(p.c_str()) == 0) std::fprintf(stderr, "[shards] removed stale shard %s\n", p.c_str());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+void fsync_dir(const std::string& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
     }
 }
 
 // The output directory of one run: creates out_dir (remembering which directories it made) and a
-// private staging directory out_dir/.NAME.staging.<pid> for the shards. commit() moves the
-// finished shards into out_dir; without commit (an error unwinding) the destructor deletes the
+// private staging directory out_dir/.NAME.staging.<pid> for the shards. commit() replaces the
+// earlier run's shards of the same name by the finished ones, all or nothing; without commit (an error unwinding) the destructor deletes the
 // staging directory with its files and removes the directories this run created if they are
 // empty, so a failed run leaves out_dir as it was.
 class StagedOutput {
@@ -350,30 +356,65 @@ class StagedOutput {
         remove_created();
     }
     const std::string& dir() const { return staging_; }
-    // Renames the staged shards (paths inside dir()) into out_dir, in order; `shards` then holds
-    // the final paths.
+    // Replaces the earlier run's shards of this name in out_dir by the staged ones (paths inside
+    // dir()); `shards` then holds the final paths. First the earlier shards move into
+    // dir()/old, then the new ones into out_dir; if a rename fails, every move is undone (out_dir
+    // as before the run) and ldm::Error is thrown. Earlier shards not replaced by a new one of the
+    // same name (an earlier, larger run's) are deleted and named on stderr.
     void commit(std::vector<std::string>& shards) {
-        for (std::string& p : shards) {
-            const std::string dst = o_.out_dir + p.substr(staging_.size());
-            if (::rename(p.c_str(), dst.c_str()) != 0)
-                throw Error("cannot move " + p + " to " + dst + ": " + std::strerror(errno));
-            p = dst;
+        const std::string old = staging_ + "/old";
+        if (::mkdir(old.c_str(), 0755) != 0)
+            throw Error("cannot create " + old + ": " + std::strerror(errno));
+        const std::vector<std::string> prev = shard_files_in(o_, o_.out_dir);
+        std::vector<std::string> moved_out, moved_in;  // names in old/; final paths in out_dir
+        auto fail = [&](const std::string& from, const std::string& to, int e) {
+            for (auto it = moved_in.rbegin(); it != moved_in.rend(); ++it)
+                ::rename(it->c_str(), (staging_ + it->substr(o_.out_dir.size())).c_str());
+            std::string lost;
+            for (const std::string& n : moved_out)
+                if (::rename((old + "/" + n).c_str(), (o_.out_dir + "/" + n).c_str()) != 0) lost += " " + n;
+            throw Error("cannot move " + from + " to " + to + ": " + std::strerror(e) +
+                        (lost.empty() ? std::string(" (the earlier shards are back in place)")
+                                      : " (could not put back" + lost + ": they are in " + old + ")"));
+        };
+        for (const std::string& n : prev) {
+            const std::string from = o_.out_dir + "/" + n, to = old + "/" + n;
+            if (::rename(from.c_str(), to.c_str()) != 0) fail(from, to, errno);
+            moved_out.push_back(n);
         }
+        for (const std::string& p : shards) {
+            const std::string dst = o_.out_dir + p.substr(staging_.size());
+            if (::rename(p.c_str(), dst.c_str()) != 0) fail(p, dst, errno);
+            moved_in.push_back(dst);
+        }
+        shards = moved_in;
+        fsync_dir(o_.out_dir);
         committed_ = true;
+        for (const std::string& n : prev)
+            if (std::find(shards.begin(), shards.end(), o_.out_dir + "/" + n) == shards.end())
+                std::fprintf(stderr, "[shards] removed stale shard %s/%s\n", o_.out_dir.c_str(), n.c_str());
         remove_staging();
     }
 
  private:
+    // Deletes the staged files and the staging directory. old/ (the earlier shards) is emptied
+    // only after a commit; otherwise it is removed only when empty, so shards a failed commit
+    // could not put back are never deleted.
     void remove_staging() {
-        if (DIR* d = ::opendir(staging_.c_str())) {
-            std::vector<std::string> names;
-            while (dirent* e = ::readdir(d)) {
-                const std::string n = e->d_name;
-                if (n != "." && n != "..") names.push_back(staging_ + "/" + n);
+        auto unlink_files = [](const std::string& dir) {
+            if (DIR* d = ::opendir(dir.c_str())) {
+                std::vector<std::string> names;
+                while (dirent* e = ::readdir(d)) {
+                    const std::string n = e->d_name;
+                    if (n != "." && n != "..") names.push_back(dir + "/" + n);
+                }
+                ::closedir(d);
+                for (const std::string& f : names) ::unlink(f.c_str());  // not directories
             }
-            ::closedir(d);
-            for (const std::string& f : names) ::unlink(f.c_str());
-        }
+        };
+        if (committed_) unlink_files(staging_ + "/old");
+        ::rmdir((staging_ + "/old").c_str());
+        unlink_files(staging_);
         ::rmdir(staging_.c_str());
     }
     void remove_created() {
@@ -509,7 +550,6 @@ ShardsSummary prepare_shards(const ShardsOptions& o, const Tokenizer* tok_in) {
                                                  (unsigned long long)sum.skipped_docs)
                                      : std::string("no documents in the input"));
     staged.commit(sum.shards);
-    remove_stale(o, sum.shards);
     if (sum.skipped_docs && o.progress)
         std::fprintf(stderr, "[shards] skipped %llu bad documents (--skip-bad-docs)%s\n",
                      (unsigned long long)sum.skipped_docs,
@@ -593,6 +633,7 @@ uint64_t parse_u64(const std::string& flag, const std::string& s) {
     std::string d;
     for (char c : s)
         if (isdigit((unsigned char)c)) d += c;
+    if (d.empty()) throw std::invalid_argument(flag + " expects a non-negative integer, got '" + s + "'");
     errno = 0;
     unsigned long long v = std::strtoull(d.c_str(), nullptr, 10);
     if (errno == ERANGE) throw std::invalid_argument(flag + " is out of range: " + s);
@@ -700,8 +741,18 @@ int cmd_shards(int argc, char** argv) {
         if (o.out_dir.empty()) throw std::invalid_argument("--out-dir is required");
         if (o.name.empty()) throw std::invalid_argument("--name is required");
         if (a.flags.count("--shard-tokens")) o.shard_tokens = parse_u64("--shard-tokens", one(a, "--shard-tokens"));
-        if (a.flags.count("--val-tokens")) o.val_tokens = int64_t(parse_u64("--val-tokens", one(a, "--val-tokens")));
-        if (a.flags.count("--val-docs")) o.val_docs = int64_t(parse_u64("--val-docs", one(a, "--val-docs")));
+        // the val shard is one shard: at most 2^31 - 1 tokens (checked here, not after writing them)
+        if (a.flags.count("--val-tokens")) {
+            const uint64_t v = parse_u64("--val-tokens", one(a, "--val-tokens"));
+            if (v > 2147483647ull)
+                throw std::invalid_argument("--val-tokens must be at most 2147483647 (one shard), got " + std::to_string(v));
+            o.val_tokens = int64_t(v);
+        }
+        if (a.flags.count("--val-docs")) {
+            const uint64_t v = parse_u64("--val-docs", one(a, "--val-docs"));
+            if (v > uint64_t(INT64_MAX)) throw std::invalid_argument("--val-docs is out of range: " + std::to_string(v));
+            o.val_docs = int64_t(v);
+        }
         if (o.val_docs >= 0 && o.val_tokens >= 0)
             throw std::invalid_argument("give either --val-tokens or --val-docs, not both");
         if (a.flags.count("--threads")) {

@@ -175,6 +175,30 @@ TEST_CASE("FineWeb-Edu sample jsonl -> shards -> loader, token-for-token", "[dat
     while (acc < 5000) acc += with_eot(tok, docs[ndoc++]).size();
     REQUIRE(v.size() == acc);
     REQUIRE(ldm::read_shard(bin_out + "/fw_train_000001.bin").size() == val.size() + train.size() - acc);
+
+    // A commit that fails half way (the new fw_train_000002.bin cannot replace a directory of that
+    // name) undoes every move: the earlier val and train shards are back, byte for byte, and no
+    // new val shard sits beside old train shards.
+    const std::string old_val = ldm::read_file(bin_out + "/fw_val_000000.bin"),
+                      old_train = ldm::read_file(bin_out + "/fw_train_000001.bin");
+    REQUIRE(::system(("mkdir -p '" + bin_out + "/fw_train_000002.bin/x'").c_str()) == 0);
+    const std::string small = "shards --tokenizer '" + data + "/gpt2_tokenizer' --input '" + data +
+                              "/fineweb_edu_sample/fineweb_edu_sample.jsonl' --out-dir '" + bin_out +
+                              "' --name fw --val-docs 40 --shard-tokens 20000 --quiet";
+    r = run(small, d);
+    INFO(r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.err.find("cannot move") != std::string::npos);
+    CHECK(r.err.find("the earlier shards are back in place") != std::string::npos);
+    CHECK(ldm::read_file(bin_out + "/fw_val_000000.bin") == old_val);
+    CHECK(ldm::read_file(bin_out + "/fw_train_000001.bin") == old_train);
+    CHECK(!ldm::file_exists(bin_out + "/fw_train_000003.bin"));
+    CHECK(::system(("ls -d '" + bin_out + "'/.fw.staging.* > /dev/null 2>&1").c_str()) != 0);  // none left
+    REQUIRE(::system(("rm -r '" + bin_out + "/fw_train_000002.bin'").c_str()) == 0);
+    r = run(small, d);
+    CHECK(r.rc == 0);
+    CHECK(ldm::read_file(bin_out + "/fw_val_000000.bin") != old_val);  // 40 documents now
+    CHECK(ldm::file_exists(bin_out + "/fw_train_000003.bin"));
 }
 
 TEST_CASE("tiny Shakespeare as text: split into pieces for threads, same tokens as one encode", "[data_tool]") {
@@ -309,6 +333,21 @@ TEST_CASE("bad inputs give a clear error, exit 1, and leave no shard", "[data_to
     REQUIRE(run("shards " + tk + "--input x --bogus 1", d).rc == 2);
     REQUIRE(run("shards --input x", d).rc == 2);
     REQUIRE(run("shards " + tk + "--input '" + d + "/ok.jsonl' --val-docs 1 --val-tokens 3", d).rc == 2);
+    // counts without a digit, above INT64_MAX (read as negative = unset before), or a val shard
+    // above 2^31 - 1 tokens: refused before any work
+    const std::vector<std::pair<std::string, std::string>> bad_counts = {
+        {"--val-docs ,", "--val-docs expects a non-negative integer"},
+        {"--val-docs _", "--val-docs expects a non-negative integer"},
+        {"--val-docs 9223372036854775808", "--val-docs is out of range"},
+        {"--val-tokens 2147483648", "--val-tokens must be at most 2147483647"},
+        {"--val-docs 9223372036854775808 --val-tokens 9223372036854775809", "--val-tokens must be at most"}};
+    for (const auto& b : bad_counts) {
+        RunResult u = run("shards " + tk + "--input '" + d + "/ok.jsonl' " + b.first, d);
+        INFO(b.first << "\n" << u.err);
+        CHECK(u.rc == 2);
+        CHECK(u.err.find(b.second) != std::string::npos);
+        CHECK(!ldm::file_exists(d + "/out"));
+    }
     REQUIRE(run("nosuchcommand", d).rc == 2);
     REQUIRE(run("", d).rc == 2);
     // a bad tokenizer path
