@@ -264,6 +264,11 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");
     if (glob_files(o.train_data).empty()) throw Error("--train-data: no files match '" + o.train_data + "'");
     DataLoader train(o.train_data, B, T, rank, W, true, uint64_t(o.seed), V);
+    if (uint64_t(accum_local) > train.batches_per_epoch() && rank == 0)
+        std::fprintf(stderr,
+                     "note: one optimizer step takes %lld micro-batches of B x T = %d x %d per rank, but the train "
+                     "shards hold %llu per rank: every step sees some windows more than once\n",
+                     (long long)accum_local, B, T, (unsigned long long)train.batches_per_epoch());
     std::unique_ptr<DataLoader> val;
     if (!o.val_data.empty()) {
         if (glob_files(o.val_data).empty()) throw Error("--val-data: no files match '" + o.val_data + "'");

@@ -220,6 +220,15 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
                               " --val-data '" + dir + "/smallval.bin'");
         CHECK(w.status == 0);
         CHECK_THAT(w.out, !Catch::Contains("note: --val-batches"));
+        CHECK_THAT(w.out, !Catch::Contains("every step sees some windows more than once"));
+        // a step larger than the train shards (300 tokens: a few batches of 2 x 32): trains, with a note
+        RunResult s = run_cmd(tr + " --preset tiny -B 2 -T 32 --steps 1 --sample-every -1 --total-batch-tokens 512 "
+                              "--train-data '" + dir + "/smallval.bin'");
+        INFO(s.out);
+        CHECK(s.status == 0);
+        CHECK_THAT(s.out, Catch::Contains("note: one optimizer step takes 8 micro-batches of B x T = 2 x 32 per rank, "
+                                          "but the train shards hold ") &&
+                              Catch::Contains("every step sees some windows more than once"));
     }
 
     // too few tokens for one B*T window
