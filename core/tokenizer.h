@@ -62,9 +62,9 @@ class Tokenizer {
 std::unique_ptr<Tokenizer> load_tokenizer_flag(const std::string& flag_value);
 
 // The tokenizer's identity as stored in eval binaries (doc/formats.md "Eval binaries"): FNV-1a 64
-// (started from 1469598103934665603, not FNV's offset basis) over, for id = 0..vocab_size-1, the uint32 LE byte length and the bytes of decode({id}), then
-// the ids of encode() of a fixed probe sentence (so merges count too). Never 0 in practice; 0 in
-// a binary means "not recorded".
+// (started from 1469598103934665603, not FNV's offset basis) over, for id = 0..vocab_size-1,
+// the uint32 LE byte length and the bytes of decode({id}), then the ids of encode() of a fixed
+// probe sentence (so merges count too). Never 0 in practice; 0 in a binary means "not recorded".
 uint64_t tokenizer_fingerprint(const Tokenizer& tok);
 
 }  // namespace ldm

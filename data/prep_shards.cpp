@@ -331,9 +331,9 @@ void fsync_dir(const std::string& dir) {
 
 // The output directory of one run: creates out_dir (remembering which directories it made) and a
 // private staging directory out_dir/.NAME.staging.<pid> for the shards. commit() replaces the
-// earlier run's shards of the same name by the finished ones, all or nothing; without commit (an error unwinding) the destructor deletes the
-// staging directory with its files and removes the directories this run created if they are
-// empty, so a failed run leaves out_dir as it was.
+// earlier run's shards of the same name by the finished ones, all or nothing; without commit
+// (an error unwinding) the destructor deletes the staging directory with its files and removes
+// the directories this run created if they are empty, so a failed run leaves out_dir as it was.
 class StagedOutput {
  public:
     explicit StagedOutput(const ShardsOptions& o) : o_(o) {
@@ -745,12 +745,14 @@ int cmd_shards(int argc, char** argv) {
         if (a.flags.count("--val-tokens")) {
             const uint64_t v = parse_u64("--val-tokens", one(a, "--val-tokens"));
             if (v > 2147483647ull)
-                throw std::invalid_argument("--val-tokens must be at most 2147483647 (one shard), got " + std::to_string(v));
+                throw std::invalid_argument("--val-tokens must be at most 2147483647 (one shard), got " +
+                                            std::to_string(v));
             o.val_tokens = int64_t(v);
         }
         if (a.flags.count("--val-docs")) {
             const uint64_t v = parse_u64("--val-docs", one(a, "--val-docs"));
-            if (v > uint64_t(INT64_MAX)) throw std::invalid_argument("--val-docs is out of range: " + std::to_string(v));
+            if (v > uint64_t(INT64_MAX))
+                throw std::invalid_argument("--val-docs is out of range: " + std::to_string(v));
             o.val_docs = int64_t(v);
         }
         if (o.val_docs >= 0 && o.val_tokens >= 0)
