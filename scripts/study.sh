@@ -54,7 +54,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=scripts/paper/common.sh
-. "$ROOT/scripts/paper/common.sh"   # die, recipe_for, micro_batch_for, launcher_cmd
+. "$ROOT/scripts/paper/common.sh"   # die, recipe_for, micro_batch_for, launcher_cmd, quote_words
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 OUT="" RECIPE="" TRAINER=cpu BIN="" SCHEMES="preln ldm" SEEDS="1" LRS="" MODEL="--preset small"
@@ -324,7 +324,6 @@ run_cmd_of() {  # scheme lr seed dir -> the trainer command, one word per line
   [ ${#EXTRA[@]} -gt 0 ] && c+=("${EXTRA[@]}")
   for w in "${c[@]}"; do printf '%s\n' "$w"; done
 }
-quote() { local w o=""; for w in "$@"; do o+="$(printf '%q' "$w") "; done; echo "${o% }"; }
 
 final_of() { printf '%s/ckpt_%06d' "$1" "$STEPS"; }
 # Deletes all but the newest K checkpoints of a run directory (the trainer's --keep-checkpoints
@@ -333,11 +332,12 @@ final_of() { printf '%s/ckpt_%06d' "$1" "$STEPS"; }
 # when --drop-final-state dropped its state): one cut short by a kill never displaces the newest
 # complete one. Names sort by step (ckpt_%06d).
 prune_checkpoints() {  # dir K
-  local f b i complete=()
+  local f b i final complete=()
+  final=$(final_of "$1")
   for f in "$1"/ckpt_*.model; do
     [ -e "$f" ] || continue
     b=${f%.model}
-    if [ -f "$b.done" ] || [ -f "$b.state" ] || { [ "$DROP_STATE" = 1 ] && [ "$b" = "$(final_of "$1")" ]; }; then
+    if [ -f "$b.done" ] || [ -f "$b.state" ] || { [ "$DROP_STATE" = 1 ] && [ "$b" = "$final" ]; }; then
       complete+=("$b")
     fi
   done
@@ -355,7 +355,7 @@ if [ "$DRY_RUN" = 1 ]; then
     mapfile -t c < <(run_cmd_of "$s" "$lr" "$seed" "$OUT/runs/$name")
     echo "# $name"
     sa=""; [ "$STOP_AFTER" -gt 0 ] && sa=" --stop-after $STOP_AFTER"
-    echo "$(quote "${c[@]}") --resume auto$sa"
+    echo "$(quote_words "${c[@]}") --resume auto$sa"
   done
   exit 0
 fi
@@ -368,7 +368,7 @@ for r in "${runs[@]}"; do
   dir="$OUT/runs/$name"
   mkdir -p "$dir"
   mapfile -t c < <(run_cmd_of "$s" "$lr" "$seed" "$dir")
-  ident=$(quote "${c[@]}")
+  ident=$(quote_words "${c[@]}")
   if [ -f "$dir/done.json" ] && [ "$(cat "$dir/cmd.txt" 2>/dev/null)" = "$ident" ]; then
     echo "study: [$i/${#runs[@]}] $name: done earlier"
     done_n=$((done_n + 1)); continue
