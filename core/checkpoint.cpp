@@ -1,5 +1,6 @@
 #include "core/checkpoint.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "core/common.h"
@@ -100,9 +101,17 @@ Container read_container(const std::string& path, const char magic[8], const cha
             t.dtype = tj.at("dtype").get<std::string>();
             t.shape = tj.at("shape").get<std::vector<int64_t>>();
             uint64_t off = tj.at("offset").get<uint64_t>(), nb = tj.at("nbytes").get<uint64_t>();
-            if (off != expect_off || nb != uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype, path))
+            // numel * element size without wrap-around (a corrupt shape must not pass as small)
+            const uint64_t es = dtype_size(t.dtype, path);
+            uint64_t numel = 1;
+            bool fits = true;
+            for (int64_t d : t.shape) {
+                if (d < 0 || (d > 0 && numel > UINT64_MAX / uint64_t(d))) fits = false;
+                if (fits) numel *= uint64_t(d);
+            }
+            if (!fits || numel > UINT64_MAX / es || off != expect_off || nb != numel * es)
                 throw Error(w + ": inconsistent tensor table at '" + t.name + "'");
-            if (payload + off + nb > payload_end)
+            if (nb > payload_end - payload - off)  // off == expect_off <= payload_end - payload
                 throw Error(strprintf("%s: truncated: tensor '%s' needs bytes up to %llu, file has %llu", w.c_str(),
                                       t.name.c_str(), (unsigned long long)(payload + off + nb + 8),
                                       (unsigned long long)buf.size()));
@@ -283,6 +292,8 @@ TrainState load_train_state(const std::string& path) {
     try {
         s.step = c.header.at("step").get<int64_t>();
         s.dtype = c.header.at("dtype").get<std::string>();
+        if (s.dtype != "fp32" && s.dtype != "fp64")
+            throw Error("training state " + path + ": unknown dtype '" + s.dtype + "' (expected fp32 or fp64)");
         s.flags = c.header.at("flags");
         s.extra = c.header.value("extra", json::object());
         const int64_t n = c.header.at("param_count").get<int64_t>();

@@ -1,6 +1,7 @@
 #include "core/cli.h"
 
 #include <cerrno>
+#include <cmath>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,8 @@ double parse_double(const std::string& s, const std::string& flag) {
     double v = std::strtod(s.c_str(), &end);
     if (s.empty() || *end != '\0' || errno == ERANGE)
         throw Error(flag + ": expected a number, got '" + s + "'");
+    // no flag takes an infinite or NaN value (inf would pass a "> 0" check, e.g. --adam-eps inf)
+    if (!std::isfinite(v)) throw Error(flag + ": expected a finite number, got '" + s + "'");
     return v;
 }
 

@@ -50,8 +50,9 @@ class ArgParser {
     std::set<std::string> seen_;  // canonical (last) names of flags that were set
 };
 
-// Strict number parsing for flags: the whole string must be a number in range; else
-// ldm::Error("<flag>: expected an integer, got '<s>'").
+// Strict number parsing for flags: the whole string must be a number in range (parse_double: a
+// finite one, no inf or nan); else ldm::Error("<flag>: expected an integer, got '<s>'" / "...
+// a number ..." / "... a finite number ...").
 int64_t parse_int(const std::string& s, const std::string& flag);
 double parse_double(const std::string& s, const std::string& flag);
 

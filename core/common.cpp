@@ -63,16 +63,53 @@ void write_file_atomic(const std::string& path, const void* data, size_t size) {
         p += w;
         left -= size_t(w);
     }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        int e = errno;
+    const int fs = ::fsync(fd), fs_errno = errno;
+    const int cl = ::close(fd), cl_errno = errno;  // closed whether or not fsync failed
+    if (fs != 0 || cl != 0) {
         ::unlink(tmp.c_str());
-        throw Error("cannot flush " + tmp + ": " + std::strerror(e));
+        throw Error("cannot flush " + tmp + ": " + std::strerror(fs != 0 ? fs_errno : cl_errno));
     }
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
         int e = errno;
         ::unlink(tmp.c_str());
         throw Error("cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
     }
+    // The rename itself is durable only once the directory is synced (after a power loss the
+    // directory could still hold the old file, e.g. a checkpoint marker without its files).
+    const std::string dir = dirname_of(path);
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {  // a directory that cannot be opened for reading: the rename stands unsynced
+        const int r = ::fsync(dfd), e = errno;
+        ::close(dfd);
+        // a file system without directory fsync says EINVAL, ENOTSUP/EOPNOTSUPP or ENOSYS
+        if (r != 0 && e != EINVAL && e != EROFS && e != ENOTSUP && e != EOPNOTSUPP && e != ENOSYS)
+            throw Error("cannot sync directory " + dir + " after writing " + path + ": " + std::strerror(e));
+    }
+}
+
+namespace {
+// `path` without trailing slashes; "/" stays "/".
+std::string strip_trailing_slashes(const std::string& path) {
+    size_t n = path.size();
+    while (n > 1 && path[n - 1] == '/') n--;
+    return path.substr(0, n);
+}
+}  // namespace
+
+std::string dirname_of(const std::string& path) {
+    const std::string p = strip_trailing_slashes(path);
+    const size_t s = p.find_last_of('/');
+    if (s == std::string::npos) return ".";
+    size_t e = s;
+    while (e > 0 && p[e - 1] == '/') e--;  // "a//b" -> "a"
+    return e == 0 ? "/" : p.substr(0, e);
+}
+
+std::string basename_of(const std::string& path) {
+    const std::string p = strip_trailing_slashes(path);
+    if (p == "/") return "/";
+    const size_t s = p.find_last_of('/');
+    return s == std::string::npos ? p : p.substr(s + 1);
 }
 
 std::vector<std::string> mkdir_p(const std::string& d) {

@@ -34,7 +34,8 @@ inline void check_threads_flag(long long threads) {
 // Returns "" when none exists (callers skip with a visible message).
 std::string find_data_dir();
 
-// Writes `size` bytes to `path` atomically: writes `path.tmp.<pid>`, fsyncs, renames.
+// Writes `size` bytes to `path` atomically: writes `path.tmp.<pid>`, fsyncs, renames, fsyncs the
+// directory.
 // Throws ldm::Error naming the path on any I/O failure (the temp file is removed).
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 
@@ -42,6 +43,12 @@ void write_file_atomic(const std::string& path, const void* data, size_t size);
 std::string read_file(const std::string& path);
 
 bool file_exists(const std::string& path);
+
+// The directory and last component of a path, like POSIX dirname/basename on strings (trailing
+// slashes ignored): "a/b" -> "a" and "b"; "b" -> "." and "b"; "/b" -> "/" and "b"; "a/b/" -> "a"
+// and "b". Nothing is looked up on disk.
+std::string dirname_of(const std::string& path);
+std::string basename_of(const std::string& path);
 
 // Creates directory d and its missing parents (like `mkdir -p`); "" does nothing. Returns the
 // directories it created, parents first (so a failed run can remove exactly those). Throws

@@ -47,11 +47,6 @@ struct Fnv {
     }
 };
 
-std::string basename_of(const std::string& p) {
-    size_t k = p.find_last_of('/');
-    return k == std::string::npos ? p : p.substr(k + 1);
-}
-
 const char kStateMagic[8] = {'L', 'D', 'M', 'D', 'L', 'S', 'T', '1'};
 constexpr size_t kStateBytes = 8 + 4 * 4 + 1 + 8 * 4;
 
@@ -273,31 +268,60 @@ std::vector<uint8_t> DataLoader::save_state() const {
     return out;
 }
 
-void DataLoader::load_state(const std::vector<uint8_t>& s) {
+namespace {
+struct SavedLoader {
+    int32_t B, T, rank, world;
+    bool shuffle;
+    uint64_t seed, fingerprint, epoch, idx;
+};
+
+SavedLoader parse_loader_state(const std::vector<uint8_t>& s) {
     if (s.size() != kStateBytes || std::memcmp(s.data(), kStateMagic, 8) != 0)
         throw Error(strprintf("data loader state: not a data loader state (%zu bytes, expected %zu starting with "
                               "LDMDLST1)",
                               s.size(), kStateBytes));
     size_t at = 8;
-    int32_t B = get<int32_t>(s, at), T = get<int32_t>(s, at), rank = get<int32_t>(s, at),
-            world = get<int32_t>(s, at);
-    bool shuffle = get<uint8_t>(s, at) != 0;
-    uint64_t seed = get<uint64_t>(s, at), fp = get<uint64_t>(s, at), epoch = get<uint64_t>(s, at),
-             idx = get<uint64_t>(s, at);
+    SavedLoader v;
+    v.B = get<int32_t>(s, at);
+    v.T = get<int32_t>(s, at);
+    v.rank = get<int32_t>(s, at);
+    v.world = get<int32_t>(s, at);
+    v.shuffle = get<uint8_t>(s, at) != 0;
+    v.seed = get<uint64_t>(s, at);
+    v.fingerprint = get<uint64_t>(s, at);
+    v.epoch = get<uint64_t>(s, at);
+    v.idx = get<uint64_t>(s, at);
+    return v;
+}
+}  // namespace
+
+std::string DataLoader::state_mismatch(const std::vector<uint8_t>& s, bool with_rank) const {
+    const SavedLoader v = parse_loader_state(s);
     std::string bad;
-    if (B != B_ || T != T_) bad += strprintf(" B,T saved %d,%d now %d,%d;", B, T, B_, T_);
-    if (rank != rank_ || world != world_)
-        bad += strprintf(" rank/world saved %d/%d now %d/%d;", rank, world, rank_, world_);
-    if (shuffle != shuffle_) bad += strprintf(" shuffle saved %d now %d;", int(shuffle), int(shuffle_));
-    if (seed != seed_)
-        bad += strprintf(" seed saved %llu now %llu;", (unsigned long long)seed, (unsigned long long)seed_);
-    if (fp != fingerprint_) bad += " shard files (names or sizes) differ from '" + pattern_ + "';";
+    if (v.B != B_ || v.T != T_) bad += strprintf(" B,T saved %d,%d now %d,%d;", v.B, v.T, B_, T_);
+    if (with_rank && (v.rank != rank_ || v.world != world_))
+        bad += strprintf(" rank/world saved %d/%d now %d/%d;", v.rank, v.world, rank_, world_);
+    if (v.shuffle != shuffle_) bad += strprintf(" shuffle saved %d now %d;", int(v.shuffle), int(shuffle_));
+    if (v.seed != seed_)
+        bad += strprintf(" seed saved %llu now %llu;", (unsigned long long)v.seed, (unsigned long long)seed_);
+    if (v.fingerprint != fingerprint_) bad += " shard files (names or sizes) differ from '" + pattern_ + "';";
+    return bad;
+}
+
+void DataLoader::check_same_data(const std::vector<uint8_t>& s) const {
+    const std::string bad = state_mismatch(s, false);
     if (!bad.empty()) throw Error("data loader state does not match this loader:" + bad);
-    if (idx > per_rank_)
+}
+
+void DataLoader::load_state(const std::vector<uint8_t>& s) {
+    const std::string bad = state_mismatch(s, true);
+    if (!bad.empty()) throw Error("data loader state does not match this loader:" + bad);
+    const SavedLoader v = parse_loader_state(s);
+    if (v.idx > per_rank_)
         throw Error(strprintf("data loader state: batch index %llu beyond the %llu batches per epoch",
-                              (unsigned long long)idx, (unsigned long long)per_rank_));
-    epoch_ = epoch;
-    idx_ = idx;
+                              (unsigned long long)v.idx, (unsigned long long)per_rank_));
+    epoch_ = v.epoch;
+    idx_ = v.idx;
     setup_epoch();
 }
 

@@ -42,6 +42,9 @@ class DataLoader {
     void reset();                                         // back to the start of epoch 0
     std::vector<uint8_t> save_state() const;              // opaque bytes for checkpoints
     void load_state(const std::vector<uint8_t>& s);       // ldm::Error if it does not match
+    // For a resume with another world size: ldm::Error when the saved state is of other data
+    // (shard files, seed, shuffle, B, T); rank, world and position are not compared.
+    void check_same_data(const std::vector<uint8_t>& s) const;
     uint64_t batches_per_epoch() const { return per_rank_; }  // for this rank
 
     // Introspection (logging, tests).
@@ -55,6 +58,9 @@ class DataLoader {
     uint64_t last_window() const { return last_window_; }
 
  private:
+    // " what differs;" for each mismatch of s against this loader ("" = same); with_rank: also
+    // rank and world. ldm::Error when s is not a loader state.
+    std::string state_mismatch(const std::vector<uint8_t>& s, bool with_rank) const;
     struct Shard {
         ShardInfo info;
         uint64_t windows;

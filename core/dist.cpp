@@ -453,8 +453,7 @@ std::string shard_state_path(const std::string& base, int rank, int world) {
 
 void write_checkpoint_marker(const std::string& base, int64_t step, int world, int zero, int64_t n,
                              const std::string& dtype, const std::vector<std::string>& states) {
-    const size_t k = base.find_last_of('/');
-    const std::string name = k == std::string::npos ? base : base.substr(k + 1);
+    const std::string name = basename_of(base);
     const std::string mk = nlohmann::json{{"kind", "checkpoint_marker"}, {"step", step}, {"world", world},
                                           {"zero", zero}, {"param_count", n}, {"dtype", dtype},
                                           {"model", name + ".model"}, {"states", states}}
@@ -465,32 +464,48 @@ void write_checkpoint_marker(const std::string& base, int64_t step, int world, i
 SavedState load_saved_state(const std::string& base, int64_t n, int64_t step, const nlohmann::json& flags) {
     SavedState s;
     const std::string spath = base + ".state", dpath = base + ".done";
-    if (file_exists(spath)) {
-        s.parts.push_back(load_train_state(spath));
-        s.shards.push_back({0, n});
-        check_resume_flags(s.parts[0].flags, flags, spath);
-    } else if (file_exists(dpath)) {
+    if (file_exists(dpath)) {
+        // The marker names the state files of its checkpoint (one .state or W rank files); only
+        // those are read (a stray .state or rank file of another save of this step is not).
+        std::vector<std::string> states;
         try {
             nlohmann::json mk = nlohmann::json::parse(read_file(dpath));
             s.world = mk.at("world").get<int>();
-            if (mk.at("param_count").get<int64_t>() != n || mk.at("step").get<int64_t>() != step || s.world < 1)
+            states = mk.at("states").get<std::vector<std::string>>();
+            const std::string model = mk.at("model").get<std::string>();
+            if (mk.at("param_count").get<int64_t>() != n || mk.at("step").get<int64_t>() != step || s.world < 1 ||
+                int(states.size()) != s.world || model.size() < 7 || model.compare(model.size() - 6, 6, ".model") != 0)
                 throw Error("marker does not match the model file");
+            // The names are checked against the marker's own stem (a checkpoint whose files were
+            // renamed together, ckpt_000100.* -> best.*, still resumes); the files read are this
+            // base's.
+            const std::string stem = model.substr(0, model.size() - 6);
+            for (int p = 0; p < s.world; p++) {
+                const std::string want = s.world == 1 ? stem + ".state" : basename_of(shard_state_path(stem, p, s.world));
+                if (states[size_t(p)] != want)
+                    throw Error("marker names state file '" + states[size_t(p)] + "', expected '" + want + "'");
+            }
         } catch (const std::exception& e) {
             throw Error("--resume: checkpoint marker " + dpath + ": " + e.what());
         }
         for (int p = 0; p < s.world; p++) {
-            const std::string sp = shard_state_path(base, p, s.world);
+            const std::string sp = s.world == 1 ? spath : shard_state_path(base, p, s.world);
             s.parts.push_back(load_train_state(sp));
-            s.shards.push_back(shard_range(n, s.world, p));
+            s.shards.push_back(s.world == 1 ? Shard{0, n} : shard_range(n, s.world, p));
             check_resume_flags(s.parts.back().flags, flags, sp);
+            if (s.world == 1) continue;
             const nlohmann::json& ex = s.parts.back().extra;
             if (ex.value("shard_offset", int64_t(-1)) != s.shards.back().offset ||
                 ex.value("shard_count", int64_t(-1)) != s.shards.back().count)
                 throw Error("--resume: " + sp + " does not hold shard " + std::to_string(p) + " of " +
                             std::to_string(s.world));
         }
+    } else if (file_exists(spath)) {  // a single-process checkpoint written before markers existed
+        s.parts.push_back(load_train_state(spath));
+        s.shards.push_back({0, n});
+        check_resume_flags(s.parts[0].flags, flags, spath);
     } else {
-        throw Error("--resume: neither " + spath + " nor the shard marker " + dpath +
+        throw Error("--resume: neither the checkpoint marker " + dpath + " nor " + spath +
                     " exists (a checkpoint without its marker is incomplete)");
     }
     for (const TrainState& st : s.parts)

@@ -215,9 +215,12 @@ struct SavedState {
     std::vector<TrainState> parts;  // rank order
     std::vector<Shard> shards;      // the flat-parameter range each part holds
 };
-// Loads <base>.state, else <base>.done and every rank file it names. Checks each part's resume
-// flags (check_resume_flags against `flags`), its step (== step) and shard layout; ldm::Error
-// naming the file otherwise, and when neither file exists ("incomplete" checkpoint).
+// Loads the state files that the marker <base>.done names (exactly those: <base>.state for one
+// rank, <base>.state.rank<r>of<W> for W ranks; the names are checked against the marker's own
+// stem, so files renamed together still load), else a bare <base>.state (a checkpoint from
+// before markers). Checks the marker against the model (step, param_count), each part's
+// resume flags (check_resume_flags against `flags`), its step (== step) and shard layout;
+// ldm::Error naming the file otherwise, and when neither file exists ("incomplete" checkpoint).
 SavedState load_saved_state(const std::string& base, int64_t n, int64_t step, const nlohmann::json& flags);
 
 // Copies the part of a saved slice (raw values of R for [ps.offset, ps.offset + ps.count) of the

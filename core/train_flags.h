@@ -12,6 +12,7 @@
 #include "core/cli.h"
 #include "core/config.h"
 #include "core/dist.h"
+#include "core/optim.h"
 
 namespace ldm {
 
@@ -134,8 +135,20 @@ void note_ignored_scheme_flags(const O& o) {
     check(o.ldm_mode != d.ldm_mode, ldm, "--ldm-mode");
     check(o.ldm_window != d.ldm_window, ldm, "--ldm-window");
     check(o.ldm_checkpoint_every != d.ldm_checkpoint_every, ldm, "--ldm-checkpoint-every");
+    check(o.ldm_drift_tol != d.ldm_drift_tol, ldm, "--ldm-drift-tol");
     if (!names.empty() && dist::context_from_env().rank == 0)
         std::fprintf(stderr, "note: --scheme %s does not use %s: ignored\n", s.c_str(), names.c_str());
+    // LDM options of another mode: --ldm-window is read by window mode only; the drift check
+    // (--ldm-drift-tol) runs only when the backward unwinds without checkpoints.
+    if (!ldm) return;
+    std::string mode_names;
+    const bool unwinds = (o.ldm_mode == "unwind" || o.ldm_mode == "window") && o.ldm_checkpoint_every == 0;
+    if (o.ldm_window != d.ldm_window && o.ldm_mode != "window") mode_names = "--ldm-window";
+    if (o.ldm_drift_tol != d.ldm_drift_tol && !unwinds)
+        mode_names += std::string(mode_names.empty() ? "" : ", ") + "--ldm-drift-tol";
+    if (!mode_names.empty() && dist::context_from_env().rank == 0)
+        std::fprintf(stderr, "note: --ldm-mode %s%s does not use %s: ignored\n", o.ldm_mode.c_str(),
+                     o.ldm_checkpoint_every > 0 ? " with --ldm-checkpoint-every" : "", mode_names.c_str());
 }
 
 // The model of the flags: the preset (with vocab_size), then the overrides (0 = keep the preset's
@@ -176,7 +189,8 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
 // --total-batch-tokens a multiple of B*T (0 = B*T); --bench N sets --steps N + 2; --steps >= 1;
 // --val-batches >= 1; --val-every >= 0 and only with --val-data; --sample-every >= -1,
 // --sample-tokens >= 0; --eval-every / --eval-max-examples >= 0 and --eval-every with an eval
-// binary; --threads in [0, kMaxThreads]; --zero 0 or 1. Throws ldm::Error naming the flag.
+// binary; --threads in [0, kMaxThreads]; --zero 0 or 1; the AdamW and LR schedule flags
+// (AdamWConfig / LRSchedule validate). Throws ldm::Error naming the flag.
 template <class O>
 void check_train_flags(O& o) {
     if (o.B <= 0) throw Error(strprintf("-B/--batch-size must be > 0, got %d", o.B));
@@ -203,6 +217,22 @@ void check_train_flags(O& o) {
         throw Error("--eval-every needs at least one of --eval-lambada, --eval-wikitext, --eval-hellaswag");
     check_threads_flag(o.threads);
     if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
+    // the optimizer and schedule flags, before a model is built (also under --dry-run)
+    AdamWConfig ac;
+    ac.beta1 = o.beta1;
+    ac.beta2 = o.beta2;
+    ac.eps = o.adam_eps;
+    ac.weight_decay = o.weight_decay;
+    ac.grad_clip = o.grad_clip;
+    ac.validate();
+    LRSchedule sc;
+    sc.kind = o.schedule;
+    sc.lr = o.lr;
+    sc.min_lr_ratio = o.min_lr_ratio;
+    sc.warmup_steps = o.warmup_steps;
+    sc.total_steps = o.steps;
+    sc.wsd_decay_frac = o.wsd_decay_frac;
+    sc.validate();
 }
 
 // Checks the checkpoint and optimizer flags that are checked nowhere else: --ckpt-every >= 0 and

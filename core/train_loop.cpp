@@ -21,16 +21,6 @@ std::vector<std::string> glob_files(const std::string& pattern) {
     return out;
 }
 
-std::string dirname_of(const std::string& p) {
-    size_t s = p.find_last_of('/');
-    return s == std::string::npos ? "." : p.substr(0, s);
-}
-
-std::string basename_of(const std::string& p) {
-    size_t s = p.find_last_of('/');
-    return s == std::string::npos ? p : p.substr(s + 1);
-}
-
 uint64_t SampleRng::next() {
     uint64_t z = (s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -52,6 +42,28 @@ double unigram_baseline(const std::string& train_glob, const std::vector<int32_t
     return val_targets.empty() ? NAN : s / double(val_targets.size());
 }
 
+bool train_state_finite(const TrainState& s) {
+    const size_t es = s.dtype == "fp64" ? 8 : 4;
+    bool ok = true;
+    for (const std::string* raw : {&s.m, &s.v, &s.exact_params}) {
+        const char* d = raw->data();
+        const int64_t cnt = int64_t(raw->size() / es);
+#pragma omp parallel for reduction(&& : ok)
+        for (int64_t i = 0; i < cnt; i++) {
+            double x;
+            if (es == 8) {
+                std::memcpy(&x, d + size_t(i) * 8, 8);
+            } else {
+                float f;
+                std::memcpy(&f, d + size_t(i) * 4, 4);
+                x = f;
+            }
+            ok = ok && std::isfinite(x);
+        }
+    }
+    return ok;
+}
+
 nlohmann::json options_json(const TrainOptions& o) {
     return nlohmann::json{
         {"preset", o.preset}, {"scheme", o.scheme}, {"train_data", o.train_data}, {"val_data", o.val_data},
@@ -62,7 +74,14 @@ nlohmann::json options_json(const TrainOptions& o) {
         {"val_every", o.val_every}, {"val_batches", o.val_batches}, {"sample_every", o.sample_every},
         {"sample_tokens", o.sample_tokens}, {"ckpt_every", o.ckpt_every}, {"keep_checkpoints", o.keep_checkpoints},
         {"stop_after", o.stop_after}, {"out_dir", o.out_dir}, {"resume", o.resume}, {"seed", o.seed},
-        {"dtype", o.dtype}, {"threads", o.threads}, {"zero", o.zero}};
+        {"dtype", o.dtype}, {"threads", o.threads}, {"zero", o.zero}, {"log", o.log}, {"bench", o.bench},
+        {"unigram_baseline", o.unigram_baseline},
+        // LDM training modes (not part of the model identity, so not in the config)
+        {"ldm_mode", o.ldm_mode}, {"ldm_window", o.ldm_window}, {"ldm_checkpoint_every", o.ldm_checkpoint_every},
+        {"ldm_drift_tol", o.ldm_drift_tol},
+        // in-training evaluation
+        {"eval_every", o.eval_every}, {"eval_max_examples", o.eval_max_examples}, {"eval_lambada", o.eval_lambada},
+        {"eval_wikitext", o.eval_wikitext}, {"eval_hellaswag", o.eval_hellaswag}};
 }
 
 nlohmann::json resume_flags(const TrainOptions& o, const ModelConfig& cfg) {

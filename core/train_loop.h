@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -85,8 +87,6 @@ struct TrainOptions {
 namespace train {
 
 std::vector<std::string> glob_files(const std::string& pattern);
-std::string dirname_of(const std::string& p);
-std::string basename_of(const std::string& p);
 
 // splitmix64: the sampling RNG; its whole state is one uint64 (saved in the training state).
 struct SampleRng {
@@ -175,6 +175,10 @@ bool all_finite(const R* x, int64_t n) {
     for (int64_t i = 0; i < n; i++) ok = ok && std::isfinite(x[i]);
     return ok;
 }
+
+// True when the AdamW moments and exact parameters of `s` (raw values of s.dtype, fp32 or fp64)
+// are all finite.
+bool train_state_finite(const TrainState& s);
 
 // What Backend::train_step returns: each micro-batch's mean loss (in order) and the global
 // gradient norm before clipping (as reduce_gradients returns it).
@@ -342,7 +346,13 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         if (saved.world == W) {
             train.load_state(saved.parts[size_t(rank)].loader_state);
         } else {
-            // Another world size: replay this rank's share of the batches already consumed.
+            // Another world size: the same data (shards, seed, B, T), then this rank's share of
+            // the batches already consumed is replayed.
+            try {
+                train.check_same_data(saved.parts[0].loader_state);
+            } catch (const Error& e) {
+                throw Error("--resume " + base + ": " + e.what());
+            }
             std::vector<int32_t> xi(size_t(B) * T), yi(size_t(B) * T);
             for (int64_t k = 0; k < mc.step * accum_local; k++) train.next_batch(xi.data(), yi.data());
         }
@@ -381,15 +391,23 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     JsonlLogger logger;
     if (!o.log.empty() && rank == 0) {  // only rank 0 logs
         mkdir_p(dirname_of(o.log));
+        // A resumed run appends to its log; a log that is new (or empty) gets the config line first.
+        const bool continues_log = start_step > 0 && std::ifstream(o.log, std::ios::ate).tellg() > 0;
         logger = JsonlLogger(o.log, start_step > 0);
-        if (start_step > 0) {
-            logger.log({{"type", "resume"}, {"step", start_step}, {"from", resumed_from}});
-        } else {
+        if (!continues_log) {
             json c{{"type", "config"}, {"config", config_to_json(cfg)}, {"args", options_json(o)},
                    {"param_count", n}, {"accum_steps", accum}, {"threads", omp_get_max_threads()}};
             const json extra = be.log_fields();
             for (auto it = extra.begin(); it != extra.end(); ++it) c[it.key()] = it.value();
             logger.log(c);
+        }
+        // the resume record holds this invocation's flags (a resume may change e.g. --steps, --lr)
+        if (start_step > 0) {
+            json r{{"type", "resume"}, {"step", start_step}, {"from", resumed_from}, {"args", options_json(o)},
+                   {"threads", omp_get_max_threads()}};
+            const json extra = be.log_fields();  // world size, device, ... (may differ from the first run's)
+            for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
+            logger.log(r);
         }
     }
 
@@ -452,39 +470,66 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         if (o.out_dir.empty()) return;
         const std::string base = o.out_dir + strprintf("/ckpt_%06lld", (long long)step);
         const std::vector<float> p = be.checkpoint_params();
-        // never write a non-finite checkpoint (the divergence guard stops before an update with a
-        // non-finite gradient; this also catches a finite gradient that overflowed a parameter)
-        const int bad = be.sum_over_ranks(be.params_finite() && (rank != 0 || all_finite(p.data(), int64_t(p.size())))
-                                              ? 0.0
-                                              : 1.0) > 0;
-        if (bad)
-            throw Error(strprintf("the parameters after step %lld are not finite (diverged): no checkpoint written%s",
-                                  (long long)step,
-                                  last_good.empty() ? "" : ("; the last good checkpoint is " + last_good).c_str()));
-        if (rank == 0) save_model<float>(base + ".model", cfg, p.data(), step);
         TrainState st;
         st.step = step;
         st.flags = rflags;
         st.loader_state = train.save_state();
         st.rng_state = {rng.s};
         st.extra = {{"optimizer", optimizer_settings(o)}};
-        std::vector<std::string> states;
-        if (W == 1) {
-            be.checkpoint_state(st, 0, n);
-            save_train_state(base + ".state", st);
-            states.push_back(basename_of(base) + ".state");
-        } else {
-            // Every rank writes its shard dist::shard_range(n, W, rank) of the AdamW moments (and
-            // of the exact fp64 parameters): the layout every trainer reads.
-            const dist::Shard sh = dist::shard_range(n, W, rank);
-            be.checkpoint_state(st, sh.offset, sh.count);
+        // Each rank keeps the shard dist::shard_range(n, W, rank) of the AdamW moments (and of
+        // the exact fp64 parameters): the layout every trainer reads. One rank: all of them.
+        const dist::Shard sh = W == 1 ? dist::Shard{0, n} : dist::shard_range(n, W, rank);
+        be.checkpoint_state(st, sh.offset, sh.count);  // collective
+        if (W > 1)
             st.extra = {{"optimizer", optimizer_settings(o)}, {"world", W}, {"rank", rank}, {"zero", o.zero},
                         {"param_count", n}, {"shard_offset", sh.offset}, {"shard_count", sh.count}};
-            save_train_state(dist::shard_state_path(base, rank, W), st);
-            for (int q = 0; q < W; q++) states.push_back(basename_of(dist::shard_state_path(base, q, W)));
-        }
-        be.barrier();  // every file is complete before the marker says so
-        if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states);
+        // Never write a non-finite checkpoint: the divergence guard stops before an update with a
+        // non-finite gradient; this also catches a finite gradient that overflowed a parameter or
+        // an AdamW moment (e.g. g^2 above the fp32 range with --grad-clip 0).
+        const bool finite = be.params_finite() && (rank != 0 || all_finite(p.data(), int64_t(p.size()))) &&
+                            train_state_finite(st);
+        if (be.sum_over_ranks(finite ? 0.0 : 1.0) > 0)
+            throw Error(strprintf("the parameters or AdamW moments after step %lld are not finite (diverged): no "
+                                  "checkpoint written%s",
+                                  (long long)step,
+                                  last_good.empty() ? "" : ("; the last good checkpoint is " + last_good).c_str()));
+        // A write that fails on one rank stops every rank (none is left waiting in a collective).
+        std::string err;
+        auto attempt = [&](const std::function<void()>& f) {
+            if (!err.empty()) return;
+            try {
+                f();
+            } catch (const std::exception& e) {
+                err = e.what();
+            }
+        };
+        auto fail_together = [&]() {
+            if (be.sum_over_ranks(err.empty() ? 0.0 : 1.0) > 0)
+                throw Error(!err.empty() ? err : "checkpoint " + base + ": another rank failed to write its part");
+        };
+        // A checkpoint of this step written before (a run resumed from an earlier step, perhaps
+        // with another world size) goes first, so that its marker or state files are never read
+        // with this save's files. The collective in fail_together orders it before every write.
+        attempt([&] {
+            if (rank == 0) remove_checkpoint(base);
+        });
+        fail_together();
+        std::vector<std::string> states;
+        attempt([&] {
+            if (rank == 0) save_model<float>(base + ".model", cfg, p.data(), step);
+            if (W == 1) {
+                save_train_state(base + ".state", st);
+                states.push_back(basename_of(base) + ".state");
+            } else {
+                save_train_state(dist::shard_state_path(base, rank, W), st);
+                for (int q = 0; q < W; q++) states.push_back(basename_of(dist::shard_state_path(base, q, W)));
+            }
+        });
+        fail_together();  // every file is complete before the marker says so
+        attempt([&] {
+            if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states);
+        });
+        fail_together();
         std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
         logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
         last_good = base;

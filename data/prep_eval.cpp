@@ -642,10 +642,7 @@ EvalTokenizerInfo tok_info(const Tokenizer& tok, const std::string& path) {
   t.eot_id = tok.eot_id();
   t.vocab_size = tok.vocab_size();
   t.fingerprint = tokenizer_fingerprint(tok);
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  size_t s = p.rfind('/');
-  t.name = s == std::string::npos ? p : p.substr(s + 1);
+  t.name = basename_of(path);
   if (t.name.size() > 63) t.name.resize(63);
   return t;
 }
@@ -677,8 +674,7 @@ int run(const char* name, int argc, char** argv, const char* help, int (*body)(c
     Args a;
     if (!parse_args(argc, argv, help, a)) return 0;
     // --out's directory is created like `mkdir -p` (e.g. out/eval/lambada.bin in a fresh checkout).
-    const size_t slash = a.out.find_last_of('/');
-    if (slash != std::string::npos && slash > 0) made = mkdir_p(a.out.substr(0, slash));
+    if (!a.out.empty()) made = mkdir_p(dirname_of(a.out));
     return body(a);
   } catch (const UsageError& e) {
     for (auto it = made.rbegin(); it != made.rend(); ++it) ::rmdir(it->c_str());  // only if empty

@@ -117,3 +117,41 @@ TEST_CASE("training state round trip and resume flag check", "[checkpoint]") {
     CHECK_THROWS_WITH(check_resume_flags(r.flags, now, "a.state"),
                       Catch::Contains("B differs: checkpoint 4, command line 8") && Catch::Contains("n_layer: 2 vs 3"));
 }
+
+TEST_CASE("a tensor table with a negative or overflowing shape is refused, naming the file", "[checkpoint]") {
+    const std::string dir = scratch_dir("checkpoint_shape");
+    TrainState s;
+    std::vector<float> m = {1.5f, -2.25f}, v = {0.1f, 0.2f};
+    s.m.assign(reinterpret_cast<char*>(m.data()), 8);
+    s.v.assign(reinterpret_cast<char*>(v.data()), 8);
+    save_train_state(dir + "/s.state", s);
+    const std::string raw = read_file(dir + "/s.state");
+    uint32_t hl;
+    std::memcpy(&hl, raw.data() + 12, 4);
+    const nlohmann::json hdr = nlohmann::json::parse(raw.substr(16, hl));
+    // the file rebuilt with another header and a valid checksum: only the table is wrong
+    auto rebuilt = [&](const nlohmann::json& h, const std::string& name) {
+        const std::string hs = h.dump();
+        const uint32_t n = uint32_t(hs.size());
+        std::string out = raw.substr(0, 12);
+        out.append(reinterpret_cast<const char*>(&n), 4);
+        out += hs;
+        out += raw.substr(16 + hl, raw.size() - 8 - 16 - hl);
+        const uint64_t c = fnv1a64(out.data(), out.size());
+        out.append(reinterpret_cast<const char*>(&c), 8);
+        write_file_atomic(dir + "/" + name, out.data(), out.size());
+        return dir + "/" + name;
+    };
+    CHECK_NOTHROW(load_train_state(rebuilt(hdr, "same.state")));  // the rebuild itself is faithful
+    REQUIRE(hdr.at("tensors").size() >= 1);
+    nlohmann::json neg = hdr;
+    neg["tensors"][0]["shape"] = {-4};
+    neg["tensors"][0]["nbytes"] = uint64_t(0) - 16;  // = -4 * 4 wrapped to 64 bits
+    CHECK_THROWS_WITH(load_train_state(rebuilt(neg, "neg.state")),
+                      Catch::Contains("inconsistent tensor table") && Catch::Contains("neg.state"));
+    nlohmann::json huge = hdr;
+    huge["tensors"][0]["shape"] = {int64_t(1) << 62, 8};  // 2^65 values: wraps to 0 in 64 bits
+    huge["tensors"][0]["nbytes"] = 0;
+    CHECK_THROWS_WITH(load_train_state(rebuilt(huge, "huge.state")),
+                      Catch::Contains("inconsistent tensor table") && Catch::Contains("huge.state"));
+}

@@ -59,6 +59,20 @@ TEST_CASE("mkdir_p and prepare_output_dir: nested dirs made, a file in the way r
     CHECK(std::system(("test -z \"$(ls -A '" + d + "/a/b/c')\"").c_str()) == 0);
 }
 
+TEST_CASE("dirname_of and basename_of follow POSIX dirname/basename", "[common]") {
+    // Expected values are those of POSIX dirname(1)/basename(1).
+    const struct { const char *path, *dir, *base; } cases[] = {
+        {"a/b", "a", "b"},       {"b", ".", "b"},           {"/b", "/", "b"},
+        {"a/b/", "a", "b"},      {"a//b", "a", "b"},        {"/", "/", "/"},
+        {"//a//", "/", "a"},     {"x/y/z.bin", "x/y", "z.bin"}, {"./c", ".", "c"},
+    };
+    for (const auto& c : cases) {
+        INFO(c.path);
+        CHECK(ldm::dirname_of(c.path) == c.dir);
+        CHECK(ldm::basename_of(c.path) == c.base);
+    }
+}
+
 TEST_CASE("median: middle value, the mean of the two middle ones for an even count", "[common]") {
     // random order (the input is not sorted): {0.5, 1.5, ..., 10.5}; odd and even counts
     std::vector<double> v;

@@ -81,13 +81,13 @@ std::vector<double> params_of(const std::string& base) {
     std::vector<double> out;
     ModelCheckpoint mc = load_model(base + ".model");
     std::vector<std::string> states;
-    if (file_exists(base + ".state")) {
-        states.push_back(base + ".state");
-    } else {
-        REQUIRE(file_exists(base + ".done"));
+    if (file_exists(base + ".done")) {  // the files the marker names
         json mk = json::parse(read_file(base + ".done"));
-        for (int p = 0; p < mk.at("world").get<int>(); p++)
-            states.push_back(base + strprintf(".state.rank%dof%d", p, mk.at("world").get<int>()));
+        const std::string dir = base.substr(0, base.find_last_of('/') + 1);
+        for (const auto& f : mk.at("states")) states.push_back(dir + f.get<std::string>());
+    } else {
+        REQUIRE(file_exists(base + ".state"));
+        states.push_back(base + ".state");
     }
     for (const auto& s : states) {
         TrainState st = load_train_state(s);
@@ -391,6 +391,35 @@ TEST_CASE("dist: resume with the same world size is bit-exact; another world siz
     train(0, args + more + " --ckpt-every 2 --out-dir " + dir + "/F");
     train(3, args + more + " --zero 1 --resume " + dir + "/F/ckpt_000002 --out-dir " + dir + "/E");
     CHECK(max_abs_diff(params_of(dir + "/E/ckpt_000006"), params_of(dir + "/F/ckpt_000006")) <= 1e-12);
+    // F's checkpoint at 2 continued by 2 ranks into F's own directory: the saves of steps 4 and 6
+    // replace F's (their single-process .state files go; the markers name the rank files), and
+    // a stray .state beside a marker is never read.
+    train(2, args + more + " --ckpt-every 2 --resume " + dir + "/F/ckpt_000002 --out-dir " + dir + "/F");
+    for (const char* b : {"/F/ckpt_000004", "/F/ckpt_000006"}) {
+        INFO(b);
+        CHECK_FALSE(file_exists(dir + b + ".state"));
+        CHECK(file_exists(dir + b + ".state.rank1of2"));
+        CHECK(json::parse(read_file(dir + b + ".done")).at("world") == 2);
+    }
+    CHECK(max_abs_diff(params_of(dir + "/F/ckpt_000006"), params_of(dir + "/E/ckpt_000006")) <= 1e-12);
+    run_cmd("echo stray > '" + dir + "/F/ckpt_000004.state'");
+    RunResult g = train(0, args + more + " --resume " + dir + "/F/ckpt_000004 --out-dir " + dir + "/G");
+    CHECK_THAT(g.out, Catch::Contains("resharded: saved by 2 processes, now 1"));
+    CHECK(max_abs_diff(params_of(dir + "/G/ckpt_000006"), params_of(dir + "/E/ckpt_000006")) <= 1e-12);
+    // the same checkpoint with its files renamed together still resumes (names checked against
+    // the marker's own stem)
+    run_cmd("cd '" + dir + "/F' && for f in ckpt_000004.model ckpt_000004.done ckpt_000004.state.rank0of2 "
+            "ckpt_000004.state.rank1of2; do cp \"$f\" \"best${f#ckpt_000004}\"; done");
+    RunResult rn = train(0, args + more + " --resume " + dir + "/F/best --out-dir " + dir + "/R");
+    CHECK_THAT(rn.out, Catch::Contains("resumed from " + dir + "/F/best.model"));
+    CHECK(max_abs_diff(params_of(dir + "/R/ckpt_000006"), params_of(dir + "/E/ckpt_000006")) <= 1e-12);
+    // another world size with other training data is refused (the loader state is compared)
+    std::string other = args;
+    other.replace(other.find("/train.bin'"), 11, "/val.bin'");
+    RunResult od = run_cmd(trainer_path() + other + more + " --resume " + dir + "/F/ckpt_000004 --out-dir " + dir + "/G2");
+    INFO(od.out);
+    CHECK(od.status != 0);
+    CHECK_THAT(od.out, Catch::Contains("shard files (names or sizes) differ"));
 
     // A checkpoint without its marker is refused.
     run_cmd("rm -f '" + dir + "/A/ckpt_000002.done'");

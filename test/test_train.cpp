@@ -156,6 +156,23 @@ TEST_CASE("train_cpu: --dry-run for every preset prints the parameter count with
     nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme mhc --hc-streams 2 --sinkhorn-iters 5 --ldm-mode store");
     CHECK(nb.status == 0);
     CHECK_THAT(nb.out, !Catch::Contains("does not use"));
+    // LDM options of another mode: --ldm-window outside window mode, --ldm-drift-tol where the
+    // backward never unwinds without checkpoints
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme ldm --ldm-mode unwind --ldm-window 3");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, Catch::Contains("note: --ldm-mode unwind does not use --ldm-window: ignored"));
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme ldm --ldm-drift-tol 0.01");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, Catch::Contains("note: --ldm-mode store does not use --ldm-drift-tol: ignored"));
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme ldm --ldm-mode window --ldm-window 3 "
+                                  "--ldm-checkpoint-every 2 --ldm-drift-tol 0.01");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, Catch::Contains("note: --ldm-mode window with --ldm-checkpoint-every does not use "
+                                       "--ldm-drift-tol: ignored"));
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme ldm --ldm-mode window --ldm-window 3 "
+                                  "--ldm-drift-tol 0.01");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, !Catch::Contains("does not use"));
     // --help lists every flag with defaults
     RunResult h = run_cmd(trainer_path() + " --help");
     CHECK(h.status == 0);
@@ -179,13 +196,17 @@ TEST_CASE("train_cpu: bad input gives a clear error and exit status 1", "[train]
     expect_fail(tr + " --preset tiny -B 4 -T 32 --total-batch-tokens 200" + data, "not divisible by B*T");
     expect_fail(tr + " --preset tiny -B 4 -T 32 --total-batch-tokens -128" + data,
                 "--total-batch-tokens must be >= 0 (0 = B*T), got -128");
-    expect_fail(tr + " --preset tiny --lr inf" + data, "--lr: must be finite and >= 0, got inf");
+    expect_fail(tr + " --preset tiny --lr inf" + data, "--lr: expected a finite number, got 'inf'");
     expect_fail(tr + " --preset tiny --threads 100000" + data, "--threads must be between 0 (all cores) and 4096, got 100000");
     expect_fail(tr + " --preset tiny --threads -1" + data, "--threads must be between 0 (all cores) and 4096, got -1");
     expect_fail(tr + " --preset tiny --bogus-flag 3" + data, "unknown flag '--bogus-flag'");
     expect_fail(tr + " --preset tiny --lr abc" + data, "--lr: expected a number");
     expect_fail(tr + " --preset tiny --dtype fp16" + data, "--dtype");
     expect_fail(tr + " --preset tiny --schedule step" + data, "--schedule");
+    // the optimizer and schedule flags are checked before a model is built, --dry-run too
+    expect_fail(tr + " --preset tiny --dry-run --beta1 1" + data, "--beta1: must be in [0, 1), got 1");
+    expect_fail(tr + " --preset tiny --dry-run --min-lr-ratio 2" + data, "--min-lr-ratio: must be in [0, 1], got 2");
+    expect_fail(tr + " --preset tiny --dry-run --adam-eps 0" + data, "--adam-eps: must be > 0, got 0");
     expect_fail(tr + " --preset tiny --train-data '" + dir + "/nothing_*.bin'", "no files match");
     expect_fail(tr + " --preset tiny", "--train-data is required");
     // output flags are checked before any training step

@@ -70,6 +70,9 @@ TEST_CASE("ArgParser: errors name the flag", "[cli]") {
     CHECK_THROWS_WITH(ap.parse(a5.argc(), a5.argv()), Catch::Contains("out of range"));
     CHECK(parse_double("1e-3", "--x") == 1e-3);
     CHECK_THROWS_AS(parse_double("", "--x"), Error);
+    for (const char* bad : {"inf", "-inf", "infinity", "nan", "NAN", "1e400"})
+        CHECK_THROWS_WITH(parse_double(bad, "--x"), Catch::Contains("--x: expected a"));
+    CHECK(parse_double("-0.5", "--x") == -0.5);
     CHECK_THROWS_AS(parse_int("1.5", "--x"), Error);
 }
 
@@ -97,4 +100,20 @@ TEST_CASE("JsonlLogger writes one parseable object per line; NaN becomes null", 
     CHECK(!off.enabled());
     off.log({{"a", 1}});  // no-op
     CHECK_THROWS_WITH(JsonlLogger(dir + "/no/such/dir/x.jsonl", false), Catch::Contains("--log: cannot open"));
+
+    // a log whose last line was cut by a kill: the appended record starts a line of its own
+    const std::string cut = "{\"type\":\"step\",\"step\":1}\n{\"type\":\"step\",\"st";
+    write_file_atomic(dir + "/cut.jsonl", cut.data(), cut.size());
+    {
+        JsonlLogger l(dir + "/cut.jsonl", true);
+        l.log({{"type", "resume"}, {"step", 1}});
+    }
+    CHECK(slurp(dir + "/cut.jsonl") == cut + "\n{\"step\":1,\"type\":\"resume\"}\n");
+    // an empty file or one that ends with its newline gets nothing extra
+    write_file_atomic(dir + "/whole.jsonl", "{}\n", 3);
+    {
+        JsonlLogger l(dir + "/whole.jsonl", true);
+        l.log({{"a", 1}});
+    }
+    CHECK(slurp(dir + "/whole.jsonl") == "{}\n{\"a\":1}\n");
 }
