@@ -48,6 +48,7 @@ struct Options : cpu::GenerationFlags {  // + --prompt ... --stop-at-eot
 
 template <typename R>
 int run(const Options& o, const ModelConfig& cfg, const std::vector<float>* ck_params, const Tokenizer* tok) {
+    cpu::check_generation_setup(o, tok, cfg.seq_len);  // before the model and prompt are allocated
     cpu::Model<R> model(cfg);
     if (ck_params) {
         for (size_t i = 0; i < model.params.size(); i++) model.params[i] = R((*ck_params)[i]);

@@ -102,19 +102,55 @@ inline int generation_context(int max_len, int seq_len, size_t prompt_tokens) {
     return ctx;
 }
 
+// Writes the text of `ids` to stdout as raw bytes (a NUL byte included); an id the tokenizer has
+// no entry for (a random-init model with --vocab-size above the tokenizer's) is written as
+// "[id N]".
+inline void write_decoded(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+    std::vector<uint32_t> run;
+    auto flush = [&] {
+        const std::string text = tok.decode(run);
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        run.clear();
+    };
+    for (int32_t t : ids) {
+        if (t >= 0 && uint32_t(t) < tok.vocab_size()) {
+            run.push_back(uint32_t(t));
+        } else {
+            flush();
+            std::printf("[id %d]", t);
+        }
+    }
+    flush();
+}
+
 // Prints the prompt and the generated text (a random prompt is shown as "[random prompt] "), or
 // the generated ids without a tokenizer, then a "---" line.
 inline void print_generation(const Tokenizer* tok, const std::vector<int32_t>& prompt, const std::vector<int32_t>& out,
                              bool random_prompt) {
     if (tok) {
-        std::vector<uint32_t> p(prompt.begin(), prompt.end()), g(out.begin(), out.end());
-        if (!random_prompt) std::printf("%s", tok->decode(p).c_str());
-        std::printf("%s%s\n", random_prompt ? "[random prompt] " : "", tok->decode(g).c_str());
+        if (!random_prompt) write_decoded(*tok, prompt);
+        if (random_prompt) std::printf("[random prompt] ");
+        write_decoded(*tok, out);
+        std::printf("\n");
     } else {
         for (int32_t t : out) std::printf("%d ", t);
         std::printf("\n");
     }
     std::printf("---\n");
+}
+
+// The checks of a generation run that need no model or prompt yet (so that nothing is allocated
+// first): a --prompt-len that does not fit the context, --stop-at-eot without a tokenizer.
+// Throws ldm::Error naming the flag.
+inline void check_generation_setup(const GenerationFlags& g, const Tokenizer* tok, int seq_len) {
+    if (g.stop_at_eot && !tok)
+        throw Error("--stop-at-eot needs a tokenizer (its <|endoftext|> id): pass --tokenizer");
+    if (g.prompt_len > 0) {
+        const int ctx = g.max_len > 0 ? g.max_len : seq_len;
+        if (g.max_len > seq_len) throw Error(strprintf("--max-len %d exceeds the model's seq_len %d", g.max_len, seq_len));
+        if (g.prompt_len > ctx)
+            throw Error(strprintf("the prompt has %d tokens, more than the context of %d", g.prompt_len, ctx));
+    }
 }
 
 // Says once on stderr when the context (ctx tokens) filled up and the rest was generated on a
@@ -126,15 +162,6 @@ inline void note_context_window(const GenerateStats& st, int ctx) {
                          "the last %d were each predicted from the previous %d tokens (sliding window, re-prefilled "
                          "per token)\n",
                  ctx, st.new_tokens - st.window_steps, st.window_steps, ctx);
-}
-
-// Superseded by note_context_window (generation no longer stops at a full context): prints only
-// when fewer than max_new tokens came out without stop_token, which generate_loop now never
-// returns. Kept for callers not yet moved over (cuda/infer_cli.cuh).
-inline void note_context_full(const std::vector<int32_t>& out, int max_new, int32_t stop_token, int ctx) {
-    if ((int)out.size() >= max_new || (stop_token >= 0 && !out.empty() && out.back() == stop_token)) return;
-    std::fprintf(stderr, "note: stopped after %zu of %d new tokens: the context of %d tokens is full (--max-len, "
-                         "the model's seq_len)\n", out.size(), max_new, ctx);
 }
 
 // The GENERATE report's common keys: scheme, prompt/new tokens, prefill ms and tokens/s, decode

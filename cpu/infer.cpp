@@ -212,7 +212,8 @@ void sampling_distribution(const R* logits, int V, const SamplingParams& sp, std
     if (!std::isfinite(sp.temperature))
         throw Error(strprintf("sampling: temperature=%g must be a finite number (<= 0: greedy)", sp.temperature));
     for (int v = 0; v < V; v++)
-        if (std::isnan((double)logits[v])) throw Error(strprintf("sampling: logit %d is NaN", v));
+        if (!std::isfinite((double)logits[v]))
+            throw Error(strprintf("sampling: logit %d is %g (not finite)", v, (double)logits[v]));
     ids->clear();
     probs->clear();
     if (sp.greedy || sp.temperature <= 0 || sp.top_k == 1) {

@@ -104,7 +104,7 @@ int32_t argmax_token(const R* logits, int V);
 
 // The distribution sample_token draws from: ids sorted by descending probability (ties: lower id
 // first) and their renormalised probabilities (sum 1). Greedy: the argmax with probability 1.
-// ldm::Error for top_k < 0, top_p outside (0, 1], or a NaN logit.
+// ldm::Error for top_k < 0, top_p outside (0, 1], or a non-finite logit (NaN, +-inf).
 template <typename R>
 void sampling_distribution(const R* logits, int V, const SamplingParams& sp, std::vector<int32_t>* ids,
                            std::vector<double>* probs);

@@ -290,6 +290,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
     }
 
     // ---------------------------------------------------------------- --generate
+    cpu::check_generation_setup(io, tok, cfg.seq_len);
     const std::vector<int32_t> prompt = cpu::generation_prompt(tok, io.prompt, io.prompt_len, seed, V);
     const int ctx = cpu::generation_context(io.max_len, cfg.seq_len, prompt.size());
     Transformer<T> model(cfg, 1, 1, 0);
@@ -300,7 +301,7 @@ int run_infer(const InferOptions& io, ModelConfig cfg, int B_flag, int T_flag, u
     cpu::GenerateStats st;
     std::vector<int32_t> out = gpu_generate(inf, prompt, io.max_new, sp, seed, stop, &st);
     cpu::print_generation(tok, prompt, out, io.prompt_len > 0);
-    cpu::note_context_full(out, io.max_new, stop, ctx);
+    cpu::note_context_window(st, ctx);
     const double dmean = st.mean_decode_ms(), dmed = st.median_decode_ms();
     const int64_t peak = std::max(device_used_bytes(), used0);
     std::printf("prefill: %d tokens in %.2f ms (%.1f tokens/s) | decode: %zu steps, %.3f ms/token mean, %.3f ms median "

@@ -146,6 +146,15 @@ inline double measure_copy_tbs(cudaStream_t s) {
 
 inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+// The AdamW bytes of one rank in m.adamw: the 2n fp32 moments, or under ZeRO-1 with W > 1 the
+// padded shard S of each (dist::padded_shard_size) plus, on the flat path (--nccl-overlap 0),
+// its [W*S] fp32 staging buffer (cuda/nccl.cuh GpuDataParallel::pad).
+inline void shard_adamw_memory(TransformerMemory& m, int64_t n, int W, int zero, int nccl_overlap) {
+    if (W <= 1 || zero != 1) return;
+    const int64_t S = dist::padded_shard_size(n, W);
+    m.adamw = 2 * S * 4 + (nccl_overlap == 0 ? int64_t(W) * S * 4 : 0);
+}
+
 }  // namespace trainer_detail
 
 // The GPU backend of core/train_loop.h. Gradients fp32 on the device; AdamW moments fp32 on the
@@ -344,24 +353,27 @@ class GpuBackend {
         // ZeRO-1 overlap path: the fp32 master is complete only in this rank's slice (and the
         // scheme range); gather it first (the flat path all-gathers it every step)
         if (dp_.zero1 && dp_.overlap) dp_.allgather_master(model_.master.ptr, model_.stream);
-        return model_.get_master();  // complete on every rank
+        if (dctx_.rank != 0) return {};  // only rank 0 writes the model file (no 4n bytes per rank)
+        return model_.get_master();
     }
     bool params_finite() { return true; }  // the loop checks the downloaded master (checkpoint_params)
     void checkpoint_state(TrainState& ts, int64_t off, int64_t count) {
         ts.dtype = "fp32";  // dtype of m, v (always fp32 on the GPU)
-        std::vector<float> hm, hv;  // full AdamW moments [n]
-        if (dp_.zero1) {
+        // only this rank's part [off, off + count) goes to the host
+        auto part = [&](const float* full) {
+            const std::vector<float> h = download(full + off, count);
+            return std::string(reinterpret_cast<const char*>(h.data()), size_t(count) * 4);
+        };
+        if (dp_.zero1) {  // the moments are gathered into the shard layout of the checkpoint
             DeviceBuffer<float> full(n_);
             dp_.allgather_full(full.ptr, model_.stream, m_.ptr);
-            hm = download(full.ptr, n_);
+            ts.m = part(full.ptr);
             dp_.allgather_full(full.ptr, model_.stream, v_.ptr);
-            hv = download(full.ptr, n_);
+            ts.v = part(full.ptr);
         } else {
-            hm = download(m_.ptr, n_);
-            hv = download(v_.ptr, n_);
+            ts.m = part(m_.ptr);
+            ts.v = part(v_.ptr);
         }
-        ts.m = std::string(reinterpret_cast<const char*>(hm.data() + off), size_t(count) * 4);
-        ts.v = std::string(reinterpret_cast<const char*>(hv.data() + off), size_t(count) * 4);
     }
     void restore(const ModelCheckpoint& mc, const dist::SavedState& saved) {
         for (const TrainState& ts : saved.parts)
@@ -418,6 +430,7 @@ class GpuBackend {
                         dp_.overlap ? strprintf("reduction overlapped with backward (%zu buckets)", dp_.buckets.size()).c_str()
                                     : "reduction after backward");
         TransformerMemory mem = model_.memory();
+        trainer_detail::shard_adamw_memory(mem, n_, W, o_.zero, o_.nccl_overlap);
         const double tok_mb = double(o_.B) * o_.T;
         std::printf("memory: params %.3f GiB (fp32 master%s) | grads %.3f GiB | AdamW m,v %.3f GiB | activations "
                     "%.1f KiB/token (%.3f GiB) | logits %.1f KiB/token (%.3f GiB) | scheme %s %lld B/token "
@@ -443,7 +456,8 @@ class GpuBackend {
         const double peak = trainer_detail::measure_peak_bf16_tflops(model_.stream);
         const double peak_random = trainer_detail::measure_peak_bf16_tflops(model_.stream, true);
         const double copy_tbs = trainer_detail::measure_copy_tbs(model_.stream);
-        const double achieved = fpt * tps / 1e12;
+        // per GPU: tps counts the whole job's tokens, the peak is one GPU's (MFU, spec performance.md)
+        const double achieved = fpt * tps / double(dctx_.world) / 1e12;
         nlohmann::json stages = nlohmann::json::object();
         if (o_.profile_stages) {
             const auto ps = prof_.per_step();
@@ -607,10 +621,14 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         const int64_t bt = int64_t(o.B) * o.T;
         if (o.dtype != "fp32" && o.dtype != "bf16") throw Error("--dtype must be bf16 or fp32, got '" + o.dtype + "'");
         if (o.recompute < 0 || o.recompute > 2) throw Error(strprintf("--recompute must be 0, 1 or 2, got %d", o.recompute));
-        omp_set_num_threads(o.threads > 0 ? o.threads : omp_get_num_procs());
+        // default: all cores, shared among the ranks on this node (as train_cpu)
+        omp_set_num_threads(o.threads > 0 ? o.threads
+                                          : std::max(1, omp_get_num_procs() / std::max(1, dist::context().local_world)));
         if (o.infer.active()) check_infer_options(o.infer, o.resume, o.T);  // flag errors even without a GPU
 
         std::unique_ptr<Tokenizer> tok = load_tokenizer_flag(o.tokenizer);
+        if (o.infer.active() && o.infer.stop_at_eot && !tok)  // (before the GPU check, like every flag error)
+            throw Error("--stop-at-eot needs a tokenizer (its <|endoftext|> id): pass --tokenizer");
         if (!tok && !o.dry_run && !o.infer.active())  // inference without one: V = 50257, token ids only
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
         const int V = tok ? int(tok->vocab_size()) : 50257;
@@ -626,6 +644,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
             std::printf("%s", describe(cfg, o.T).c_str());
             const int64_t es = o.dtype == "bf16" ? 2 : 4;
             TransformerMemory m = transformer_memory_estimate(cfg, o.recompute, es, 0);
+            trainer_detail::shard_adamw_memory(m, count_params(cfg), dist::world(), o.zero, o.nccl_overlap);
             const double tk = double(bt);
             std::printf("GPU training memory (%s, recompute %d, B*T = %lld tokens): params %.3f GiB, grads %.3f GiB, "
                         "AdamW %.3f GiB; activations %.1f KiB/token = %.3f GiB; logits %.3f GiB; scheme state not "
@@ -657,6 +676,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         {
             const int64_t es = o.dtype == "bf16" ? 2 : 4;
             TransformerMemory m = transformer_memory_estimate(cfg, o.recompute, es, 0);
+            trainer_detail::shard_adamw_memory(m, count_params(cfg), dist::world(), o.zero, o.nccl_overlap);
             const double need = double(m.params + m.grads + m.adamw) +
                                 double(m.act_per_token + m.logits_per_token) * double(bt);
             size_t fr = 0, to = 0;

@@ -5,6 +5,10 @@
 // shared helpers of cpu/generate_io.h directly.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <string>
 #include <vector>
 
@@ -109,12 +113,20 @@ TEST_CASE("generate_cpu: --prompt-len draws cpu::random_token_ids; bad input exi
     fails("--checkpoint /nonexistent/x.model", "does not exist");
     fails("--tokenizer /nonexistent/tok", "does not exist");
     fails("--max-new-tokens 0", "--max-new-tokens");
-    fails("--temperature nan", "--temperature must be a finite number");
+    fails("--temperature nan", "--temperature: expected a finite number, got 'nan'");
     fails("--threads 100000", "--threads must be between 0 (all cores) and 4096, got 100000");
     fails("--n-layer -1", "--n-layer must be >= 0 (0 = the preset's), got -1");
     fails("--d-model -64", "--d-model must be >= 0 (0 = the preset's), got -64");
     fails("--vocab-size 100", "--vocab-size 100 is smaller than the tokenizer's 50257 ids");
     fails("--prompt hello --prompt-len 3", "give --prompt or --prompt-len, not both");
+    // a huge --prompt-len is refused before anything is allocated (not std::bad_alloc)
+    fails("--prompt-len 1000000000", "the prompt has 1000000000 tokens, more than the context of 32");
+    // a random-init model with more ids than the tokenizer: those ids are printed as [id N]
+    RunResult big = run_cmd(exe + " --preset tiny --seq-len 32 --threads 1 --tokenizer bytes --vocab-size 2000 "
+                                  "--prompt ab --max-new-tokens 20 --seed 3");
+    INFO(big.out);
+    CHECK(big.status == 0);
+    CHECK_THAT(big.out, Catch::Contains("[id ") && Catch::Contains("GENERATE "));
     // a generation past the context slides its window and says so once (12 prompt tokens + 21
     // new fill 32 positions: 19 more on the window of the last 32)
     RunResult full = run_cmd(bin + " --greedy --prompt-len 12 --max-new-tokens 40 --quiet");
@@ -130,6 +142,41 @@ TEST_CASE("generate_cpu: --prompt-len draws cpu::random_token_ids; bad input exi
     CHECK(gl.at("new_tokens") == 40);
     CHECK(gl.at("window_steps") == 19);
     CHECK(gl.at("decode_steps") == 20);
+}
+
+TEST_CASE("print_generation writes every byte (NUL too) and names ids beyond the tokenizer", "[generate]") {
+    const Tokenizer tok = Tokenizer::bytes();  // id b < 256 is byte b
+    const std::string path = train_scratch("generate_print") + "/stdout.txt";
+    std::fflush(stdout);
+    const int saved = ::dup(1);
+    FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f);
+    ::dup2(::fileno(f), 1);
+    cpu::print_generation(&tok, {'a', 'b'}, {0, 'c', 300, 'd'}, false);
+    cpu::print_generation(&tok, {1, 2}, {'e'}, true);
+    std::fflush(stdout);
+    ::dup2(saved, 1);
+    ::close(saved);
+    std::fclose(f);
+    CHECK(slurp(path) == std::string("ab") + '\0' + "c[id 300]d\n---\n[random prompt] e\n---\n");
+}
+
+TEST_CASE("check_generation_setup: --stop-at-eot needs a tokenizer, --prompt-len must fit", "[generate]") {
+    cpu::GenerationFlags g;
+    const Tokenizer tok = Tokenizer::bytes();
+    cpu::check_generation_setup(g, nullptr, 64);
+    g.stop_at_eot = true;
+    CHECK_THROWS_WITH(cpu::check_generation_setup(g, nullptr, 64), Catch::Contains("--stop-at-eot needs a tokenizer"));
+    cpu::check_generation_setup(g, &tok, 64);
+    g.prompt_len = 64;
+    cpu::check_generation_setup(g, &tok, 64);
+    g.prompt_len = 65;
+    CHECK_THROWS_WITH(cpu::check_generation_setup(g, &tok, 64), Catch::Contains("more than the context of 64"));
+    g.prompt_len = 20;
+    g.max_len = 16;
+    CHECK_THROWS_WITH(cpu::check_generation_setup(g, &tok, 64), Catch::Contains("more than the context of 16"));
+    g.max_len = 65;
+    CHECK_THROWS_WITH(cpu::check_generation_setup(g, &tok, 64), Catch::Contains("exceeds the model's seq_len 64"));
 }
 
 TEST_CASE("generate_io helpers: prompt, context, report", "[generate]") {
