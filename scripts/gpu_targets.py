@@ -258,7 +258,9 @@ def evaluate(runs, attention_lines=None):
         if why or not bw:
             add(what, why or "no bandwidth measured", None)
             continue
-        floor_ms = (FLOOR_KB[k] - PRELN_KB) * 1e3 * 2 * j["n_layer"] * j["B"] * j["T"] / (bw * 1e12) * 1e3
+        # tokens per optimizer step (B*T times the accumulation) = tokens/s x the median step time
+        tokens = j["tokens_per_s"] * j["step_ms"] / 1e3 if j.get("tokens_per_s") else j["B"] * j["T"]
+        floor_ms = (FLOOR_KB[k] - PRELN_KB) * 1e3 * 2 * shape_of(j)[4] * tokens / (bw * 1e12) * 1e3
         extra = j["step_ms"] - p["step_ms"]
         add(what, "extra %.1f ms, floor %.1f ms (%.1f KB per token and sublayer at %.2f TB/s): %.2fx" %
             (extra, floor_ms, FLOOR_KB[k], bw, extra / floor_ms), extra <= 1.3 * floor_ms)

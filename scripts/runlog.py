@@ -5,9 +5,12 @@ Log format (core/logger.h, doc/training.md "Logs"): one JSON object per line; {"
 "config": {ModelConfig}, "args": {...}} first (a resumed run appends {"type":"resume"}), then
 {"type":"step", "step", "loss", "ms", "tokens_per_s", ...} per optimizer step, {"type":"val",
 "step", "val_loss"}, {"type":"eval", "step", "results"}, {"type":"sample", "step", "text"}.
-A step logged twice (a run resumed from an earlier checkpoint) keeps its last value.
+A step logged twice (a run resumed from an earlier checkpoint) keeps its last value. A record cut
+short by a kill (with the next invocation's first record on the same line) is skipped with a
+note on stderr, the records around it kept; a val_loss of null (not finite) reads as NaN.
 """
 import json
+import sys
 import os
 import statistics
 
@@ -56,30 +59,51 @@ class RunLog:
         self.train, self.val, self.steps = {}, {}, {}
         self.evals, self.samples = [], []
         self.resumes = 0
+        self.bad_lines = 0  # records skipped because they are not JSON (a line cut short by a kill)
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 line = line.strip()
                 if not line:
                     continue
                 try:
-                    ev = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError("%s:%d: not JSON (%s)" % (path, n, e))
-                t = ev.get("type")
-                if t == "config" and self.config is None:
-                    self.config = ev.get("config", {})
-                    self.args = ev.get("args", {})
-                elif t == "resume":
-                    self.resumes += 1
-                elif t == "step" and ev.get("loss") is not None:
-                    self.train[int(ev["step"])] = float(ev["loss"])
-                    self.steps[int(ev["step"])] = ev
-                elif t == "val" and ev.get("val_loss") is not None:
-                    self.val[int(ev["step"])] = float(ev["val_loss"])
-                elif t == "eval":
-                    self.evals.append((int(ev.get("step", 0)), ev.get("results", {})))
-                elif t == "sample":
-                    self.samples.append((int(ev.get("step", 0)), ev.get("text", "")))
+                    events = [json.loads(line)]
+                except json.JSONDecodeError:
+                    # a line cut short by a kill, with the next invocation's first record glued on:
+                    # the records that do parse are kept, the rest is skipped (and counted)
+                    events = []
+                    self.bad_lines += 1
+                    sys.stderr.write("runlog: %s:%d: skipped a record that is not JSON (cut short?)\n" % (path, n))
+                    dec = json.JSONDecoder()
+                    at = line.find("{", 1)
+                    while at != -1:  # the first "{" from which the rest of the line is one record
+                        try:
+                            ev, end = dec.raw_decode(line, at)
+                            if not line[end:].strip() and isinstance(ev, dict) and "type" in ev:
+                                events.append(ev)
+                                break
+                        except json.JSONDecodeError:
+                            pass
+                        at = line.find("{", at + 1)
+                for ev in events:
+                    if isinstance(ev, dict):
+                        self._add(ev)
+
+    def _add(self, ev):
+        t = ev.get("type")
+        if t == "config" and self.config is None:
+            self.config = ev.get("config", {})
+            self.args = ev.get("args", {})
+        elif t == "resume":
+            self.resumes += 1
+        elif t == "step" and ev.get("loss") is not None:
+            self.train[int(ev["step"])] = float(ev["loss"])
+            self.steps[int(ev["step"])] = ev
+        elif t == "val" and "val_loss" in ev:  # null (a non-finite loss) is kept as NaN
+            self.val[int(ev["step"])] = float("nan") if ev["val_loss"] is None else float(ev["val_loss"])
+        elif t == "eval":
+            self.evals.append((int(ev.get("step", 0)), ev.get("results", {})))
+        elif t == "sample":
+            self.samples.append((int(ev.get("step", 0)), ev.get("text", "")))
 
     def label(self):
         if self.config and "scheme" in self.config:

@@ -369,14 +369,44 @@ for r in "${runs[@]}"; do
   mkdir -p "$dir"
   mapfile -t c < <(run_cmd_of "$s" "$lr" "$seed" "$dir")
   ident=$(quote_words "${c[@]}")
-  if [ -f "$dir/done.json" ] && [ "$(cat "$dir/cmd.txt" 2>/dev/null)" = "$ident" ]; then
+  final=$(final_of "$dir")
+  # the evaluation and sampling commands: a change to their flags alone (--eval-max, --prompt, ...)
+  # redoes them on the finished model; eval_cmd.txt / sample_cmd.txt record what made the files
+  e=(); eval_ident=""
+  if [ "$EVAL_WITH" = eval_cpu ] && [ -n "$LAMBADA$WIKITEXT$HS" ]; then
+    e=(--checkpoint "$final.model" --out "$dir/eval.json" --quiet --max-examples "$EVAL_MAX" --max-docs "$EVAL_DOCS")
+    [ -n "$LAMBADA" ] && e+=(--lambada "$LAMBADA")
+    [ -n "$WIKITEXT" ] && e+=(--wikitext "$WIKITEXT")
+    [ -n "$HS" ] && e+=(--hellaswag "$HS")
+    [ -n "$TOK" ] && e+=(--tokenizer "$TOK")
+    [ -n "$THREADS" ] && e+=(--threads "$THREADS")
+    eval_ident=$(quote_words "$TOOLS/eval_cpu" "${e[@]}")
+  fi
+  gen=(); sample_ident=""
+  if [ "$SAMPLE_TOKENS" -gt 0 ]; then
+    g=(--checkpoint "$final.model" --prompt "$PROMPT" --max-new-tokens "$SAMPLE_TOKENS" --top-p 0.9
+       --temperature 0.8 --seed "$seed")
+    [ -n "$TOK" ] && g+=(--tokenizer "$TOK")
+    if [ "$TRAINER" = cpu ]; then
+      [ -n "$THREADS" ] && g+=(--threads "$THREADS")
+      gen=("$TOOLS/generate_cpu" "${g[@]}")
+    else
+      gen=("$(trainer_of "$s")" --generate "${g[@]}")
+    fi
+    sample_ident=$(quote_words "${gen[@]}")
+  fi
+  eval_current() { [ -z "$eval_ident" ] || { [ -f "$dir/eval.json" ] && [ "$(cat "$dir/eval_cmd.txt" 2>/dev/null)" = "$eval_ident" ]; }; }
+  # (a failed sampling counts as done: sample_cmd.txt is written either way)
+  sample_current() { [ -z "$sample_ident" ] || [ "$(cat "$dir/sample_cmd.txt" 2>/dev/null)" = "$sample_ident" ]; }
+  if [ -f "$dir/done.json" ] && [ "$(cat "$dir/cmd.txt" 2>/dev/null)" = "$ident" ] && eval_current && sample_current; then
     echo "study: [$i/${#runs[@]}] $name: done earlier"
     done_n=$((done_n + 1)); continue
   fi
   rm -f "$dir/done.json" "$dir/failed.txt"
   if [ -f "$dir/cmd.txt" ] && [ "$(cat "$dir/cmd.txt")" != "$ident" ]; then
     # another command (e.g. more --steps): the evaluation and sample of the old model are stale
-    rm -f "$dir/eval.json" "$dir/eval_console.txt" "$dir/sample.txt" "$dir/sample_console.txt" "$dir/sample_stderr.txt"
+    rm -f "$dir/eval.json" "$dir/eval_console.txt" "$dir/eval_cmd.txt" "$dir/sample.txt" "$dir/sample_console.txt" \
+      "$dir/sample_stderr.txt" "$dir/sample_cmd.txt"
     if [ "$DROP_STATE" = 1 ] && ! final_exists "$(final_of "$dir")" && compgen -G "$dir/ckpt_*.model" > /dev/null &&
        ! compgen -G "$dir/ckpt_*.state" > /dev/null && ! compgen -G "$dir/ckpt_*.done" > /dev/null; then
       echo "study: [$i/${#runs[@]}] $name: the command changed and this recipe dropped the optimizer state of" \
@@ -384,7 +414,6 @@ for r in "${runs[@]}"; do
     fi
   fi
   printf '%s\n' "$ident" > "$dir/cmd.txt"
-  final=$(final_of "$dir")
   [ "$KEEP" -gt 0 ] && prune_checkpoints "$dir" "$KEEP"
   if ! final_exists "$final"; then
     extra=(--resume auto)
@@ -415,30 +444,18 @@ for r in "${runs[@]}"; do
     fi
   fi
   # evaluation with eval_cpu (the trainer's own evaluation is in log.jsonl)
-  if [ "$EVAL_WITH" = eval_cpu ] && [ -n "$LAMBADA$WIKITEXT$HS" ] && [ ! -f "$dir/eval.json" ]; then
-    e=(--checkpoint "$final.model" --out "$dir/eval.json" --quiet --max-examples "$EVAL_MAX" --max-docs "$EVAL_DOCS")
-    [ -n "$LAMBADA" ] && e+=(--lambada "$LAMBADA")
-    [ -n "$WIKITEXT" ] && e+=(--wikitext "$WIKITEXT")
-    [ -n "$HS" ] && e+=(--hellaswag "$HS")
-    [ -n "$TOK" ] && e+=(--tokenizer "$TOK")
-    [ -n "$THREADS" ] && e+=(--threads "$THREADS")
+  if ! eval_current; then
+    rm -f "$dir/eval.json" "$dir/eval_cmd.txt"
     if ! "$TOOLS/eval_cpu" "${e[@]}" > "$dir/eval_console.txt" 2>&1; then
       echo "eval_cpu failed: $(grep -a error "$dir/eval_console.txt" | tail -n 1)" > "$dir/failed.txt"
       echo "study: [$i/${#runs[@]}] $name: evaluation FAILED ($dir/eval_console.txt)" >&2
       failed=$((failed + 1)); continue
     fi
+    printf '%s\n' "$eval_ident" > "$dir/eval_cmd.txt"
   fi
   # a sample from the final model
-  if [ "$SAMPLE_TOKENS" -gt 0 ] && [ ! -f "$dir/sample.txt" ]; then
-    g=(--checkpoint "$final.model" --prompt "$PROMPT" --max-new-tokens "$SAMPLE_TOKENS" --top-p 0.9
-       --temperature 0.8 --seed "$seed")
-    [ -n "$TOK" ] && g+=(--tokenizer "$TOK")
-    if [ "$TRAINER" = cpu ]; then
-      [ -n "$THREADS" ] && g+=(--threads "$THREADS")
-      gen=("$TOOLS/generate_cpu" "${g[@]}")
-    else
-      gen=("$(trainer_of "$s")" --generate "${g[@]}")
-    fi
+  if ! sample_current; then
+    rm -f "$dir/sample.txt" "$dir/sample_cmd.txt"
     if "${gen[@]}" > "$dir/sample_console.txt" 2> "$dir/sample_stderr.txt"; then
       # the text: from the line that starts with the prompt to the "---" line that ends it
       awk -v p="${PROMPT%%$'\n'*}" 'on && /^---$/ { exit } !on && index($0, p) == 1 { on = 1 } on { print }' \
@@ -446,6 +463,7 @@ for r in "${runs[@]}"; do
     else
       echo "study:   $name: sampling failed ($dir/sample_console.txt); the run counts as done" >&2
     fi
+    printf '%s\n' "$sample_ident" > "$dir/sample_cmd.txt"
   fi
   prune_checkpoints "$dir" 1   # a finished run keeps its final checkpoint only
   [ "$DROP_STATE" = 1 ] && rm -f "$final.state" "$final".state.rank* "$final.done"

@@ -21,6 +21,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import os
 import statistics
 import sys
@@ -73,7 +74,8 @@ def collect(out, name, steps):
     if os.path.exists(lp):
         try:
             log = RunLog(lp)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
+            sys.stderr.write("study_summary: cannot read %s (%s): the run counts as without a log\n" % (lp, e))
             log = None
     r["log"] = log
     r["label"] = scheme_label(log.config) if log and log.config else scheme
@@ -88,9 +90,14 @@ def collect(out, name, steps):
     else:
         r["status"] = "not started"
     r["steps_done"] = last
+    # the final val loss: the record at the last step (a null there, i.e. not finite, is not
+    # replaced by an earlier value: the run is marked and left out of the comparison)
     r["val_loss"] = log.val.get(steps) if log and done else None
     if r["val_loss"] is None and log and done:
         r["val_loss"] = log.final_val()
+    if r["val_loss"] is not None and not math.isfinite(r["val_loss"]):
+        r["val_loss"] = None
+        r["status"] = "done (final val loss not finite)"
     r["tokens_per_s"] = log.median_tokens_per_s() if log else None
     r["ms_per_step"] = log.median_ms() if log else None
     inv = read_json_lines(os.path.join(d, "invocations.jsonl"))
@@ -198,9 +205,10 @@ def verdicts(stats, schemes, baseline):
                        "with%s%s" % (s, abs(diff), where, baseline, means, lrs, paired, speed))
             continue
         spread = max(og["range"], bg["range"])
-        if spread > 0 and abs(diff) > spread:
-            out.append("%s: val loss %.4f %s %s (%s), %.1fx the seed spread %.4f (the larger seed range)%s%s%s"
-                       % (s, abs(diff), where, baseline, means, abs(diff) / spread, spread, lrs, paired, speed))
+        if abs(diff) > spread:
+            times = "%.1fx the seed spread" % (abs(diff) / spread) if spread > 0 else "above the seed spread"
+            out.append("%s: val loss %.4f %s %s (%s), %s %.4f (the larger seed range)%s%s%s"
+                       % (s, abs(diff), where, baseline, means, times, spread, lrs, paired, speed))
         else:
             out.append("%s: no difference larger than the seed spread: val loss %.4f %s %s (%s), seed spread "
                        "%.4f%s%s%s" % (s, abs(diff), where, baseline, means, spread, lrs, paired, speed))
