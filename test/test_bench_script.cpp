@@ -536,7 +536,7 @@ TEST_CASE("gpu_check.sh dry run on the emulated trainers: every row, the summary
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         INFO(r.out);
         CHECK(r.status == 0);
-        CHECK(secs < 80);
+        CHECK(secs < 200);  // the 300 s stand-in was stopped near the 30 s budget
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*workbench attention +SKIP  \\(time budget 30 s spent: stopped "
                                          "after [0-9]+ s\\)[\\s\\S]*"));
         CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*bench hc +SKIP  \\(time budget 30 s spent\\)[\\s\\S]*"));

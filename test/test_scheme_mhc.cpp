@@ -31,7 +31,7 @@ TEST_CASE("tiny model with mHC: all parameter gradients vs finite differences (f
     WARN("mhc tiny model: worst entry error " << w);
 }
 
-TEST_CASE("mHC with a_* = 0 and RMSNorm eps = 0 equals PreLN exactly (float64)", "[scheme][mhc][init][blas]") {
+TEST_CASE("mHC with a_* = 0 and RMSNorm eps = 0 equals PreLN exactly (float64): loss and gradients", "[scheme][mhc][init][blas]") {
     ModelConfig cp = tiny("preln"), cm = tiny("mhc");
     cp.norm_eps = cm.norm_eps = 0;
     Model<double> mp(cp), mm(cm);
@@ -45,10 +45,26 @@ TEST_CASE("mHC with a_* = 0 and RMSNorm eps = 0 equals PreLN exactly (float64)",
     }
     auto tok = rand_tokens(2 * 8, cp.vocab_size, 4);
     auto tgt = rand_tokens(2 * 8, cp.vocab_size, 5);
+    mp.zero_grad();
+    mm.zero_grad();
     double lp = mp.forward(tok.data(), tgt.data(), 2, 8);
     double lm = mm.forward(tok.data(), tgt.data(), 2, 8);
     INFO("preln " << lp << " mhc " << lm);
     CHECK_TOL("mhc a=0 == preln loss", std::fabs(lp - lm), 1e-12);
+    // and the backbone gradients (every PreLN parameter has its mHC twin)
+    mp.backward();
+    mm.backward();
+    double err = 0, mx = 0;
+    for (const auto& s : mp.specs) {
+        const auto& t = mm.spec(s.name);
+        for (int64_t k = 0; k < s.numel; k++) {
+            err = std::max(err, std::fabs(mp.grads[s.offset + k] - mm.grads[t.offset + k]));
+            mx = std::max(mx, std::fabs(mp.grads[s.offset + k]));
+        }
+    }
+    INFO("max backbone gradient difference " << err << " (max |g| " << mx << ")");
+    CHECK(mx > 0);
+    CHECK_TOL("mhc a=0 == preln grads", err, 1e-10 * mx);
     // At the real init (a = 0.01, eps > 0) the loss differs, but only a little.
     ModelConfig cm2 = tiny("mhc"), cp2 = tiny("preln");
     Model<double> mp2(cp2), mm2(cm2);

@@ -12,7 +12,6 @@
 //     allocating, naming what it needs.
 #include <catch2/catch.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -196,14 +195,14 @@ TEST_CASE("train loop: --warmup-steps > --steps warns; a model too large for thi
     INFO(w.out);
     CHECK(w.status == 0);
     CHECK_THAT(w.out, Catch::Contains("warning: --warmup-steps 5 is larger than --steps 2"));
-    // qwen3-14b in fp64: ~470 GB of parameters, gradients and AdamW state
-    const std::string big = trainer_path() + " --preset qwen3-14b --dtype fp64 -B 1 -T 64 --tokenizer bytes --train-data '" +
-                            shards + "/sh_train_*.bin' --steps 1";
-    const auto t0 = std::chrono::steady_clock::now();
+    // qwen3-14b in fp64 on 4M tokens per micro-batch: ~470 GB of parameters, gradients and AdamW
+    // state plus > 100 TB of activations, more than any machine this runs on (a 2 TB node too)
+    const std::string big = trainer_path() + " --preset qwen3-14b --dtype fp64 -B 65536 -T 64 --tokenizer bytes "
+                            "--train-data '" + shards + "/sh_train_*.bin' --steps 1";
     RunResult r = run_cmd(big);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     INFO(r.out);
     CHECK(r.status == 1);
+    // refused by the up-front estimate (before the allocation and initialisation), not by the allocator
     CHECK_THAT(r.out, Catch::Contains("needs") && Catch::Contains("GiB") && Catch::Contains("available"));
-    CHECK(s < 20);  // refused before the allocation / initialisation
+    CHECK_THAT(r.out, !Catch::Contains("bad_alloc"));
 }
