@@ -112,9 +112,10 @@ Container read_container(const std::string& path, const char magic[8], const cha
             if (!fits || numel > UINT64_MAX / es || off != expect_off || nb != numel * es)
                 throw Error(w + ": inconsistent tensor table at '" + t.name + "'");
             if (nb > payload_end - payload - off)  // off == expect_off <= payload_end - payload
-                throw Error(strprintf("%s: truncated: tensor '%s' needs bytes up to %llu, file has %llu", w.c_str(),
-                                      t.name.c_str(), (unsigned long long)(payload + off + nb + 8),
-                                      (unsigned long long)buf.size()));
+                throw Error(strprintf("%s: truncated: tensor '%s' needs %llu bytes at payload offset %llu, the file "
+                                      "has %llu bytes (payload %llu)",
+                                      w.c_str(), t.name.c_str(), (unsigned long long)nb, (unsigned long long)off,
+                                      (unsigned long long)buf.size(), (unsigned long long)(payload_end - payload)));
             t.bytes.assign(buf.data() + payload + off, nb);
             expect_off += nb;
             c.tensors.push_back(std::move(t));
