@@ -66,12 +66,7 @@ class CpuBackend {
         n_ = int64_t(model_.params.size());
         std::vector<ParamRange> ranges;
         for (const auto& s : model_.specs) ranges.push_back({s.offset, s.numel, s.decay});
-        AdamWConfig ac;
-        ac.beta1 = o.beta1;
-        ac.beta2 = o.beta2;
-        ac.eps = o.adam_eps;
-        ac.weight_decay = o.weight_decay;
-        ac.grad_clip = o.grad_clip;
+        const AdamWConfig ac = adamw_config_from_flags(o);
         zero1_ = W_ > 1 && o.zero == 1;
         shard_ = dist::shard_range(n_, W_, rank_);
         std::vector<ParamRange> shard_ranges;

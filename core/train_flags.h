@@ -185,6 +185,33 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
     return cfg;
 }
 
+// The AdamW settings of the flags (--beta1 --beta2 --adam-eps --weight-decay --grad-clip), not
+// validated.
+template <class O>
+AdamWConfig adamw_config_from_flags(const O& o) {
+    AdamWConfig ac;
+    ac.beta1 = o.beta1;
+    ac.beta2 = o.beta2;
+    ac.eps = o.adam_eps;
+    ac.weight_decay = o.weight_decay;
+    ac.grad_clip = o.grad_clip;
+    return ac;
+}
+
+// The learning-rate schedule of the flags (--schedule --lr --min-lr-ratio --warmup-steps --steps
+// --wsd-decay-frac), not validated.
+template <class O>
+LRSchedule lr_schedule_from_flags(const O& o) {
+    LRSchedule sc;
+    sc.kind = o.schedule;
+    sc.lr = o.lr;
+    sc.min_lr_ratio = o.min_lr_ratio;
+    sc.warmup_steps = o.warmup_steps;
+    sc.total_steps = o.steps;
+    sc.wsd_decay_frac = o.wsd_decay_frac;
+    return sc;
+}
+
 // Checks and completes the flags every trainer shares (before anything is loaded): -B, -T > 0;
 // --total-batch-tokens a multiple of B*T (0 = B*T); --bench N sets --steps N + 2; --steps >= 1;
 // --val-batches >= 1; --val-every >= 0 and only with --val-data; --sample-every >= -1,
@@ -218,21 +245,8 @@ void check_train_flags(O& o) {
     check_threads_flag(o.threads);
     if (o.zero != 0 && o.zero != 1) throw Error(strprintf("--zero must be 0 or 1, got %d", o.zero));
     // the optimizer and schedule flags, before a model is built (also under --dry-run)
-    AdamWConfig ac;
-    ac.beta1 = o.beta1;
-    ac.beta2 = o.beta2;
-    ac.eps = o.adam_eps;
-    ac.weight_decay = o.weight_decay;
-    ac.grad_clip = o.grad_clip;
-    ac.validate();
-    LRSchedule sc;
-    sc.kind = o.schedule;
-    sc.lr = o.lr;
-    sc.min_lr_ratio = o.min_lr_ratio;
-    sc.warmup_steps = o.warmup_steps;
-    sc.total_steps = o.steps;
-    sc.wsd_decay_frac = o.wsd_decay_frac;
-    sc.validate();
+    adamw_config_from_flags(o).validate();
+    lr_schedule_from_flags(o).validate();
 }
 
 // Checks the checkpoint and optimizer flags that are checked nowhere else: --ckpt-every >= 0 and

@@ -38,6 +38,7 @@
 #include "core/optim.h"
 #include "core/shard.h"
 #include "core/tokenizer.h"
+#include "core/train_flags.h"
 
 namespace ldm {
 
@@ -250,19 +251,24 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     const uint32_t eot = tok ? tok->eot_id() : V - 1;
     const int64_t n = be.n_params();
 
-    // A fresh run must not overwrite another run's checkpoints or log (the dump writes neither; a
-    // --bench run no checkpoint). Every rank checks, and the sum over ranks is a collective: no
-    // rank goes on (rank 0 to write the log) before all have looked, and all fail together.
-    if (o.resume.empty() && o.dump_debug_state.empty()) {
+    // Runs f on every rank, then agrees over the ranks (sum_over_ranks is a collective): when f
+    // threw on any rank, every rank throws (that rank its own error, the others `others`), so no
+    // rank goes on alone or is left waiting in a later collective.
+    auto on_all_ranks = [&](const std::function<void()>& f, const std::string& others) {
         std::string why;
         try {
-            check_fresh_start(o.bench == 0 ? o.out_dir : "", o.log);
-        } catch (const Error& e) {
+            f();
+        } catch (const std::exception& e) {
             why = e.what();
         }
-        if (be.sum_over_ranks(why.empty() ? 0.0 : 1.0) > 0)
-            throw Error(!why.empty() ? why : "another rank found the files of an earlier run in --out-dir or --log");
-    }
+        if (be.sum_over_ranks(why.empty() ? 0.0 : 1.0) > 0) throw Error(!why.empty() ? why : others);
+    };
+
+    // A fresh run must not overwrite another run's checkpoints or log (the dump writes neither; a
+    // --bench run no checkpoint). Every rank checks before any goes on (rank 0 to write the log).
+    if (o.resume.empty() && o.dump_debug_state.empty())
+        on_all_ranks([&] { check_fresh_start(o.bench == 0 ? o.out_dir : "", o.log); },
+                     "another rank found the files of an earlier run in --out-dir or --log");
 
     // Data: every shard is validated by the loaders (ids < V) before any step.
     if (o.train_data.empty()) throw Error("--train-data is required (a glob of token shards)");
@@ -287,13 +293,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
                      "validation uses those %d\n", o.val_batches, val_batches, B, T,
                      W > 1 ? " on all ranks together" : "", val_batches);
 
-    LRSchedule sched;
-    sched.kind = o.schedule;
-    sched.lr = o.lr;
-    sched.min_lr_ratio = o.min_lr_ratio;
-    sched.warmup_steps = o.warmup_steps;
-    sched.total_steps = o.steps;
-    sched.wsd_decay_frac = o.wsd_decay_frac;
+    const LRSchedule sched = lr_schedule_from_flags(o);
     sched.validate();
     if (o.warmup_steps > o.steps && rank == 0)
         std::fprintf(stderr,
@@ -493,29 +493,14 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
                                   "checkpoint written%s",
                                   (long long)step,
                                   last_good.empty() ? "" : ("; the last good checkpoint is " + last_good).c_str()));
-        // A write that fails on one rank stops every rank (none is left waiting in a collective).
-        std::string err;
-        auto attempt = [&](const std::function<void()>& f) {
-            if (!err.empty()) return;
-            try {
-                f();
-            } catch (const std::exception& e) {
-                err = e.what();
-            }
-        };
-        auto fail_together = [&]() {
-            if (be.sum_over_ranks(err.empty() ? 0.0 : 1.0) > 0)
-                throw Error(!err.empty() ? err : "checkpoint " + base + ": another rank failed to write its part");
-        };
+        // A write that fails on one rank stops every rank (on_all_ranks).
+        const std::string others = "checkpoint " + base + ": another rank failed to write its part";
         // A checkpoint of this step written before (a run resumed from an earlier step, perhaps
         // with another world size) goes first, so that its marker or state files are never read
-        // with this save's files. The collective in fail_together orders it before every write.
-        attempt([&] {
-            if (rank == 0) remove_checkpoint(base);
-        });
-        fail_together();
+        // with this save's files. The collective in on_all_ranks orders it before every write.
+        on_all_ranks([&] { if (rank == 0) remove_checkpoint(base); }, others);
         std::vector<std::string> states;
-        attempt([&] {
+        on_all_ranks([&] {
             if (rank == 0) save_model<float>(base + ".model", cfg, p.data(), step);
             if (W == 1) {
                 save_train_state(base + ".state", st);
@@ -524,12 +509,9 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
                 save_train_state(dist::shard_state_path(base, rank, W), st);
                 for (int q = 0; q < W; q++) states.push_back(basename_of(dist::shard_state_path(base, q, W)));
             }
-        });
-        fail_together();  // every file is complete before the marker says so
-        attempt([&] {
-            if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states);
-        });
-        fail_together();
+        }, others);  // every file is complete before the marker says so
+        on_all_ranks([&] { if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states); },
+                     others);
         std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
         logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
         last_good = base;

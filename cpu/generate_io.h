@@ -139,18 +139,18 @@ inline void print_generation(const Tokenizer* tok, const std::vector<int32_t>& p
     std::printf("---\n");
 }
 
-// The checks of a generation run that need no model or prompt yet (so that nothing is allocated
-// first): a --prompt-len that does not fit the context, --stop-at-eot without a tokenizer.
-// Throws ldm::Error naming the flag.
-inline void check_generation_setup(const GenerationFlags& g, const Tokenizer* tok, int seq_len) {
+// --stop-at-eot needs the tokenizer's <|endoftext|> id: ldm::Error without a tokenizer.
+inline void check_stop_at_eot(const GenerationFlags& g, const Tokenizer* tok) {
     if (g.stop_at_eot && !tok)
         throw Error("--stop-at-eot needs a tokenizer (its <|endoftext|> id): pass --tokenizer");
-    if (g.prompt_len > 0) {
-        const int ctx = g.max_len > 0 ? g.max_len : seq_len;
-        if (g.max_len > seq_len) throw Error(strprintf("--max-len %d exceeds the model's seq_len %d", g.max_len, seq_len));
-        if (g.prompt_len > ctx)
-            throw Error(strprintf("the prompt has %d tokens, more than the context of %d", g.prompt_len, ctx));
-    }
+}
+
+// The checks of a generation run that need no model or prompt yet (so that nothing is allocated
+// first): check_stop_at_eot, and a --prompt-len that does not fit the context
+// (generation_context). Throws ldm::Error naming the flag.
+inline void check_generation_setup(const GenerationFlags& g, const Tokenizer* tok, int seq_len) {
+    check_stop_at_eot(g, tok);
+    if (g.prompt_len > 0) (void)generation_context(g.max_len, seq_len, size_t(g.prompt_len));
 }
 
 // Says once on stderr when the context (ctx tokens) filled up and the rest was generated on a

@@ -197,11 +197,7 @@ class GpuBackend {
             else
                 ranges_.push_back({s.offset, s.numel, s.decay});
         }
-        ac_.beta1 = o.beta1;
-        ac_.beta2 = o.beta2;
-        ac_.eps = o.adam_eps;
-        ac_.weight_decay = o.weight_decay;
-        ac_.grad_clip = o.grad_clip;
+        ac_ = adamw_config_from_flags(o);
         ac_.validate();
         scorer_.reset(new trainer_detail::GpuScoringModel<T>(model_));
         size_t f = 0, t = 0;
@@ -627,8 +623,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
         if (o.infer.active()) check_infer_options(o.infer, o.resume, o.T);  // flag errors even without a GPU
 
         std::unique_ptr<Tokenizer> tok = load_tokenizer_flag(o.tokenizer);
-        if (o.infer.active() && o.infer.stop_at_eot && !tok)  // (before the GPU check, like every flag error)
-            throw Error("--stop-at-eot needs a tokenizer (its <|endoftext|> id): pass --tokenizer");
+        if (o.infer.active()) cpu::check_stop_at_eot(o.infer, tok.get());  // (before the GPU check)
         if (!tok && !o.dry_run && !o.infer.active())  // inference without one: V = 50257, token ids only
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory");
         const int V = tok ? int(tok->vocab_size()) : 50257;
