@@ -9,6 +9,7 @@
 // ensure_dynamic_smem and persistent_grid (cuda/common.cuh), and the emulated device attributes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -449,4 +450,129 @@ TEST_CASE("emu: cudaDeviceGetAttribute answers as cudaGetDeviceProperties; max_d
     INFO("child stderr: " << r.err);
     CHECK(r.aborted);
     CHECK_THAT(r.err, Catch::Contains("not emulated"));
+}
+
+namespace {
+// seq[linear block id] = how many blocks ran before it (one counter, thread 0 of each block).
+__global__ void block_sequence_kernel(int* seq, int* counter) {
+    if (threadIdx.x == 0) seq[blockIdx.x + gridDim.x * blockIdx.y] = atomicAdd(counter, 1);
+}
+// Writes the float after the launch's `n` floats of dynamic shared memory when `past` is set.
+__global__ void smem_write_kernel(float* out, int n, int past) {
+    float* sm = (float*)::emu::dyn_smem();
+    if (threadIdx.x == 0) sm[n - 1 + past] = 1.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = sm[n - 1];
+}
+// out[lane] = __shfl_xor_sync(full, lane, mask, width) for one warp.
+__global__ void shfl_xor_kernel(int* out, int mask, int width) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, mask, width);
+}
+}  // namespace
+
+TEST_CASE("emu: new device memory is NaN, writes past dynamic shared memory fail, blocks follow set_order, "
+          "butterfly shuffles within width", "[emu][limits]") {
+    // cudaMalloc: uninitialised in CUDA; all-ones bytes (NaN) here, small and large
+    for (size_t n : {(size_t)16, (size_t)(4 << 20)}) {
+        float* f = nullptr;
+        REQUIRE(cudaMalloc(&f, n) == cudaSuccess);
+        size_t finite = 0;
+        for (size_t i = 0; i < n / 4; i++) finite += std::isfinite(f[i]);
+        CHECK(finite == 0);
+        cudaFree(f);
+    }
+    float* out = nullptr;
+    REQUIRE(cudaMalloc(&out, sizeof(float)) == cudaSuccess);
+    // the last float of the launch's dynamic shared memory is fine, the one after it is not
+    emu::launch(dim3(3), dim3(64), 40 * sizeof(float), nullptr, smem_write_kernel, out, 40, 0);
+    CHECK(out[0] == 1.0f);
+    ChildResult r = run_child(
+        [&] { emu::launch(dim3(3), dim3(64), 40 * sizeof(float), nullptr, smem_write_kernel, out, 40, 1); });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("block (0,0,0) wrote past its 160 bytes of dynamic shared memory"));
+    cudaFree(out);
+
+    // block order: x fastest forward, reversed, and a seeded permutation (every block once)
+    const int gx = 7, gy = 3, nb = gx * gy;
+    int *seq = nullptr, *counter = nullptr;
+    REQUIRE(cudaMalloc(&seq, nb * sizeof(int)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&counter, sizeof(int)) == cudaSuccess);
+    for (emu::Order o : {emu::Order::kForward, emu::Order::kReverse, emu::Order::kRandom}) {
+        emu::set_order(o, 5);
+        *counter = 0;
+        emu::launch(dim3(gx, gy), dim3(64), 0, nullptr, block_sequence_kernel, seq, counter);
+        std::vector<int> got(seq, seq + nb), sorted = got;
+        std::sort(sorted.begin(), sorted.end());
+        int in_place = 0;
+        for (int b = 0; b < nb; b++) {
+            CHECK(sorted[b] == b);
+            in_place += got[b] == b;
+        }
+        INFO("order " << emu::order_name(o));
+        if (o == emu::Order::kForward) CHECK(in_place == nb);
+        if (o == emu::Order::kReverse)
+            for (int b = 0; b < nb; b++) CHECK(got[b] == nb - 1 - b);
+        if (o == emu::Order::kRandom) CHECK(in_place < nb / 2);  // 21 blocks: identity-like by chance ~never
+    }
+    emu::set_order(emu::Order::kForward);
+    cudaFree(seq);
+    cudaFree(counter);
+
+    // __shfl_xor_sync with width: a partner in a later segment gives the caller's own value
+    int* lanes = nullptr;
+    REQUIRE(cudaMalloc(&lanes, 32 * sizeof(int)) == cudaSuccess);
+    emu::launch(dim3(1), dim3(32), 0, nullptr, shfl_xor_kernel, lanes, 16, 16);
+    for (int l = 0; l < 32; l++) CHECK(lanes[l] == (l < 16 ? l : l - 16));
+    emu::launch(dim3(1), dim3(32), 0, nullptr, shfl_xor_kernel, lanes, 3, 8);
+    for (int l = 0; l < 32; l++) CHECK(lanes[l] == (l ^ 3));
+    emu::launch(dim3(1), dim3(32), 0, nullptr, shfl_xor_kernel, lanes, 5, 32);
+    for (int l = 0; l < 32; l++) CHECK(lanes[l] == (l ^ 5));
+    cudaFree(lanes);
+}
+
+namespace {
+// cp.async of 16 bytes from src into `dst` (nullptr: the block's dynamic shared memory), waited
+// for; then ldmatrix.x4 of 8x8 bf16 tiles at `rows` (nullptr: dynamic shared memory).
+__global__ void shared_operand_kernel(float* out, const float* src, float* dst, const uint16_t* rows) {
+    float* sm = (float*)::emu::dyn_smem();
+    float* d = dst ? dst : sm;
+    emu::cp_async(d + 4 * threadIdx.x, src + 4 * threadIdx.x, 16, 16);
+    emu::cp_async_commit();
+    emu::cp_async_wait(0);
+    __syncthreads();
+    uint32_t r[4];
+    const uint16_t* base = rows ? rows : (const uint16_t*)sm;
+    emu::ldmatrix_x4(r, base + 8 * (threadIdx.x % 32), false);
+    out[threadIdx.x] = d[4 * threadIdx.x] + (float)(r[0] & 1);
+}
+}  // namespace
+
+TEST_CASE("emu: cp.async and ldmatrix take shared-memory operands only", "[emu][limits]") {
+    float *src = nullptr, *out = nullptr, *glob = nullptr;
+    REQUIRE(cudaMalloc(&src, 128 * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&out, 32 * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&glob, 128 * sizeof(float)) == cudaSuccess);
+    for (int i = 0; i < 128; i++) src[i] = (float)(2 * i);  // even bit patterns of the low bf16 halves: r & 1 == 0
+    const size_t smem = 128 * sizeof(float);
+    emu::launch(dim3(1), dim3(32), smem, nullptr, shared_operand_kernel, out, (const float*)src, (float*)nullptr,
+                (const uint16_t*)nullptr);
+    for (int t = 0; t < 32; t++) CHECK(out[t] == (float)(8 * t));
+    ChildResult r = run_child([&] {
+        emu::launch(dim3(1), dim3(32), smem, nullptr, shared_operand_kernel, out, (const float*)src, glob,
+                    (const uint16_t*)nullptr);
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("cp.async: destination outside the block's shared memory"));
+    r = run_child([&] {
+        emu::launch(dim3(1), dim3(32), smem, nullptr, shared_operand_kernel, out, (const float*)src, (float*)nullptr,
+                    (const uint16_t*)glob);
+    });
+    INFO("child stderr: " << r.err);
+    CHECK(r.aborted);
+    CHECK_THAT(r.err, Catch::Contains("ldmatrix: row address outside the block's shared memory"));
+    cudaFree(src);
+    cudaFree(out);
+    cudaFree(glob);
 }

@@ -5,7 +5,7 @@
 // emu::launch(g, b, smem, s, kernel, args), __shared__ arrays registered for poisoning,
 // extern __shared__ -> the dynamic shared buffer). Include this header first (gen.py does).
 //
-// Model: one block at a time (blocks in x, then y, then z order); one fiber (own stack) per
+// Model: one block at a time (in x, y, z order, or the order set_order gives); one fiber (own stack) per
 // thread; warp = 32 consecutive linear thread ids (x fastest). A fiber runs without interruption
 // until it reaches a yield point: __syncthreads (block barrier) or a warp collective (__syncwarp,
 // __shfl*_sync, __ballot/__any/__all_sync). A warp collective completes when every live lane of
@@ -13,10 +13,12 @@
 // that covers every live lane: else the emulator aborts with a message); a block barrier
 // completes when every live thread of the block is at __syncthreads. The scheduler runs one warp
 // until all its lanes wait at __syncthreads (or exited), then the next warp; the order of warps
-// and of lanes within a warp is set by emu::set_order (forward, reverse, seeded random), so
-// running a kernel under several orders and requiring bit-identical outputs exposes code whose
-// result depends on the interleaving between yield points (missing __syncthreads/__syncwarp).
-// Memory: kernels get host pointers; cudaMalloc is malloc, cudaMemcpy*/cudaMemset* are
+// and of lanes within a warp (and of the blocks) is set by emu::set_order (forward, reverse,
+// seeded random), so running a kernel under several orders and requiring bit-identical outputs
+// exposes code whose result depends on the interleaving between yield points (missing
+// __syncthreads/__syncwarp) or on the order of blocks.
+// Memory: kernels get host pointers; cudaMalloc is malloc filled with 0xff bytes (NaN: CUDA leaves
+// new memory uninitialised), writes past a launch's dynamic shared memory fail; cudaMemcpy*/cudaMemset* are
 // memcpy/memset (async ones complete at once); events hold the host time of their record;
 // stream capture records work into a graph that cudaGraphLaunch replays, and refuses what CUDA
 // refuses inside a capture (see "stream capture" below). cp.async copies complete only at the issuing thread's
@@ -211,6 +213,8 @@ inline void emu_write(void*, size_t) {}
 enum State { kReady, kAtWarp, kAtBlock, kDone };
 constexpr int kWarp = 32;
 constexpr size_t kStackBytes = 256 * 1024;
+constexpr size_t kSmemCanary = 64;          // guard bytes after a launch's dynamic shared memory
+constexpr unsigned char kCanaryByte = 0x5a;
 
 struct Thread;
 // A warp collective: called once with the arrived lanes (lane index -> thread, nullptr if the
@@ -278,7 +282,7 @@ struct Emu {
     void* body_arg = nullptr;
     std::vector<unsigned char> dyn_smem;
     size_t dyn_bytes = 0;
-    std::vector<const void*> shared_seen;  // static __shared__ objects poisoned in this block
+    std::vector<std::pair<const char*, size_t>> shared_seen;  // static __shared__ objects poisoned in this block
     // wgmma: per warp of the running block, the issued and not yet completed wgmma.mma_async
     // operations (in issue order) and the number of wgmma groups the warp has committed.
     std::vector<std::vector<WgmmaOp>> wg_ops;
@@ -533,9 +537,11 @@ inline void op_shfl(Thread* const* lanes) {
         const int w = t->width, base = l & ~(w - 1);
         int src;
         if (K == kIdx) src = base + (t->arg & (w - 1));
-        else if (K == kXor) src = l ^ t->arg;
-        else if (K == kUp) src = l - t->arg >= base ? l - t->arg : l;
-        else src = l + t->arg < base + w ? l + t->arg : l;
+        else if (K == kXor) {  // PTX shfl.bfly: a lane beyond the caller's segment gives back its own value
+            src = l ^ (t->arg & (kWarp - 1));
+            if (src > base + w - 1) src = l;
+        } else if (K == kUp) src = l - (t->arg & (kWarp - 1)) >= base ? l - (t->arg & (kWarp - 1)) : l;
+        else src = l + (t->arg & (kWarp - 1)) < base + w ? l + (t->arg & (kWarp - 1)) : l;
         if (src < 0 || src >= kWarp || !lanes[src]) {
             char msg[160];
             std::snprintf(msg, sizeof msg, "shuffle of lane %d reads lane %d, which does not exist or has exited",
@@ -652,9 +658,28 @@ EMU_NOTSAN inline void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const 
     yield_warp(&op_mma16816, "mma.m16n8k16", 0xffffffffu);
     for (int i = 0; i < 4; i++) std::memcpy(&c[i], &g.cur->wout[i], 4);
 }
+namespace detail {
+// Whether [p, p + n) lies in the running block's shared memory: its dynamic shared memory or a
+// static __shared__ object it has declared (the operands PTX addresses in the .shared window; a
+// global pointer there reads other bytes or faults on a GPU).
+EMU_NOTSAN inline bool in_block_shared(const void* p, size_t n) {
+    const char* c = (const char*)p;
+#if EMU_TSAN
+    const char* dyn = g.dyn_ptr;
+    if (g.arena && c >= g.arena && c + n <= g.arena + g.arena_used) return true;
+#else
+    const char* dyn = (const char*)g.dyn_smem.data();
+    for (const auto& e : g.shared_seen)
+        if (c >= e.first && c + n <= e.first + e.second) return true;
+#endif
+    return dyn && c >= dyn && c + n <= dyn + g.dyn_bytes;
+}
+}  // namespace detail
+
 EMU_NOTSAN inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
     using namespace detail;
     if ((uintptr_t)p & 15) fail("ldmatrix: row address not 16-byte aligned");
+    if (!in_block_shared(p, 16)) fail("ldmatrix: row address outside the block's shared memory");
     emu_read(p, 16);  // the row this lane addresses (the scheduler's copy of it is not reported)
     Quiet q;
     g.cur->ptr = p;
@@ -678,6 +703,7 @@ EMU_NOTSAN inline void cp_async(void* dst, const void* src, int size, int src_si
     if (src_size < 0 || src_size > size) fail("cp.async: src-size must be in [0, size]");
     if ((uintptr_t)dst % (uintptr_t)size) fail("cp.async: shared address not aligned to the copy size");
     if (src_size > 0 && (uintptr_t)src % (uintptr_t)size) fail("cp.async: global address not aligned to the copy size");
+    if (!in_block_shared(dst, (size_t)size)) fail("cp.async: destination outside the block's shared memory");
     emu_write(dst, (size_t)size);
     emu_read(src, (size_t)src_size);
     Quiet q;
@@ -1041,8 +1067,9 @@ EMU_NOTSAN inline void note_static_shared(size_t bytes) {
 EMU_NOTSAN inline void shared_init(void* p, size_t bytes) {
     detail::Quiet q;
     auto& s = detail::g.shared_seen;
-    if (std::find(s.begin(), s.end(), (const void*)p) != s.end()) return;
-    s.push_back(p);
+    for (const auto& e : s)
+        if (e.first == (const char*)p) return;
+    s.push_back({(const char*)p, bytes});
     std::memset(p, 0xff, bytes);
     detail::note_static_shared(bytes);
 }
@@ -1273,7 +1300,10 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
                            (unsigned)(i / ((int64_t)block.x * block.y)));
         if (!EMU_TSAN) t.stack = g.stacks[(size_t)i].get();
     }
-    g.dyn_smem.assign(std::max<size_t>(smem, 16), 0xff);
+    // kSmemCanary bytes of a fixed pattern after the launch's dynamic shared memory: a block that
+    // writes past what the launch asked for fails the launch (a GPU may not fault there).
+    g.dyn_smem.assign(std::max<size_t>(smem, 16) + kSmemCanary, 0xff);
+    std::memset(g.dyn_smem.data() + smem, kCanaryByte, kSmemCanary);
     g.dyn_bytes = smem;
     g.dyn_optin = optin;
     auto tup = std::make_tuple(args...);
@@ -1293,13 +1323,27 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, A
     __tsan_release(&g.launch_sync);  // the host's work so far happens before every emulated thread
 #endif
     const bool all = !launch_only();  // (else block (0,0,0) only: its thread ends at kernel_entry)
-    for (unsigned z = 0; z < (all ? grid.z : 1); z++)
-        for (unsigned y = 0; y < (all ? grid.y : 1); y++)
-            for (unsigned x = 0; x < (all ? grid.x : 1); x++) {
-                g.bidx = make_uint3(x, y, z);
-                g.blocks++;
-                run_block();
-            }
+    // Blocks in the order of emu::set_order too (x fastest when forward): a GPU gives no order
+    // between blocks, so a kernel whose result depends on it differs between the orders.
+    const int64_t nb = all ? (int64_t)grid.x * grid.y * grid.z : 1;
+    std::vector<int> border;
+    if (nb > 1 && nb <= (1 << 24) && g.order != Order::kForward) perm(border, (int)nb);  // (bigger grids: forward)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t i = border.empty() ? b : border[(size_t)b];
+        g.bidx = make_uint3((unsigned)(i % grid.x), (unsigned)(i / grid.x % grid.y),
+                            (unsigned)(i / ((int64_t)grid.x * grid.y)));
+        g.blocks++;
+        run_block();
+        if (!EMU_TSAN)
+            for (size_t c = 0; c < kSmemCanary; c++)
+                if (g.dyn_smem[smem + c] != kCanaryByte) {
+                    char msg[200];
+                    std::snprintf(msg, sizeof msg,
+                                  "block (%u,%u,%u) wrote past its %zu bytes of dynamic shared memory (byte %zu)",
+                                  g.bidx.x, g.bidx.y, g.bidx.z, smem, smem + c);
+                    fail(msg);
+                }
+    }
 #if EMU_TSAN
     __tsan_acquire(&g.exit_sync);  // every emulated thread's work happens before what follows
 #endif
@@ -1352,8 +1396,9 @@ inline cudaError_t malloc_(void** p, size_t n) {
         void* m = mmap(nullptr, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         *p = m == MAP_FAILED ? nullptr : m;
         if (*p) mapped_allocations().push_back({*p, n});
-    } else {
+    } else {  // CUDA leaves new memory uninitialised: all-ones bytes (fp32 and bf16 NaN) expose reads before writes
         *p = tracked_alloc(allocations(), n);
+        if (*p) std::memset(*p, 0xff, n);
     }
     if (!*p) return cudaErrorMemoryAllocation;
     allocated_bytes() += n;
