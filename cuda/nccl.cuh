@@ -6,8 +6,9 @@
 //   * through MPI (dist::broadcast<uint8_t>) when the launcher is MPI, or
 //   * through a file on a shared filesystem (--nccl-id-file PATH) for launchers without MPI
 //     (srun without --mpi, torchrun-style env): rank 0 writes it atomically (temp + rename), the
-//     other ranks poll for it (timeout 300 s). Use a fresh path per job (e.g. include the job id);
-//     rank 0 removes a stale file before writing.
+//     other ranks poll for it (timeout 300 s). The file names the launch (core/rendezvous.h), so
+//     a file left by an earlier Slurm or torchrun job is not read; rank 0 also removes it first.
+//     Other launchers: use a fresh path per job.
 //
 // Typed wrappers: element counts are dist::Elems (an element count of T, never bytes); T is float,
 // bf16 (ncclBfloat16), double, int32, int64, uint64 or uint8, mapped at compile time. NCCL counts
@@ -28,6 +29,7 @@
 
 #include "core/common.h"
 #include "core/dist.h"
+#include "core/rendezvous.h"
 #include "cuda/common.cuh"
 
 namespace ldm {
@@ -61,23 +63,33 @@ inline int local_device(const dist::Context& c) {
     return c.local_rank % n;
 }
 
-// Shares the 128-byte unique id of rank 0 through a file (see the header comment).
+// Shares the 128-byte unique id of rank 0 through a file (see the header comment and
+// core/rendezvous.h): rank 0 writes it with this launch's world and tag; the other ranks wait until
+// a file of this launch is there (a stale file of an earlier job is waited past, not read), and
+// throw ldm::Error naming the path and what they last found after timeout_s.
 inline void share_id_via_file(ncclUniqueId& id, const dist::Context& c, const std::string& path, double timeout_s = 300) {
+    const std::string tag = rendezvous_launch_tag();
     if (c.rank == 0) {
-        write_file_atomic(path, &id, sizeof(id));
+        const std::string b = rendezvous_encode(&id, sizeof(id), c.world, tag);
+        write_file_atomic(path, b.data(), b.size());
         return;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    std::string last = "no file";
     for (;;) {
         if (file_exists(path)) {
-            std::string b = read_file(path);
-            if (b.size() == sizeof(id)) {
-                std::memcpy(&id, b.data(), sizeof(id));
-                return;
+            std::string b;
+            try {
+                b = read_file(path);
+            } catch (const Error&) {  // replaced between the check and the read
+                b.clear();
             }
+            if (rendezvous_decode(b, sizeof(id), c.world, tag, &id, &last)) return;
         }
         if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s)
-            throw Error(strprintf("--nccl-id-file %s: rank 0 did not write the NCCL id within %.0f s", path.c_str(), timeout_s));
+            throw Error(strprintf("--nccl-id-file %s: rank 0 of this launch did not write the NCCL id within %.0f s "
+                                  "(last seen: %s)",
+                                  path.c_str(), timeout_s, last.c_str()));
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/common.h"
+#include "core/rendezvous.h"
 
 TEST_CASE("write_file_atomic writes exactly and leaves no temp file", "[common]") {
     std::string d = scratch_dir("common");
@@ -86,4 +87,67 @@ TEST_CASE("median: middle value, the mean of the two middle ones for an even cou
     CHECK(ldm::median({4.0, -2.0}) == 1.0);
     CHECK(ldm::median({2.0, 2.0, 9.0, 2.0}) == 2.0);  // ties
     CHECK_THROWS_AS(ldm::median({}), ldm::Error);
+}
+
+TEST_CASE("rendezvous file: read only when written by this launch", "[common][rendezvous]") {
+    // A 128-byte payload like an NCCL unique id, random bytes including NUL and '\n'.
+    std::mt19937 rng(7);
+    std::string id(128, '\0'), got(128, '\0');
+    for (char& ch : id) ch = char(rng() & 0xff);
+    id[5] = '\n';
+    id[9] = '\0';
+    const std::string b = ldm::rendezvous_encode(id.data(), id.size(), 4, "slurm:812.0");
+    REQUIRE(b.size() > id.size());
+    std::string why;
+    REQUIRE(ldm::rendezvous_decode(b, id.size(), 4, "slurm:812.0", &got[0], &why));
+    CHECK(got == id);
+    // an earlier job at the same path, or another world size: waited past, named
+    got.assign(128, 'z');
+    CHECK_FALSE(ldm::rendezvous_decode(b, id.size(), 4, "slurm:813.0", &got[0], &why));
+    CHECK(why.find("another launch") != std::string::npos);
+    CHECK(why.find("slurm:812.0") != std::string::npos);
+    CHECK_FALSE(ldm::rendezvous_decode(b, id.size(), 8, "slurm:812.0", &got[0], &why));
+    CHECK(got == std::string(128, 'z'));  // nothing copied from a file that was refused
+    // the bare 128-byte file of older builds, a cut payload, an empty file
+    CHECK_FALSE(ldm::rendezvous_decode(id, id.size(), 4, "slurm:812.0", &got[0], &why));
+    CHECK(why.find("not a rendezvous file") != std::string::npos);
+    CHECK_FALSE(ldm::rendezvous_decode(b.substr(0, b.size() - 1), id.size(), 4, "slurm:812.0", &got[0], &why));
+    CHECK(why.find("127 bytes") != std::string::npos);
+    CHECK_FALSE(ldm::rendezvous_decode("", id.size(), 4, "", &got[0], &why));
+    // no launch identity in the environment: the world size alone is compared
+    const std::string b0 = ldm::rendezvous_encode(id.data(), id.size(), 2, "");
+    REQUIRE(ldm::rendezvous_decode(b0, id.size(), 2, "", &got[0], &why));
+    CHECK(got == id);
+}
+
+TEST_CASE("rendezvous launch tag from Slurm or torchrun", "[common][rendezvous]") {
+    struct Env {  // sets a variable for the test and restores what was there
+        std::string name;
+        bool had;
+        std::string old;
+        Env(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr), old(had ? std::getenv(n) : "") {
+            if (v)
+                ::setenv(n, v, 1);
+            else
+                ::unsetenv(n);
+        }
+        ~Env() {
+            if (had)
+                ::setenv(name.c_str(), old.c_str(), 1);
+            else
+                ::unsetenv(name.c_str());
+        }
+    };
+    {
+        Env a("SLURM_JOB_ID", "4711"), b("SLURM_STEP_ID", "3"), c("TORCHELASTIC_RUN_ID", "abc");
+        CHECK(ldm::rendezvous_launch_tag() == "slurm:4711.3");
+    }
+    {
+        Env a("SLURM_JOB_ID", nullptr), b("SLURM_STEP_ID", nullptr), c("TORCHELASTIC_RUN_ID", "abc");
+        CHECK(ldm::rendezvous_launch_tag() == "torchrun:abc");
+    }
+    {
+        Env a("SLURM_JOB_ID", nullptr), b("SLURM_STEP_ID", nullptr), c("TORCHELASTIC_RUN_ID", nullptr);
+        CHECK(ldm::rendezvous_launch_tag().empty());
+    }
 }
