@@ -34,6 +34,8 @@ Inference<R>::Inference(const Model<R>& model, int B, int max_T)
     if (B < 1) throw Error(strprintf("Inference: B=%d must be >= 1", B));
     if (max_T < 1 || max_T > cfg_.seq_len)
         throw Error(strprintf("Inference: max_T=%d must be in [1, seq_len=%d]", max_T, cfg_.seq_len));
+    if ((int64_t)B * max_T > INT32_MAX)
+        throw Error(strprintf("Inference: B*max_T = %lld positions exceed 2^31 - 1", (long long)B * max_T));
     cache_.allocate(cfg_, B, max_T);
     for (const auto& s : model.specs) off_[s.name] = s.offset;
     scheme_ = make_scheme<R>(cfg_);

@@ -190,6 +190,9 @@ double Model<R>::forward(const int32_t* tokens, const int32_t* targets, int B, i
     if (B <= 0 || T <= 0) throw Error(strprintf("Model::forward: B=%d and T=%d must be positive", B, T));
     if (T > c.seq_len)
         throw Error(strprintf("Model::forward: T=%d exceeds the model's seq_len %d", T, c.seq_len));
+    if ((int64_t)B * T > INT32_MAX)
+        throw Error(strprintf("Model::forward: B*T = %lld tokens exceed the 2^31 - 1 of one batch",
+                              (long long)B * T));
     const int N = B * T, d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), F = c.ffn,
               nh = c.n_head, nkv = c.n_kv_head, hd = c.head_dim, V = c.vocab_size,
               Vp = c.padded_vocab;

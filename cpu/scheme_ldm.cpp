@@ -518,14 +518,14 @@ void LDMScheme<R>::record_drift(const LV* ref, bool init) {
             for (int e = 0; e < SS_; e++)
                 for (int l = 0; l < nl; l++) {
                     double r = init ? 0.0 : (double)ref[so + e].v[l];
-                    ms = std::max(ms, std::fabs((double)cur_[so + e].v[l] - r));
+                    ms = std::max(ms, ldm_drift_value((double)cur_[so + e].v[l] - r));
                 }
             for (int a = 0; a < (rls_ ? dk_ : 0); a++)
                 for (int b = 0; b < dk_; b++) {
                     const size_t e = so + SS_ + (size_t)a * dk_ + b;
                     for (int l = 0; l < nl; l++) {
                         double r = init ? (a == b ? 1.0 : 0.0) : (double)delta * (double)ref[e].v[l];
-                        mp = std::max(mp, std::fabs((double)delta * (double)cur_[e].v[l] - r));
+                        mp = std::max(mp, ldm_drift_value((double)delta * (double)cur_[e].v[l] - r));
                     }
                 }
         }
@@ -729,19 +729,18 @@ template <typename R>
 void LDMScheme<R>::begin_backward(R* de) {
     write_backward(0, de, false);
     const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
-    if (unwinding && ckpt_ == 0 && std::max(drift_S_, drift_P_) > cfg_.ldm_drift_tol) {
-        ckpt_ = window_ ? w_  // window mode: keep the window-start states
-                : cfg_.ldm_checkpoint_every > 0
-                    ? cfg_.ldm_checkpoint_every
-                    : std::max(1, (int)std::lround(std::sqrt((double)(D_ + 1))));
+    const int next = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_,
+                                           std::max(drift_S_, drift_P_), cfg_.ldm_drift_tol);
+    if (next != ckpt_) {
+        const bool first = !fell_back_;
+        ckpt_ = next;
         fell_back_ = true;
-        if (!warned_) {
-            std::fprintf(stderr,
-                         "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back "
-                         "to checkpointed segments every %d writes from the next step on\n",
-                         drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
-            warned_ = true;
-        }
+        std::fprintf(stderr,
+                     first ? "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back "
+                             "to checkpointed segments every %d writes from the next step on\n"
+                           : "warning: LDM unwind drift %.3g (S) / %.3g (P) still exceeds %.3g: "
+                             "checkpointed segments every %d writes from the next step on\n",
+                     drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
     }
 }
 

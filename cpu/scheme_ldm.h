@@ -111,7 +111,7 @@ struct LDMScheme final : Scheme<R> {
     bool window_ = false;
     int w_ = 1;
     int ckpt_;         // checkpoint interval in use (0 = none)
-    bool warned_ = false, fell_back_ = false;
+    bool fell_back_ = false;
     double drift_S_ = 0, drift_P_ = 0;
     // parameters (params_/grads_ views)
     std::vector<const R*> Wk_, Wq_, A_, Wb_, Bb_;  // Wq_/A_ indexed 1..D, D+1 = final

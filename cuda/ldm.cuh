@@ -425,8 +425,9 @@ inline int64_t row_backward_dw_scratch(int N, int d, int HK) {
 
 
 // Drift: out[0] = max(out[0], max|S - S_ref|), out[1] = max(out[1], max|δP - δP_ref|) over all
-// tokens and heads; ref == nullptr compares with the initial state (0, I/δ). out holds the bits of
-// non-negative floats (integer atomicMax is exact and order-independent).
+// tokens and heads (a non-finite difference counts as +inf: ldm_drift_value); ref == nullptr
+// compares with the initial state (0, I/δ). out holds the bits of non-negative floats (integer
+// atomicMax is exact and order-independent).
 __global__ void drift_kernel(Dims D, const float* cur, const float* ref, float delta, unsigned* out) {
     const int64_t total = (int64_t)D.N * D.ST;
     float ms = 0.f, mp = 0.f;
@@ -434,11 +435,11 @@ __global__ void drift_kernel(Dims D, const float* cur, const float* ref, float d
          i += (int64_t)gridDim.x * blockDim.x) {
         const int hb = (int)(i % D.ST) % (D.SS + D.PP);
         if (hb < D.SS) {
-            ms = fmaxf(ms, fabsf(cur[i] - (ref ? ref[i] : 0.f)));
+            ms = fmaxf(ms, ldm_drift_value(cur[i] - (ref ? ref[i] : 0.f)));
         } else {
             const int p = hb - D.SS;
             const float r = ref ? delta * ref[i] : (p / D.dk == p % D.dk ? 1.f : 0.f);
-            mp = fmaxf(mp, fabsf(delta * cur[i] - r));
+            mp = fmaxf(mp, ldm_drift_value(delta * cur[i] - r));
         }
     }
     for (int o = 16; o > 0; o >>= 1) {

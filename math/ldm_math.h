@@ -730,4 +730,28 @@ LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, con
     }
 }
 
+// ---- unwind drift and the checkpoint fallback (spec §2.5, mode "unwind") --------------------
+// |x| for the drift maximum; a non-finite x (an unwound state gone NaN or inf) counts as +inf,
+// which a max over values would otherwise drop (max(m, NaN) == m).
+template <typename R>
+LDM_HD inline R ldm_drift_value(R x) {
+    const R a = x < R(0) ? -x : x;
+    return a - a == R(0) ? a : R(INFINITY);
+}
+
+// The checkpoint interval for the next step after a backward whose unwind drift (max of the S and
+// P drifts) was `drift` (host). Within `tol`, or when nothing unwinds, the interval stays `ckpt`
+// (0 = no kept states). Above it: the first fallback keeps every round(sqrt(D+1))-th state
+// (window mode: the window-start states, interval w); while the drift of a fallback interval
+// still exceeds tol, the interval halves, down to 1 (every state kept: no unwinding error). An
+// interval set by --ldm-checkpoint-every (fell_back false, ckpt > 0) and window mode's are kept.
+inline int ldm_fallback_interval(bool unwinding, int ckpt, bool fell_back, bool window, int w, int D, double drift,
+                                 double tol) {
+    if (!unwinding || drift <= tol) return ckpt;
+    const int c = (int)lround(sqrt((double)(D + 1)));
+    if (ckpt == 0) return window ? w : c > 1 ? c : 1;
+    if (fell_back && !window && ckpt > 1) return ckpt / 2;
+    return ckpt;
+}
+
 }  // namespace ldm

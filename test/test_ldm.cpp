@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -696,15 +697,46 @@ TEST_CASE("ldm: drift above tolerance falls back to checkpointed segments", "[ld
     REQUIRE(mt[0].second > 0);         // some rounding drift
     REQUIRE(mt[2].second == 1.0);      // ldm_fallback
     REQUIRE(mt[3].second == 2.0);      // round(sqrt(D + 1)) = round(sqrt(5))
-    // The next step runs with checkpoints and still gives the store-mode gradients.
-    m.zero_grad();
-    m.forward(tok.data(), tgt.data(), B, T);
-    m.backward();
+    // The next step runs with checkpoints and still gives the store-mode gradients; its drift
+    // (unwinding inside segments) still exceeds the tolerance, so the interval halves to 1.
     ModelConfig s = c;
     s.ldm_mode = "store";
     Run ref = run_model<double>(s, B, T, 3);
-    CHECK_TOL("drift fallback == store", rel_diff(std::vector<double>(m.grads.begin(), m.grads.end()), ref.grads),
-              1e-10);
+    for (int step = 2; step <= 3; step++) {
+        INFO("step " << step);
+        m.zero_grad();
+        m.forward(tok.data(), tgt.data(), B, T);
+        m.backward();
+        CHECK_TOL("drift fallback == store",
+                  rel_diff(std::vector<double>(m.grads.begin(), m.grads.end()), ref.grads), 1e-10);
+        mt = m.scheme_metrics();
+        CHECK(mt[2].second == 1.0);
+        CHECK(mt[3].second == 1.0);  // every state kept: nothing left to tighten
+    }
+}
+
+TEST_CASE("ldm: drift values count non-finite differences as +inf; the fallback interval rule", "[ldm]") {
+    // A NaN would vanish in a running max (std::max(m, NaN) == m): the drift sees it as +inf.
+    CHECK(ldm::ldm_drift_value(-2.5) == 2.5);
+    CHECK(ldm::ldm_drift_value(0.0f) == 0.0f);
+    CHECK(std::isinf(ldm::ldm_drift_value(std::nan(""))));
+    CHECK(std::isinf(ldm::ldm_drift_value(-std::numeric_limits<float>::infinity())));
+    CHECK(std::isinf(ldm::ldm_drift_value(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(std::max(0.5, ldm::ldm_drift_value(std::nan(""))) > 1e300);
+    // ldm_fallback_interval(unwinding, ckpt, fell_back, window, w, D, drift, tol)
+    using ldm::ldm_fallback_interval;
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, 1e-4, 1e-3) == 0);     // within tolerance
+    CHECK(ldm_fallback_interval(false, 0, false, false, 1, 15, 1.0, 1e-3) == 0);     // nothing unwinds
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, 2e-3, 1e-3) == 4);     // round(sqrt(16))
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 1, 2e-3, 1e-3) == 1);      // round(sqrt(2)) = 1
+    CHECK(ldm_fallback_interval(true, 0, false, true, 3, 15, 2e-3, 1e-3) == 3);      // window: window starts
+    CHECK(ldm_fallback_interval(true, 4, true, false, 1, 15, 2e-3, 1e-3) == 2);      // still above: halves
+    CHECK(ldm_fallback_interval(true, 2, true, false, 1, 15, 2e-3, 1e-3) == 1);
+    CHECK(ldm_fallback_interval(true, 1, true, false, 1, 15, 2e-3, 1e-3) == 1);      // exact from here
+    CHECK(ldm_fallback_interval(true, 4, true, false, 1, 15, 1e-4, 1e-3) == 4);      // within: kept
+    CHECK(ldm_fallback_interval(true, 3, true, true, 3, 15, 2e-3, 1e-3) == 3);       // window's interval kept
+    CHECK(ldm_fallback_interval(true, 4, false, false, 1, 15, 2e-3, 1e-3) == 4);     // --ldm-checkpoint-every kept
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, INFINITY, 1e-3) == 4);  // a NaN drift (as inf)
 }
 
 TEST_CASE("ldm: window mode unwinds; on drift it keeps the window-start states", "[ldm][blas]") {

@@ -11,6 +11,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "cpu/gradcheck.h"
+#include "cpu/infer.h"
 #include "cpu/model.h"
 #include "cpu/rng.h"
 #include "test/helpers.h"
@@ -455,6 +456,9 @@ TEST_CASE("config validation and bad input give clear errors", "[config]") {
     CHECK_THROWS_WITH(m.forward(bad.data(), tok.data(), 2, 4), Catch::Contains("token id -1"));
     std::vector<int32_t> longer(65, 1);
     CHECK_THROWS_WITH(m.forward(longer.data(), longer.data(), 1, 65), Catch::Contains("seq_len"));
+    // B*T beyond int: refused before any token is read (the pointer stands for a batch never built)
+    CHECK_THROWS_WITH(m.forward(tok.data(), tok.data(), 1 << 26, 64), Catch::Contains("B*T = 4294967296 tokens"));
+    CHECK_THROWS_WITH(Inference<double>(m, 1 << 26, 64), Catch::Contains("B*max_T = 4294967296"));
     m.forward(tok.data(), nullptr, 2, 4);
     CHECK(std::isnan(m.forward(tok.data(), nullptr, 2, 4)));
     CHECK_THROWS_WITH(m.backward(), Catch::Contains("targets"));
