@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstring>
 #include <ctime>
 #include <map>
 
@@ -141,6 +144,50 @@ std::vector<std::string> list_dir(const std::string& dir) {
     return out;
 }
 }  // namespace
+
+std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step) {
+    std::vector<std::string> out;
+    for (const std::string& b : complete_checkpoints(dir)) {
+        int64_t s;
+        std::string rest;
+        if (parse_ckpt_name(basename_of(b) + ".model", &s, &rest) && s > step) out.push_back(b);
+    }
+    return out;
+}
+
+namespace {
+// The note a SIGINT / SIGTERM prints: two buffers, the one in use named by an atomic index, so
+// that the handler never reads a buffer being written.
+char g_note[2][1024];
+std::atomic<int> g_note_cur{-1};
+void interrupt_handler(int sig) {
+    const int c = g_note_cur.load();
+    if (c >= 0) {
+        const ssize_t r = ::write(2, g_note[c], std::strlen(g_note[c]));
+        (void)r;
+    }
+    ::_exit(128 + sig);
+}
+}  // namespace
+
+void set_interrupt_note(const std::string& msg) {
+    const int cur = g_note_cur.load();
+    if (cur < 0) {
+        struct sigaction sa;
+        std::memset(&sa, 0, sizeof sa);
+        sa.sa_handler = interrupt_handler;
+        sigemptyset(&sa.sa_mask);
+        for (int sig : {SIGINT, SIGTERM}) {
+            struct sigaction old;
+            // a signal ignored by the launcher (a background job of a non-interactive shell) stays ignored
+            if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+            ::sigaction(sig, &sa, nullptr);
+        }
+    }
+    const int next = cur == 0 ? 1 : 0;
+    std::snprintf(g_note[next], sizeof g_note[next], "%s\n", msg.c_str());
+    g_note_cur.store(next);
+}
 
 std::vector<std::string> complete_checkpoints(const std::string& dir) {
     std::map<int64_t, std::vector<std::string>> by_step;

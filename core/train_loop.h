@@ -154,6 +154,13 @@ std::string format_duration(double seconds);
 // Checkpoints in `dir`: the bases (dir/ckpt_<step>) of the complete ones (a .model and its .state,
 // or its .done marker), ascending by step.
 std::vector<std::string> complete_checkpoints(const std::string& dir);
+// The complete checkpoints in `dir` of a step above `step` (bases, ascending): what a run resumed
+// from an earlier checkpoint into the same directory finds there.
+std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step);
+// What SIGINT or SIGTERM prints on stderr before the process exits with 128 + the signal, as
+// without a handler (rank 0 of a trainer; a signal the launcher set to be ignored stays ignored).
+// Each call replaces the note; the first installs the handlers.
+void set_interrupt_note(const std::string& msg);
 // Removes dir/ckpt_*.tmp.<pid> files left by a writer that died (its pid no longer runs on this
 // host, or the file is older than a day). Returns how many were removed.
 int remove_stale_temp_files(const std::string& dir);
@@ -359,6 +366,16 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         rng.s = saved.parts[0].rng_state[0];
         start_step = mc.step;
         resumed_from = base;
+        if (!o.out_dir.empty() && rank == 0) {
+            const std::vector<std::string> later = checkpoints_after(o.out_dir, start_step);
+            if (!later.empty())
+                std::fprintf(stderr,
+                             "warning: %s holds %zu checkpoint%s after step %lld (the newest: %s) from the run "
+                             "this one leaves: each is replaced when this run saves its step, until then "
+                             "--resume latest picks them (another --out-dir keeps the runs apart)\n",
+                             o.out_dir.c_str(), later.size(), later.size() == 1 ? "" : "s", (long long)start_step,
+                             basename_of(later.back()).c_str());
+        }
         std::printf("resumed from %s at step %lld", mpath.c_str(), (long long)start_step);
         if (saved.world != W)
             std::printf(" (resharded: saved by %d process%s, now %d)", saved.world, saved.world == 1 ? "" : "es", W);
@@ -535,8 +552,18 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     std::vector<double> bench_ms;  // --bench: wall time of each timed step
     double ema_ms = 0;  // smoothed step time for the ETA
     const auto t_start = std::chrono::steady_clock::now();
+    // What Ctrl-C (SIGINT) or SIGTERM prints before the exit: the last checkpoint, how to continue.
+    auto interrupt_note = [&](int64_t k) {
+        const std::string s = strprintf("interrupted during step %lld of %lld: ", (long long)k, (long long)o.steps);
+        if (!last_good.empty())
+            return s + "the last checkpoint is " + last_good + " (the same command with --resume latest continues it)";
+        if (o.out_dir.empty()) return s + "nothing of this run is saved (no --out-dir)";
+        return s + "no checkpoint written yet (" +
+               (o.ckpt_every > 0 ? "--ckpt-every " + std::to_string(o.ckpt_every) : std::string("only at the end")) + ")";
+    };
     for (int64_t step = start_step; step < end_step; step++) {
         const int64_t k = step + 1;  // this step's number
+        if (rank == 0 && o.bench == 0) set_interrupt_note(interrupt_note(k));
         const bool last = k == o.steps;
         if (val && o.val_every > 0 && step % o.val_every == 0) {
             last_val = eval_val();

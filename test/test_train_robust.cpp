@@ -12,10 +12,13 @@
 //     allocating, naming what it needs.
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cmath>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/checkpoint.h"
 #include "core/common.h"
@@ -205,4 +208,46 @@ TEST_CASE("train loop: --warmup-steps > --steps warns; a model too large for thi
     // refused by the up-front estimate (before the allocation and initialisation), not by the allocator
     CHECK_THAT(r.out, Catch::Contains("needs") && Catch::Contains("GiB") && Catch::Contains("available"));
     CHECK_THAT(r.out, !Catch::Contains("bad_alloc"));
+}
+
+TEST_CASE("train loop: Ctrl-C names the last checkpoint; a resume from an earlier checkpoint warns of later ones",
+          "[train][robust]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("robust_interrupt");
+    // a long run, in the background, interrupted by SIGINT once its step-2 checkpoint exists
+    const std::string script = "echo $$ > '" + dir + "/pid'; exec " +
+                               cmd(shards, "--steps 100000 --ckpt-every 2 --keep-checkpoints 1 --out-dir " + dir + "/A") +
+                               " > '" + dir + "/out' 2>&1\n";
+    ldm::write_file_atomic(dir + "/run.sh", script.data(), script.size());
+    REQUIRE(run_cmd("setsid -f bash -c 'bash \"" + dir + "/run.sh\"; echo $? > \"" + dir + "/rc\"' < /dev/null > /dev/null 2>&1")
+                .status == 0);
+    for (int k = 0; k < 600 && !ldm::file_exists(dir + "/A/ckpt_000002.done"); k++) usleep(100000);
+    REQUIRE(ldm::file_exists(dir + "/A/ckpt_000002.done"));
+    const int pid = std::stoi(ldm::read_file(dir + "/pid"));
+    REQUIRE(::kill(pid, SIGINT) == 0);
+    for (int k = 0; k < 300 && !ldm::file_exists(dir + "/rc"); k++) usleep(100000);
+    REQUIRE(ldm::file_exists(dir + "/rc"));
+    const std::string out = ldm::read_file(dir + "/out");
+    INFO(out);
+    CHECK(std::stoi(ldm::read_file(dir + "/rc")) == 130);
+    CHECK_THAT(out, Catch::Matches("[\\s\\S]*interrupted during step [0-9]+ of 100000: the last checkpoint is " + dir +
+                                   "/A/ckpt_[0-9]{6} \\(the same command with --resume latest continues it\\)\n"));
+    // before any checkpoint, and without --out-dir
+    RunResult r = run_cmd("timeout --preserve-status -s INT 3 " + cmd(shards, "--steps 100000"));
+    INFO(r.out);
+    CHECK(r.status == 130);
+    CHECK_THAT(r.out, Catch::Contains("nothing of this run is saved (no --out-dir)"));
+
+    // resuming ckpt 2 into the directory that also holds the run's ckpt 4 and 6
+    REQUIRE(run_cmd(cmd(shards, "--steps 6 --ckpt-every 2 --out-dir " + dir + "/B")).status == 0);
+    RunResult w = run_cmd(cmd(shards, "--steps 3 --resume " + dir + "/B/ckpt_000002 --out-dir " + dir + "/B"));
+    INFO(w.out);
+    CHECK(w.status == 0);
+    CHECK_THAT(w.out, Catch::Contains("warning: " + dir + "/B holds 2 checkpoints after step 2 (the newest: "
+                                      "ckpt_000006) from the run this one leaves"));
+    RunResult l = run_cmd(cmd(shards, "--steps 7 --resume latest --out-dir " + dir + "/B"));
+    INFO(l.out);
+    CHECK(l.status == 0);
+    CHECK_THAT(l.out, !Catch::Contains("holds"));  // resumed from the newest: nothing later
 }
