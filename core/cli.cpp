@@ -1,11 +1,13 @@
 #include "core/cli.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "core/common.h"
 
@@ -104,6 +106,41 @@ std::string ArgParser::help() const {
     return out;
 }
 
+namespace {
+// Levenshtein distance of a and b (short strings: flag names).
+size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); j++) row[j] = j;
+    for (size_t i = 1; i <= a.size(); i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); j++) {
+            const size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+}  // namespace
+
+std::string ArgParser::suggest(const std::string& name) const {
+    // the one flag `name` begins (--warmup -> --warmup-steps), else the nearest within 2 edits
+    std::string prefix_of, nearest;
+    int prefixes = 0;
+    size_t best = 3;
+    for (const Flag& f : flags_)
+        for (const auto& n : f.names) {
+            if (name.size() >= 3 && n.size() > name.size() && n.compare(0, name.size(), name) == 0) {
+                prefix_of = n;
+                prefixes++;
+            }
+            const size_t d = edit_distance(name, n);
+            if (d < best) best = d, nearest = n;
+        }
+    return prefixes == 1 ? prefix_of : nearest;
+}
+
 bool ArgParser::parse(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -111,8 +148,14 @@ bool ArgParser::parse(int argc, char** argv) {
             std::fputs(help().c_str(), stdout);
             return false;
         }
-        if (a.size() < 2 || a[0] != '-')
-            throw Error("unexpected argument '" + a + "' (flags start with -; see --help)");
+        if (a.size() < 2 || a[0] != '-') {
+            // after a flag's value: likely a pattern the shell expanded into several paths
+            const bool after_value = i >= 2 && argv[i - 1][0] != '-';
+            throw Error("unexpected argument '" + a + "' (flags start with -; see --help)" +
+                        (after_value ? std::string("; if the shell expanded a pattern such as dir/*.bin into several "
+                                                   "files, quote it: 'dir/*.bin'")
+                                     : std::string()));
+        }
         std::string name = a, value;
         bool has_value = false;
         size_t eq = a.find('=');
@@ -125,7 +168,11 @@ bool ArgParser::parse(int argc, char** argv) {
         for (const Flag& f : flags_)
             for (const auto& n : f.names)
                 if (n == name) found = &f;
-        if (!found) throw Error("unknown flag '" + name + "' (see --help)");
+        if (!found) {
+            const std::string near = suggest(name);
+            throw Error("unknown flag '" + name + "' (" + (near.empty() ? "" : "did you mean " + near + "? ") +
+                        "see --help)");
+        }
         if (!found->is_switch && !has_value) {
             if (i + 1 >= argc) throw Error(name + ": missing value");
             value = argv[++i];

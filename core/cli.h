@@ -31,6 +31,9 @@ class ArgParser {
     // stdout); throws ldm::Error on bad input. Positional arguments are an error.
     bool parse(int argc, char** argv);
     std::string help() const;
+    // The flag a mistyped `name` most likely meant: the only flag it is a prefix of (3+
+    // characters), else the nearest name within 2 edits; "" when none.
+    std::string suggest(const std::string& name) const;
     // Whether the flag (any of its spellings, e.g. "--seq-len") appeared on the command line.
     bool was_set(const std::string& name) const;
 

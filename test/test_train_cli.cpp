@@ -65,7 +65,20 @@ TEST_CASE("ArgParser: errors name the flag", "[cli]") {
     Argv a3({"prog", "--lx", "1"});
     CHECK_THROWS_WITH(ap.parse(a3.argc(), a3.argv()), Catch::Contains("unknown flag '--lx'"));
     Argv a4({"prog", "stray"});
-    CHECK_THROWS_WITH(ap.parse(a4.argc(), a4.argv()), Catch::Contains("unexpected argument 'stray'"));
+    CHECK_THROWS_WITH(ap.parse(a4.argc(), a4.argv()), Catch::Contains("unexpected argument 'stray'") &&
+                                                          !Catch::Contains("quote it"));
+    // a pattern the shell expanded: the second path follows the flag's value
+    Argv a6({"prog", "--lr", "1", "--batch-size", "2", "d/a_000001.bin", "d/a_000002.bin"});
+    CHECK_THROWS_WITH(ap.parse(a6.argc(), a6.argv()),
+                      Catch::Contains("unexpected argument 'd/a_000001.bin'") && Catch::Contains("quote it: 'dir/*.bin'"));
+    // mistyped flags: the one flag the name begins, else the nearest within 2 edits, else none
+    CHECK_THROWS_WITH(ap.parse(a3.argc(), a3.argv()), Catch::Contains("unknown flag '--lx' (did you mean --lr? see --help)"));
+    Argv a7({"prog", "--batch"});
+    CHECK_THROWS_WITH(ap.parse(a7.argc(), a7.argv()), Catch::Contains("(did you mean --batch-size? see --help)"));
+    Argv a8({"prog", "--completely-else"});
+    CHECK_THROWS_WITH(ap.parse(a8.argc(), a8.argv()), Catch::Contains("unknown flag '--completely-else' (see --help)"));
+    CHECK(ap.suggest("--bach-size") == "--batch-size");
+    CHECK(ap.suggest("-b") == "-B");
     Argv a5({"prog", "-B", "99999999999"});
     CHECK_THROWS_WITH(ap.parse(a5.argc(), a5.argv()), Catch::Contains("out of range"));
     CHECK(parse_double("1e-3", "--x") == 1e-3);
