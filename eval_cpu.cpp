@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
                      "Evaluate a model checkpoint on the CPU: validation loss/ppl, WikiText-2 word/byte ppl and "
                      "bits per byte, LAMBADA ppl/acc, HellaSwag acc/acc_norm (doc/evaluation.md).");
         ap.section("Model");
-        ap.add("--checkpoint", &o.checkpoint, "model checkpoint ckpt_<step>.model (required)");
+        ap.add("--checkpoint", &o.checkpoint, "model checkpoint ckpt_<step>.model, or its base ckpt_<step> (required)");
         ap.add("--dtype", &o.dtype, "fp32|fp64: precision of the CPU forward pass");
         ap.add("--tokenizer", &o.tokenizer,
                "optional: bytes, a tokenizer dir or tokenizer.json; its vocab size and end-of-text id must "
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
         if (!ap.parse(argc, argv)) return 0;
 
         if (o.checkpoint.empty()) throw Error("--checkpoint is required (a ckpt_<step>.model file)");
-        if (!file_exists(o.checkpoint)) throw Error("--checkpoint: " + o.checkpoint + " does not exist");
+        o.checkpoint = model_file_of(o.checkpoint);  // a checkpoint base (dir/ckpt_000100) too
         if (o.dtype != "fp32" && o.dtype != "fp64") throw Error("--dtype must be fp32 or fp64, got '" + o.dtype + "'");
         if (o.val_data.empty() && o.wikitext.empty() && o.lambada.empty() && o.hellaswag.empty())
             throw Error("nothing to evaluate: give at least one of --val-data, --wikitext, --lambada, --hellaswag");

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
                      "Generate text on the CPU with a KV cache (prefill + incremental decode); prints prefill "
                      "tokens/s and per-token decode latency. See doc/benchmarks.md.");
         ap.section("Model");
-        ap.add("--checkpoint", &o.checkpoint, "model checkpoint (.model) to load");
+        ap.add("--checkpoint", &o.checkpoint, "model checkpoint (.model, or its base ckpt_<step>) to load");
         ap.add("--preset", &o.preset, "without --checkpoint: a randomly initialised preset (timing only)");
         ap.add("--scheme", &o.scheme, "random-init model: preln|hc|mhc|attnres-full|attnres-block|ldm");
         ap.add("--ldm-rule", &o.ldm_rule, "random-init model: rls|delta|outer");
@@ -134,16 +134,23 @@ int main(int argc, char** argv) {
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
 
+        ModelCheckpoint ck;
+        if (!o.checkpoint.empty()) {
+            o.checkpoint = model_file_of(o.checkpoint);  // a checkpoint base (dir/ckpt_000100) too
+            ck = load_model(o.checkpoint);
+            // a byte-level model (257 ids: only the byte tokenizer has that many) needs no --tokenizer
+            if (o.tokenizer.empty() && ck.cfg.vocab_size == 257) {
+                o.tokenizer = "bytes";
+                std::fprintf(stderr, "note: the model has 257 ids: --tokenizer bytes\n");
+            }
+        }
         std::unique_ptr<Tokenizer> tok;
         if (!(o.print_config && o.tokenizer.empty())) tok = load_tokenizer_flag(o.tokenizer);
         if (!tok && o.prompt_len == 0 && !o.print_config)
             throw Error("--tokenizer: none given and no gpt2_tokenizer in the data directory (or use --prompt-len)");
 
         ModelConfig cfg;
-        ModelCheckpoint ck;
         if (!o.checkpoint.empty()) {
-            if (!file_exists(o.checkpoint)) throw Error("--checkpoint: " + o.checkpoint + " does not exist");
-            ck = load_model(o.checkpoint);
             cfg = ck.cfg;
             if (tok && tok->vocab_size() != (uint32_t)cfg.vocab_size)
                 throw Error(strprintf("--tokenizer %s has %u ids but the model has vocab_size %d: tokenizer mismatch%s",

@@ -244,6 +244,12 @@ void save_model(const std::string& path, const ModelConfig& cfg, const R* params
 template void save_model<float>(const std::string&, const ModelConfig&, const float*, int64_t);
 template void save_model<double>(const std::string&, const ModelConfig&, const double*, int64_t);
 
+std::string model_file_of(const std::string& path, const std::string& flag) {
+    if (file_exists(path)) return path;
+    if (file_exists(path + ".model")) return path + ".model";
+    throw Error(flag + ": " + path + " does not exist");
+}
+
 ModelCheckpoint load_model(const std::string& path) {
     Container c = read_container(path, "LDMMODEL", "model checkpoint");
     ModelCheckpoint m;

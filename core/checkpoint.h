@@ -68,6 +68,10 @@ struct ModelCheckpoint {
 // Checks magic/version/checksum, that the config is valid and that param_count equals
 // count_params(config) and the tensor size; ldm::Error otherwise.
 ModelCheckpoint load_model(const std::string& path);
+// The model file a --checkpoint value names: the path itself, or path + ".model" when the path is
+// a checkpoint's base (dir/ckpt_000100, as --resume takes it). ldm::Error "FLAG: PATH does not
+// exist" when neither is a file.
+std::string model_file_of(const std::string& path, const std::string& flag = "--checkpoint");
 
 // ---- Training state (magic "LDMSTATE"). Everything needed, with the model file, to continue a
 // run bit-exactly: AdamW moments in the training dtype, the exact parameters (fp64 runs only),

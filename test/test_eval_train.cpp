@@ -63,6 +63,11 @@ TEST_CASE("train_cpu --eval-every logs LAMBADA / WikiText / HellaSwag results; p
   const double ll_final = fin.at("results").at("lambada").at("ll").get<double>(),
                ll_logged = evals[1].at("results").at("lambada").at("ll").get<double>();
   CHECK_TOL("in-training lambada ll == eval_cpu", std::fabs(ll_final - ll_logged), 1e-9 * std::fabs(ll_logged));
+  // the checkpoint's base (as --resume takes it) names the same model file
+  r = run_cmd(bin + "/eval_cpu --checkpoint " + dir + "/run1/ckpt_000004 --lambada " + dir +
+              "/lambada.bin --max-examples 4 --quiet --out " + dir + "/base.json");
+  REQUIRE(r.status == 0);
+  CHECK(json::parse(ldm::read_file(dir + "/base.json")).at("results").at("lambada").at("ll").get<double>() == ll_final);
 
   // Errors: a mismatched eval binary fails at startup; --eval-every without a file is refused.
   ldm::LambadaSet olmo;

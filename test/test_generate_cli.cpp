@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common.h"
+#include "core/checkpoint.h"
 #include "core/config.h"
 #include "core/tokenizer.h"
 #include "cpu/generate_io.h"
@@ -212,4 +213,30 @@ TEST_CASE("generate_io helpers: prompt, context, report", "[generate]") {
     CHECK(cpu::generation_prompt(&tok, "", 0, 1, 50257) == std::vector<int32_t>{(int32_t)tok.eot_id()});
     CHECK(cpu::generation_prompt(&tok, "Hello world", 0, 1, 50257) == std::vector<int32_t>{15496, 995});
     CHECK_THROWS_AS(cpu::generation_prompt(&tok, "Hello world", 0, 1, 1000), Error);
+}
+
+TEST_CASE("generate_cpu: a byte-level checkpoint (257 ids) needs no --tokenizer", "[generate]") {
+    const std::string bin = build_dir_of_test() + "/generate_cpu";
+    const std::string dir = train_scratch("generate_bytes");
+    const ModelConfig cfg = tiny_config("preln", 257, 32);
+    cpu::Model<float> m(cfg);
+    m.init(5);
+    save_model<float>(dir + "/bytes.model", cfg, m.params.data(), 0);
+    RunResult r = run_cmd("'" + bin + "' --checkpoint " + dir + "/bytes.model --greedy --max-new-tokens 4 --threads 1 "
+                          "--prompt 'To be'");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("note: the model has 257 ids: --tokenizer bytes"));
+    CHECK(generate_line(r.out).at("prompt_tokens") == 5);  // one id per byte
+    // any other vocabulary still needs its tokenizer (the default, GPT-2's, does not fit 300 ids)
+    const ModelConfig c300 = tiny_config("preln", 300, 32);
+    cpu::Model<float> m300(c300);
+    m300.init(5);
+    save_model<float>(dir + "/v300.model", c300, m300.params.data(), 0);
+    const std::string dd = data_dir_or_skip("the default tokenizer");
+    if (dd.empty()) return;
+    r = run_cmd("'" + bin + "' --checkpoint " + dir + "/v300.model --max-new-tokens 4 --threads 1 --prompt 'To be'");
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("has 50257 ids but the model has vocab_size 300: tokenizer mismatch"));
 }
