@@ -110,6 +110,19 @@ inline void note_attnres_block_is_full(const ModelConfig& cfg) {
                  cfg.attnres_blocks, D, cfg.n_layer, D, std::max(1, D / 4));
 }
 
+// LDM with a ridge δ below the spec's 0.1 in a mode that unwinds (unwind, window, rls or outer):
+// the unwinding drift grows fast as δ shrinks (spec §2.5: 1e-4 at δ = 0.1, 0.9 at 0.001), so the
+// run falls back to kept states; says so on stderr (rank 0 of the launch), the run goes on.
+inline void note_small_ldm_delta(const ModelConfig& cfg) {
+    if (cfg.scheme != "ldm" || cfg.ldm_rule == "delta" || cfg.ldm_mode == "store" || !(cfg.ldm_delta < 0.1) ||
+        dist::context_from_env().rank != 0)
+        return;
+    std::fprintf(stderr,
+                 "note: --ldm-delta %g is below 0.1: the %s mode's unwound states drift far more (spec: keep "
+                 "delta >= 0.1); expect the drift fallback to kept states, or use --ldm-mode store\n",
+                 cfg.ldm_delta, cfg.ldm_mode.c_str());
+}
+
 // Scheme options given for a scheme that does not read them (e.g. --ldm-mode with --scheme
 // preln): named in one note on stderr (rank 0 of the launch), the run goes on. "Given" = differs
 // from the option's default, so a default spelled out is not reported.
@@ -181,6 +194,7 @@ ModelConfig model_config_from_flags(const O& o, int vocab_size) {
     cfg.ldm_drift_tol = o.ldm_drift_tol;
     cfg.validate();
     note_attnres_block_is_full(cfg);
+    note_small_ldm_delta(cfg);
     note_ignored_scheme_flags(o);
     return cfg;
 }

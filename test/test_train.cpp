@@ -173,6 +173,18 @@ TEST_CASE("train_cpu: --dry-run for every preset prints the parameter count with
                                   "--ldm-drift-tol 0.01");
     CHECK(nb.status == 0);
     CHECK_THAT(nb.out, !Catch::Contains("does not use"));
+    // a ridge delta below the spec's 0.1 where the backward unwinds: a note; store mode or the
+    // delta rule (which never unwinds) or the default 0.1: none
+    nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme ldm --ldm-mode unwind --ldm-delta 0.01");
+    CHECK(nb.status == 0);
+    CHECK_THAT(nb.out, Catch::Contains("note: --ldm-delta 0.01 is below 0.1: the unwind mode's unwound states drift"));
+    for (const char* ok : {"--ldm-mode store --ldm-delta 0.01", "--ldm-mode store --ldm-rule delta --ldm-delta 0.01",
+                           "--ldm-mode window --ldm-window 2"}) {
+        nb = run_cmd(trainer_path() + " --dry-run --preset tiny --scheme ldm " + ok);
+        INFO(ok);
+        CHECK(nb.status == 0);
+        CHECK_THAT(nb.out, !Catch::Contains("is below 0.1"));
+    }
     // --help lists every flag with defaults
     RunResult h = run_cmd(trainer_path() + " --help");
     CHECK(h.status == 0);
