@@ -35,11 +35,12 @@ scheme_flags() {
   case "$1" in
     preln|hc|mhc|attnres-full|attnres-block) echo "--scheme $1" ;;
     attnres-block2) echo "--scheme attnres-block --attnres-blocks 2" ;;
-    ldm-rls) echo "--scheme ldm --ldm-rule rls" ;;
+    ldm|ldm-rls) echo "--scheme ldm --ldm-rule rls" ;;   # (ldm: study.sh's name of the default rule)
     ldm-delta) echo "--scheme ldm --ldm-rule delta" ;;
     ldm-outer) echo "--scheme ldm --ldm-rule outer" ;;
     ldm-rls-nores) echo "--scheme ldm --ldm-rule rls --no-residual" ;;
-    *) echo "error: unknown scheme name $1" >&2; return 1 ;;
+    *) echo "error: unknown scheme name $1 (known: preln hc mhc attnres-full attnres-block attnres-block2 ldm" \
+         "ldm-rls ldm-delta ldm-outer ldm-rls-nores)" >&2; return 1 ;;
   esac
 }
 # every scheme name is checked before any work

@@ -20,7 +20,8 @@
 # cores), DEMO_SCHEMES ("preln ldm"; e.g.
 # "preln ldm mhc attnres-block2"), DEMO_LR (3e-3), DEMO_B (16), DEMO_T (128), DEMO_THREADS
 # (0 = all cores), DEMO_EVAL_EXAMPLES (200; 0 skips LAMBADA/WikiText-2), DEMO_OUT, DEMO_RESUME=1
-# (keep the runs of an earlier demo with the same settings instead of starting over), BUILD.
+# (keep the runs of an earlier demo with the same settings instead of starting over; otherwise
+# the earlier demo's study/ is moved to study.prev/), BUILD. Bad DEMO_* values stop it at once.
 set -euo pipefail
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,6 +36,15 @@ B=${DEMO_B:-16}
 T=${DEMO_T:-128}
 THREADS=${DEMO_THREADS:-0}
 EVAL_EXAMPLES=${DEMO_EVAL_EXAMPLES:-200}
+# the settings are checked before anything is built, downloaded or replaced
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+for v in DEMO_STEPS:$STEPS DEMO_B:$B DEMO_T:$T DEMO_THREADS:$THREADS DEMO_EVAL_EXAMPLES:$EVAL_EXAMPLES; do
+  is_uint "${v#*:}" || { echo "demo: error: ${v%%:*} must be a non-negative integer, got '${v#*:}'" >&2; exit 2; }
+done
+for s in $SEEDS; do is_uint "$s" || { echo "demo: error: DEMO_SEEDS must hold integers, got '$s'" >&2; exit 2; }; done
+[ -n "${SEEDS// /}" ] || { echo "demo: error: DEMO_SEEDS is empty" >&2; exit 2; }
+[ -n "${SCHEMES// /}" ] || { echo "demo: error: DEMO_SCHEMES is empty" >&2; exit 2; }
+[[ "$LR" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || { echo "demo: error: DEMO_LR must be a number, got '$LR'" >&2; exit 2; }
 # idle OpenMP threads sleep instead of spinning (much faster when cores are shared)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
@@ -52,11 +62,12 @@ done
 
 # 1. data
 DATA=""
-for d in "${LDM_DATA_DIR:-}" "$ROOT/../shared/data"; do
+for d in "${LDM_DATA_DIR:-}" "$ROOT/../shared/data" "$OUT/data"; do
   if [ -n "$d" ] && [ -f "$d/tinyshakespeare/input.txt" ]; then DATA=$(cd "$d" && pwd); break; fi
 done
 if [ -z "$DATA" ]; then
-  DATA=${LDM_DATA_DIR:-$ROOT/../shared/data}
+  # (not into ../shared/data: a partial copy there would be taken by the tests for the full one)
+  DATA=${LDM_DATA_DIR:-$OUT/data}
   echo "demo: no tiny Shakespeare found; downloading it, LAMBADA and WikiText-2 into $DATA (scripts/download_data.sh)"
   mkdir -p "$DATA"
   bash "$ROOT/scripts/download_data.sh" tinyshakespeare lambada wikitext2 --out "$DATA"
@@ -66,7 +77,11 @@ echo "demo: data from $DATA"
 
 # 2. the comparison
 study="$OUT/study"
-[ "${DEMO_RESUME:-0}" = 1 ] || rm -rf "$study"
+# a new demo starts over; the previous one's study is kept as study.prev (DEMO_RESUME=1 continues it)
+if [ "${DEMO_RESUME:-0}" != 1 ] && [ -e "$study" ]; then
+  rm -rf "$study.prev" && mv "$study" "$study.prev"
+  echo "demo: the previous demo's results moved to $study.prev"
+fi
 mkdir -p "$OUT"
 threads=()
 [ "$THREADS" != 0 ] && threads=(--threads "$THREADS")

@@ -50,7 +50,8 @@
 #   --launch "PREFIX"      any launcher prefix instead (e.g. "mpirun -np 4 --bind-to none")
 #   --dry-run              print the runs and their commands, run nothing
 # Exit status: 0 when every run finished or was stopped by --stop-after, 1 when a run failed
-# (the others still run; the summary marks it), 2 for bad flags.
+# (the others still run; the summary marks it), 2 for bad flags, 130 when interrupted (Ctrl-C or
+# SIGTERM stops the whole study; the same command resumes it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=scripts/paper/common.sh
@@ -362,6 +363,15 @@ fi
 
 failed=0 stopped=0 done_n=0 i=0
 t_study=$(date +%s)
+# Ctrl-C (SIGINT to the whole foreground group) or SIGTERM stops the study, not only the run in
+# progress: the trainer exits 130/143 (its last checkpoint stays), and so does the study.
+interrupted=0
+trap 'interrupted=1' INT TERM
+stop_if_interrupted() {  # $1: what was running
+  [ "$interrupted" = 1 ] || return 0
+  echo "study: interrupted during $1; run the same command again to resume (finished runs are kept)" >&2
+  exit 130
+}
 for r in "${runs[@]}"; do
   i=$((i + 1))
   IFS='|' read -r name s lr seed <<< "$r"
@@ -430,6 +440,8 @@ for r in "${runs[@]}"; do
       grep --line-buffered -E '^step +[0-9]*00/[0-9]+ \|' | sed -u -E "s/ \| lr .* ms \|/ |/; s|^|study:   $name: |"
     rc=${PIPESTATUS[0]}
     set -e
+    case $rc in 130|143) interrupted=1 ;; esac
+    stop_if_interrupted "$name (training)"
     if [ "$rc" != 0 ]; then
       msg=$(tail -n +"$((lines0 + 1))" "$dir/console.txt" | grep -a "error" | tail -n 1 || true)
       echo "${msg:-exit status $rc}" > "$dir/failed.txt"
@@ -447,6 +459,7 @@ for r in "${runs[@]}"; do
   if ! eval_current; then
     rm -f "$dir/eval.json" "$dir/eval_cmd.txt"
     if ! "$TOOLS/eval_cpu" "${e[@]}" > "$dir/eval_console.txt" 2>&1; then
+      stop_if_interrupted "$name (evaluation)"
       echo "eval_cpu failed: $(grep -a error "$dir/eval_console.txt" | tail -n 1)" > "$dir/failed.txt"
       echo "study: [$i/${#runs[@]}] $name: evaluation FAILED ($dir/eval_console.txt)" >&2
       failed=$((failed + 1)); continue
@@ -461,6 +474,7 @@ for r in "${runs[@]}"; do
       awk -v p="${PROMPT%%$'\n'*}" 'on && /^---$/ { exit } !on && index($0, p) == 1 { on = 1 } on { print }' \
         "$dir/sample_console.txt" > "$dir/sample.txt.tmp" && mv "$dir/sample.txt.tmp" "$dir/sample.txt"
     else
+      stop_if_interrupted "$name (sampling)"
       echo "study:   $name: sampling failed ($dir/sample_console.txt); the run counts as done" >&2
     fi
     printf '%s\n' "$sample_ident" > "$dir/sample_cmd.txt"

@@ -8,6 +8,7 @@
 // needed). Needs the data dir (SKIP otherwise).
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cctype>
 #include <cmath>
 #include <fstream>
@@ -15,6 +16,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -267,4 +270,44 @@ TEST_CASE("runlog.py: a record cut by a kill is skipped, the rest kept; a null v
     CHECK(r.status == 0);
     CHECK_THAT(r.out, Catch::Contains("train [(1, 5.0), (2, 4.5)] resumes 1 bad 1 final_nan True val1 4.9"));
     CHECK_THAT(r.out, Catch::Contains("log.jsonl:3: skipped a record that is not JSON"));
+}
+
+TEST_CASE("study.sh: Ctrl-C (SIGINT to the process group) stops the whole study, exit 130",
+          "[study][script]") {
+    const std::string dd = data_dir_or_skip("study interrupt");
+    if (dd.empty()) return;
+    const std::string bin = build_dir_of_test();
+    const std::string out = train_scratch("study_interrupt");
+    // a run long enough to be interrupted (about a minute alone), in its own process group as a
+    // terminal's foreground job; rc written when the study ends
+    const std::string script = "cd '" LDM_SOURCE_DIR "' && echo $$ > '" + out + "/pgid' && BUILD='" + bin +
+                               "' LDM_DATA_DIR='" + dd + "' scripts/study.sh --recipe ci --steps 20000 --ckpt-every 20 "
+                               "--out '" + out + "/s' > '" + out + "/console' 2>&1; echo $? > '" + out + "/rc'\n";
+    ldm::write_file_atomic(out + "/run.sh", script.data(), script.size());
+    REQUIRE(run_cmd("setsid -f bash '" + out + "/run.sh' < /dev/null > /dev/null 2>&1").status == 0);
+    struct StopOnExit {  // a check that fails below must not leave the study running
+        std::string dir;
+        ~StopOnExit() {
+            if (ldm::file_exists(dir + "/pgid") && !ldm::file_exists(dir + "/rc"))
+                ::kill(-std::stoi(slurp(dir + "/pgid")), SIGTERM);
+        }
+    } stop_on_exit{out};
+    const std::string log = out + "/s/runs/preln_lr3e-3_s1/log.jsonl";
+    bool stepping = false;
+    for (int k = 0; k < 600 && !stepping; k++) {  // up to 60 s for the first run's first steps
+        stepping = ldm::file_exists(log) && slurp(log).find("\"type\":\"step\"") != std::string::npos;
+        if (!stepping) usleep(100000);
+    }
+    REQUIRE(stepping);
+    REQUIRE(ldm::file_exists(out + "/pgid"));
+    const int pgid = std::stoi(slurp(out + "/pgid"));
+    REQUIRE(::kill(-pgid, SIGINT) == 0);
+    for (int k = 0; k < 600 && !ldm::file_exists(out + "/rc"); k++) usleep(100000);
+    REQUIRE(ldm::file_exists(out + "/rc"));
+    const std::string console = slurp(out + "/console");
+    INFO(console);
+    CHECK(std::stoi(slurp(out + "/rc")) == 130);
+    CHECK_THAT(console, Catch::Contains("study: interrupted during preln_lr3e-3_s1 (training); run the same command "
+                                        "again to resume"));
+    CHECK_THAT(console, !Catch::Contains("[2/4]"));  // no later run started
 }
