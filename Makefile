@@ -66,7 +66,9 @@ TESTS     := $(TEST_SRCS:test/%.cpp=$(BUILD)/test/%)
 TEST_COMMON := $(BUILD)/test/catch_main.o $(BUILD)/test/helpers.o
 # CPU-emulation tests of CUDA kernels (test/test_emu_*.cpp, rules below): only when the CUDA
 # headers exist.
-CUDA_INC ?= /usr/local/cuda/include
+# The CUDA headers: beside the nvcc found (its realpath's ../include), else /usr/local/cuda.
+CUDA_INC ?= $(firstword $(patsubst %/cuda_runtime.h,%,$(wildcard $(if $(NVCC),$(dir $(realpath $(NVCC)))../include/cuda_runtime.h) \
+              /usr/local/cuda/include/cuda_runtime.h)) /usr/local/cuda/include)
 # The GPU trainers built as host programs under the same emulation (build/emu/train_*, rules
 # below): the emulated training-step tests run them like the real trainers.
 EMU_PROGS := $(foreach s,$(wildcard train_*.cu),$(BUILD)/emu/$(basename $(s)))
@@ -75,7 +77,10 @@ TESTS := $(filter-out $(BUILD)/test/test_emu_%,$(TESTS))
 EMU_PROGS :=
 endif
 
-# CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists.
+# CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists (and,
+# for `all` and `test`, NCCL's header with it: the CUDA toolkit does not always ship NCCL).
+NCCL_H ?= $(firstword $(wildcard $(CUDA_INC)/nccl.h /usr/include/nccl.h))
+BUILD_CUDA := $(if $(NVCC),$(if $(NCCL_H),yes))
 CUDA_ARCH ?= 90
 CUDA_PORTABLE_ARCH ?= 80
 NVCC_OPT ?= -O3
@@ -97,7 +102,7 @@ CU_SRCS  := $(wildcard train_*.cu) $(wildcard dev/cuda/*.cu)
 CU_BINS  := $(foreach s,$(CU_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
 
 .PHONY: all cpu cuda test demo deps clean tests
-all: cpu $(if $(NVCC),cuda)
+all: cpu $(if $(BUILD_CUDA),cuda)
 cpu: $(LIB) $(TOOLS)
 tests: $(TESTS) $(EMU_PROGS)
 
@@ -225,7 +230,7 @@ $(CU_BINS): $(BUILD)/cuda/%: $(BUILD)/cuda/%.o $(LIB)
 # GPU and are most of `tests`' compile units.
 GPU_TESTS := $(filter $(BUILD)/test/test_gpu_%,$(TESTS)) $(BUILD)/test/test_dist
 .PHONY: gpu-check-build
-gpu-check-build: $(if $(NVCC),cuda) cpu $(GPU_TESTS)
+gpu-check-build: $(if $(BUILD_CUDA),cuda) cpu $(GPU_TESTS)
 
 deps:
 	@bash scripts/install_deps.sh
@@ -234,7 +239,15 @@ deps:
 # binary and prints "tests: N passed, N failed". The tests need the npm packages too (the
 # tokenizer cross-check against independent JavaScript encoders, test/js).
 test: deps
-	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests $(if $(NVCC),cuda)
+	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests $(if $(BUILD_CUDA),cuda)
+	@$(MAKE) --no-print-directory run-tests
+
+# Runs the built tests. A make of its own, so that its lists see what `deps` installed (g++'s
+# ThreadSanitizer runtime on a fresh machine); what is left out, and why, is said first.
+.PHONY: run-tests
+run-tests:
+	@$(if $(EMU_PROGS),,echo "note: no CUDA headers ($(CUDA_INC)/cuda_runtime.h): the CPU-emulation tests of the CUDA kernels and trainers (test_emu_*) and the race-detection tests are left out")
+	@$(if $(NVCC),$(if $(NCCL_H),,echo "note: $(NVCC) has no NCCL (nccl.h not in $(CUDA_INC) or /usr/include): the CUDA trainers and workbenches are not built; NCCL_H=path/nccl.h if it is elsewhere"))
 	@$(if $(EMU_PROGS),$(if $(TSAN_OK),,echo "note: $(CXX) cannot build -fsanitize=thread: the race-detection tests ($(TSAN_DIR)) are left out"))
 	@bash scripts/run_tests.sh $(TESTS) $(TSAN_TESTS)
 

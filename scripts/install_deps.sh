@@ -55,9 +55,16 @@ fi
 if [ "$NO_NPM" = 0 ] && [ -f test/js/package.json ]; then
   if [ ! -d test/js/node_modules ] || [ test/js/package-lock.json -nt test/js/node_modules ]; then
     echo "[deps] installing npm packages for the tokenizer cross-check test (test/js: js-tiktoken, tokenizers.js)"
-    if (cd test/js && npm ci --no-audit --no-fund --loglevel=error); then
-      touch test/js/node_modules
+    # npm ci deletes node_modules before it downloads: install into a scratch copy and swap it in
+    # only when complete, so a failed attempt (offline) keeps a working install. Short network
+    # timeouts: an unreachable registry fails in seconds, not after npm's 5-minute default.
+    tmp=$(mktemp -d test/js/.npm-install.XXXXXX)
+    cp test/js/package.json test/js/package-lock.json "$tmp"/
+    if (cd "$tmp" && npm ci --no-audit --no-fund --loglevel=error --fetch-timeout=30000 --fetch-retries=1); then
+      rm -rf test/js/node_modules && mv "$tmp/node_modules" test/js/node_modules && touch test/js/node_modules
+      rm -rf "$tmp"
     else
+      rm -rf "$tmp"
       echo "[deps] warning: 'npm ci' in test/js failed (is the npm registry reachable?). The npm packages" >&2
       echo "[deps]   are needed only by test_tokenizer_xcheck (our tokenizers against independent JavaScript" >&2
       echo "[deps]   encoders), which will fail until they are installed; everything else (build, demo," >&2

@@ -4,7 +4,9 @@
 #   tests: N passed, N failed
 # (after a list of the failed test cases and crashed binaries, so that the end of a log names them)
 # and exits non-zero when any test failed or any binary crashed.
-# Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s').
+# Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s'). A binary that runs
+# longer than LDM_TEST_TIMEOUT seconds (default 1200: four times the slowest binary on 2 cores) is
+# stopped and counted as failed, so that a hang cannot use up a CI job's time.
 # The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
 # thread count; doc/testing.md) then run again for each CORE:THREADS of $LDM_BLAS_VARIANTS
 # (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
@@ -15,6 +17,7 @@ set -u
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 passed=0; failed=0; crashed=(); gpu_skipped=(); failed_cases=()
+limit=${LDM_TEST_TIMEOUT:-1200}
 start=$(date +%s)
 for t in "$@"; do
   echo "=== $t"
@@ -23,16 +26,19 @@ for t in "$@"; do
   # ThreadSanitizer builds ($BUILD/tsan): without address-space randomisation, which the GCC 12
   # runtime cannot map its shadow around on kernels with vm.mmap_rnd_bits > 28.
   case "$t" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$t") ;; esac
-  out=$("${run[@]}" ${TEST_ARGS:-} 2>&1); rc=$?
+  out=$(timeout -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} 2>&1); rc=$?
+  case $rc in 124|137) out="$out
+TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped" ;; esac
   echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
   line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
   while IFS= read -r c; do failed_cases+=("$t: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
+  why="exit $rc"; case $rc in 124|137) why="timed out after $limit s" ;; esac
   if [ -z "$line" ]; then
-    crashed+=("$t (exit $rc)"); failed=$((failed + 1))
+    crashed+=("$t ($why)"); failed=$((failed + 1))
   else
     read -r _ p f <<< "$line"
     passed=$((passed + p)); failed=$((failed + f))
-    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then crashed+=("$t (exit $rc)"); failed=$((failed + 1)); fi
+    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then crashed+=("$t ($why)"); failed=$((failed + 1)); fi
   fi
   # A test binary that needs a GPU passes without one after printing "skipped: no GPU": list it.
   if echo "$out" | grep -q 'skipped: no GPU'; then gpu_skipped+=("$(basename "$t")"); fi
@@ -59,9 +65,9 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
     for t in "${blas_bins[@]}"; do
       t0=$(date +%s)
       if [ "$core" = native ]; then
-        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" "$t" "[blas]" 2>&1); rc=$?
+        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" timeout -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
       else
-        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" "$t" "[blas]" 2>&1); rc=$?
+        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" timeout -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
       fi
       line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
       p=0; f=0
