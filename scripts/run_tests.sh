@@ -6,7 +6,8 @@
 # and exits non-zero when any test failed or any binary crashed.
 # Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s'). A binary that runs
 # longer than LDM_TEST_TIMEOUT seconds (default 1200: four times the slowest binary on 2 cores) is
-# stopped and counted as failed, so that a hang cannot use up a CI job's time.
+# stopped and counted as failed, so that a hang cannot use up a CI job's time (timeout --foreground:
+# the binary stays in the terminal's process group, so Ctrl-C still stops it with the suite).
 # The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
 # thread count; doc/testing.md) then run again for each CORE:THREADS of $LDM_BLAS_VARIANTS
 # (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
@@ -26,7 +27,7 @@ for t in "$@"; do
   # ThreadSanitizer builds ($BUILD/tsan): without address-space randomisation, which the GCC 12
   # runtime cannot map its shadow around on kernels with vm.mmap_rnd_bits > 28.
   case "$t" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$t") ;; esac
-  out=$(timeout -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} 2>&1); rc=$?
+  out=$(timeout --foreground -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} 2>&1); rc=$?
   case $rc in 124|137) out="$out
 TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped" ;; esac
   echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
@@ -65,9 +66,9 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
     for t in "${blas_bins[@]}"; do
       t0=$(date +%s)
       if [ "$core" = native ]; then
-        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" timeout -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
+        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
       else
-        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" timeout -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
+        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
       fi
       line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
       p=0; f=0
