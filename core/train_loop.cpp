@@ -166,6 +166,9 @@ void interrupt_handler(int sig) {
         const ssize_t r = ::write(2, g_note[c], std::strlen(g_note[c]));
         (void)r;
     }
+    // die of the signal, as without a handler (a shell loop around the trainer stops too)
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
     ::_exit(128 + sig);
 }
 }  // namespace

@@ -157,9 +157,9 @@ std::vector<std::string> complete_checkpoints(const std::string& dir);
 // The complete checkpoints in `dir` of a step above `step` (bases, ascending): what a run resumed
 // from an earlier checkpoint into the same directory finds there.
 std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step);
-// What SIGINT or SIGTERM prints on stderr before the process exits with 128 + the signal, as
-// without a handler (rank 0 of a trainer; a signal the launcher set to be ignored stays ignored).
-// Each call replaces the note; the first installs the handlers.
+// What SIGINT or SIGTERM prints on stderr before the process dies of the signal, as without a
+// handler (rank 0 of a trainer; a signal the launcher set to be ignored stays ignored). Each call
+// replaces the note; the first installs the handlers.
 void set_interrupt_note(const std::string& msg);
 // Removes dir/ckpt_*.tmp.<pid> files left by a writer that died (its pid no longer runs on this
 // host, or the file is older than a day). Returns how many were removed.
@@ -371,8 +371,8 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
             if (!later.empty())
                 std::fprintf(stderr,
                              "warning: %s holds %zu checkpoint%s after step %lld (the newest: %s) from the run "
-                             "this one leaves: each is replaced when this run saves its step, until then "
-                             "--resume latest picks them (another --out-dir keeps the runs apart)\n",
+                             "this one leaves: they stay unless this run saves the same steps, and --resume "
+                             "latest picks the newest of them (another --out-dir keeps the runs apart)\n",
                              o.out_dir.c_str(), later.size(), later.size() == 1 ? "" : "s", (long long)start_step,
                              basename_of(later.back()).c_str());
         }
@@ -483,6 +483,20 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
 
     std::vector<std::string> written;  // this run's checkpoints, oldest first (rotation)
     std::string last_good = resumed_from;
+    // What Ctrl-C (SIGINT) or SIGTERM prints (rank 0): the step, the last checkpoint, how to go on.
+    auto note_interrupt = [&](int64_t k) {
+        if (rank != 0 || o.bench != 0) return;
+        const std::string s = strprintf("interrupted at step %lld of %lld: ", (long long)k, (long long)o.steps);
+        if (!last_good.empty())
+            set_interrupt_note(s + "the last checkpoint is " + last_good +
+                               " (the same command with --resume latest continues it)");
+        else if (o.out_dir.empty())
+            set_interrupt_note(s + "nothing of this run is saved (no --out-dir)");
+        else
+            set_interrupt_note(s + "no checkpoint written yet (" +
+                               (o.ckpt_every > 0 ? "--ckpt-every " + std::to_string(o.ckpt_every)
+                                                 : std::string("only at the end")) + ")");
+    };
     auto save_ckpt = [&](int64_t step) {
         if (o.out_dir.empty()) return;
         const std::string base = o.out_dir + strprintf("/ckpt_%06lld", (long long)step);
@@ -532,6 +546,7 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
         logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
         last_good = base;
+        note_interrupt(step);
         written.push_back(base);
         if (o.keep_checkpoints > 0 && rank == 0)
             while ((int)written.size() > o.keep_checkpoints) {
@@ -552,18 +567,9 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     std::vector<double> bench_ms;  // --bench: wall time of each timed step
     double ema_ms = 0;  // smoothed step time for the ETA
     const auto t_start = std::chrono::steady_clock::now();
-    // What Ctrl-C (SIGINT) or SIGTERM prints before the exit: the last checkpoint, how to continue.
-    auto interrupt_note = [&](int64_t k) {
-        const std::string s = strprintf("interrupted during step %lld of %lld: ", (long long)k, (long long)o.steps);
-        if (!last_good.empty())
-            return s + "the last checkpoint is " + last_good + " (the same command with --resume latest continues it)";
-        if (o.out_dir.empty()) return s + "nothing of this run is saved (no --out-dir)";
-        return s + "no checkpoint written yet (" +
-               (o.ckpt_every > 0 ? "--ckpt-every " + std::to_string(o.ckpt_every) : std::string("only at the end")) + ")";
-    };
     for (int64_t step = start_step; step < end_step; step++) {
         const int64_t k = step + 1;  // this step's number
-        if (rank == 0 && o.bench == 0) set_interrupt_note(interrupt_note(k));
+        note_interrupt(k);
         const bool last = k == o.steps;
         if (val && o.val_every > 0 && step % o.val_every == 0) {
             last_val = eval_val();

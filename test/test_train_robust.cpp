@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -215,38 +216,58 @@ TEST_CASE("train loop: Ctrl-C names the last checkpoint; a resume from an earlie
     const std::string shards = byte_shards();
     if (shards.empty()) return;
     const std::string dir = train_scratch("robust_interrupt");
-    // a long run, in the background, interrupted by SIGINT once its step-2 checkpoint exists
-    const std::string script = "echo $$ > '" + dir + "/pid'; exec " +
-                               cmd(shards, "--steps 100000 --ckpt-every 2 --keep-checkpoints 1 --out-dir " + dir + "/A") +
-                               " > '" + dir + "/out' 2>&1\n";
-    ldm::write_file_atomic(dir + "/run.sh", script.data(), script.size());
-    REQUIRE(run_cmd("setsid -f bash -c 'bash \"" + dir + "/run.sh\"; echo $? > \"" + dir + "/rc\"' < /dev/null > /dev/null 2>&1")
-                .status == 0);
-    for (int k = 0; k < 600 && !ldm::file_exists(dir + "/A/ckpt_000002.done"); k++) usleep(100000);
-    REQUIRE(ldm::file_exists(dir + "/A/ckpt_000002.done"));
-    const int pid = std::stoi(ldm::read_file(dir + "/pid"));
-    REQUIRE(::kill(pid, SIGINT) == 0);
-    for (int k = 0; k < 300 && !ldm::file_exists(dir + "/rc"); k++) usleep(100000);
-    REQUIRE(ldm::file_exists(dir + "/rc"));
-    const std::string out = ldm::read_file(dir + "/out");
+    // The trainers started below inherit SIGINT's disposition: a test run started with it ignored
+    // (a background job of a shell without job control) would keep the trainer deaf to it.
+    std::signal(SIGINT, SIG_DFL);
+    // Starts a long run in the background (its pid in sub/pid, its exit status in sub/rc when it
+    // ends), waits until ready() (60 s at most), sends SIGINT and returns the exit status and the
+    // console; a run still going when the checks fail is stopped.
+    auto interrupted_run = [&](const std::string& sub, const std::string& flags, const std::function<bool()>& ready) {
+        const std::string d = dir + "/" + sub;
+        ldm::mkdir_p(d);
+        const std::string script = "echo $$ > '" + d + "/pid'; exec " + cmd(shards, "--steps 100000 " + flags) + " > '" +
+                                   d + "/out' 2>&1\n";
+        ldm::write_file_atomic(d + "/run.sh", script.data(), script.size());
+        REQUIRE(run_cmd("setsid -f bash -c 'bash \"" + d + "/run.sh\"; echo $? > \"" + d + "/rc\"' < /dev/null > /dev/null 2>&1")
+                    .status == 0);
+        struct StopOnExit {
+            std::string d;
+            ~StopOnExit() {
+                if (ldm::file_exists(d + "/pid") && !ldm::file_exists(d + "/rc"))
+                    ::kill(std::stoi(ldm::read_file(d + "/pid")), SIGKILL);
+            }
+        } stop{d};
+        for (int k = 0; k < 600 && !ready(); k++) usleep(100000);
+        REQUIRE(ready());
+        REQUIRE(::kill(std::stoi(ldm::read_file(d + "/pid")), SIGINT) == 0);
+        for (int k = 0; k < 300 && !ldm::file_exists(d + "/rc"); k++) usleep(100000);
+        REQUIRE(ldm::file_exists(d + "/rc"));
+        return std::make_pair(std::stoi(ldm::read_file(d + "/rc")), ldm::read_file(d + "/out"));
+    };
+    // once its step-2 checkpoint exists: the note names the newest checkpoint; it dies of SIGINT
+    auto [rc, out] = interrupted_run("A", "--ckpt-every 2 --keep-checkpoints 1 --out-dir " + dir + "/A/ck",
+                                     [&] { return ldm::file_exists(dir + "/A/ck/ckpt_000002.done"); });
     INFO(out);
-    CHECK(std::stoi(ldm::read_file(dir + "/rc")) == 130);
-    CHECK_THAT(out, Catch::Matches("[\\s\\S]*interrupted during step [0-9]+ of 100000: the last checkpoint is " + dir +
-                                   "/A/ckpt_[0-9]{6} \\(the same command with --resume latest continues it\\)\n"));
-    // before any checkpoint, and without --out-dir
-    RunResult r = run_cmd("timeout --preserve-status -s INT 3 " + cmd(shards, "--steps 100000"));
-    INFO(r.out);
-    CHECK(r.status == 130);
-    CHECK_THAT(r.out, Catch::Contains("nothing of this run is saved (no --out-dir)"));
+    CHECK(rc == 130);
+    CHECK_THAT(out, Catch::Matches("[\\s\\S]*interrupted at step [0-9]+ of 100000: the last checkpoint is " + dir +
+                                   "/A/ck/ckpt_[0-9]{6} \\(the same command with --resume latest continues it\\)\n"));
+    // without --out-dir, once its first validation (in the loop: the note is set) is logged
+    auto [rc2, out2] = interrupted_run("B", "--log " + dir + "/B/log.jsonl --val-every 1", [&] {
+        return ldm::file_exists(dir + "/B/log.jsonl") &&
+               ldm::read_file(dir + "/B/log.jsonl").find("\"type\":\"val\"") != std::string::npos;
+    });
+    INFO(out2);
+    CHECK(rc2 == 130);
+    CHECK_THAT(out2, Catch::Contains("nothing of this run is saved (no --out-dir)"));
 
     // resuming ckpt 2 into the directory that also holds the run's ckpt 4 and 6
-    REQUIRE(run_cmd(cmd(shards, "--steps 6 --ckpt-every 2 --out-dir " + dir + "/B")).status == 0);
-    RunResult w = run_cmd(cmd(shards, "--steps 3 --resume " + dir + "/B/ckpt_000002 --out-dir " + dir + "/B"));
+    REQUIRE(run_cmd(cmd(shards, "--steps 6 --ckpt-every 2 --out-dir " + dir + "/C")).status == 0);
+    RunResult w = run_cmd(cmd(shards, "--steps 3 --resume " + dir + "/C/ckpt_000002 --out-dir " + dir + "/C"));
     INFO(w.out);
     CHECK(w.status == 0);
-    CHECK_THAT(w.out, Catch::Contains("warning: " + dir + "/B holds 2 checkpoints after step 2 (the newest: "
+    CHECK_THAT(w.out, Catch::Contains("warning: " + dir + "/C holds 2 checkpoints after step 2 (the newest: "
                                       "ckpt_000006) from the run this one leaves"));
-    RunResult l = run_cmd(cmd(shards, "--steps 7 --resume latest --out-dir " + dir + "/B"));
+    RunResult l = run_cmd(cmd(shards, "--steps 7 --resume latest --out-dir " + dir + "/C"));
     INFO(l.out);
     CHECK(l.status == 0);
     CHECK_THAT(l.out, !Catch::Contains("holds"));  // resumed from the newest: nothing later
