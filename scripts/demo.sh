@@ -38,8 +38,10 @@ THREADS=${DEMO_THREADS:-0}
 EVAL_EXAMPLES=${DEMO_EVAL_EXAMPLES:-200}
 # the settings are checked before anything is built, downloaded or replaced
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
-for v in DEMO_STEPS:$STEPS DEMO_B:$B DEMO_T:$T DEMO_THREADS:$THREADS DEMO_EVAL_EXAMPLES:$EVAL_EXAMPLES; do
-  is_uint "${v#*:}" || { echo "demo: error: ${v%%:*} must be a non-negative integer, got '${v#*:}'" >&2; exit 2; }
+for n in STEPS B T THREADS EVAL_EXAMPLES; do
+  v=${!n}
+  is_uint "$v" || { echo "demo: error: DEMO_$n must be a non-negative integer, got '$v'" >&2; exit 2; }
+  case $n in STEPS|B|T) [ "$v" -gt 0 ] || { echo "demo: error: DEMO_$n must be at least 1" >&2; exit 2; } ;; esac
 done
 for s in $SEEDS; do is_uint "$s" || { echo "demo: error: DEMO_SEEDS must hold integers, got '$s'" >&2; exit 2; }; done
 [ -n "${SEEDS// /}" ] || { echo "demo: error: DEMO_SEEDS is empty" >&2; exit 2; }
@@ -90,10 +92,14 @@ evals=(--eval-max-examples "$EVAL_EXAMPLES")
 echo "demo: schemes '$SCHEMES' x seeds '$SEEDS': $STEPS steps of B=$B x T=$T bytes each (DEMO_* to change)"
 t0=$(date +%s)
 set +e
-LDM_DATA_DIR="$DATA" BUILD="$BUILD" bash "$ROOT/scripts/study.sh" --recipe demo --out "$study" --bin "$BUILD" \
+# the study in a process group of its own (a background job here would ignore Ctrl-C): Ctrl-C on
+# the demo stops it and its trainer through the trap (each says where it stopped)
+LDM_DATA_DIR="$DATA" BUILD="$BUILD" setsid bash "$ROOT/scripts/study.sh" --recipe demo --out "$study" --bin "$BUILD" \
   --schemes "$SCHEMES" --seeds "$SEEDS" --lrs "$LR" --steps "$STEPS" -B "$B" -T "$T" "${threads[@]}" "${evals[@]}" \
   -- --unigram-baseline > "$OUT/study_console.txt" 2>&1 &
 pid=$!
+trap 'kill -TERM -- -"$pid" 2>/dev/null; wait "$pid"; tail -n 2 "$OUT/study_console.txt" >&2
+      echo "demo: interrupted; DEMO_RESUME=1 make demo continues it" >&2; exit 130' INT TERM
 # progress: one line per finished run (the study's own lines, the rest is in study_console.txt)
 tail -n +1 -f "$OUT/study_console.txt" --pid=$pid 2>/dev/null | grep --line-buffered -E "^study: \[|^study:   .*(: step |final val loss)|FAILED|^study: .* runs done" &
 tailpid=$!

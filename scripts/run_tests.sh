@@ -27,13 +27,16 @@ for t in "$@"; do
   # ThreadSanitizer builds ($BUILD/tsan): without address-space randomisation, which the GCC 12
   # runtime cannot map its shadow around on kernels with vm.mmap_rnd_bits > 28.
   case "$t" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$t") ;; esac
-  out=$(timeout --foreground -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} 2>&1); rc=$?
-  case $rc in 124|137) out="$out
-TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped" ;; esac
+  out=$(timeout --foreground -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} < /dev/null 2>&1); rc=$?
+  # 124: stopped by the timeout; 137 after its -k KILL (or an out-of-memory kill: then it was shorter)
+  timed=0
+  case $rc in 124) timed=1 ;; 137) [ $(( $(date +%s) - t0 )) -ge "$limit" ] && timed=1 ;; esac
+  [ "$timed" = 1 ] && out="$out
+TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped"
   echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
   line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
   while IFS= read -r c; do failed_cases+=("$t: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
-  why="exit $rc"; case $rc in 124|137) why="timed out after $limit s" ;; esac
+  why="exit $rc"; [ "$timed" = 1 ] && why="timed out after $limit s"
   if [ -z "$line" ]; then
     crashed+=("$t ($why)"); failed=$((failed + 1))
   else
@@ -66,9 +69,9 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
     for t in "${blas_bins[@]}"; do
       t0=$(date +%s)
       if [ "$core" = native ]; then
-        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
+        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" < /dev/null 2>&1); rc=$?
       else
-        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" 2>&1); rc=$?
+        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" < /dev/null 2>&1); rc=$?
       fi
       line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
       p=0; f=0

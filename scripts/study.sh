@@ -373,6 +373,7 @@ stop_if_interrupted() {  # $1: what was running
   exit 130
 }
 for r in "${runs[@]}"; do
+  stop_if_interrupted "the study, before its run $((i + 1))"
   i=$((i + 1))
   IFS='|' read -r name s lr seed <<< "$r"
   dir="$OUT/runs/$name"
@@ -486,6 +487,7 @@ for r in "${runs[@]}"; do
   done_n=$((done_n + 1))
 done
 
+stop_if_interrupted "the study, after its last run"
 names=(); for r in "${runs[@]}"; do names+=("${r%%|*}"); done
 /usr/bin/python3 "$ROOT/scripts/study_summary.py" --out "$OUT" --baseline "${SCHEMES%% *}" \
   --steps "$STEPS" --tokens-per-step "$per_step" --runs "${names[@]}" || { echo "study: summary failed" >&2; failed=$((failed + 1)); }
