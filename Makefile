@@ -79,7 +79,7 @@ endif
 
 # CUDA: trainers at the top level and the dev/cuda workbench, built only when nvcc exists (and,
 # for `all` and `test`, NCCL's header with it: the CUDA toolkit does not always ship NCCL).
-NCCL_H ?= $(firstword $(wildcard $(CUDA_INC)/nccl.h /usr/include/nccl.h))
+NCCL_H := $(firstword $(wildcard $(CUDA_INC)/nccl.h /usr/include/nccl.h))
 BUILD_CUDA := $(if $(NVCC),$(if $(NCCL_H),yes))
 CUDA_ARCH ?= 90
 CUDA_PORTABLE_ARCH ?= 80
@@ -94,7 +94,7 @@ NVCCFLAGS ?= $(NVCC_OPT) --threads $(NVCC_THREADS) -std=c++17 -lineinfo -I. -MMD
              --Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror \
              -Xcompiler -fopenmp -DLDM_SOURCE_DIR=\"$(CURDIR)\"
 CUDA_LIBS ?= -lcublasLt -lcublas
-CUDA_LIBS += -lnccl  # NCCL collectives (cuda/nccl.cuh); nccl.h and libnccl come with /usr/local/cuda
+CUDA_LIBS += -lnccl  # NCCL collectives (cuda/nccl.cuh); nccl.h beside the CUDA headers or in /usr/include
 # nvcc links without -lpthread: glibc >= 2.34 has it in libc, and nvlink aborts ("elfLink
 # internal error") on the stub libpthread.a of Ubuntu 24.04 (seen on the H200 image).
 NVCC_LDLIBS = $(filter-out -lpthread,$(LDLIBS))
@@ -247,7 +247,7 @@ test: deps
 .PHONY: run-tests
 run-tests:
 	@$(if $(EMU_PROGS),,echo "note: no CUDA headers ($(CUDA_INC)/cuda_runtime.h): the CPU-emulation tests of the CUDA kernels and trainers (test_emu_*) and the race-detection tests are left out")
-	@$(if $(NVCC),$(if $(NCCL_H),,echo "note: $(NVCC) has no NCCL (nccl.h not in $(CUDA_INC) or /usr/include): the CUDA trainers and workbenches are not built; NCCL_H=path/nccl.h if it is elsewhere"))
+	@$(if $(NVCC),$(if $(NCCL_H),,echo "note: $(NVCC) has no NCCL (nccl.h not in $(CUDA_INC) or /usr/include): the CUDA trainers and workbenches are not built (install NCCL, e.g. libnccl-dev)"))
 	@$(if $(EMU_PROGS),$(if $(TSAN_OK),,echo "note: $(CXX) cannot build -fsanitize=thread: the race-detection tests ($(TSAN_DIR)) are left out"))
 	@bash scripts/run_tests.sh $(TESTS) $(TSAN_TESTS)
 

@@ -2,9 +2,9 @@
 // the other ranks when the launcher has no MPI (--nccl-id-file; doc/distributed.md).
 //
 // The file holds a header line "ldm-rendezvous v1 world=W tag=T" and the payload. The tag names
-// the launch (Slurm job and step, or torchrun's run id) so that a file left by an earlier job at
-// the same path is recognised as stale and waited past instead of read: reading it would hand the
-// ranks an id no live rank 0 owns, and NCCL's init would hang. Without a launch tag in the
+// the launch (Slurm job, step and restart; torchrun's run id and restart) so that a file left by
+// an earlier job at the same path is recognised as stale and waited past instead of read:
+// reading it would hand the ranks an id no live rank 0 owns, and NCCL's init would hang. Without a launch tag in the
 // environment only the world size is compared, so a fresh path per job is still the safe use.
 #pragma once
 #include <cstdlib>
@@ -13,16 +13,20 @@
 
 namespace ldm {
 
-// The launch's identity from the environment: "slurm:JOB.STEP" (SLURM_JOB_ID, SLURM_STEP_ID),
-// "torchrun:ID" (TORCHELASTIC_RUN_ID), else "" (no identity known).
+// The launch's identity from the environment: "slurm:JOB.STEP.RESTART" (SLURM_JOB_ID,
+// SLURM_STEP_ID, SLURM_RESTART_COUNT: a requeued job keeps its id and numbers its steps from 0
+// again), "torchrun:ID.RESTART" (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT; torchrun's
+// default id "none" is no identity), else "" (none known).
 inline std::string rendezvous_launch_tag() {
-    const char* job = std::getenv("SLURM_JOB_ID");
-    if (job && *job) {
-        const char* step = std::getenv("SLURM_STEP_ID");
-        return std::string("slurm:") + job + "." + (step && *step ? step : "0");
-    }
-    const char* run = std::getenv("TORCHELASTIC_RUN_ID");
-    if (run && *run) return std::string("torchrun:") + run;
+    auto env = [](const char* name, const char* fallback) {
+        const char* v = std::getenv(name);
+        return std::string(v && *v ? v : fallback);
+    };
+    const std::string job = env("SLURM_JOB_ID", "");
+    if (!job.empty())
+        return "slurm:" + job + "." + env("SLURM_STEP_ID", "0") + "." + env("SLURM_RESTART_COUNT", "0");
+    const std::string run = env("TORCHELASTIC_RUN_ID", "");
+    if (!run.empty() && run != "none") return "torchrun:" + run + "." + env("TORCHELASTIC_RESTART_COUNT", "0");
     return "";
 }
 

@@ -139,15 +139,21 @@ TEST_CASE("rendezvous launch tag from Slurm or torchrun", "[common][rendezvous]"
         }
     };
     {
-        Env a("SLURM_JOB_ID", "4711"), b("SLURM_STEP_ID", "3"), c("TORCHELASTIC_RUN_ID", "abc");
-        CHECK(ldm::rendezvous_launch_tag() == "slurm:4711.3");
+        Env a("SLURM_JOB_ID", "4711"), b("SLURM_STEP_ID", "3"), c("TORCHELASTIC_RUN_ID", "abc"),
+            r("SLURM_RESTART_COUNT", nullptr);
+        CHECK(ldm::rendezvous_launch_tag() == "slurm:4711.3.0");
+        Env r2("SLURM_RESTART_COUNT", "2");  // a requeued job: same id, steps from 0 again
+        CHECK(ldm::rendezvous_launch_tag() == "slurm:4711.3.2");
     }
     {
-        Env a("SLURM_JOB_ID", nullptr), b("SLURM_STEP_ID", nullptr), c("TORCHELASTIC_RUN_ID", "abc");
-        CHECK(ldm::rendezvous_launch_tag() == "torchrun:abc");
+        Env a("SLURM_JOB_ID", nullptr), b("SLURM_STEP_ID", nullptr), c("TORCHELASTIC_RUN_ID", "abc"),
+            r("TORCHELASTIC_RESTART_COUNT", "1");
+        CHECK(ldm::rendezvous_launch_tag() == "torchrun:abc.1");
     }
     {
         Env a("SLURM_JOB_ID", nullptr), b("SLURM_STEP_ID", nullptr), c("TORCHELASTIC_RUN_ID", nullptr);
+        CHECK(ldm::rendezvous_launch_tag().empty());
+        Env d("TORCHELASTIC_RUN_ID", "none");  // torchrun's default: every job has it
         CHECK(ldm::rendezvous_launch_tag().empty());
     }
 }
