@@ -68,9 +68,11 @@ struct LdmGpuScheme : GpuScheme<T> {
     void begin_backward(T* de, cudaStream_t s) override;
     bool after_backward(cudaStream_t s) override;
     bool kernels_may_switch() const override {
-        // armed until no fallback can follow: none yet, or a fallback interval that can still halve
+        // armed until no fallback is expected: none yet, or a fallback interval that can still halve
+        // and whose drift has not yet been within the tolerance (after that, a late halving takes
+        // effect after the step, so the whole-step graph stays on)
         return !delta_ && (keep() == kNone || keep() == kSegments) &&
-               (ckpt_ == 0 || (fell_back_ && !window_ && ckpt_ > 1));
+               (ckpt_ == 0 || (fell_back_ && !window_ && ckpt_ > 1 && !settled_));
     }
     int64_t extra_bytes_per_token() const override { return N_ > 0 ? allocated_bytes() / N_ : 0; }
     std::vector<std::pair<std::string, double>> metrics() override;
@@ -186,7 +188,7 @@ struct LdmGpuScheme : GpuScheme<T> {
     int d_, D_, Hm_, dk_, dv_, HK_;
     bool rls_, delta_, outer_, residual_, forget_, unwind_, window_ = false;
     int w_ = 1, ckpt_ = 0;
-    bool fell_back_ = false;
+    bool fell_back_ = false, settled_ = false;  // settled_: a fallback interval met the tolerance
     int pending_write_ = -1, pending_read_bwd_ = -1;
     bool dx_add_pending_ = false;  // dsrc += dx of the pending read backward (dxT_) not done yet
     double drift_S_ = 0, drift_P_ = 0;
@@ -974,17 +976,14 @@ bool LdmGpuScheme<T>::after_backward(cudaStream_t s) {
     const bool unwinding = !delta_ && (keep() == kNone || keep() == kSegments);
     const int next = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_,
                                            std::max(drift_S_, drift_P_), cfg_.ldm_drift_tol);
+    if (fell_back_ && next == ckpt_) settled_ = true;
     if (next != ckpt_) {
         const bool first = !fell_back_;
         ckpt_ = next;
         fell_back_ = true;
+        settled_ = false;
         grow(stored_, ldm_gpu_kept_states(cfg_, ckpt_) * (int64_t)N_ * dims_.ST);
-        std::fprintf(stderr,
-                     first ? "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back "
-                             "to checkpointed segments every %d writes from the next step on\n"
-                           : "warning: LDM unwind drift %.3g (S) / %.3g (P) still exceeds %.3g: "
-                             "checkpointed segments every %d writes from the next step on\n",
-                     drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
+        ldm_warn_fallback(first, drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
     }
     return ckpt_ != before;
 }

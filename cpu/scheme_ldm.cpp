@@ -735,12 +735,7 @@ void LDMScheme<R>::begin_backward(R* de) {
         const bool first = !fell_back_;
         ckpt_ = next;
         fell_back_ = true;
-        std::fprintf(stderr,
-                     first ? "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back "
-                             "to checkpointed segments every %d writes from the next step on\n"
-                           : "warning: LDM unwind drift %.3g (S) / %.3g (P) still exceeds %.3g: "
-                             "checkpointed segments every %d writes from the next step on\n",
-                     drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
+        ldm_warn_fallback(first, drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
     }
 }
 

@@ -10,6 +10,7 @@
 // the step) (overwritten in place); dk, dv, dq, dlam, dbeta are ACCUMULATED (+=).
 #pragma once
 #include <math.h>
+#include <stdio.h>
 
 #include "math/elementwise.h"
 
@@ -752,6 +753,16 @@ inline int ldm_fallback_interval(bool unwinding, int ckpt, bool fell_back, bool 
     if (ckpt == 0) return window ? w : c > 1 ? c : 1;
     if (fell_back && !window && ckpt > 1) return ckpt / 2;
     return ckpt;
+}
+
+// The stderr warning of a change of the interval to c (host; first: the first fallback of the run).
+inline void ldm_warn_fallback(bool first, double drift_S, double drift_P, double tol, int c) {
+    fprintf(stderr,
+            first ? "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back to checkpointed "
+                    "segments every %d writes from the next step on\n"
+                  : "warning: LDM unwind drift %.3g (S) / %.3g (P) still exceeds %.3g: checkpointed segments "
+                    "every %d writes from the next step on (at 1 every state is kept: store mode's memory)\n",
+            drift_S, drift_P, tol, c);
 }
 
 }  // namespace ldm
