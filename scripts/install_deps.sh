@@ -58,7 +58,8 @@ if [ "$NO_NPM" = 0 ] && [ -f test/js/package.json ]; then
     # npm ci deletes node_modules before it downloads: install into a scratch copy and swap it in
     # only when complete, so a failed attempt (offline) keeps a working install. Short network
     # timeouts: an unreachable registry fails in seconds, not after npm's 5-minute default.
-    tmp=$(mktemp -d test/js/.npm-install.XXXXXX)
+    tmp="test/js/.npm-install.$$"   # this process's own scratch copy (git-ignored)
+    rm -rf "$tmp" && mkdir "$tmp"
     cp test/js/package.json test/js/package-lock.json "$tmp"/
     if (cd "$tmp" && npm ci --no-audit --no-fund --loglevel=error --fetch-timeout=30000 --fetch-retries=1); then
       rm -rf test/js/node_modules && mv "$tmp/node_modules" test/js/node_modules && touch test/js/node_modules
