@@ -63,6 +63,8 @@ TEST_CASE("emu graph: a capture records in order without running; replays run it
     std::vector<double> ha(init.begin(), init.end()), hb(n);
     for (int rep = 0; rep < 2; rep++) {
         REQUIRE(cudaGraphLaunch(e, s) == cudaSuccess);
+        CHECK(emu::stream_work_pending() == 1);  // the replay is work of s: queued until a sync
+        REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
         for (int i = 0; i < n; i++) {
             ha[i] = 2.0 * ha[i] + 1.0;
             hb[i] = 0.5 - ha[i];
@@ -79,8 +81,9 @@ TEST_CASE("emu graph: a capture records in order without running; replays run it
     REQUIRE(cudaGraphExecDestroy(e) == cudaSuccess);
     REQUIRE(cudaStreamIsCapturing(s, &st) == cudaSuccess);
     CHECK(st == cudaStreamCaptureStatusNone);
-    // after the capture, launches run at once again
+    // after the capture, launches are work of the stream again (emu.h "streams")
     emu::launch(dim3(1), dim3(64), 0, s, affine_kernel, a, 1.0f, 1.0f, n);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
     CHECK(a[0] == 1.0f);
     cudaFreeHost(pinned);
     cudaFree(a);

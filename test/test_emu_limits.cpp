@@ -576,3 +576,33 @@ TEST_CASE("emu: cp.async and ldmatrix take shared-memory operands only", "[emu][
     cudaFree(out);
     cudaFree(glob);
 }
+
+TEST_CASE("emu: __expf, __logf and __fdividef as the GPU computes them", "[emu][limits]") {
+    // __expf rounds x * log2(e) to fp32 before ex2: its error grows with |x| as the CUDA
+    // Programming Guide states for the hardware, 2 + 1.16 |x| ulp at most (ex2's own error, which
+    // is not modelled, is within the constant); expf has < 1 ulp at any x.
+    std::srand(11);
+    double worst_ulp_at_80 = 0.0;
+    for (int i = 0; i < 20000; i++) {
+        const float x = -87.f + 174.f * float(std::rand()) / float(RAND_MAX);
+        const double exact = std::exp(double(x));
+        const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
+        const double err = std::fabs(double(__expf(x)) - exact) / ulp;
+        INFO("x = " << x);
+        REQUIRE(err <= 2.0 + 1.16 * std::fabs(x));
+        if (std::fabs(x) > 80.f) worst_ulp_at_80 = std::max(worst_ulp_at_80, err);
+    }
+    CHECK(worst_ulp_at_80 > 4.0);  // not the accurate expf: the product's rounding shows at large |x|
+    // __logf: lg2.approx times ln 2; on [0.5, 2] the Programming Guide bounds its absolute error
+    // by 2^-21.41
+    for (int i = 0; i < 20000; i++) {
+        const float x = 0.5f + 1.5f * float(std::rand()) / float(RAND_MAX);
+        REQUIRE(std::fabs(double(__logf(x)) - std::log(double(x))) <= std::ldexp(1.0, -21));
+    }
+    // __fdividef: 0 for 2^126 < |b| < 2^128 (NaN for an infinite a), else a * (1/b)
+    CHECK(__fdividef(1.f, 1e38f) == 0.f);
+    CHECK(__fdividef(-3.f, -2e38f) == 0.f);
+    CHECK(std::isnan(__fdividef(INFINITY, 1e38f)));
+    CHECK(std::fabs(double(__fdividef(1.f, 1e37f)) - 1e-37) <= 2e-44);  // 2 roundings: <= 2 ulp
+    CHECK(__fdividef(6.f, 3.f) == 2.f);
+}

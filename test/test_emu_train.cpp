@@ -19,7 +19,8 @@
 //     the checkpoint holds, else the resumed run could not be bit-exact);
 //   the NCCL paths (emulated NCCL, one rank): --nccl ZeRO-0/1, overlap on/off give the plain run's
 //     bytes; under mpirun -np 2 (NCCL over MPI) ZeRO-0/1 with overlap equal the one-process run
-//     within fp32 rounding (1e-5 on the losses);
+//     within fp32 rounding (1e-5 on the losses), the overlap also with the communication stream
+//     eager (a missing event wait in either direction fails);
 //   inference: --infer-check (prefill + KV-cache decode == full forward == CPU inference);
 //   --cuda-graph 1 (the whole step, or each micro-batch where LDM's drift check is armed or with
 //     NCCL, captured once, then replayed) gives the eager run's bytes, for every configuration,
@@ -493,10 +494,23 @@ TEST_CASE("emu train: the NCCL paths (one rank; two ranks under mpirun) give the
     const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca "
                                "btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 -np 2 ";
     const std::vector<json> ref = records(dir + "/plain.jsonl", "step");
-    for (int k : {1, 3}) {  // ZeRO-1 after backward and overlapped
-        const std::string sub = "/two" + std::to_string(k);
-        RunResult r = run_cmd(mpirun + gpu + args + " " + variants[k] + logged(sub));
-        INFO(variants[k] << " (2 ranks)\n" << r.out);
+    // ZeRO-1 after backward and overlapped. The overlap also on a created compute stream (with
+    // --cuda-graph 1; without it the compute stream is stream 0, whose work the emulation runs at
+    // once) and the communication stream, made after it, running its work at once
+    // (EMU_EAGER_STREAM=last, dev/emu "streams"): without its wait for the compute stream's event
+    // it would reduce gradients not yet computed; queued (the default) it would be reduced too late
+    // without the compute stream's wait for it. Each missing wait was checked to fail here.
+    struct TwoRank {
+        int k;
+        const char* eager;
+        const char* more;
+    };
+    for (const TwoRank& t : {TwoRank{1, "none", ""}, TwoRank{3, "none", ""}, TwoRank{3, "last", " --cuda-graph 1"}}) {
+        const int k = t.k;
+        const std::string sub = "/two" + std::to_string(k) + t.eager;
+        RunResult r = run_cmd(mpirun + "-x EMU_EAGER_STREAM=" + t.eager + " " + gpu + args + " " + variants[k] + t.more +
+                              logged(sub));
+        INFO(variants[k] << t.more << " (2 ranks, eager stream " << t.eager << ")\n" << r.out);
         REQUIRE(r.status == 0);
         CHECK_THAT(r.out, Catch::Contains("data parallel: 2 GPU processes"));
         const std::vector<json> got = records(dir + sub + ".jsonl", "step");

@@ -19,9 +19,10 @@
 // __syncthreads/__syncwarp) or on the order of blocks.
 // Memory: kernels get host pointers; cudaMalloc is malloc filled with 0xff bytes (NaN: CUDA leaves
 // new memory uninitialised), writes past a launch's dynamic shared memory fail; cudaMemcpy*/cudaMemset* are
-// memcpy/memset (async ones complete at once); events hold the host time of their record;
-// stream capture records work into a graph that cudaGraphLaunch replays, and refuses what CUDA
-// refuses inside a capture (see "stream capture" below). cp.async copies complete only at the issuing thread's
+// memcpy/memset; work on a stream made by cudaStreamCreate waits in a queue until something
+// orders it (see "streams" below: a missing cudaStreamWaitEvent or synchronisation shows);
+// events hold the host time their record ran at; stream capture records work into a graph that
+// cudaGraphLaunch replays, and refuses what CUDA refuses inside a capture (see "stream capture"). cp.async copies complete only at the issuing thread's
 // cp.async.wait_group / wait_all (see cp_async below). Built with -fsanitize=thread (EMU_TSAN),
 // every emulated thread is a ThreadSanitizer fiber and the only happens-before edges are CUDA's
 // (__syncthreads, __syncwarp, launch boundaries): data races are reported (doc/cuda.md "Race
@@ -49,9 +50,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <random>
@@ -1149,6 +1153,127 @@ inline std::vector<std::pair<void*, size_t>>& pinned() {
 }
 }  // namespace detail
 inline bool capturing() { return detail::capture().graph != nullptr; }
+
+// ---- streams ---------------------------------------------------------------------------------
+// Work on the legacy default stream (0) runs at once, after the queued work of every blocking
+// stream (as CUDA orders it). Work on a stream made by cudaStreamCreate[WithFlags] (kernels,
+// GEMMs, async copies and memsets, event records, waits, NCCL calls) is queued and runs only when
+// something orders it: cudaStreamSynchronize of the stream, cudaDeviceSynchronize, cudaFree,
+// cudaEventSynchronize or a reached cudaStreamWaitEvent (up to the event's record), work on stream
+// 0 or a synchronous cudaMemcpy / cudaMemset (the blocking streams; a cudaStreamNonBlocking stream
+// is not ordered with stream 0), a copy from or to pageable host memory on the stream (which CUDA
+// makes synchronous for the host). So work a program forgets to order runs late, where a GPU may
+// run it, and changes the results. At a synchronisation of several streams the queues run one after
+// the other, in the order set_stream_order gives (forward: the order the streams were made in;
+// reverse; seeded random; $EMU_STREAM_ORDER sets the start value). set_eager_stream (or
+// $EMU_EAGER_STREAM: none, first, last) makes the first or the last stream made run its work at
+// once (as far as its waits let it), ahead of the other streams' queued work: that is how a
+// consumer stream without its cudaStreamWaitEvent reads what its producer has not written yet. A
+// test runs the variants to catch a missing wait in either direction. A cycle of waits aborts
+// (a GPU would hang).
+namespace detail {
+struct StreamQueue {
+    uint64_t id = 0;            // creation order
+    bool non_blocking = false;  // cudaStreamNonBlocking
+    bool running = false;       // its queue is being run (a wait back on it is a cycle)
+    std::deque<std::function<void()>> ops;
+};
+struct Streams {
+    std::map<cudaStream_t, StreamQueue> queues;
+    bool in_queued_op = false;  // running a queued op: the work it issues (itself) runs at once
+    Order order = Order::kForward;
+    std::mt19937_64 rng{1};
+    bool order_read = false;
+    int eager = 0;  // 0: every created stream queues; 1: the first made runs at once; 2: the last
+};
+inline Streams& streams() {
+    static Streams s;
+    if (!s.order_read) {
+        s.order_read = true;
+        if (const char* e = std::getenv("EMU_STREAM_ORDER")) {
+            const std::string v(e);
+            if (v == "reverse") s.order = Order::kReverse;
+            else if (v == "random") s.order = Order::kRandom;
+            else if (v != "forward" && !v.empty()) fail("EMU_STREAM_ORDER must be forward, reverse or random");
+        }
+        if (const char* e = std::getenv("EMU_EAGER_STREAM")) {
+            const std::string v(e);
+            if (v == "first") s.eager = 1;
+            else if (v == "last") s.eager = 2;
+            else if (v != "none" && !v.empty()) fail("EMU_EAGER_STREAM must be none, first or last");
+        }
+    }
+    return s;
+}
+// Runs the queue of stream s until done() (or it is empty).
+inline void run_queue(cudaStream_t s, const std::function<bool()>& done) {
+    auto it = streams().queues.find(s);
+    if (it == streams().queues.end()) return;
+    StreamQueue& q = it->second;
+    if (done()) return;
+    if (q.running) fail("emu: a cycle of cudaStreamWaitEvent waits between streams (a GPU would hang)");
+    q.running = true;
+    while (!q.ops.empty() && !done()) {
+        std::function<void()> op = std::move(q.ops.front());
+        q.ops.pop_front();
+        const bool outer = streams().in_queued_op;
+        streams().in_queued_op = true;
+        op();
+        streams().in_queued_op = outer;
+    }
+    q.running = false;
+}
+inline void run_whole_queue(cudaStream_t s) {
+    run_queue(s, [] { return false; });
+}
+// Runs the queues of all streams (blocking ones only: blocking_only), in set_stream_order's order.
+inline void run_queues(bool blocking_only) {
+    Streams& st = streams();
+    std::vector<std::pair<uint64_t, cudaStream_t>> v;
+    for (auto& kv : st.queues)
+        if (!kv.second.ops.empty() && !(blocking_only && kv.second.non_blocking)) v.push_back({kv.second.id, kv.first});
+    if (v.empty()) return;
+    std::sort(v.begin(), v.end());
+    if (st.order == Order::kReverse) std::reverse(v.begin(), v.end());
+    if (st.order == Order::kRandom) std::shuffle(v.begin(), v.end(), st.rng);
+    for (const auto& e : v) run_whole_queue(e.second);
+}
+// Queues op on stream s and returns true, or returns false: the caller runs it now (stream 0,
+// after the blocking streams' queues; a stream cudaStreamCreate did not make; the op itself being
+// run from its queue).
+inline bool enqueue(cudaStream_t s, std::function<void()>& op) {
+    Streams& st = streams();
+    if (st.in_queued_op) return false;
+    auto it = st.queues.find(s);
+    if (it == st.queues.end()) {
+        run_queues(true);
+        return false;
+    }
+    it->second.ops.push_back(std::move(op));
+    if (st.eager) {  // the eager stream runs what it was given at once (its waits pull the others)
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (const auto& kv : st.queues) {
+            lo = std::min(lo, kv.second.id);
+            hi = std::max(hi, kv.second.id);
+        }
+        if (it->second.id == (st.eager == 1 ? lo : hi)) run_whole_queue(s);
+    }
+    return true;
+}
+}  // namespace detail
+// Which stream's queue runs first when several are synchronised (see "streams" above).
+inline void set_stream_order(Order o, uint64_t seed = 1) {
+    detail::streams().order = o;
+    detail::streams().rng.seed(seed);
+}
+// 0: every created stream queues its work; 1 / 2: the first / last stream made runs its at once.
+inline void set_eager_stream(int which) { detail::streams().eager = which; }
+// Work queued on streams and not yet run (for the emulator's self-test).
+inline size_t stream_work_pending() {
+    size_t n = 0;
+    for (const auto& kv : detail::streams().queues) n += kv.second.ops.size();
+    return n;
+}
 inline uint64_t graph_replays() { return detail::capture().replays; }
 // Aborts when a capture is active: `what` is not allowed while a stream is capturing.
 inline void forbid_in_capture(const char* what) {
@@ -1156,11 +1281,11 @@ inline void forbid_in_capture(const char* what) {
     std::fprintf(stderr, "emu: %s while a stream is capturing (not allowed in a CUDA graph)\n", what);
     fail("illegal operation during stream capture");
 }
-// True (and the op is recorded) when a capture is active; aborts on a stream other than the
-// capturing one.
+// True when the op is taken: recorded while a capture is active (aborts on a stream other than the
+// capturing one), else queued on its stream (see "streams"). False: the caller runs it now.
 inline bool record(cudaStream_t s, const char* what, std::function<void()> op) {
     detail::Capture& c = detail::capture();
-    if (!c.graph) return false;
+    if (!c.graph) return detail::enqueue(s, op);
     if (s != c.stream) {
         std::fprintf(stderr, "emu: %s on another stream than the capturing one\n", what);
         fail("work outside the capturing stream during stream capture");
@@ -1410,6 +1535,7 @@ inline cudaError_t malloc_(P** p, size_t n) {
 }
 inline cudaError_t free_(void* p) {
     forbid_in_capture("cudaFree");
+    detail::run_queues(false);  // cudaFree synchronises the device
     auto& mapped = mapped_allocations();  // (launch-only blocks, whatever the mode is now)
     for (size_t i = mapped.size(); p && i-- > 0;)
         if (mapped[i].first == p) {
@@ -1442,6 +1568,7 @@ inline cudaError_t malloc_host_(P** p, size_t n) {
 }
 inline cudaError_t free_host_(void* p) {
     forbid_in_capture("cudaFreeHost");
+    detail::run_queues(false);
     tracked_free(detail::pinned(), p);
     return cudaSuccess;
 }
@@ -1486,18 +1613,23 @@ inline void device_copy(void* d, const void* s, size_t n) {
     if (!n || (launch_only() && in_one_of(mapped, d, n) && in_one_of(mapped, s, n))) return;
     std::memmove(d, s, n);
 }
-// Synchronous cudaMemcpy / cudaMemset (not allowed during a capture).
+// Synchronous cudaMemcpy / cudaMemset on stream 0 (not allowed during a capture): after the
+// blocking streams' queued work.
 inline cudaError_t memcpy_(void* d, const void* s, size_t n, ...) {
     forbid_in_capture("cudaMemcpy (synchronous)");
+    detail::run_queues(true);
     device_copy(d, s, n);
     return cudaSuccess;
 }
 inline cudaError_t memset_(void* d, int v, size_t n, ...) {
     forbid_in_capture("cudaMemset (synchronous)");
+    detail::run_queues(true);
     device_fill(d, v, n);
     return cudaSuccess;
 }
-// cudaMemcpyAsync / cudaMemsetAsync: complete at once, or are recorded during a capture.
+// cudaMemcpyAsync / cudaMemsetAsync: recorded during a capture, else queued on their stream (see
+// "streams"). A copy from or to pageable host memory is synchronous for the host, as in CUDA: the
+// stream's earlier work runs first, then the copy.
 inline cudaError_t memcpy_async_(void* d, const void* s, size_t n, cudaMemcpyKind = cudaMemcpyDefault,
                                  cudaStream_t st = nullptr) {
     if (capturing()) {
@@ -1505,15 +1637,18 @@ inline cudaError_t memcpy_async_(void* d, const void* s, size_t n, cudaMemcpyKin
         record(st, "cudaMemcpyAsync", [=] { device_copy(d, s, n); });
         return cudaSuccess;
     }
+    if (!in_captureable_memory(d, n) || !in_captureable_memory(s, n)) {
+        detail::run_whole_queue(st);
+        if (!st) detail::run_queues(true);
+    } else if (record(st, "cudaMemcpyAsync", [=] { device_copy(d, s, n); })) {
+        return cudaSuccess;
+    }
     device_copy(d, s, n);
     return cudaSuccess;
 }
 inline cudaError_t memset_async_(void* d, int v, size_t n, cudaStream_t st = nullptr) {
-    if (capturing()) {
-        if (!in_captureable_memory(d, n)) fail("cudaMemsetAsync on host memory during stream capture");
-        record(st, "cudaMemsetAsync", [=] { device_fill(d, v, n); });
-        return cudaSuccess;
-    }
+    if (capturing() && !in_captureable_memory(d, n)) fail("cudaMemsetAsync on host memory during stream capture");
+    if (record(st, "cudaMemsetAsync", [=] { device_fill(d, v, n); })) return cudaSuccess;
     device_fill(d, v, n);
     return cudaSuccess;
 }
@@ -1524,6 +1659,7 @@ inline void copy2d(void* d, size_t dpitch, const void* s, size_t spitch, size_t 
 }
 inline cudaError_t memcpy2d_(void* d, size_t dpitch, const void* s, size_t spitch, size_t width, size_t height, ...) {
     forbid_in_capture("cudaMemcpy2D (synchronous)");
+    detail::run_queues(true);
     copy2d(d, dpitch, s, spitch, width, height);
     return cudaSuccess;
 }
@@ -1536,40 +1672,99 @@ inline cudaError_t memcpy2d_async_(void* d, size_t dpitch, const void* s, size_t
         record(st, "cudaMemcpy2DAsync", [=] { copy2d(d, dpitch, s, spitch, width, height); });
         return cudaSuccess;
     }
+    if (height && (!in_captureable_memory(d, dpitch * (height - 1) + width) ||
+                   !in_captureable_memory(s, spitch * (height - 1) + width))) {
+        detail::run_whole_queue(st);  // pageable host memory: synchronous for the host
+        if (!st) detail::run_queues(true);
+    } else if (record(st, "cudaMemcpy2DAsync", [=] { copy2d(d, dpitch, s, spitch, width, height); })) {
+        return cudaSuccess;
+    }
     copy2d(d, dpitch, s, spitch, width, height);
     return cudaSuccess;
 }
-// Synchronisation points (not allowed during a capture; everything else already completed).
-inline cudaError_t sync_(const char* what) {
-    forbid_in_capture(what);
+// Synchronisation points (not allowed during a capture): cudaDeviceSynchronize runs every queue;
+// cudaStreamSynchronize the stream's (stream 0: the blocking streams').
+inline cudaError_t device_sync_() {
+    forbid_in_capture("cudaDeviceSynchronize");
+    detail::run_queues(false);
     return cudaSuccess;
 }
-inline cudaError_t stream_create_(cudaStream_t* s) {
-    // distinct non-null handles, never dereferenced
+inline cudaError_t stream_sync_(cudaStream_t s) {
+    forbid_in_capture("cudaStreamSynchronize");
+    if (detail::streams().queues.count(s)) detail::run_whole_queue(s);
+    else detail::run_queues(true);
+    return cudaSuccess;
+}
+// cudaStreamCreate[WithFlags]: a distinct non-null handle (never dereferenced) with a queue.
+inline cudaError_t stream_create_(cudaStream_t* s, unsigned flags = 0) {
     *s = reinterpret_cast<cudaStream_t>(uintptr_t(0x5eed0000) + 16 * ++detail::capture().streams_made);
+    detail::StreamQueue& q = detail::streams().queues[*s];
+    q.id = detail::capture().streams_made;
+    q.non_blocking = (flags & cudaStreamNonBlocking) != 0;
     return cudaSuccess;
 }
-// Events: the host time at cudaEventRecord (all earlier work has completed then, launches being
-// synchronous), so cudaEventElapsedTime gives the emulation's own time between two records
-// (what --profile-stages shows under the emulation: host time, not GPU time).
+// cudaStreamDestroy: the queued work still runs (as on a GPU), now.
+inline cudaError_t stream_destroy_(cudaStream_t s) {
+    forbid_in_capture("cudaStreamDestroy");
+    detail::run_whole_queue(s);
+    detail::streams().queues.erase(s);
+    return cudaSuccess;
+}
+// Events: a record is an op of its stream that stores the host time when it runs, so
+// cudaEventElapsedTime gives the emulation's own time between two records (what --profile-stages
+// shows under the emulation: host time, not GPU time). gen counts the records, done_gen is the
+// last one that ran; a wait or synchronisation is on the record made before it (as in CUDA).
 struct Event {
     std::chrono::steady_clock::time_point t{};
     bool recorded = false;
+    cudaStream_t stream = nullptr;
+    uint64_t gen = 0, done_gen = 0;
 };
 inline cudaError_t event_create_(cudaEvent_t* e) {
     *e = reinterpret_cast<cudaEvent_t>(new Event());
     return cudaSuccess;
 }
 inline cudaError_t event_destroy_(cudaEvent_t e) {
+    detail::run_queues(false);  // queued records and waits refer to it
     delete reinterpret_cast<Event*>(e);
     return cudaSuccess;
 }
-inline cudaError_t event_record_(cudaEvent_t e, cudaStream_t = nullptr) {
+inline cudaError_t event_record_(cudaEvent_t e, cudaStream_t s = nullptr) {
     forbid_in_capture("cudaEventRecord (not emulated inside a capture)");
     Event* ev = reinterpret_cast<Event*>(e);
     if (!ev) fail("cudaEventRecord on a null event");
-    ev->t = std::chrono::steady_clock::now();
-    ev->recorded = true;
+    const uint64_t g = ++ev->gen;
+    ev->stream = s;
+    std::function<void()> op = [ev, g] {
+        ev->t = std::chrono::steady_clock::now();
+        ev->recorded = true;
+        if (ev->done_gen < g) ev->done_gen = g;
+    };
+    if (!detail::enqueue(s, op)) op();
+    return cudaSuccess;
+}
+// Runs stream s (where record g of ev was made) until that record has run.
+inline void run_to_event(Event* ev, uint64_t g, cudaStream_t s) {
+    if (ev->done_gen < g) detail::run_queue(s, [ev, g] { return ev->done_gen >= g; });
+}
+inline cudaError_t event_sync_(cudaEvent_t e) {
+    forbid_in_capture("cudaEventSynchronize");
+    Event* ev = reinterpret_cast<Event*>(e);
+    if (!ev) fail("cudaEventSynchronize on a null event");
+    run_to_event(ev, ev->gen, ev->stream);
+    return cudaSuccess;
+}
+// cudaStreamWaitEvent(s, e): s's later work runs after e's latest record (queued on s: the wait
+// runs e's stream up to that record when s reaches it).
+inline cudaError_t stream_wait_event_(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+    forbid_in_capture("cudaStreamWaitEvent (not emulated inside a capture)");
+    Event* ev = reinterpret_cast<Event*>(e);
+    if (!ev) fail("cudaStreamWaitEvent on a null event");
+    const uint64_t g = ev->gen;
+    if (g == 0) return cudaSuccess;  // never recorded: waits for nothing
+    const cudaStream_t es = ev->stream;
+    std::function<void()> op = [ev, g, es] { run_to_event(ev, g, es); };
+    if (!detail::enqueue(s, op)) op();
     return cudaSuccess;
 }
 inline cudaError_t event_elapsed_(float* ms, cudaEvent_t a, cudaEvent_t b) {
@@ -1603,10 +1798,19 @@ inline cudaError_t graph_instantiate_(Graph** exec, Graph* g) {
     *exec = new Graph(*g);
     return cudaSuccess;
 }
-inline cudaError_t graph_launch_(Graph* exec, cudaStream_t) {
+// cudaGraphLaunch: the graph's ops, in order, as one piece of work of stream s (queued on a created
+// stream, see "streams"); each op runs as recorded, not queued again on its own.
+inline cudaError_t graph_launch_(Graph* exec, cudaStream_t s) {
     forbid_in_capture("cudaGraphLaunch");
     detail::capture().replays++;
-    for (auto& op : exec->ops) op();
+    std::function<void()> replay = [ops = exec->ops] {
+        detail::Streams& st = detail::streams();
+        const bool outer = st.in_queued_op;
+        st.in_queued_op = true;
+        for (const auto& op : ops) op();
+        st.in_queued_op = outer;
+    };
+    if (!detail::enqueue(s, replay)) replay();
     return cudaSuccess;
 }
 inline cudaError_t graph_destroy_(Graph* g) {
@@ -1763,9 +1967,17 @@ inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); r
 inline float __uint_as_float(unsigned u) { float x; std::memcpy(&x, &u, 4); return x; }
 inline int __float_as_int(float x) { int u; std::memcpy(&u, &x, 4); return u; }
 inline float __int_as_float(int u) { float x; std::memcpy(&x, &u, 4); return x; }
-inline float __expf(float x) { return expf(x); }
-inline float __logf(float x) { return logf(x); }
-inline float __fdividef(float a, float b) { return a / b; }
+// The fast intrinsics computed the way the GPU does (CUDA Programming Guide, "Intrinsic
+// Functions"): __expf is ex2.approx of x * log2(e) rounded to fp32 and __logf is lg2.approx times
+// ln 2, so their error grows with |x| as on the hardware (the approx instructions' own ~2 ulp are
+// not modelled); __fdividef is a times the reciprocal of b, 0 for 2^126 < |b| < 2^128.
+inline float __expf(float x) { return exp2f(x * 1.44269504088896341f); }
+inline float __logf(float x) { return log2f(x) * 0.693147180559945309f; }
+inline float __fdividef(float a, float b) {
+    const float ab = fabsf(b);
+    if (ab > 8.50705917e37f && ab < INFINITY) return std::isinf(a) ? NAN : 0.f;
+    return a * (1.f / b);
+}
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : x > 1.f ? 1.f : x; }
 inline int min(int a, int b) { return a < b ? a : b; }
@@ -1790,8 +2002,8 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaMemsetAsync(...) ::emu::memset_async_(__VA_ARGS__)
 #define cudaGetLastError() cudaSuccess
 #define cudaPeekAtLastError() cudaSuccess
-#define cudaDeviceSynchronize() ::emu::sync_("cudaDeviceSynchronize")
-#define cudaStreamSynchronize(s) ((void)(s), ::emu::sync_("cudaStreamSynchronize"))
+#define cudaDeviceSynchronize() ::emu::device_sync_()
+#define cudaStreamSynchronize(s) ::emu::stream_sync_(s)
 #define cudaStreamBeginCapture(s, mode) ((void)(mode), ::emu::begin_capture_(s))
 #define cudaStreamEndCapture(s, g) ::emu::end_capture_(s, g)
 #define cudaStreamIsCapturing(s, st) ::emu::is_capturing_(s, st)
@@ -1817,12 +2029,12 @@ inline long max(long a, long b) { return a > b ? a : b; }
 #define cudaEventCreateWithFlags(e, f) ((void)(f), ::emu::event_create_(e))
 #define cudaEventDestroy(e) ::emu::event_destroy_(e)
 #define cudaEventRecord(...) ::emu::event_record_(__VA_ARGS__)
-#define cudaEventSynchronize(e) ((void)(e), ::emu::sync_("cudaEventSynchronize"))
+#define cudaEventSynchronize(e) ::emu::event_sync_(e)
 #define cudaEventElapsedTime(ms, a, b) ::emu::event_elapsed_(ms, a, b)
 #define cudaStreamCreate(s) ::emu::stream_create_(s)
-#define cudaStreamCreateWithFlags(s, f) ((void)(f), ::emu::stream_create_(s))
-#define cudaStreamDestroy(s) ((void)(s), cudaSuccess)
-#define cudaStreamWaitEvent(...) cudaSuccess
+#define cudaStreamCreateWithFlags(s, f) ::emu::stream_create_(s, f)
+#define cudaStreamDestroy(s) ::emu::stream_destroy_(s)
+#define cudaStreamWaitEvent(...) ::emu::stream_wait_event_(__VA_ARGS__)
 namespace emu {
 inline cudaError_t device_props_(cudaDeviceProp* p, int) {
     std::memset(p, 0, sizeof *p);

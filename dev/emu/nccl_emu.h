@@ -6,9 +6,10 @@
 //   * several ranks under mpirun: the matching MPI collective on MPI_COMM_WORLD (allreduce,
 //     reduce_scatter_block, allgather, reduce, bcast), bf16 sums with a user-defined MPI op that
 //     adds in fp32 and rounds to nearest even (as NCCL's bf16 sum does per step).
-// Calls are blocking (streams are no-ops in the emulator); in launch-only mode they move nothing
+// A collective is work of its stream: queued on a stream made by cudaStreamCreate until something
+// orders it (emu.h "streams"), run at once on stream 0; in launch-only mode it moves nothing
 // (device work). Grouped calls (ncclGroupStart/End) run in issue order, which is correct because
-// every rank issues the same sequence. The unique id is a constant: the communicator is
+// every rank issues the same sequence (and runs its queues in the same order). The unique id is a constant: the communicator is
 // MPI_COMM_WORLD. Included once per program (gen.py substitutes it for `#include <nccl.h>` in the
 // emulation copy of cuda/nccl.cuh).
 #pragma once
@@ -22,7 +23,9 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 
 struct ncclComm {
     int rank = 0, world = 1;
@@ -92,6 +95,18 @@ inline void copy(void* dst, const void* src, size_t n) {
 // and moves nothing (every rank skips it alike): the buffers of a workbench's or trainer's
 // benchmark shape stay unbacked, and no MPI traffic runs.
 inline bool device_work_skipped() { return ::emu::launch_only(); }
+// Runs the collective `act` now, or queues it on stream s (emu.h "streams"); a queued one that
+// fails aborts, since its error can no longer be returned.
+inline ncclResult_t on_stream(cudaStream_t s, const char* what, std::function<ncclResult_t()> act) {
+    if (::emu::record(s, what, [act, what] {
+            if (act() != ncclSuccess) {
+                std::fprintf(stderr, "emu: %s failed (emulated NCCL over MPI)\n", what);
+                ::emu::fail("a queued NCCL collective failed");
+            }
+        }))
+        return ncclSuccess;
+    return act();
+}
 
 }  // namespace nccl
 }  // namespace emu
@@ -117,6 +132,7 @@ inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId,
     return ncclSuccess;
 }
 inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    ::emu::detail::run_queues(false);  // queued collectives hold the communicator
     delete comm;
     return ncclSuccess;
 }
@@ -124,64 +140,74 @@ inline ncclResult_t ncclGroupStart() { return ncclSuccess; }
 inline ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
 inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                                  ncclComm_t comm, cudaStream_t) {
+                                  ncclComm_t comm, cudaStream_t stream) {
     ::emu::forbid_in_capture("ncclAllReduce");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
     if (device_work_skipped()) return ncclSuccess;
-    if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
-    return check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t), sum_op(t),
-                               MPI_COMM_WORLD));
+    return on_stream(stream, "ncclAllReduce", [=]() -> ncclResult_t {
+        if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
+        return check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t), sum_op(t),
+                                   MPI_COMM_WORLD));
+    });
 }
 inline ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t t,
-                                      ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                                      ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     ::emu::forbid_in_capture("ncclReduceScatter");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
     if (device_work_skipped()) return ncclSuccess;
-    const size_t es = type_size(t);
-    if (!multi(comm)) return copy(recv, send, recv_count * es), ncclSuccess;
-    const bool inplace = static_cast<const char*>(send) + size_t(comm->rank) * recv_count * es == recv;
-    if (inplace) {  // MPI has no in-place form with an offset output: reduce a copy of the input
-        char* tmp = new char[size_t(comm->world) * recv_count * es];
-        std::memcpy(tmp, send, size_t(comm->world) * recv_count * es);
-        const int rc = MPI_Reduce_scatter_block(tmp, recv, int(recv_count), mpi_type(t), sum_op(t), MPI_COMM_WORLD);
-        delete[] tmp;
-        return check(rc);
-    }
-    return check(MPI_Reduce_scatter_block(send, recv, int(recv_count), mpi_type(t), sum_op(t), MPI_COMM_WORLD));
+    return on_stream(stream, "ncclReduceScatter", [=]() -> ncclResult_t {
+        const size_t es = type_size(t);
+        if (!multi(comm)) return copy(recv, send, recv_count * es), ncclSuccess;
+        const bool inplace = static_cast<const char*>(send) + size_t(comm->rank) * recv_count * es == recv;
+        if (inplace) {  // MPI has no in-place form with an offset output: reduce a copy of the input
+            char* tmp = new char[size_t(comm->world) * recv_count * es];
+            std::memcpy(tmp, send, size_t(comm->world) * recv_count * es);
+            const int rc = MPI_Reduce_scatter_block(tmp, recv, int(recv_count), mpi_type(t), sum_op(t), MPI_COMM_WORLD);
+            delete[] tmp;
+            return check(rc);
+        }
+        return check(MPI_Reduce_scatter_block(send, recv, int(recv_count), mpi_type(t), sum_op(t), MPI_COMM_WORLD));
+    });
 }
 inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t t, ncclComm_t comm,
-                                  cudaStream_t) {
+                                  cudaStream_t stream) {
     ::emu::forbid_in_capture("ncclAllGather");
     using namespace emu::nccl;
     if (!type_size(t)) return ncclInvalidArgument;
     if (device_work_skipped()) return ncclSuccess;
-    const size_t es = type_size(t);
-    if (!multi(comm)) return copy(recv, send, send_count * es), ncclSuccess;
-    const bool inplace = static_cast<const char*>(recv) + size_t(comm->rank) * send_count * es == send;
-    return check(MPI_Allgather(inplace ? MPI_IN_PLACE : send, int(send_count), mpi_type(t), recv, int(send_count),
-                               mpi_type(t), MPI_COMM_WORLD));
+    return on_stream(stream, "ncclAllGather", [=]() -> ncclResult_t {
+        const size_t es = type_size(t);
+        if (!multi(comm)) return copy(recv, send, send_count * es), ncclSuccess;
+        const bool inplace = static_cast<const char*>(recv) + size_t(comm->rank) * send_count * es == send;
+        return check(MPI_Allgather(inplace ? MPI_IN_PLACE : send, int(send_count), mpi_type(t), recv, int(send_count),
+                                   mpi_type(t), MPI_COMM_WORLD));
+    });
 }
 inline ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
-                               ncclComm_t comm, cudaStream_t) {
+                               ncclComm_t comm, cudaStream_t stream) {
     ::emu::forbid_in_capture("ncclReduce");
     using namespace emu::nccl;
     if (op != ncclSum || !type_size(t)) return ncclInvalidArgument;
     if (device_work_skipped()) return ncclSuccess;
-    if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
-    const bool me = comm->rank == root;
-    return check(MPI_Reduce(me && send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t), sum_op(t), root,
-                            MPI_COMM_WORLD));
+    return on_stream(stream, "ncclReduce", [=]() -> ncclResult_t {
+        if (!multi(comm)) return copy(recv, send, count * type_size(t)), ncclSuccess;
+        const bool me = comm->rank == root;
+        return check(MPI_Reduce(me && send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t), sum_op(t),
+                                root, MPI_COMM_WORLD));
+    });
 }
 inline ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root,
-                                  ncclComm_t comm, cudaStream_t) {
+                                  ncclComm_t comm, cudaStream_t stream) {
     ::emu::forbid_in_capture("ncclBroadcast");
     using namespace emu::nccl;
     if (!type_size(t)) return ncclInvalidArgument;
     if (device_work_skipped()) return ncclSuccess;
-    const size_t es = type_size(t);
-    if (comm && comm->rank == root) copy(recv, send, count * es);
-    if (!multi(comm)) return ncclSuccess;
-    return check(MPI_Bcast(recv, int(count), mpi_type(t), root, MPI_COMM_WORLD));
+    return on_stream(stream, "ncclBroadcast", [=]() -> ncclResult_t {
+        const size_t es = type_size(t);
+        if (comm && comm->rank == root) copy(recv, send, count * es);
+        if (!multi(comm)) return ncclSuccess;
+        return check(MPI_Bcast(recv, int(count), mpi_type(t), root, MPI_COMM_WORLD));
+    });
 }
