@@ -184,11 +184,11 @@ attn_bwd_dkdv_scalar(T* dqkv, const T* dout, const float* lse, const float* D, c
                 const T* qr = qb + (int64_t)i * C3;
                 const T* dr = dob + (int64_t)i * OC;
                 float s = 0.f, dp = 0.f;
-                for (int d = 0; d < hd; d++) {
-                    s = fmaf(to_f(qr[d]), ks[d], s);
+                for (int d = 0; d < hd; d++) {  // q pre-scaled as in the forward: the same s
+                    s = fmaf(to_f(qr[d]) * scale, ks[d], s);
                     dp = fmaf(to_f(dr[d]), vs[d], dp);
                 }
-                p = expf(s * scale - lse_r[i]);
+                p = expf(s - lse_r[i]);
                 ds = p * (dp - D_r[i]);
             }
             const int ni = min(32, T_ - i0);
@@ -245,7 +245,7 @@ attn_bwd_dq_scalar(T* dqkv, const T* dout, const float* lse, const float* D, con
     float* qs = qs_all[warp];
     float* dos = ds_all[warp];
     for (int d = lane; d < hd; d += 32) {
-        qs[d] = to_f(qrow[d]);
+        qs[d] = to_f(qrow[d]) * scale;  // pre-scaled as in the forward: the same s, bit for bit
         dos[d] = to_f(dorow[d]);
     }
     __syncwarp();
@@ -264,7 +264,7 @@ attn_bwd_dq_scalar(T* dqkv, const T* dout, const float* lse, const float* D, con
                 s = fmaf(qs[d], to_f(kr[d]), s);
                 dp = fmaf(dos[d], to_f(vr[d]), dp);
             }
-            ds = expf(s * scale - lse_i) * (dp - D_i);
+            ds = expf(s - lse_i) * (dp - D_i);
         }
         const int nj = min(32, i - j0 + 1);
         for (int jj = 0; jj < nj; jj++) {

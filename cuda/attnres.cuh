@@ -408,7 +408,7 @@ template <typename T, int VPT, int G, bool STAGE>
 __global__ void __launch_bounds__(kThreads)
 full_scores_backward_kernel(float* dq_part, float* pa, float* pds, float* psc, T* stash, const T* dx, const T* U,
                             const float* R, int K, const float* w, const float* g, int64_t pair0, int N, int d) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) float sm[];  // 16-byte cp.async destinations in stage
     constexpr int nw = kThreads / 32, HALF = 2 * G * nw;
     float* sc = sm + 2 * HALF;  // [K] s_k
     float* da = sc + K;         // [K] dx·u_k, then dL/ds_k

@@ -873,9 +873,9 @@ __global__ void hc_coef_backward_kernel(T* dPp, float* beta, float* part, const 
     for (int i = 0; i < NS; i++) {
         float bs = 0.f;
         for (int c = 0; c < m; c++) {
-            const float v = r[i] * du[i * m + c];
-            dPp[(t * NS + i) * L + c] = from_f<T>(v);
-            bs += v * Pt[i * L + c];
+            const T v = from_f<T>(r[i] * du[i * m + c]);
+            dPp[(t * NS + i) * L + c] = v;
+            bs += to_f(v) * Pt[i * L + c];  // the dP the combine kernels read: β cancels their dZ's radial part
         }
         beta[t * NS + i] = r[i] * r[i] / (float)d * bs;
     }
@@ -922,9 +922,9 @@ __global__ void mhc_coef_backward_kernel(T* dPp, float* beta, float* part, float
         const int grp = e < NS ? 0 : (e < 2 * NS ? 1 : 2);
         da[grp] += dc[e] * (r * Pt[e]);
         pt[3 + e] = dc[e];
-        const float v = r * a_grp[grp] * dc[e];
-        dPp[t * L + e] = from_f<T>(v);
-        bs += v * Pt[e];
+        const T v = from_f<T>(r * a_grp[grp] * dc[e]);
+        dPp[t * L + e] = v;
+        bs += to_f(v) * Pt[e];  // as stored (see hc_coef_backward_kernel's β)
     }
     pt[0] = da[0];
     pt[1] = da[1];

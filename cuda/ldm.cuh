@@ -208,7 +208,8 @@ inline void colsum(float* out, const TA* A, const float* B, int64_t N, int C, in
 // rows"); the two GEMMs with the small inner size HK = H_m·d_k (dq·W_q, dk·W_k) are folded in as
 // dot products of length HK per element on CUDA cores. Per element (n, c):
 //   s      = dsrc + Σ_k dq[n,k]·W_q[k,c]  (+ dx[n,c])     dL/dh_j (read j+1's query; dx_{j+1}'s residual share)
-//   d_o    = T((dv + Σ_k dk[n,k]·W_k[k,c]) + s)           dL/do_j (one rounding)
+//   d_o    = T((dv + Σ_k dk[n,k]·W_k[k,c]) + s)           dL/do_j (dv as stored: T, so in bf16
+//                                                          rounded twice; above HK = 32 dv is fp32)
 //   dsrc   = residual ? s : 0
 //   src32  = residual ? src32 − O_j : O_{j−1};  srcT = T(src32)   h_{j−1}, read j's input
 //   gA     += Σ_n prod[n, c]                               the gate a_{j+1}'s gradient (optional)
@@ -1005,7 +1006,7 @@ __device__ inline void unwind_vjp_rls_warp_body(Dims D, float* cur, float* dS, c
         }
         const float gm = lm / (1.f - a_);
         gl = gm / lm;
-        Pl.update(gu, gu, lane, [&](float pv, float xa, float yb) { return lm * pv + gm * xa * yb; });
+        Pl.update(gu, gu, lane, [&](float pv, float xa, float yb) { return lm * pv + gm * (xa * yb); });
     }
     // VJP quantities at the state before the write (S_prev rows, Pl = P_prev).
     float ku = 0.f;
@@ -1160,7 +1161,8 @@ unwind_vjp_rls_warp_kernel(Dims D, float* cur, float* dS, const float* Kn, const
 // Read i+1's backward, then the unwind + VJP of write i, in one pass over S, P, dS, dP (unwind mode
 // and checkpoint segments; the state in cur is the one after write i). dsrc32 == nullptr: dvacc
 // gets the write's own dv only (the caller adds dsrc once the read's GEMMs have updated it), as
-// DV: fp32 where a GEMM accumulates into it, T where the row pass reads it (one rounding). The
+// DV: fp32 where a GEMM accumulates into it, T where the row pass reads it (half the bytes; d_o is
+// then rounded a second time in bf16, an error of about 2^-9 |dv| beside the fp32 path). The
 // values v are read as stored (O_i, type T) and widened in registers.
 template <typename T, int DK, int PREG = kRegPMax, int ROWS = kBwdRows<DK>, typename DV = float>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
@@ -1381,7 +1383,7 @@ unwind_warp_kernel(Dims D, float* cur, const float* Kn, const float* v32, const 
         }
         const float gm = lm / (1.f - a_);
         gl = gm / lm;
-        Pl.update(g, g, lane, [&](float pv, float xa, float yb) { return lm * pv + gm * xa * yb; });
+        Pl.update(g, g, lane, [&](float pv, float xa, float yb) { return lm * pv + gm * (xa * yb); });
         __syncwarp();
         Pl.store(P, dk, lane);
     }

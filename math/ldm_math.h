@@ -104,7 +104,7 @@ LDM_HD inline R rls_unwind_p(R* P, const R* k, R lam, int dk, R* g) {
     }
     const R gamma = lam / (R(1) - a_);
     for (int a = 0; a < dk; a++)
-        for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * g[a] * g[b];
+        for (int b = 0; b < dk; b++) P[a * dk + b] = lam * P[a * dk + b] + gamma * (g[a] * g[b]);  // symmetric
     return gamma;
 }
 template <typename R>
@@ -733,10 +733,11 @@ LDM_HD inline void rls_window_backward(R* S, R* P, R* dS, R* dP, const R* K, con
 
 // ---- unwind drift and the checkpoint fallback (spec §2.5, mode "unwind") --------------------
 // |x| for the drift maximum; a non-finite x (an unwound state gone NaN or inf) counts as +inf,
-// which a max over values would otherwise drop (max(m, NaN) == m).
+// which a max over values would otherwise drop (max(m, NaN) == m). A zero comes back as +0: the
+// GPU takes the maximum of the float bits as unsigned integers, where -0 would beat every value.
 template <typename R>
 LDM_HD inline R ldm_drift_value(R x) {
-    const R a = x < R(0) ? -x : x;
+    const R a = (x < R(0) ? -x : x) + R(0);  // -0 + 0 == +0
     return a - a == R(0) ? a : R(INFINITY);
 }
 

@@ -719,6 +719,10 @@ TEST_CASE("ldm: drift values count non-finite differences as +inf; the fallback 
     // A NaN would vanish in a running max (std::max(m, NaN) == m): the drift sees it as +inf.
     CHECK(ldm::ldm_drift_value(-2.5) == 2.5);
     CHECK(ldm::ldm_drift_value(0.0f) == 0.0f);
+    // -0 comes back as +0: the GPU's atomicMax on the float bits as unsigned would rank -0
+    // (0x80000000) above +inf (0x7f800000) and hide a NaN another warp saw
+    CHECK(!std::signbit(ldm::ldm_drift_value(-0.0f)));
+    CHECK(!std::signbit(ldm::ldm_drift_value(-0.0)));
     CHECK(std::isinf(ldm::ldm_drift_value(std::nan(""))));
     CHECK(std::isinf(ldm::ldm_drift_value(-std::numeric_limits<float>::infinity())));
     CHECK(std::isinf(ldm::ldm_drift_value(std::numeric_limits<float>::quiet_NaN())));
