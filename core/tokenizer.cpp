@@ -650,8 +650,27 @@ json parse_json_file(const std::string& path) {
     }
 }
 
+constexpr uint64_t kMaxTokenId = 10000000;
+
+// A token id from JSON: a non-negative integer up to kMaxTokenId (read as 64 bits, so that a
+// value of 2^32 or more is refused instead of wrapping onto another id). `what` names the entry.
+uint32_t json_token_id(const json& v, const std::string& path, const std::string& what) {
+    if (!v.is_number_unsigned()) throw Error(path + ": id of " + what + " is not a non-negative integer");
+    const uint64_t id = v.get<uint64_t>();
+    if (id > kMaxTokenId)
+        throw Error(strprintf("%s: id %llu of %s is implausibly large (more than %llu)", path.c_str(),
+                              (unsigned long long)id, what.c_str(), (unsigned long long)kMaxTokenId));
+    return uint32_t(id);
+}
+
+// Every id below the largest one must name a token: ids are 0..N-1.
+void require_no_id_holes(const TokenizerImpl& T, const std::string& path) {
+    for (size_t i = 0; i < T.id_present.size(); i++)
+        if (!T.id_present[i]) throw Error(strprintf("%s: id %zu is missing (ids must be 0..N-1)", path.c_str(), i));
+}
+
 void set_token(TokenizerImpl& T, uint32_t id, const std::string& bytes, const std::string& path) {
-    if (id > 10000000) throw Error(strprintf("%s: token id %u is implausibly large", path.c_str(), id));
+    if (id > kMaxTokenId) throw Error(strprintf("%s: token id %u is implausibly large", path.c_str(), id));
     if (T.id_to_bytes.size() <= id) {
         T.id_to_bytes.resize(id + 1);
         T.id_present.resize(id + 1, 0);
@@ -673,9 +692,7 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json, const std::strin
     std::string bytes;
     bool have_eot = false;
     for (auto it = enc.begin(); it != enc.end(); ++it) {
-        if (!it.value().is_number_unsigned())
-            throw Error(encoder_json + ": id of token \"" + it.key() + "\" is not a non-negative integer");
-        uint32_t id = it.value().get<uint32_t>();
+        const uint32_t id = json_token_id(it.value(), encoder_json, "token \"" + it.key() + "\"");
         if (it.key() == "<|endoftext|>") {
             T->eot = id;
             have_eot = true;
@@ -689,8 +706,7 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json, const std::strin
         set_token(*T, id, bytes, encoder_json);
     }
     if (!have_eot) throw Error(encoder_json + ": no \"<|endoftext|>\" entry");
-    for (size_t i = 0; i < T->id_present.size(); i++)
-        if (!T->id_present[i]) throw Error(strprintf("%s: id %zu is missing (ids must be 0..N-1)", encoder_json.c_str(), i));
+    require_no_id_holes(*T, encoder_json);
     T->nvocab = uint32_t(T->id_to_bytes.size());
 
     // vocab.bpe: "#version" line, then one merge "a b" per line, in rank order. tiktoken ranks a
@@ -723,6 +739,11 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json, const std::strin
         nmerge++;
     }
     if (nmerge == 0) throw Error(vocab_bpe + ": no merges");
+    // every token other than the 256 bytes and <|endoftext|> is a merge's result (ids 256 + rank)
+    if (nmerge + 257 != T->nvocab)
+        throw Error(strprintf("%s: %zu merges, but %s has %zu tokens besides the 256 bytes and <|endoftext|> "
+                              "(a truncated file, or files that do not match)",
+                              vocab_bpe.c_str(), nmerge, encoder_json.c_str(), size_t(T->nvocab) - 257));
     // tiktoken semantics: any adjacent pair whose concatenation is a token merges, with the
     // rank (= id) of that token. Enumerate every split of every token.
     std::vector<std::pair<uint64_t, uint64_t>> splits;
@@ -749,6 +770,7 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json, const std::strin
 Tokenizer Tokenizer::load_hf_json(const std::string& path) {
     auto T = std::make_shared<TokenizerImpl>();
     T->hf = true;
+    bool have_eot = false;
     json j = parse_json_file(path);
     if (!j.is_object()) throw Error(path + ": expected a JSON object");
     try {
@@ -769,9 +791,7 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
         if (!m.contains("vocab") || !m["vocab"].is_object()) throw Error(path + ": model.vocab is not an object");
         std::string bytes;
         for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-            if (!it.value().is_number_unsigned())
-                throw Error(path + ": model.vocab id of \"" + it.key() + "\" is not a non-negative integer");
-            uint32_t id = it.value().get<uint32_t>();
+            const uint32_t id = json_token_id(it.value(), path, "model.vocab token \"" + it.key() + "\"");
             if (!byte_level_to_bytes(it.key(), &bytes)) {
                 // Not reachable by byte-level BPE (e.g. the raw space runs that are also added
                 // tokens); kept for decoding only, as the raw string.
@@ -809,9 +829,11 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
             if (ia == T->bytes_to_id.end() || ib == T->bytes_to_id.end() || ic == T->bytes_to_id.end())
                 throw Error(strprintf("%s: model.merges[%zu] \"%s %s\" refers to a token not in model.vocab",
                                       path.c_str(), r, sa.c_str(), sb.c_str()));
-            // HF keeps the first occurrence of a duplicated merge? It keeps the last insert into a
-            // HashMap; duplicates do not occur in supported files. Keep the lowest rank.
-            T->pairs.insert(pair_key(ia->second, ib->second), (uint64_t(r) << 32) | ic->second);
+            // A merge listed twice would get its rank from whichever insert the implementation
+            // keeps (Hugging Face's map keeps the last): refused, since the supported files have none.
+            if (!T->pairs.insert(pair_key(ia->second, ib->second), (uint64_t(r) << 32) | ic->second))
+                throw Error(strprintf("%s: model.merges[%zu] \"%s %s\" is listed twice", path.c_str(), r,
+                                      sa.c_str(), sb.c_str()));
         }
         // --- normalizer
         if (j.contains("normalizer") && !j["normalizer"].is_null()) {
@@ -845,7 +867,7 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
         if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
             for (const auto& at : j["added_tokens"]) {
                 std::string content = at.at("content").get<std::string>();
-                uint32_t id = at.at("id").get<uint32_t>();
+                const uint32_t id = json_token_id(at.at("id"), path, "added token \"" + content + "\"");
                 for (const char* k : {"single_word", "lstrip", "rstrip"})
                     if (at.value(k, false))
                         throw Error(path + ": added token \"" + content + "\" uses " + k + "=true, which is not supported");
@@ -858,18 +880,22 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
                 set_token(*T, id, content, path);
                 if (normalized) T->added_norm.toks.push_back({T->normalize(content), id, special});
                 else T->added_raw.toks.push_back({content, id, special});
-                if (content == "<|endoftext|>") T->eot = id;
+                if (content == "<|endoftext|>") {
+                    if (have_eot && T->eot != id)
+                        throw Error(strprintf("%s: added token \"<|endoftext|>\" has two ids, %u and %u", path.c_str(),
+                                              T->eot, id));
+                    T->eot = id;
+                    have_eot = true;
+                }
             }
         }
     } catch (const json::exception& e) {
         throw Error(path + ": unexpected tokenizer.json structure: " + e.what());
     }
-    bool have_eot = false;
-    for (const auto& t : T->added_raw.toks) have_eot |= t.content == "<|endoftext|>";
-    for (const auto& t : T->added_norm.toks) have_eot |= t.content == "<|endoftext|>";
     T->added_raw.build();
     T->added_norm.build();
     if (!have_eot) throw Error(path + ": no \"<|endoftext|>\" added token");
+    require_no_id_holes(*T, path);
     T->nvocab = uint32_t(T->id_to_bytes.size());
     T->finish();
     Tokenizer tok;

@@ -245,6 +245,40 @@ TEST_CASE("missing, corrupt and unsupported tokenizer files give clear errors", 
     m["merges"][5] = "Ġ nosuchtoken";
     msg = error_of([&] { Tokenizer::load(with("model", m)); });
     CHECK(contains(msg, "model.merges[5]"));
+    // a merge listed twice (which rank wins differs between implementations)
+    m = j["model"];
+    m["merges"].push_back(m["merges"][3]);
+    msg = error_of([&] { Tokenizer::load(with("model", m)); });
+    CHECK(contains(msg, "model.merges[" + std::to_string(m["merges"].size() - 1) + "]"));
+    CHECK(contains(msg, "is listed twice"));
+    // an id of 2^32 + 5 is refused, not wrapped onto id 5
+    m = j["model"];
+    m["vocab"]["\xC4\xA0the"] = 4294967301ull;
+    msg = error_of([&] { Tokenizer::load(with("model", m)); });
+    CHECK(contains(msg, "id 4294967301 of model.vocab token"));
+    CHECK(contains(msg, "implausibly large"));
+    // an added token past the end leaves ids without a token; a second <|endoftext|>
+    json added = j["added_tokens"];
+    uint32_t top = 0;
+    for (const auto& a : added) top = std::max(top, a["id"].get<uint32_t>());
+    json gap = added;
+    gap.push_back({{"id", top + 20}, {"content", "<|gap|>"}, {"special", true}});
+    msg = error_of([&] { Tokenizer::load(with("added_tokens", gap)); });
+    CHECK(contains(msg, "id " + std::to_string(top + 1) + " is missing"));
+    json eot2 = added;
+    eot2.push_back({{"id", top + 1}, {"content", "<|endoftext|>"}, {"special", true}});
+    msg = error_of([&] { Tokenizer::load(with("added_tokens", eot2)); });
+    CHECK(contains(msg, "\"<|endoftext|>\" has two ids"));
+    // GPT-2 files: a vocab.bpe cut after 10 merges does not match encoder.json; a huge id
+    size_t cut = 0;
+    for (int n = 0; n < 11; n++) cut = bpe.find('\n', cut) + 1;  // "#version" + 10 merges
+    msg = error_of([&] { Tokenizer::load_gpt2(d + "/gpt2_tokenizer/encoder.json", write("ten.bpe", bpe.substr(0, cut))); });
+    CHECK(contains(msg, "ten.bpe: 10 merges, but"));
+    CHECK(contains(msg, "has 50000 tokens besides the 256 bytes"));
+    json big = json::parse(enc);
+    big["\xC4\xA0the"] = 4294967301ull;
+    msg = error_of([&] { Tokenizer::load_gpt2(write("big.json", big.dump()), d + "/gpt2_tokenizer/vocab.bpe"); });
+    CHECK(contains(msg, "id 4294967301 of token"));
     msg = error_of([&] { Tokenizer::load(write("notjson.json", "{\"model\": [1, 2")); });
     CHECK(contains(msg, "notjson.json"));
     // a supported Sequence normalizer and the use_regex/add_prefix_space flags load
