@@ -47,7 +47,36 @@ struct Fnv {
     }
 };
 
-const char kStateMagic[8] = {'L', 'D', 'M', 'D', 'L', 'S', 'T', '1'};
+// LDMDLST2: the fingerprint covers the shards' contents (first and last 64 KiB); LDMDLST1 (older
+// checkpoints): names and sizes only. Same layout.
+const char kStateMagic[8] = {'L', 'D', 'M', 'D', 'L', 'S', 'T', '2'};
+const char kStateMagicV1[8] = {'L', 'D', 'M', 'D', 'L', 'S', 'T', '1'};
+
+// Adds the first and the last (up to) 64 KiB of the file to the fingerprint: a shard rewritten at
+// the same size (another tokenizer, other documents, another order) changes them.
+void add_shard_samples(Fnv& fp, const ShardInfo& info) {
+    constexpr uint64_t kSample = 64 * 1024;
+    const int fd = ::open(info.path.c_str(), O_RDONLY);
+    if (fd < 0) throw Error("data loader: cannot open " + info.path + ": " + std::strerror(errno));
+    std::vector<uint8_t> buf(kSample);
+    auto sample = [&](uint64_t off) {
+        const uint64_t n = std::min<uint64_t>(kSample, info.file_size - off);
+        uint64_t got = 0;
+        while (got < n) {
+            const ssize_t r = ::pread(fd, buf.data() + got, n - got, off_t(off + got));
+            if (r <= 0) {
+                const int e = errno;
+                ::close(fd);
+                throw Error("data loader: cannot read " + info.path + (r == 0 ? ": file shrank" : ": " + std::string(std::strerror(e))));
+            }
+            got += uint64_t(r);
+        }
+        fp.add(buf.data(), n);
+    };
+    sample(0);
+    if (info.file_size > kSample) sample(info.file_size - std::min(kSample, info.file_size - kSample));
+    ::close(fd);
+}
 constexpr size_t kStateBytes = 8 + 4 * 4 + 1 + 8 * 4;
 
 template <typename V>
@@ -110,10 +139,14 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
                          "evaluate with --tokenizer bytes\n",
                          pattern.c_str(), (unsigned long long)tokens, vocab_);
     }
+    Fnv fp_v1;
     for (const ShardInfo& info : infos) {
         const std::string& f = info.path;
         fp.add_str(basename_of(f));
         fp.add_u64(info.file_size);
+        fp_v1.add_str(basename_of(f));
+        fp_v1.add_u64(info.file_size);
+        add_shard_samples(fp, info);
         largest = std::max(largest, info.num_tokens);
         uint64_t w = info.num_tokens >= 1 ? (info.num_tokens - 1) / bt : 0;
         if (w == 0) {
@@ -136,6 +169,7 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
                               world, pattern.c_str(), (unsigned long long)total_windows_,
                               (unsigned long long)(bt + 1)));
     fingerprint_ = fp.h;
+    fingerprint_v1_ = fp_v1.h;
     setup_epoch();
 }
 
@@ -273,15 +307,18 @@ struct SavedLoader {
     int32_t B, T, rank, world;
     bool shuffle;
     uint64_t seed, fingerprint, epoch, idx;
+    bool v1;  // LDMDLST1: the fingerprint is of names and sizes only
 };
 
 SavedLoader parse_loader_state(const std::vector<uint8_t>& s) {
-    if (s.size() != kStateBytes || std::memcmp(s.data(), kStateMagic, 8) != 0)
+    const bool v1 = s.size() == kStateBytes && std::memcmp(s.data(), kStateMagicV1, 8) == 0;
+    if (s.size() != kStateBytes || (!v1 && std::memcmp(s.data(), kStateMagic, 8) != 0))
         throw Error(strprintf("data loader state: not a data loader state (%zu bytes, expected %zu starting with "
-                              "LDMDLST1)",
+                              "LDMDLST2 or LDMDLST1)",
                               s.size(), kStateBytes));
     size_t at = 8;
     SavedLoader v;
+    v.v1 = v1;
     v.B = get<int32_t>(s, at);
     v.T = get<int32_t>(s, at);
     v.rank = get<int32_t>(s, at);
@@ -304,7 +341,9 @@ std::string DataLoader::state_mismatch(const std::vector<uint8_t>& s, bool with_
     if (v.shuffle != shuffle_) bad += strprintf(" shuffle saved %d now %d;", int(v.shuffle), int(shuffle_));
     if (v.seed != seed_)
         bad += strprintf(" seed saved %llu now %llu;", (unsigned long long)v.seed, (unsigned long long)seed_);
-    if (v.fingerprint != fingerprint_) bad += " shard files (names or sizes) differ from '" + pattern_ + "';";
+    if (v.v1 ? v.fingerprint != fingerprint_v1_ : v.fingerprint != fingerprint_)
+        bad += std::string(" shard files (names, sizes") + (v.v1 ? "" : " or contents") + ") differ from '" +
+               pattern_ + "';";
     return bad;
 }
 

@@ -20,7 +20,9 @@
 // * Token ids >= vocab_size -> ldm::Error at construction naming the shard, the token index, its
 //   byte offset and the id (checked again when a shard is loaded, in case it was rewritten).
 // * save_state/load_state: (epoch, batch index) plus B, T, rank, world, shuffle, seed and a
-//   fingerprint of the shard files (names + sizes); a mismatch on load -> ldm::Error saying which.
+//   fingerprint of the shard files (names, sizes and the first and last 64 KiB of each, so that
+//   shards rewritten at the same size count as different); a mismatch on load -> ldm::Error saying
+//   which. States saved before the contents counted (LDMDLST1) are checked on names and sizes.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -75,6 +77,7 @@ class DataLoader {
     uint32_t vocab_;
     std::vector<Shard> shards_;
     uint64_t fingerprint_ = 0, total_windows_ = 0, per_rank_ = 0;
+    uint64_t fingerprint_v1_ = 0;  // names and sizes only: what an LDMDLST1 state holds
 
     uint64_t epoch_ = 0, idx_ = 0;
     std::vector<uint32_t> order_;     // shard order of this epoch (indices into shards_)

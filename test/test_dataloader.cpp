@@ -4,6 +4,8 @@
 
 #include <omp.h>
 
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -289,6 +291,40 @@ TEST_CASE("save/restore mid-epoch continues identically; mismatches are errors",
     mismatch(DataLoader(pat, B, T, 1, 2, false, 5, kBigVocab), "shuffle");
     std::string pat2 = make_shards("dl_resume2", {50, 33, 9, 70, 42});  // one size differs
     mismatch(DataLoader(pat2, B, T, 1, 2, true, 5, kBigVocab), "shard files");
+    // the same names and sizes, one token different: the contents count too
+    std::string pat3 = make_shards("dl_resume3", sizes);
+    {
+        const std::string f = pat3.substr(0, pat3.size() - 13) + "x_train_000002.bin";
+        std::vector<uint32_t> t(sizes[1]);
+        for (uint64_t p = 0; p < sizes[1]; p++) t[p] = uint32_t(2 * 1000000 + p);
+        t[20] += 1;
+        ldm::write_shard(f, t.data(), t.size(), true);
+    }
+    mismatch(DataLoader(pat3, B, T, 1, 2, true, 5, kBigVocab), "shard files (names, sizes or contents) differ");
+
+    // A state saved before the contents counted (LDMDLST1: FNV-1a 64 of each file's base name, as
+    // u64 length + bytes, and u64 size, in sorted order) still loads, checked on names and sizes.
+    std::vector<uint8_t> v1 = st;
+    v1[7] = '1';
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto fnv = [&](const void* p, size_t n) {
+        for (size_t i = 0; i < n; i++) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 0x100000001b3ull;
+    };
+    const std::string dir = pat.substr(0, pat.size() - 13);  // ".../"
+    for (size_t k = 1; k <= sizes.size(); k++) {
+        const std::string name = ldm::strprintf("x_train_%06zu.bin", k);
+        const uint64_t len = name.size(), bytes = std::filesystem::file_size(dir + name);
+        fnv(&len, 8);
+        fnv(name.data(), name.size());
+        fnv(&bytes, 8);
+    }
+    std::memcpy(v1.data() + 33, &h, 8);  // after magic, B, T, rank, world, shuffle, seed
+    DataLoader old(pat, B, T, 1, 2, true, 5, kBigVocab);
+    REQUIRE_NOTHROW(old.load_state(v1));
+    DataLoader same_sizes(pat3, B, T, 1, 2, true, 5, kBigVocab);
+    REQUIRE_NOTHROW(same_sizes.load_state(v1));  // what LDMDLST1 could not see
+    std::string m1 = error_of([&] { DataLoader(pat2, B, T, 1, 2, true, 5, kBigVocab).load_state(v1); });
+    CHECK(m1.find("shard files (names, sizes) differ") != std::string::npos);
     std::vector<uint8_t> junk(st.size(), 0);
     REQUIRE(error_of([&] { a.load_state(junk); }).find("not a data loader state") != std::string::npos);
     REQUIRE(!error_of([&] { a.load_state({}); }).empty());

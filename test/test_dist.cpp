@@ -419,7 +419,7 @@ TEST_CASE("dist: resume with the same world size is bit-exact; another world siz
     RunResult od = run_cmd(trainer_path() + other + more + " --resume " + dir + "/F/ckpt_000004 --out-dir " + dir + "/G2");
     INFO(od.out);
     CHECK(od.status != 0);
-    CHECK_THAT(od.out, Catch::Contains("shard files (names or sizes) differ"));
+    CHECK_THAT(od.out, Catch::Contains("shard files (names, sizes or contents) differ"));
 
     // A checkpoint without its marker is refused.
     run_cmd("rm -f '" + dir + "/A/ckpt_000002.done'");
