@@ -13,11 +13,12 @@
 # (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
 # "native:1 Haswell:1 Haswell:2 SkylakeX:1 Sandybridge:2", "" for none) and count in the
 # closing line. A core type this CPU or this OpenBLAS cannot run is skipped and listed as
-# skipped (scripts/blas_cores.sh), not failed.
+# skipped (scripts/blas_cores.sh), not failed. Checks a test case skips with a visible warning
+# (no GPU, no data, no mpirun, no nvcc) pass, and are listed before the closing line.
 set -u
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
-passed=0; failed=0; crashed=(); gpu_skipped=(); failed_cases=()
+passed=0; failed=0; crashed=(); gpu_skipped=(); other_skipped=(); failed_cases=()
 limit=${LDM_TEST_TIMEOUT:-1200}
 start=$(date +%s)
 for t in "$@"; do
@@ -46,6 +47,11 @@ TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped"
   fi
   # A test binary that needs a GPU passes without one after printing "skipped: no GPU": list it.
   if echo "$out" | grep -q 'skipped: no GPU'; then gpu_skipped+=("$(basename "$t")"); fi
+  # Other checks a test case skips visibly (Catch2 WARN "SKIP ..." or "skipped: ...": no data
+  # directory, no mpirun, no OLMo tokenizer, no nvcc): listed at the end, since they pass.
+  while IFS= read -r w; do other_skipped+=("$(basename "$t"): $w"); done < <(echo "$out" |
+    awk '/(^|: )warning:$/ { if ((getline l) > 0) { sub(/^ +/, "", l); print l } }' |
+    grep -E '^(SKIP|skipped)' | grep -v 'no GPU' | sort -u)
   echo "=== $t: $(( $(date +%s) - t0 )) s"
 done
 # BLAS variants of the [blas] test cases.
@@ -96,9 +102,18 @@ for s in "${blas_failed[@]+"${blas_failed[@]}"}"; do echo "FAILED under a BLAS v
 if [ ${#gpu_skipped[@]} -gt 0 ]; then
   echo "skipped (no GPU): the GPU cases of ${gpu_skipped[*]} passed without running"
 fi
+for s in "${other_skipped[@]+"${other_skipped[@]}"}"; do echo "skipped (passed without running): $s"; done
 # Passing test cases delete their scratch files (test/helpers.h); report what is left and the disk.
-tmp_left=$(du -sm build/test_tmp 2>/dev/null | cut -f1)
-echo "scratch left in build/test_tmp: ${tmp_left:-0} MiB; disk free: $(df -Pm . | awk 'NR == 2 { print $4 }') MiB"
+# (each binary's scratch is test_tmp/ of its build directory, the parent of its test/ directory)
+tmp_dirs=()
+for t in "$@"; do
+  d=$(dirname "$(dirname "$t")")/test_tmp
+  case " ${tmp_dirs[*]+"${tmp_dirs[*]}"} " in *" $d "*) ;; *) tmp_dirs+=("$d") ;; esac
+done
+for d in "${tmp_dirs[@]+"${tmp_dirs[@]}"}"; do
+  [ -d "$d" ] && echo "scratch left in $d: $(du -sm "$d" 2>/dev/null | cut -f1) MiB"
+done
+echo "disk free: $(df -Pm . | awk 'NR == 2 { print $4 }') MiB"
 echo "suite time: $(( $(date +%s) - start )) s"
 echo "tests: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -56,14 +56,18 @@ void end_binary_scratch_dirs(bool passed) {
     if (passed && !keep_test_tmp()) remove_dirs(dirs);
 }
 
+std::string build_dir_of_test() {
+    char buf[4096];
+    const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n <= 0) return "build";
+    std::string p(buf, size_t(n));
+    p = p.substr(0, p.find_last_of('/'));  // .../build/test
+    return p.substr(0, p.find_last_of('/'));
+}
+
 namespace {
 std::string make_scratch(const std::string& name) {
-#ifdef LDM_SOURCE_DIR
-    std::string base = std::string(LDM_SOURCE_DIR) + "/build/test_tmp/";
-#else
-    std::string base = "build/test_tmp/";
-#endif
-    std::string d = base + name;
+    std::string d = build_dir_of_test() + "/test_tmp/" + name;
     std::string cmd = "rm -rf '" + d + "' && mkdir -p '" + d + "'";
     if (std::system(cmd.c_str()) != 0) throw ldm::Error("cannot create scratch dir " + d);
     return d;
@@ -113,6 +117,63 @@ ChildResult run_child(const std::function<void()>& f) {
     std::remove(path.c_str());
     return r;
 }
+
+BackgroundRun::BackgroundRun(const std::string& command, const std::string& out_path) : out_path_(out_path) {
+    const int fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const char* cmd = command.c_str();
+    const pid_t pid = fork();
+    if (pid == 0) {  // only async-signal-safe calls until exec
+        setsid();
+        std::signal(SIGINT, SIG_DFL);
+        std::signal(SIGTERM, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, nullptr);
+        const int in = open("/dev/null", O_RDONLY);
+        if (in >= 0) dup2(in, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    close(fd);
+    REQUIRE(pid > 0);
+    pid_ = pid;
+}
+
+BackgroundRun::~BackgroundRun() {
+    if (pid_ > 0 && status_ < 0) {
+        kill(-pid_, SIGKILL);
+        int st = 0;
+        waitpid(pid_, &st, 0);
+    }
+}
+
+bool BackgroundRun::wait_for(const std::function<bool()>& ready, double seconds) {
+    for (int k = 0; k < int(seconds * 10); k++) {
+        if (ready()) return true;
+        usleep(100000);
+    }
+    return ready();
+}
+
+void BackgroundRun::signal_leader(int sig) const { REQUIRE(kill(pid_, sig) == 0); }
+void BackgroundRun::signal_group(int sig) const { REQUIRE(kill(-pid_, sig) == 0); }
+
+bool BackgroundRun::wait_exit(double seconds) {
+    if (status_ >= 0) return true;
+    return wait_for([&] {
+        int st = 0;
+        if (waitpid(pid_, &st, WNOHANG) != pid_) return false;
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return true;
+    }, seconds);
+}
+
+std::string BackgroundRun::output() const { return slurp(out_path_); }
 
 namespace {
 std::string g_binary_name = "test";

@@ -28,7 +28,12 @@ std::vector<std::string> split(const std::string& s, char sep);
 // Non-overlapping occurrences of `what` (not empty) in `s`.
 size_t count_of(const std::string& s, const std::string& what);
 
-// A scratch directory under build/test_tmp/<name>, emptied on creation. Registered with
+// The build directory of the running test binary (the parent of its build*/test directory),
+// which holds the tools and trainers; "build" when /proc/self/exe cannot be read.
+std::string build_dir_of_test();
+
+// A scratch directory <build dir of this test>/test_tmp/<name>, emptied on creation (per build
+// directory, so two build directories can run their tests at the same time). Registered with
 // register_scratch_dir, so it is removed when the test case that made it passes.
 std::string scratch_dir(const std::string& name);
 
@@ -52,6 +57,35 @@ struct ChildResult {
 // report from the child) and waits for it: for checks that code aborts (the emulator's fail()).
 // The child exits with status 0 when f returns.
 ChildResult run_child(const std::function<void()>& f);
+
+// A shell command (`sh -c command`) running in the background in a session and process group of
+// its own, as a terminal's foreground job is: for tests that signal a run half way. Its stdin is
+// /dev/null, stdout and stderr go to out_path, SIGINT and SIGTERM are at their default actions
+// whatever the test process ignores. Start command with `exec` to make the program itself the
+// leader. The destructor kills a group still running (SIGKILL), so that a failed check leaves no
+// run behind.
+class BackgroundRun {
+ public:
+    BackgroundRun(const std::string& command, const std::string& out_path);
+    ~BackgroundRun();
+    BackgroundRun(const BackgroundRun&) = delete;
+    BackgroundRun& operator=(const BackgroundRun&) = delete;
+    // Polls ready() every 0.1 s for at most `seconds`; its last result.
+    static bool wait_for(const std::function<bool()>& ready, double seconds);
+    void signal_leader(int sig) const;  // the command's own process
+    void signal_group(int sig) const;   // every process of its group
+    // Waits at most `seconds` for the leader to end; true when it has ended.
+    bool wait_exit(double seconds);
+    // The leader's exit status as a shell's $? gives it (128 + signal for a signal), -1 while it
+    // runs.
+    int status() const { return status_; }
+    std::string output() const;
+
+ private:
+    int pid_ = -1;
+    int status_ = -1;
+    std::string out_path_;
+};
 
 // A numeric tolerance check (doc/testing.md): CHECK(err <= bound) with label, err and bound in
 // the failure message (a NaN err fails). With $LDM_TOL_REPORT naming a file, every call also

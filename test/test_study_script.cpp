@@ -279,34 +279,19 @@ TEST_CASE("study.sh: Ctrl-C (SIGINT to the process group) stops the whole study,
     const std::string bin = build_dir_of_test();
     const std::string out = train_scratch("study_interrupt");
     // a run long enough to be interrupted (about a minute alone), in its own process group as a
-    // terminal's foreground job; rc written when the study ends
-    const std::string script = "cd '" LDM_SOURCE_DIR "' && echo $$ > '" + out + "/pgid' && BUILD='" + bin +
-                               "' LDM_DATA_DIR='" + dd + "' scripts/study.sh --recipe ci --steps 20000 --ckpt-every 20 "
-                               "--out '" + out + "/s' > '" + out + "/console' 2>&1; echo $? > '" + out + "/rc'\n";
-    ldm::write_file_atomic(out + "/run.sh", script.data(), script.size());
-    REQUIRE(run_cmd("setsid -f bash '" + out + "/run.sh' < /dev/null > /dev/null 2>&1").status == 0);
-    struct StopOnExit {  // a check that fails below must not leave the study running
-        std::string dir;
-        ~StopOnExit() {
-            if (ldm::file_exists(dir + "/pgid") && !ldm::file_exists(dir + "/rc"))
-                ::kill(-std::stoi(slurp(dir + "/pgid")), SIGTERM);
-        }
-    } stop_on_exit{out};
+    // terminal's foreground job
+    BackgroundRun study("cd '" LDM_SOURCE_DIR "' && exec env BUILD='" + bin + "' LDM_DATA_DIR='" + dd +
+                            "' scripts/study.sh --recipe ci --steps 20000 --ckpt-every 20 --out '" + out + "/s'",
+                        out + "/console");
     const std::string log = out + "/s/runs/preln_lr3e-3_s1/log.jsonl";
-    bool stepping = false;
-    for (int k = 0; k < 600 && !stepping; k++) {  // up to 60 s for the first run's first steps
-        stepping = ldm::file_exists(log) && slurp(log).find("\"type\":\"step\"") != std::string::npos;
-        if (!stepping) usleep(100000);
-    }
-    REQUIRE(stepping);
-    REQUIRE(ldm::file_exists(out + "/pgid"));
-    const int pgid = std::stoi(slurp(out + "/pgid"));
-    REQUIRE(::kill(-pgid, SIGINT) == 0);
-    for (int k = 0; k < 600 && !ldm::file_exists(out + "/rc"); k++) usleep(100000);
-    REQUIRE(ldm::file_exists(out + "/rc"));
-    const std::string console = slurp(out + "/console");
+    REQUIRE(BackgroundRun::wait_for([&] {  // the first run's first steps
+        return ldm::file_exists(log) && slurp(log).find("\"type\":\"step\"") != std::string::npos;
+    }, 60));
+    study.signal_group(SIGINT);
+    REQUIRE(study.wait_exit(60));
+    const std::string console = study.output();
     INFO(console);
-    CHECK(std::stoi(slurp(out + "/rc")) == 130);
+    CHECK(study.status() == 130);
     CHECK_THAT(console, Catch::Contains("study: interrupted during preln_lr3e-3_s1 (training); run the same command "
                                         "again to resume"));
     CHECK_THAT(console, !Catch::Contains("[2/4]"));  // no later run started

@@ -217,33 +217,16 @@ TEST_CASE("train loop: Ctrl-C names the last checkpoint; a resume from an earlie
     const std::string shards = byte_shards();
     if (shards.empty()) return;
     const std::string dir = train_scratch("robust_interrupt");
-    // The trainers started below inherit SIGINT's disposition: a test run started with it ignored
-    // (a background job of a shell without job control) would keep the trainer deaf to it.
-    std::signal(SIGINT, SIG_DFL);
-    // Starts a long run in the background (its pid in sub/pid, its exit status in sub/rc when it
-    // ends), waits until ready() (60 s at most), sends SIGINT and returns the exit status and the
-    // console; a run still going when the checks fail is stopped.
+    // Starts a long run in the background (BackgroundRun), waits until ready() (60 s at most),
+    // sends SIGINT to the trainer and returns its exit status and console.
     auto interrupted_run = [&](const std::string& sub, const std::string& flags, const std::function<bool()>& ready) {
         const std::string d = dir + "/" + sub;
         ldm::mkdir_p(d);
-        const std::string script = "echo $$ > '" + d + "/pid'; exec " + cmd(shards, "--steps 100000 " + flags) + " > '" +
-                                   d + "/out' 2>&1\n";
-        ldm::write_file_atomic(d + "/run.sh", script.data(), script.size());
-        REQUIRE(run_cmd("setsid -f bash -c 'bash \"" + d + "/run.sh\"; echo $? > \"" + d + "/rc\"' < /dev/null > /dev/null 2>&1")
-                    .status == 0);
-        struct StopOnExit {
-            std::string d;
-            ~StopOnExit() {
-                if (ldm::file_exists(d + "/pid") && !ldm::file_exists(d + "/rc"))
-                    ::kill(std::stoi(ldm::read_file(d + "/pid")), SIGKILL);
-            }
-        } stop{d};
-        for (int k = 0; k < 600 && !ready(); k++) usleep(100000);
-        REQUIRE(ready());
-        REQUIRE(::kill(std::stoi(ldm::read_file(d + "/pid")), SIGINT) == 0);
-        for (int k = 0; k < 300 && !ldm::file_exists(d + "/rc"); k++) usleep(100000);
-        REQUIRE(ldm::file_exists(d + "/rc"));
-        return std::make_pair(std::stoi(ldm::read_file(d + "/rc")), ldm::read_file(d + "/out"));
+        BackgroundRun run("exec " + cmd(shards, "--steps 100000 " + flags), d + "/out");
+        REQUIRE(BackgroundRun::wait_for(ready, 60));
+        run.signal_leader(SIGINT);
+        REQUIRE(run.wait_exit(30));
+        return std::make_pair(run.status(), run.output());
     };
     // once a checkpoint exists (any: --keep-checkpoints 1 removes each soon after the next): the
     // note names the newest checkpoint; it dies of SIGINT

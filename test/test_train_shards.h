@@ -17,28 +17,10 @@
 #include "core/tokenizer.h"
 #include "test/helpers.h"
 
-// Directory of this test binary (build*/test) -> the build dir holding train_cpu.
-inline std::string build_dir_of_test() {
-    char buf[4096];
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-    if (n <= 0) return "build";
-    std::string p(buf, size_t(n));
-    p = p.substr(0, p.find_last_of('/'));  // .../build/test
-    return p.substr(0, p.find_last_of('/'));
-}
-
 inline std::string trainer_path() { return build_dir_of_test() + "/train_cpu"; }
 
-// A scratch directory <build dir of this test>/test_tmp/<name>, emptied on creation and removed
-// when the test case passes (register_scratch_dir). Per build dir, so engineers building in
-// separate build dirs can run these tests at the same time.
-inline std::string train_scratch(const std::string& name) {
-    std::string d = build_dir_of_test() + "/test_tmp/" + name;
-    std::string cmd = "rm -rf '" + d + "' && mkdir -p '" + d + "'";
-    if (std::system(cmd.c_str()) != 0) throw ldm::Error("cannot create scratch dir " + d);
-    register_scratch_dir(d);
-    return d;
-}
+// A scratch directory of the running test case (scratch_dir in test/helpers.h).
+inline std::string train_scratch(const std::string& name) { return scratch_dir(name); }
 
 // Writes train.bin (first ~90% of the documents) and val.bin (the rest) into dir: the FineWeb-Edu
 // sample (documents joined by <|endoftext|>), GPT-2 tokens. Returns false (with a SKIP) when the

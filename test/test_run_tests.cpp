@@ -1,0 +1,100 @@
+// test/test_run_tests.cpp — scripts/run_tests.sh, the suite runner behind `make test`, on
+// stand-in test binaries (shell scripts printing what a Catch2 binary with test/catch_main.cpp
+// prints): the closing line adds up the cases, failed cases and crashed or timed-out binaries
+// fail the suite and are named at its end, and checks skipped with a visible warning are listed.
+// The BLAS variants are off (LDM_BLAS_VARIANTS=""); the stand-ins have no [blas] cases.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "test/helpers.h"
+
+namespace {
+
+// An executable shell script at dir/name that prints `body`'s output; returns its path.
+std::string stand_in(const std::string& dir, const std::string& name, const std::string& body) {
+    const std::string path = dir + "/" + name;
+    {
+        std::ofstream f(path, std::ios::trunc);
+        f << "#!/bin/sh\n" << body;
+        REQUIRE(f.good());
+    }
+    REQUIRE(::chmod(path.c_str(), 0755) == 0);
+    return path;
+}
+
+struct SuiteRun {
+    int rc = -1;
+    std::string out;
+};
+
+// scripts/run_tests.sh on the given binaries, stdout and stderr together.
+SuiteRun run_suite(const std::string& dir, const std::string& bins, const std::string& env = "") {
+    const std::string log = dir + "/suite.txt";
+    const std::string cmd = "cd '" LDM_SOURCE_DIR "' && LDM_BLAS_VARIANTS= " + env +
+                            " bash scripts/run_tests.sh " + bins + " > '" + log + "' 2>&1";
+    const int st = std::system(cmd.c_str());
+    SuiteRun r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.out = slurp(log);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("run_tests.sh: totals, failed and crashed binaries, visible skips", "[script]") {
+    const std::string d = scratch_dir("run_tests_script");
+    // Catch2's console reporter puts "warning:" after the file:line, on the same line or, when the
+    // path is long, on the next one; the message follows indented.
+    const std::string ok = stand_in(d, "t_ok",
+                                    "printf 'x.cpp:5: \\nwarning:\\n  SKIP tokenizer: no data directory\\n\\n"
+                                    "x.cpp:9: warning:\\n  skipped: mpirun not found\\n"
+                                    "x.cpp:12: warning:\\n  skipped: no GPU\\n"
+                                    "x.cpp:14: warning:\\n  tolerance margin 3x\\n"
+                                    "LDM_TEST_TOTALS 3 0\\n'\n");
+    SuiteRun r = run_suite(d, "'" + ok + "'");
+    INFO(r.out);
+    CHECK(r.rc == 0);
+    CHECK(r.out.find("tests: 3 passed, 0 failed") != std::string::npos);
+    CHECK(r.out.find("skipped (passed without running): t_ok: SKIP tokenizer: no data directory") !=
+          std::string::npos);
+    CHECK(r.out.find("skipped (passed without running): t_ok: skipped: mpirun not found") != std::string::npos);
+    CHECK(r.out.find("skipped (no GPU): the GPU cases of t_ok passed without running") != std::string::npos);
+    CHECK(r.out.find("tolerance margin 3x\nskipped") == std::string::npos);  // other warnings are not skips
+    CHECK(count_of(r.out, "skipped (passed without running)") == 2);
+
+    // A failed case, a binary that dies before its totals, one that exits non-zero with no failed
+    // case: each counts once, the suite fails, and its end names them.
+    const std::string bad = stand_in(d, "t_bad", "printf 'LDM_TEST_FAILED gradient of X\\nLDM_TEST_TOTALS 4 1\\n'; exit 1\n");
+    const std::string crash = stand_in(d, "t_crash", "echo 'half a run'; kill -SEGV $$\n");
+    const std::string nonzero = stand_in(d, "t_nonzero", "printf 'LDM_TEST_TOTALS 2 0\\n'; exit 3\n");
+    r = run_suite(d, "'" + ok + "' '" + bad + "' '" + crash + "' '" + nonzero + "'");
+    INFO(r.out);
+    CHECK(r.rc != 0);
+    CHECK(r.out.find("tests: 9 passed, 3 failed") != std::string::npos);
+    CHECK(r.out.find("FAILED test case: " + bad + ": gradient of X") != std::string::npos);
+    CHECK(r.out.find("CRASHED or failed without a report: " + crash + " (exit 139)") != std::string::npos);
+    CHECK(r.out.find("CRASHED or failed without a report: " + nonzero + " (exit 3)") != std::string::npos);
+    CHECK(r.out.find("LDM_TEST_TOTALS") == std::string::npos);  // the machine lines are not shown
+}
+
+TEST_CASE("run_tests.sh: a binary past LDM_TEST_TIMEOUT is stopped and counted as failed", "[script]") {
+    const std::string d = scratch_dir("run_tests_timeout");
+    const std::string hang = stand_in(d, "t_hang", "echo started; exec sleep 60\n");
+    const std::string ok = stand_in(d, "t_ok", "printf 'LDM_TEST_TOTALS 2 0\\n'\n");
+    const auto t0 = std::chrono::steady_clock::now();
+    SuiteRun r = run_suite(d, "'" + hang + "' '" + ok + "'", "LDM_TEST_TIMEOUT=2");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(r.out);
+    CHECK(r.rc != 0);
+    CHECK(s < 45);  // stopped at 2 s (the kill follows 30 s later only if TERM is ignored)
+    CHECK(r.out.find("TIMED OUT: " + hang + " ran longer than 2 s (LDM_TEST_TIMEOUT)") != std::string::npos);
+    CHECK(r.out.find("CRASHED or failed without a report: " + hang + " (timed out after 2 s)") !=
+          std::string::npos);
+    CHECK(r.out.find("tests: 2 passed, 1 failed") != std::string::npos);  // the next binary still ran
+}
