@@ -93,6 +93,17 @@ NVCCFLAGS ?= $(NVCC_OPT) --threads $(NVCC_THREADS) -std=c++17 -lineinfo -I. -MMD
              -gencode arch=compute_$(CUDA_PORTABLE_ARCH),code=compute_$(CUDA_PORTABLE_ARCH) \
              --Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror \
              -Xcompiler -fopenmp -DLDM_SOURCE_DIR=\"$(CURDIR)\"
+# A change of compiler, flags or CPU rebuilds what they compiled: the objects of each compiler
+# depend on a file $(BUILD)/.flags-NAME holding its command line (and the CPU -march=native stands
+# for; not nvcc's --threads, which changes no output), rewritten only when that text changes. A
+# build directory made before these files existed gets them with an old date: it is taken as
+# built with the current flags.
+NATIVE_ARCH := $(if $(findstring -march=native,$(CXXFLAGS)),$(shell $(CXX) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-march=" { print $$2; exit }'))
+define flags_file
+$(eval _ff := $(BUILD)/.flags-$(1))$(eval _old := $(file <$(_ff)))$(if $(subst $(_old),,$(2))$(subst $(2),,$(_old)),$(shell mkdir -p $(BUILD))$(file >$(_ff),$(2))$(if $(_old),,$(shell touch -d @1 $(_ff))))$(_ff)
+endef
+FLAGS_CXX := $(call flags_file,cxx,$(CXX) $(CXXFLAGS) native=$(NATIVE_ARCH) cuda_inc=$(CUDA_INC))
+FLAGS_NVCC := $(if $(NVCC),$(call flags_file,nvcc,$(NVCC) $(subst --threads $(NVCC_THREADS),,$(NVCCFLAGS))))
 CUDA_LIBS ?= -lcublasLt -lcublas
 CUDA_LIBS += -lnccl  # NCCL collectives (cuda/nccl.cuh); nccl.h beside the CUDA headers or in /usr/include
 # nvcc links without -lpthread: glibc >= 2.34 has it in libc, and nvlink aborts ("elfLink
@@ -106,7 +117,7 @@ all: cpu $(if $(BUILD_CUDA),cuda)
 cpu: $(LIB) $(TOOLS)
 tests: $(TESTS) $(EMU_PROGS)
 
-$(BUILD)/%.o: %.cpp
+$(BUILD)/%.o: %.cpp $(FLAGS_CXX)
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$<)
 	$(Q)$(CXX) $(CXXFLAGS) -c $< -o $@
@@ -150,7 +161,7 @@ $(EMU_DIR)/.stamp: dev/emu/gen.py $(EMU_SRCS)
 	$(Q)python3 dev/emu/gen.py -q --out $(EMU_DIR) $(EMU_SRCS)
 	@touch $@
 EMU_CXXFLAGS = $(CXXFLAGS) -I$(EMU_DIR) -isystem $(CUDA_INC) -Wno-unknown-pragmas -fno-strict-aliasing
-$(EMU_PROGS:%=%.o): $(BUILD)/emu/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+$(EMU_PROGS:%=%.o): $(BUILD)/emu/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h) $(FLAGS_CXX)
 	$(call say,CXX,$*.cu (emulated))
 	$(Q)$(CXX) $(EMU_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
 # -rdynamic: kernels keep their symbols in the dynamic table, so that $EMU_LAUNCH_LOG names them
@@ -158,7 +169,7 @@ $(EMU_PROGS:%=%.o): $(BUILD)/emu/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wi
 $(EMU_PROGS): $(BUILD)/emu/%: $(BUILD)/emu/%.o $(LIB)
 	$(call say,LD,$@)
 	$(Q)$(CXX) $(LDFLAGS) -rdynamic $^ $(LDLIBS) -o $@
-$(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+$(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h) $(FLAGS_CXX)
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$<)
 	$(Q)$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
@@ -175,7 +186,7 @@ TSAN_TESTS := $(if $(TSAN_OK),$(TSAN_NAMES:%=$(TSAN_DIR)/test_emu_%) $(TSAN_DIR)
 TSAN_CXXFLAGS = $(filter-out -O% -march=% -fsanitize=%,$(EMU_CXXFLAGS)) -O1 -fsanitize=thread
 TSAN_LINK = $(CXX) $(filter-out -fsanitize=%,$(LDFLAGS)) -fsanitize=thread $^ $(LDLIBS) -o $@
 tests: $(TSAN_TESTS)
-$(TSAN_DIR)/%.o: test/%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+$(TSAN_DIR)/%.o: test/%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h) $(FLAGS_CXX)
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$< (ThreadSanitizer))
 	$(Q)$(CXX) $(TSAN_CXXFLAGS) -c $< -o $@
@@ -184,7 +195,7 @@ $(TSAN_DIR)/%.o: test/%.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
 TSAN_PROGS := $(EMU_PROGS:$(BUILD)/emu/%=$(TSAN_DIR)/%)
 .PHONY: tsan-trainers
 tsan-trainers: $(TSAN_PROGS)
-$(TSAN_PROGS:%=%.o): $(TSAN_DIR)/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h)
+$(TSAN_PROGS:%=%.o): $(TSAN_DIR)/%.o: dev/emu/program.cpp $(EMU_DIR)/.stamp $(wildcard dev/emu/*.h) $(FLAGS_CXX)
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$*.cu (emulated, ThreadSanitizer))
 	$(Q)$(CXX) $(TSAN_CXXFLAGS) -DEMU_PROGRAM='"cuda_emu/$*.cu.h"' -c $< -o $@
@@ -215,9 +226,9 @@ define nvcc_compile
 	  st=$$?; grep -v -E '^ptxas info +:|^ +[0-9]+ bytes stack frame' $(@:.o=.ptxas).tmp >&2; \
 	  if [ $$st = 0 ]; then mv -f $(@:.o=.ptxas).tmp $(@:.o=.ptxas); else rm -f $(@:.o=.ptxas).tmp $(@:.o=.ptxas); fi; exit $$st
 endef
-$(BUILD)/cuda/%.o: %.cu
+$(BUILD)/cuda/%.o: %.cu $(FLAGS_NVCC)
 	$(nvcc_compile)
-$(BUILD)/cuda/%.o: dev/cuda/%.cu
+$(BUILD)/cuda/%.o: dev/cuda/%.cu $(FLAGS_NVCC)
 	$(nvcc_compile)
 $(CU_BINS): $(BUILD)/cuda/%: $(BUILD)/cuda/%.o $(LIB)
 	$(call say,NVLD,$@)
