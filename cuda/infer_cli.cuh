@@ -3,7 +3,8 @@
 // training). Flags follow build/generate_cpu where sensible. Three modes:
 //   --generate            text from --prompt (tokenizer) or --prompt-len random ids; prints the
 //                         text, the timing and one line GENERATE {json} (generate_cpu's keys)
-//   --bench-infer P:G     B = -B sequences: prefill of P random tokens, then G greedy decode steps;
+//   --bench-infer P:G     B = -B sequences: prefill of P random tokens, then G greedy decode steps
+//                         (the prompt and sampling flags are refused: they would not apply);
 //                         prints BENCH_INFER {json}: prefill tokens/s, decode ms per step (median,
 //                         mean), KV cache bytes, peak device memory
 //   --infer-check FILE    test hook (test/test_gpu_infer.cpp): B x T random tokens; writes the
@@ -114,6 +115,22 @@ inline void check_infer_options(const InferOptions& io, const std::string& resum
     if (own_model && io.max_len > T_flag)
         throw Error(strprintf("--max-len %d exceeds the model's seq_len %d (-T)", io.max_len, T_flag));
     if (!io.bench_infer.empty()) {
+        // the benchmark decodes greedily from random prompts into a cache of P + G: flags that would
+        // change that are refused rather than silently not applied
+        std::string unused;
+        const cpu::GenerationFlags defaults;
+        if (!io.prompt.empty()) unused += " --prompt";
+        if (io.prompt_len != defaults.prompt_len) unused += " --prompt-len";
+        if (io.max_new != defaults.max_new) unused += " --max-new-tokens";
+        if (io.max_len != defaults.max_len) unused += " --max-len";
+        if (io.greedy) unused += " --greedy";
+        if (io.temperature != defaults.temperature) unused += " --temperature";
+        if (io.top_k != defaults.top_k) unused += " --top-k";
+        if (io.top_p != defaults.top_p) unused += " --top-p";
+        if (io.stop_at_eot) unused += " --stop-at-eot";
+        if (!unused.empty())
+            throw Error("--bench-infer P:G times greedy decoding of P random tokens then G steps (cache P + G); it "
+                        "does not use" + unused + " (drop them, or use --generate)");
         int P = 0, G = 0;
         infer_cli_detail::parse_pg(io.bench_infer, &P, &G);
         if (own_model && P + G > T_flag)

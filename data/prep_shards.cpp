@@ -390,9 +390,16 @@ class StagedOutput {
         shards = moved_in;
         fsync_dir(o_.out_dir);
         committed_ = true;
-        for (const std::string& n : prev)
+        size_t replaced = 0;
+        for (const std::string& n : prev) {
             if (std::find(shards.begin(), shards.end(), o_.out_dir + "/" + n) == shards.end())
                 std::fprintf(stderr, "[shards] removed stale shard %s/%s\n", o_.out_dir.c_str(), n.c_str());
+            else
+                ++replaced;
+        }
+        if (replaced > 0)
+            std::fprintf(stderr, "[shards] replaced %zu earlier shard%s of name %s in %s\n", replaced,
+                         replaced == 1 ? "" : "s", o_.name.c_str(), o_.out_dir.c_str());
         remove_staging();
     }
 

@@ -169,6 +169,7 @@ TEST_CASE("FineWeb-Edu sample jsonl -> shards -> loader, token-for-token", "[dat
     REQUIRE(r.rc == 0);
     REQUIRE(!ldm::file_exists(bin_out + "/fw_train_000002.bin"));
     REQUIRE(r.err.find("removed stale shard") != std::string::npos);
+    REQUIRE(r.err.find("replaced 2 earlier shards of name fw in") != std::string::npos);  // val, train 1
     // --val-tokens: whole documents until >= 5000 tokens
     auto v = ldm::read_shard(bin_out + "/fw_val_000000.bin");
     size_t acc = 0, ndoc = 0;

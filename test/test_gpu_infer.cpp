@@ -92,6 +92,8 @@ TEST_CASE("gpu infer: flag errors are clear (no GPU needed)", "[gpu][infer]") {
             {" --generate --prompt-len 100 -T 64", "more than the context of 64"},
             {" --generate --prompt-len 4 --top-p 1.5", "--top-p"},
             {" --generate --bench-infer 4:4", "only one of"},
+            {" --bench-infer 4:4 --temperature 0.7 --top-k 5", "does not use --temperature --top-k (drop them"},
+            {" --bench-infer 4:4 --prompt hi", "does not use --prompt"},
         };
         for (const Bad& b : bad) {
             // the checks are shared code (cuda/infer_cli.cuh): train_ldm runs only the first two
