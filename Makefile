@@ -99,11 +99,17 @@ NVCCFLAGS ?= $(NVCC_OPT) --threads $(NVCC_THREADS) -std=c++17 -lineinfo -I. -MMD
 # build directory made before these files existed gets them with an old date: it is taken as
 # built with the current flags.
 NATIVE_ARCH := $(if $(findstring -march=native,$(CXXFLAGS)),$(shell $(CXX) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-march=" { print $$2; exit }'))
+flags_differ = $(subst $(1),,$(2))$(subst $(2),,$(1))
+flags_write = $(shell mkdir -p $(BUILD))$(file >$(1),$(2))
+# (a sub-make only makes a missing file: with CXXFLAGS from the environment it sees them appended
+# twice, and rewriting would rebuild everything at each `make test`)
 define flags_file
-$(eval _ff := $(BUILD)/.flags-$(1))$(eval _old := $(file <$(_ff)))$(if $(subst $(_old),,$(2))$(subst $(2),,$(_old)),$(shell mkdir -p $(BUILD))$(file >$(_ff),$(2))$(if $(_old),,$(shell touch -d @1 $(_ff))))$(_ff)
+$(if $(filter 0,$(MAKELEVEL)),$(if $(call flags_differ,$(file <$(BUILD)/.flags-$(1)),$(2)),$(if $(wildcard $(BUILD)/.flags-$(1)),$(call flags_write,$(BUILD)/.flags-$(1),$(2)),$(call flags_write,$(BUILD)/.flags-$(1),$(2))$(shell touch -d @1 $(BUILD)/.flags-$(1)))),$(if $(wildcard $(BUILD)/.flags-$(1)),,$(call flags_write,$(BUILD)/.flags-$(1),$(2))$(shell touch -d @1 $(BUILD)/.flags-$(1))))$(BUILD)/.flags-$(1)
 endef
 FLAGS_CXX := $(call flags_file,cxx,$(CXX) $(CXXFLAGS) native=$(NATIVE_ARCH) cuda_inc=$(CUDA_INC))
 FLAGS_NVCC := $(if $(NVCC),$(call flags_file,nvcc,$(NVCC) $(subst --threads $(NVCC_THREADS),,$(NVCCFLAGS))))
+# (after `make clean` in the same run the files are gone: then they count as remade)
+$(BUILD)/.flags-%: ;
 CUDA_LIBS ?= -lcublasLt -lcublas
 CUDA_LIBS += -lnccl  # NCCL collectives (cuda/nccl.cuh); nccl.h beside the CUDA headers or in /usr/include
 # nvcc links without -lpthread: glibc >= 2.34 has it in libc, and nvlink aborts ("elfLink

@@ -4,7 +4,7 @@
 // over the profiled steps. Events only: no synchronisation inside the step, so the numbers are
 // the GPU time of each stage; the gap between their sum and the step time is host and launch
 // overhead. Not usable inside a CUDA graph capture (the trainer refuses --cuda-graph 1 with it).
-// Under dev/emu events are no-ops and every interval reads 0 ms.
+// Under dev/emu an interval reads the host time the emulation spent between its two records.
 #pragma once
 #include <string>
 #include <utility>

@@ -50,7 +50,7 @@ TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped"
   # Other checks a test case skips visibly (Catch2 WARN "SKIP ..." or "skipped: ...": no data
   # directory, no mpirun, no OLMo tokenizer, no nvcc): listed at the end, since they pass.
   while IFS= read -r w; do other_skipped+=("$(basename "$t"): $w"); done < <(echo "$out" |
-    awk '/(^|: )warning:$/ { if ((getline l) > 0) { sub(/^ +/, "", l); print l } }' |
+    awk '/(^|: )warning:$/ { w = 1; next } w && /^  / { l = $0; sub(/^ +/, "", l); print l; next } { w = 0 }' |
     grep -E '^(SKIP|skipped)' | grep -v 'no GPU' | sort -u)
   echo "=== $t: $(( $(date +%s) - t0 )) s"
 done

@@ -141,12 +141,14 @@ BackgroundRun::BackgroundRun(const std::string& command, const std::string& out_
     }
     close(fd);
     REQUIRE(pid > 0);
+    setpgid(pid, pid);  // as the child does (setsid): a signal_group right away finds the group
     pid_ = pid;
 }
 
 BackgroundRun::~BackgroundRun() {
-    if (pid_ > 0 && status_ < 0) {
-        kill(-pid_, SIGKILL);
+    if (pid_ <= 0) return;
+    kill(-pid_, SIGKILL);  // the whole group, even after the leader ended (ESRCH when all have)
+    if (status_ < 0) {
         int st = 0;
         waitpid(pid_, &st, 0);
     }

@@ -1205,6 +1205,13 @@ inline Streams& streams() {
     }
     return s;
 }
+// Runs op as queued work: what it issues (a launch, a GEMM, a copy) runs at once, not queued again.
+inline void run_as_queued(const std::function<void()>& op) {
+    const bool outer = streams().in_queued_op;
+    streams().in_queued_op = true;
+    op();
+    streams().in_queued_op = outer;
+}
 // Runs the queue of stream s until done() (or it is empty).
 inline void run_queue(cudaStream_t s, const std::function<bool()>& done) {
     auto it = streams().queues.find(s);
@@ -1216,10 +1223,7 @@ inline void run_queue(cudaStream_t s, const std::function<bool()>& done) {
     while (!q.ops.empty() && !done()) {
         std::function<void()> op = std::move(q.ops.front());
         q.ops.pop_front();
-        const bool outer = streams().in_queued_op;
-        streams().in_queued_op = true;
-        op();
-        streams().in_queued_op = outer;
+        run_as_queued(op);
     }
     q.running = false;
 }
@@ -1285,6 +1289,7 @@ inline void forbid_in_capture(const char* what) {
 // capturing one), else queued on its stream (see "streams"). False: the caller runs it now.
 inline bool record(cudaStream_t s, const char* what, std::function<void()> op) {
     detail::Capture& c = detail::capture();
+    if (detail::streams().in_queued_op) return false;  // queued work running: it runs now
     if (!c.graph) return detail::enqueue(s, op);
     if (s != c.stream) {
         std::fprintf(stderr, "emu: %s on another stream than the capturing one\n", what);
@@ -1387,7 +1392,8 @@ inline void log_launch(const void* key, int64_t threads, size_t smem, long optin
 }  // namespace detail
 
 // kernel<<<grid, block, smem, stream>>>(args...): runs every block, one after the other, to
-// completion before returning (so launches are synchronous). Arguments are copied as in CUDA.
+// completion before returning on stream 0; on a created stream the launch is queued (see
+// "streams"). Arguments are copied as in CUDA.
 // During a stream capture the launch is recorded (arguments copied now) and runs at replay.
 template <typename K, typename... Args>
 void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel, Args... args) {
@@ -1627,6 +1633,12 @@ inline cudaError_t memset_(void* d, int v, size_t n, ...) {
     device_fill(d, v, n);
     return cudaSuccess;
 }
+// Before an async copy from or to pageable host memory, which CUDA makes synchronous for the host:
+// the earlier work of its stream (stream 0: of the blocking streams) runs.
+inline void run_before_pageable_copy(cudaStream_t st) {
+    if (detail::streams().queues.count(st)) detail::run_whole_queue(st);
+    else detail::run_queues(true);
+}
 // cudaMemcpyAsync / cudaMemsetAsync: recorded during a capture, else queued on their stream (see
 // "streams"). A copy from or to pageable host memory is synchronous for the host, as in CUDA: the
 // stream's earlier work runs first, then the copy.
@@ -1638,8 +1650,7 @@ inline cudaError_t memcpy_async_(void* d, const void* s, size_t n, cudaMemcpyKin
         return cudaSuccess;
     }
     if (!in_captureable_memory(d, n) || !in_captureable_memory(s, n)) {
-        detail::run_whole_queue(st);
-        if (!st) detail::run_queues(true);
+        run_before_pageable_copy(st);
     } else if (record(st, "cudaMemcpyAsync", [=] { device_copy(d, s, n); })) {
         return cudaSuccess;
     }
@@ -1674,8 +1685,7 @@ inline cudaError_t memcpy2d_async_(void* d, size_t dpitch, const void* s, size_t
     }
     if (height && (!in_captureable_memory(d, dpitch * (height - 1) + width) ||
                    !in_captureable_memory(s, spitch * (height - 1) + width))) {
-        detail::run_whole_queue(st);  // pageable host memory: synchronous for the host
-        if (!st) detail::run_queues(true);
+        run_before_pageable_copy(st);
     } else if (record(st, "cudaMemcpy2DAsync", [=] { copy2d(d, dpitch, s, spitch, width, height); })) {
         return cudaSuccess;
     }
@@ -1710,22 +1720,24 @@ inline cudaError_t stream_destroy_(cudaStream_t s) {
     detail::streams().queues.erase(s);
     return cudaSuccess;
 }
-// Events: a record is an op of its stream that stores the host time when it runs, so
-// cudaEventElapsedTime gives the emulation's own time between two records (what --profile-stages
-// shows under the emulation: host time, not GPU time). gen counts the records, done_gen is the
-// last one that ran; a wait or synchronisation is on the record made before it (as in CUDA).
-struct Event {
+// Events: each cudaEventRecord makes a record, an op of its stream that marks it done and stores
+// the host time when it runs, so cudaEventElapsedTime gives the emulation's own time between two
+// records (what --profile-stages shows under the emulation: host time, not GPU time). The event
+// holds its latest record; a wait or synchronisation is on the record made before it (as in CUDA).
+// Queued ops hold the record, not the event, so destroying an event orders nothing (as in CUDA).
+struct EventRecord {
+    bool done = false;
     std::chrono::steady_clock::time_point t{};
-    bool recorded = false;
-    cudaStream_t stream = nullptr;
-    uint64_t gen = 0, done_gen = 0;
+};
+struct Event {
+    std::shared_ptr<EventRecord> latest;  // nullptr: never recorded
+    cudaStream_t stream = nullptr;        // where the latest record was made
 };
 inline cudaError_t event_create_(cudaEvent_t* e) {
     *e = reinterpret_cast<cudaEvent_t>(new Event());
     return cudaSuccess;
 }
 inline cudaError_t event_destroy_(cudaEvent_t e) {
-    detail::run_queues(false);  // queued records and waits refer to it
     delete reinterpret_cast<Event*>(e);
     return cudaSuccess;
 }
@@ -1733,25 +1745,25 @@ inline cudaError_t event_record_(cudaEvent_t e, cudaStream_t s = nullptr) {
     forbid_in_capture("cudaEventRecord (not emulated inside a capture)");
     Event* ev = reinterpret_cast<Event*>(e);
     if (!ev) fail("cudaEventRecord on a null event");
-    const uint64_t g = ++ev->gen;
+    auto rec = std::make_shared<EventRecord>();
+    ev->latest = rec;
     ev->stream = s;
-    std::function<void()> op = [ev, g] {
-        ev->t = std::chrono::steady_clock::now();
-        ev->recorded = true;
-        if (ev->done_gen < g) ev->done_gen = g;
+    std::function<void()> op = [rec] {
+        rec->t = std::chrono::steady_clock::now();
+        rec->done = true;
     };
     if (!detail::enqueue(s, op)) op();
     return cudaSuccess;
 }
-// Runs stream s (where record g of ev was made) until that record has run.
-inline void run_to_event(Event* ev, uint64_t g, cudaStream_t s) {
-    if (ev->done_gen < g) detail::run_queue(s, [ev, g] { return ev->done_gen >= g; });
+// Runs stream s (where rec was made) until rec has run.
+inline void run_to_record(const std::shared_ptr<EventRecord>& rec, cudaStream_t s) {
+    if (!rec->done) detail::run_queue(s, [rec] { return rec->done; });
 }
 inline cudaError_t event_sync_(cudaEvent_t e) {
     forbid_in_capture("cudaEventSynchronize");
     Event* ev = reinterpret_cast<Event*>(e);
     if (!ev) fail("cudaEventSynchronize on a null event");
-    run_to_event(ev, ev->gen, ev->stream);
+    if (ev->latest) run_to_record(ev->latest, ev->stream);
     return cudaSuccess;
 }
 // cudaStreamWaitEvent(s, e): s's later work runs after e's latest record (queued on s: the wait
@@ -1760,17 +1772,16 @@ inline cudaError_t stream_wait_event_(cudaStream_t s, cudaEvent_t e, unsigned = 
     forbid_in_capture("cudaStreamWaitEvent (not emulated inside a capture)");
     Event* ev = reinterpret_cast<Event*>(e);
     if (!ev) fail("cudaStreamWaitEvent on a null event");
-    const uint64_t g = ev->gen;
-    if (g == 0) return cudaSuccess;  // never recorded: waits for nothing
-    const cudaStream_t es = ev->stream;
-    std::function<void()> op = [ev, g, es] { run_to_event(ev, g, es); };
+    if (!ev->latest) return cudaSuccess;  // never recorded: waits for nothing
+    std::function<void()> op = [rec = ev->latest, es = ev->stream] { run_to_record(rec, es); };
     if (!detail::enqueue(s, op)) op();
     return cudaSuccess;
 }
 inline cudaError_t event_elapsed_(float* ms, cudaEvent_t a, cudaEvent_t b) {
     const Event *ea = reinterpret_cast<const Event*>(a), *eb = reinterpret_cast<const Event*>(b);
-    if (!ea || !eb || !ea->recorded || !eb->recorded) return cudaErrorInvalidResourceHandle;
-    *ms = std::chrono::duration<float, std::milli>(eb->t - ea->t).count();
+    if (!ea || !eb || !ea->latest || !eb->latest) return cudaErrorInvalidResourceHandle;
+    if (!ea->latest->done || !eb->latest->done) return cudaErrorNotReady;
+    *ms = std::chrono::duration<float, std::milli>(eb->latest->t - ea->latest->t).count();
     return cudaSuccess;
 }
 inline cudaError_t begin_capture_(cudaStream_t s) {
@@ -1804,11 +1815,9 @@ inline cudaError_t graph_launch_(Graph* exec, cudaStream_t s) {
     forbid_in_capture("cudaGraphLaunch");
     detail::capture().replays++;
     std::function<void()> replay = [ops = exec->ops] {
-        detail::Streams& st = detail::streams();
-        const bool outer = st.in_queued_op;
-        st.in_queued_op = true;
-        for (const auto& op : ops) op();
-        st.in_queued_op = outer;
+        detail::run_as_queued([&] {
+            for (const auto& op : ops) op();
+        });
     };
     if (!detail::enqueue(s, replay)) replay();
     return cudaSuccess;
@@ -1975,7 +1984,7 @@ inline float __expf(float x) { return exp2f(x * 1.44269504088896341f); }
 inline float __logf(float x) { return log2f(x) * 0.693147180559945309f; }
 inline float __fdividef(float a, float b) {
     const float ab = fabsf(b);
-    if (ab > 8.50705917e37f && ab < INFINITY) return std::isinf(a) ? NAN : 0.f;
+    if (ab > 8.50705917e37f && ab < INFINITY) return a * copysignf(0.f, b);  // rcp(b) = ±0: NaN for a NaN or inf a
     return a * (1.f / b);
 }
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
