@@ -101,11 +101,11 @@ NVCCFLAGS ?= $(NVCC_OPT) --threads $(NVCC_THREADS) -std=c++17 -lineinfo -I. -MMD
 NATIVE_ARCH := $(if $(findstring -march=native,$(CXXFLAGS)),$(shell $(CXX) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-march=" { print $$2; exit }'))
 flags_differ = $(subst $(1),,$(2))$(subst $(2),,$(1))
 flags_write = $(shell mkdir -p $(BUILD))$(file >$(1),$(2))
-# (a sub-make only makes a missing file: with CXXFLAGS from the environment it sees them appended
+# flags_file(NAME,TEXT): a missing file is made with an old date; the top make rewrites one whose
+# text differs (a sub-make does not: with CXXFLAGS from the environment it sees them appended
 # twice, and rewriting would rebuild everything at each `make test`)
-define flags_file
-$(if $(filter 0,$(MAKELEVEL)),$(if $(call flags_differ,$(file <$(BUILD)/.flags-$(1)),$(2)),$(if $(wildcard $(BUILD)/.flags-$(1)),$(call flags_write,$(BUILD)/.flags-$(1),$(2)),$(call flags_write,$(BUILD)/.flags-$(1),$(2))$(shell touch -d @1 $(BUILD)/.flags-$(1)))),$(if $(wildcard $(BUILD)/.flags-$(1)),,$(call flags_write,$(BUILD)/.flags-$(1),$(2))$(shell touch -d @1 $(BUILD)/.flags-$(1))))$(BUILD)/.flags-$(1)
-endef
+flags_path = $(BUILD)/.flags-$(1)
+flags_file = $(if $(wildcard $(flags_path)),$(if $(filter 0,$(MAKELEVEL)),$(if $(call flags_differ,$(file <$(flags_path)),$(2)),$(call flags_write,$(flags_path),$(2)))),$(call flags_write,$(flags_path),$(2))$(shell touch -d @1 $(flags_path)))$(flags_path)
 FLAGS_CXX := $(call flags_file,cxx,$(CXX) $(CXXFLAGS) native=$(NATIVE_ARCH) cuda_inc=$(CUDA_INC))
 FLAGS_NVCC := $(if $(NVCC),$(call flags_file,nvcc,$(NVCC) $(subst --threads $(NVCC_THREADS),,$(NVCCFLAGS))))
 # (after `make clean` in the same run the files are gone: then they count as remade)

@@ -47,35 +47,20 @@ struct Fnv {
     }
 };
 
-// LDMDLST2: the fingerprint covers the shards' contents (first and last 64 KiB); LDMDLST1 (older
-// checkpoints): names and sizes only. Same layout.
+// LDMDLST2: the fingerprint covers the shards' contents (the first and last token ids); LDMDLST1
+// (older checkpoints): names and sizes only. Same layout.
 const char kStateMagic[8] = {'L', 'D', 'M', 'D', 'L', 'S', 'T', '2'};
 const char kStateMagicV1[8] = {'L', 'D', 'M', 'D', 'L', 'S', 'T', '1'};
 
-// Adds the first and the last (up to) 64 KiB of the file to the fingerprint: a shard rewritten at
-// the same size (another tokenizer, other documents, another order) changes them.
+// Adds the first and the last (up to) 16384 token ids of the shard to the fingerprint: a shard
+// rewritten at the same size (another tokenizer, other documents, another order) changes them.
 void add_shard_samples(Fnv& fp, const ShardInfo& info) {
-    constexpr uint64_t kSample = 64 * 1024;
-    const int fd = ::open(info.path.c_str(), O_RDONLY);
-    if (fd < 0) throw Error("data loader: cannot open " + info.path + ": " + std::strerror(errno));
-    std::vector<uint8_t> buf(kSample);
-    auto sample = [&](uint64_t off) {
-        const uint64_t n = std::min<uint64_t>(kSample, info.file_size - off);
-        uint64_t got = 0;
-        while (got < n) {
-            const ssize_t r = ::pread(fd, buf.data() + got, n - got, off_t(off + got));
-            if (r <= 0) {
-                const int e = errno;
-                ::close(fd);
-                throw Error("data loader: cannot read " + info.path + (r == 0 ? ": file shrank" : ": " + std::string(std::strerror(e))));
-            }
-            got += uint64_t(r);
-        }
-        fp.add(buf.data(), n);
-    };
-    sample(0);
-    if (info.file_size > kSample) sample(info.file_size - std::min(kSample, info.file_size - kSample));
-    ::close(fd);
+    constexpr uint64_t kSample = 16384;
+    const uint64_t head = std::min(kSample, info.num_tokens), tail = std::min(kSample, info.num_tokens - head);
+    std::vector<uint32_t> ids(size_t(head + tail));
+    read_shard_tokens(info, 0, head, ids.data());
+    read_shard_tokens(info, info.num_tokens - tail, tail, ids.data() + head);
+    fp.add(ids.data(), ids.size() * sizeof(uint32_t));
 }
 constexpr size_t kStateBytes = 8 + 4 * 4 + 1 + 8 * 4;
 
@@ -139,14 +124,12 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
                          "evaluate with --tokenizer bytes\n",
                          pattern.c_str(), (unsigned long long)tokens, vocab_);
     }
-    Fnv fp_v1;
+    Fnv contents;  // LDMDLST2 adds the shards' sampled token ids to fp (names and sizes)
     for (const ShardInfo& info : infos) {
         const std::string& f = info.path;
         fp.add_str(basename_of(f));
         fp.add_u64(info.file_size);
-        fp_v1.add_str(basename_of(f));
-        fp_v1.add_u64(info.file_size);
-        add_shard_samples(fp, info);
+        add_shard_samples(contents, info);
         largest = std::max(largest, info.num_tokens);
         uint64_t w = info.num_tokens >= 1 ? (info.num_tokens - 1) / bt : 0;
         if (w == 0) {
@@ -168,8 +151,9 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
                               "windows of B*T+1 = %llu tokens",
                               world, pattern.c_str(), (unsigned long long)total_windows_,
                               (unsigned long long)(bt + 1)));
+    fingerprint_v1_ = fp.h;
+    fp.add_u64(contents.h);
     fingerprint_ = fp.h;
-    fingerprint_v1_ = fp_v1.h;
     setup_epoch();
 }
 

@@ -20,8 +20,8 @@
 // * Token ids >= vocab_size -> ldm::Error at construction naming the shard, the token index, its
 //   byte offset and the id (checked again when a shard is loaded, in case it was rewritten).
 // * save_state/load_state: (epoch, batch index) plus B, T, rank, world, shuffle, seed and a
-//   fingerprint of the shard files (names, sizes and the first and last 64 KiB of each, so that
-//   shards rewritten at the same size count as different); a mismatch on load -> ldm::Error saying
+//   fingerprint of the shard files (names, sizes and the first and last 16384 token ids of each,
+//   so that shards rewritten at the same size count as different); a mismatch on load -> ldm::Error saying
 //   which. States saved before the contents counted (LDMDLST1) are checked on names and sizes.
 #pragma once
 #include <cstdint>
