@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <climits>
 #include <ctime>
 #include <map>
 
@@ -156,24 +157,40 @@ std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step)
 }
 
 namespace {
-// The note a SIGINT / SIGTERM prints: two buffers, the one in use named by an atomic index, so
-// that the handler never reads a buffer being written.
-char g_note[2][1024];
+// The note a SIGINT / SIGTERM prints: two slots, the one in use named by an atomic index, so that
+// the handler never reads a slot being written. A slot may hold a second text, printed instead
+// once a file exists (access(2) is async-signal-safe).
+struct InterruptNote {
+    char text[PATH_MAX + 512];  // notes name a checkpoint path
+    char if_exists[PATH_MAX];  // empty: no condition
+    char then_text[PATH_MAX + 512];
+};
+InterruptNote g_note[2];
 std::atomic<int> g_note_cur{-1};
 void interrupt_handler(int sig) {
     const int c = g_note_cur.load();
     if (c >= 0) {
-        const ssize_t r = ::write(2, g_note[c], std::strlen(g_note[c]));
+        const InterruptNote& n = g_note[c];
+        const char* t = n.if_exists[0] != 0 && ::access(n.if_exists, F_OK) == 0 ? n.then_text : n.text;
+        const ssize_t r = ::write(2, t, std::strlen(t));
         (void)r;
     }
-    // die of the signal, as without a handler (a shell loop around the trainer stops too)
+    // die of the signal, as without a handler (a shell loop around the trainer stops too): the
+    // default action back, and the signal unblocked (a handler runs with its own signal blocked,
+    // so a raise would otherwise wait for the return and the _exit below would come first)
     ::signal(sig, SIG_DFL);
+    sigset_t own;
+    sigemptyset(&own);
+    sigaddset(&own, sig);
+    ::sigprocmask(SIG_UNBLOCK, &own, nullptr);
     ::raise(sig);
     ::_exit(128 + sig);
 }
 }  // namespace
 
-void set_interrupt_note(const std::string& msg) {
+void set_interrupt_note(const std::string& msg, const std::string& once_exists, const std::string& then_msg) {
+    if (once_exists.size() >= sizeof g_note[0].if_exists)
+        throw Error("set_interrupt_note: the path of " + std::to_string(once_exists.size()) + " bytes is too long");
     const int cur = g_note_cur.load();
     if (cur < 0) {
         struct sigaction sa;
@@ -188,7 +205,10 @@ void set_interrupt_note(const std::string& msg) {
         }
     }
     const int next = cur == 0 ? 1 : 0;
-    std::snprintf(g_note[next], sizeof g_note[next], "%s\n", msg.c_str());
+    InterruptNote& n = g_note[next];
+    std::snprintf(n.text, sizeof n.text, "%s\n", msg.c_str());
+    std::snprintf(n.if_exists, sizeof n.if_exists, "%s", once_exists.c_str());
+    std::snprintf(n.then_text, sizeof n.then_text, "%s\n", then_msg.c_str());
     g_note_cur.store(next);
 }
 

@@ -159,8 +159,11 @@ std::vector<std::string> complete_checkpoints(const std::string& dir);
 std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step);
 // What SIGINT or SIGTERM prints on stderr before the process dies of the signal, as without a
 // handler (rank 0 of a trainer; a signal the launcher set to be ignored stays ignored). Each call
-// replaces the note; the first installs the handlers.
-void set_interrupt_note(const std::string& msg);
+// replaces the note; the first installs the handlers. With `once_exists`, the note is `then_msg`
+// from the moment that file exists (the handler checks): a checkpoint's note for the window
+// between its marker's rename and the next call. Throws Error for a path of PATH_MAX bytes or more.
+void set_interrupt_note(const std::string& msg, const std::string& once_exists = "",
+                        const std::string& then_msg = "");
 // Removes dir/ckpt_*.tmp.<pid> files left by a writer that died (its pid no longer runs on this
 // host, or the file is older than a day). Returns how many were removed.
 int remove_stale_temp_files(const std::string& dir);
@@ -484,18 +487,17 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
     std::vector<std::string> written;  // this run's checkpoints, oldest first (rotation)
     std::string last_good = resumed_from;
     // What Ctrl-C (SIGINT) or SIGTERM prints (rank 0): the step, the last checkpoint, how to go on.
-    auto note_interrupt = [&](int64_t k) {
-        if (rank != 0 || o.bench != 0) return;
+    auto note_text = [&](int64_t k, const std::string& ckpt) {
         const std::string s = strprintf("interrupted at step %lld of %lld: ", (long long)k, (long long)o.steps);
-        if (!last_good.empty())
-            set_interrupt_note(s + "the last checkpoint is " + last_good +
-                               " (the same command with --resume latest continues it)");
-        else if (o.out_dir.empty())
-            set_interrupt_note(s + "nothing of this run is saved (no --out-dir)");
-        else
-            set_interrupt_note(s + "no checkpoint written yet (" +
-                               (o.ckpt_every > 0 ? "--ckpt-every " + std::to_string(o.ckpt_every)
-                                                 : std::string("only at the end")) + ")");
+        if (!ckpt.empty())
+            return s + "the last checkpoint is " + ckpt + " (the same command with --resume latest continues it)";
+        if (o.out_dir.empty()) return s + "nothing of this run is saved (no --out-dir)";
+        return s + "no checkpoint written yet (" +
+               (o.ckpt_every > 0 ? "--ckpt-every " + std::to_string(o.ckpt_every) : std::string("only at the end")) +
+               ")";
+    };
+    auto note_interrupt = [&](int64_t k) {
+        if (rank == 0 && o.bench == 0) set_interrupt_note(note_text(k, last_good));
     };
     auto save_ckpt = [&](int64_t step) {
         if (o.out_dir.empty()) return;
@@ -541,6 +543,9 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
                 for (int q = 0; q < W; q++) states.push_back(basename_of(dist::shard_state_path(base, q, W)));
             }
         }, others);  // every file is complete before the marker says so
+        // From the marker's rename on, Ctrl-C names this checkpoint (the handler looks for the marker).
+        if (rank == 0 && o.bench == 0)
+            set_interrupt_note(note_text(step, last_good), base + ".done", note_text(step, base));
         on_all_ranks([&] { if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states); },
                      others);
         std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");

@@ -12,6 +12,7 @@
 //     allocating, naming what it needs.
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <csignal>
 #include <cmath>
 #include <filesystem>
@@ -20,10 +21,13 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/checkpoint.h"
 #include "core/common.h"
+#include "core/train_loop.h"
 #include "test/test_train_shards.h"
 
 using nlohmann::json;
@@ -212,18 +216,61 @@ TEST_CASE("train loop: --warmup-steps > --steps warns; a model too large for thi
     CHECK_THAT(r.out, !Catch::Contains("bad_alloc"));
 }
 
+// The note of set_interrupt_note in a forked child that then gets SIGINT: what it wrote on stderr
+// and whether it died of the signal.
+static std::pair<bool, std::string> note_on_sigint(const std::string& dir, const std::function<void()>& set_note) {
+    const std::string err = dir + "/stderr";
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || ::dup2(fd, 2) < 0) ::_exit(3);
+        set_note();
+        ::kill(::getpid(), SIGINT);
+        ::_exit(4);  // not reached: the handler dies of the signal
+    }
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    return {WIFSIGNALED(st) && WTERMSIG(st) == SIGINT, ldm::read_file(err)};
+}
+
+TEST_CASE("train loop: the interrupt note switches to a checkpoint's text once its marker exists",
+          "[train][robust]") {
+    const std::string dir = train_scratch("robust_note");
+    const std::string marker = dir + "/ckpt_000004.done";
+    std::remove(marker.c_str());
+    auto set = [&] { ldm::train::set_interrupt_note("before: no checkpoint", marker, "after: ckpt_000004"); };
+    // the marker is not there: the first text; it dies of SIGINT
+    auto [died, out] = note_on_sigint(dir, set);
+    CHECK(died);
+    CHECK(out == "before: no checkpoint\n");
+    // the marker's rename happened, the next set_interrupt_note call not yet: the second text
+    ldm::write_file_atomic(marker, "{}\n", 3);
+    auto [died2, out2] = note_on_sigint(dir, set);
+    CHECK(died2);
+    CHECK(out2 == "after: ckpt_000004\n");
+    // a later plain note has no condition
+    auto [died3, out3] = note_on_sigint(dir, [&] {
+        set();
+        ldm::train::set_interrupt_note("plain");
+    });
+    CHECK(died3);
+    CHECK(out3 == "plain\n");
+    CHECK_THROWS_WITH(ldm::train::set_interrupt_note("x", std::string(PATH_MAX, 'a'), "y"), Catch::Contains("too long"));
+}
+
 TEST_CASE("train loop: Ctrl-C names the last checkpoint; a resume from an earlier checkpoint warns of later ones",
           "[train][robust]") {
     const std::string shards = byte_shards();
     if (shards.empty()) return;
     const std::string dir = train_scratch("robust_interrupt");
-    // Starts a long run in the background (BackgroundRun), waits until ready() (60 s at most),
+    // Starts a long run in the background (BackgroundRun), waits until ready() (300 s at most: a loaded machine),
     // sends SIGINT to the trainer and returns its exit status and console.
     auto interrupted_run = [&](const std::string& sub, const std::string& flags, const std::function<bool()>& ready) {
         const std::string d = dir + "/" + sub;
         ldm::mkdir_p(d);
         BackgroundRun run("exec " + cmd(shards, "--steps 100000 " + flags), d + "/out");
-        REQUIRE(BackgroundRun::wait_for(ready, 60));
+        REQUIRE(BackgroundRun::wait_for(ready, 300));
         run.signal_leader(SIGINT);
         REQUIRE(run.wait_exit(30));
         return std::make_pair(run.status(), run.output());
