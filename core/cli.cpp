@@ -185,4 +185,10 @@ bool ArgParser::parse(int argc, char** argv) {
 
 bool ArgParser::was_set(const std::string& name) const { return seen_.count(name) > 0; }
 
+std::vector<std::string> ArgParser::flag_names() const {
+    std::vector<std::string> out;
+    for (const Flag& f : flags_) out.push_back(f.names.back());
+    return out;
+}
+
 }  // namespace ldm

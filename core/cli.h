@@ -36,6 +36,8 @@ class ArgParser {
     std::string suggest(const std::string& name) const;
     // Whether the flag (any of its spellings, e.g. "--seq-len") appeared on the command line.
     bool was_set(const std::string& name) const;
+    // The flags registered so far, one spelling each (the last of `names`), in order.
+    std::vector<std::string> flag_names() const;
 
  private:
     struct Flag {

@@ -44,6 +44,8 @@ namespace gpu {
 struct InferOptions : cpu::GenerationFlags {  // + --prompt ... --stop-at-eot
     bool generate = false;
     std::string checkpoint, bench_infer, infer_check;
+    std::vector<std::string> generation_flags;  // the names add_generation_flags registered
+    std::vector<std::string> generation_flags_set;  // those on the command line (note_set_infer_flags)
     bool active() const { return generate || !bench_infer.empty() || !infer_check.empty(); }
 };
 
@@ -55,14 +57,24 @@ inline void add_infer_flags(ArgParser& ap, InferOptions& o) {
     ap.add("--checkpoint", &o.checkpoint,
            "generation/benchmark model: a .model checkpoint (or use --resume <base>; neither = random init from "
            "the model flags and --seed)");
+    const size_t first = ap.flag_names().size();
     cpu::add_generation_flags(
         ap, o, "prompt text (\"\" = start from <|endoftext|>; needs the tokenizer)",
         "instead of --prompt: N random token ids (seeded by --seed); --infer-check: prefill length (0 = T/2)");
+    const std::vector<std::string> names = ap.flag_names();
+    o.generation_flags.assign(names.begin() + long(first), names.end());
     ap.add("--bench-infer", &o.bench_infer,
            "P:G inference benchmark: -B sequences, prefill of P random tokens then G decode steps; prints "
            "BENCH_INFER json (prefill tokens/s, decode ms/token, KV cache, peak memory)");
     ap.add("--infer-check", &o.infer_check,
            "test hook: write full-forward, prefill and decode logits of B x T random tokens to FILE (LDMINFCK)");
+}
+
+// After ap.parse: which generation flags the command line gave (--bench-infer refuses them).
+inline void note_set_infer_flags(const ArgParser& ap, InferOptions& o) {
+    o.generation_flags_set.clear();
+    for (const std::string& f : o.generation_flags)
+        if (ap.was_set(f)) o.generation_flags_set.push_back(f);
 }
 
 namespace infer_cli_detail {
@@ -115,19 +127,10 @@ inline void check_infer_options(const InferOptions& io, const std::string& resum
     if (own_model && io.max_len > T_flag)
         throw Error(strprintf("--max-len %d exceeds the model's seq_len %d (-T)", io.max_len, T_flag));
     if (!io.bench_infer.empty()) {
-        // the benchmark decodes greedily from random prompts into a cache of P + G: flags that would
-        // change that are refused rather than silently not applied
+        // the benchmark decodes greedily from random prompts into a cache of P + G: the generation
+        // flags, which would change that, are refused rather than silently not applied
         std::string unused;
-        const cpu::GenerationFlags defaults;
-        if (!io.prompt.empty()) unused += " --prompt";
-        if (io.prompt_len != defaults.prompt_len) unused += " --prompt-len";
-        if (io.max_new != defaults.max_new) unused += " --max-new-tokens";
-        if (io.max_len != defaults.max_len) unused += " --max-len";
-        if (io.greedy) unused += " --greedy";
-        if (io.temperature != defaults.temperature) unused += " --temperature";
-        if (io.top_k != defaults.top_k) unused += " --top-k";
-        if (io.top_p != defaults.top_p) unused += " --top-p";
-        if (io.stop_at_eot) unused += " --stop-at-eot";
+        for (const std::string& f : io.generation_flags_set) unused += " " + f;
         if (!unused.empty())
             throw Error("--bench-infer P:G times greedy decoding of P random tokens then G steps (cache P + G); it "
                         "does not use" + unused + " (drop them, or use --generate)");

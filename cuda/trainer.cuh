@@ -596,6 +596,7 @@ inline int trainer_main_body(int argc, char** argv, const char* program, const c
                "backward pass, ZeRO-1 gathers the bf16 working copy; 0: one reduction after backward (fp32 gather)");
         add_infer_flags(ap, o.infer);
         if (!ap.parse(argc, argv)) return 0;
+        note_set_infer_flags(ap, o.infer);
         if (o.nccl_overlap != 0 && o.nccl_overlap != 1)
             throw Error(strprintf("--nccl-overlap must be 0 or 1, got %d", o.nccl_overlap));
         if (o.cuda_graph != 0 && o.cuda_graph != 1)

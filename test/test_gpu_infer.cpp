@@ -94,6 +94,8 @@ TEST_CASE("gpu infer: flag errors are clear (no GPU needed)", "[gpu][infer]") {
             {" --generate --bench-infer 4:4", "only one of"},
             {" --bench-infer 4:4 --temperature 0.7 --top-k 5", "does not use --temperature --top-k (drop them"},
             {" --bench-infer 4:4 --prompt hi", "does not use --prompt"},
+            // given at its default value: still a flag the benchmark would not use
+            {" --bench-infer 4:4 --top-p 1 --max-len 0 --stop-at-eot", "does not use --max-len --top-p --stop-at-eot"},
         };
         for (const Bad& b : bad) {
             // the checks are shared code (cuda/infer_cli.cuh): train_ldm runs only the first two

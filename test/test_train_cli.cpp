@@ -50,6 +50,7 @@ TEST_CASE("ArgParser: values, aliases, = syntax, switches, defaults in help", "[
     CHECK(ap.was_set("--batch-size"));
     CHECK(ap.was_set("-B"));
     CHECK(!ap.was_set("--nothing"));
+    CHECK(ap.flag_names() == std::vector<std::string>{"--preset", "--batch-size", "--steps", "--lr", "--dry-run"});
 }
 
 TEST_CASE("ArgParser: errors name the flag", "[cli]") {
