@@ -94,10 +94,12 @@ NVCCFLAGS ?= $(NVCC_OPT) --threads $(NVCC_THREADS) -std=c++17 -lineinfo -I. -MMD
              --Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror \
              -Xcompiler -fopenmp -DLDM_SOURCE_DIR=\"$(CURDIR)\"
 # A change of compiler, flags or CPU rebuilds what they compiled: the objects of each compiler
-# depend on a file $(BUILD)/.flags-NAME holding its command line (and the CPU -march=native stands
-# for; not nvcc's --threads, which changes no output), rewritten only when that text changes. A
-# build directory made before these files existed gets them with an old date: it is taken as
-# built with the current flags.
+# depend on a file $(BUILD)/.flags-NAME holding its command line, its version line and the CPU
+# -march=native stands for (not nvcc's --threads, which changes no output), rewritten only when
+# that text changes. A build directory made before these files existed gets them with an old
+# date: it is taken as built with the current flags.
+CXX_VERSION := $(shell $(CXX) --version 2>/dev/null | head -n 1)
+NVCC_VERSION := $(if $(NVCC),$(shell $(NVCC) --version 2>/dev/null | tail -n 1))
 NATIVE_ARCH := $(if $(findstring -march=native,$(CXXFLAGS)),$(shell $(CXX) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-march=" { print $$2; exit }'))
 flags_differ = $(subst $(1),,$(2))$(subst $(2),,$(1))
 flags_write = $(shell mkdir -p $(BUILD))$(file >$(1),$(2))
@@ -106,8 +108,8 @@ flags_write = $(shell mkdir -p $(BUILD))$(file >$(1),$(2))
 # twice, and rewriting would rebuild everything at each `make test`)
 flags_path = $(BUILD)/.flags-$(1)
 flags_file = $(if $(wildcard $(flags_path)),$(if $(filter 0,$(MAKELEVEL)),$(if $(call flags_differ,$(file <$(flags_path)),$(2)),$(call flags_write,$(flags_path),$(2)))),$(call flags_write,$(flags_path),$(2))$(shell touch -d @1 $(flags_path)))$(flags_path)
-FLAGS_CXX := $(call flags_file,cxx,$(CXX) $(CXXFLAGS) native=$(NATIVE_ARCH) cuda_inc=$(CUDA_INC))
-FLAGS_NVCC := $(if $(NVCC),$(call flags_file,nvcc,$(NVCC) $(subst --threads $(NVCC_THREADS),,$(NVCCFLAGS))))
+FLAGS_CXX := $(call flags_file,cxx,$(CXX) $(CXXFLAGS) native=$(NATIVE_ARCH) cuda_inc=$(CUDA_INC) version=$(CXX_VERSION))
+FLAGS_NVCC := $(if $(NVCC),$(call flags_file,nvcc,$(NVCC) $(subst --threads $(NVCC_THREADS),,$(NVCCFLAGS)) version=$(NVCC_VERSION) host=$(CXX_VERSION)))
 # (after `make clean` in the same run the files are gone: then they count as remade)
 $(BUILD)/.flags-%: ;
 CUDA_LIBS ?= -lcublasLt -lcublas
