@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/checkpoint.h"
 #include "core/common.h"
 
 namespace ldm {
@@ -16,7 +17,8 @@ constexpr size_t kOffMagic = 0, kOffVersion = 8, kOffHeaderBytes = 12, kOffToken
                  kOffNItems = 32, kOffNSeqs = 40, kOffNTokens = 48, kOffEot = 56,
                  kOffVocab = 60, kOffFingerprint = 64, kOffTotalWords = 72,
                  kOffTotalBytes = 80, kOffTokName = 88, kTokNameBytes = 64,
-                 kOffReserved = kOffTokName + kTokNameBytes;  // 152..255 must be zero
+                 kOffChecksum = kOffTokName + kTokNameBytes,  // version 2; version 1: reserved
+                 kOffReserved = kOffChecksum + 8;             // 160..255 must be zero
 
 enum Kind { kLambada = 0, kWikiText = 1, kHellaSwag = 2 };
 
@@ -48,6 +50,15 @@ uint64_t get64(const std::string& b, size_t off) {
   for (int i = 0; i < 8; i++) v |= uint64_t(uint8_t(b[off + i])) << (8 * i);
   return v;
 }
+// The version-2 checksum: FNV-1a 64 of the whole file with its own 8 bytes taken as zero.
+uint64_t file_checksum(std::string& b) {
+  std::string saved = b.substr(kOffChecksum, 8);
+  std::memset(&b[kOffChecksum], 0, 8);
+  const uint64_t h = fnv1a64(b.data(), b.size());
+  std::memcpy(&b[kOffChecksum], saved.data(), 8);
+  return h;
+}
+
 void app32(std::string& b, uint32_t v) {
   size_t o = b.size();
   b.resize(o + 4);
@@ -127,12 +138,15 @@ void serialize_and_write(const std::string& path, const Payload& p) {
         app32(b, id);
       }
     }
+  put64(b, kOffChecksum, file_checksum(b));
   write_file_atomic(path, b.data(), b.size());
 }
 
 // A parsed, validated file: header values, records and sequences.
 struct Parsed {
   EvalTokenizerInfo tok;
+  uint32_t version = 0;
+  uint64_t stored_checksum = 0, computed_checksum = 0;  // version 2
   uint32_t source_format = 0;
   uint64_t n_items = 0, total_words = 0, total_bytes = 0;
   std::string records;
@@ -171,8 +185,8 @@ Parsed parse_file(const std::string& path, Kind want) {
     throw Error(strprintf("%s: wrong magic '%s': this is a %s eval binary, expected %s ('%s')", P,
                           show_magic(b).c_str(), kKinds[got].name, k.name, k.magic));
   uint32_t version = get32(b, kOffVersion);
-  if (version != kEvalFileVersion)
-    throw Error(strprintf("%s: unsupported %s eval binary version %u (this build reads %u)", P, k.name,
+  if (version != 1 && version != kEvalFileVersion)
+    throw Error(strprintf("%s: unsupported %s eval binary version %u (this build reads 1 and %u)", P, k.name,
                           version, kEvalFileVersion));
   uint32_t hb = get32(b, kOffHeaderBytes), tb = get32(b, kOffTokenBytes);
   uint32_t spi = get32(b, kOffSeqsPerItem), rb = get32(b, kOffRecordBytes);
@@ -183,6 +197,7 @@ Parsed parse_file(const std::string& path, Kind want) {
     throw Error(strprintf("%s: bad header: seqs_per_item %u / record_bytes %u, expected %u / %u for %s", P,
                           spi, rb, k.seqs_per_item, k.record_bytes, k.name));
   Parsed r;
+  r.version = version;
   r.source_format = get32(b, kOffSourceFormat);
   r.n_items = get64(b, kOffNItems);
   uint64_t n_seqs = get64(b, kOffNSeqs), n_tokens = get64(b, kOffNTokens);
@@ -196,7 +211,8 @@ Parsed parse_file(const std::string& path, Kind want) {
   if (nl == kTokNameBytes) throw Error(std::string(P) + ": bad header: tokenizer name not NUL-terminated");
   r.tok.name.assign(name, nl);
   for (size_t i = kOffTokName + nl; i < kEvalHeaderBytes; i++)
-    if (b[i] != 0) throw Error(strprintf("%s: bad header: reserved byte %zu is not zero", P, i));
+    if (b[i] != 0 && !(version >= 2 && i >= kOffChecksum && i < kOffReserved))
+      throw Error(strprintf("%s: bad header: reserved byte %zu is not zero", P, i));
   if (r.tok.vocab_size == 0 || r.tok.eot_id >= r.tok.vocab_size)
     throw Error(strprintf("%s: bad header: eot id %u, vocab size %u", P, r.tok.eot_id, r.tok.vocab_size));
   if ((tb == 2) != (r.tok.vocab_size <= 65536))
@@ -222,6 +238,10 @@ Parsed parse_file(const std::string& path, Kind want) {
     throw Error(strprintf("%s: %llu trailing bytes after the token array (header implies %llu bytes, "
                           "file has %zu)", P, (unsigned long long)(b.size() - expect),
                           (unsigned long long)expect, b.size()));
+  if (version >= 2) {  // compared by the reader after its own checks (check_checksum)
+    r.stored_checksum = get64(b, kOffChecksum);
+    r.computed_checksum = file_checksum(b);
+  }
   r.records = b.substr(off_rec, r.n_items * rb);
   std::vector<uint64_t> offs(n_seqs + 1);
   for (uint64_t i = 0; i <= n_seqs; i++) offs[i] = get64(b, off_offs + 8 * i);
@@ -254,6 +274,17 @@ Parsed parse_file(const std::string& path, Kind want) {
     }
   }
   return r;
+}
+
+// Last of a reader's checks (a damaged field with a check of its own gets that check's message):
+// a version-2 file whose bytes differ from what its writer hashed.
+void check_checksum(const std::string& path, const Parsed& r, Kind kind) {
+  static const char* tool[3] = {"lambada", "wikitext", "hellaswag"};
+  if (r.version >= 2 && r.stored_checksum != r.computed_checksum)
+    throw Error(strprintf("%s: checksum mismatch (header %016llx, contents %016llx): the file changed after it "
+                          "was written; make it again with `ldm_data %s`", path.c_str(),
+                          (unsigned long long)r.stored_checksum, (unsigned long long)r.computed_checksum,
+                          tool[kind]));
 }
 
 }  // namespace
@@ -295,6 +326,7 @@ LambadaSet read_lambada(const std::string& path) {
       throw Error(strprintf("%s: LAMBADA example %llu has an empty target", path.c_str(),
                             (unsigned long long)i));
   }
+  check_checksum(path, r, kLambada);
   return s;
 }
 
@@ -348,6 +380,7 @@ WikiTextSet read_wikitext(const std::string& path) {
                           (unsigned long long)r.total_bytes, (unsigned long long)w, (unsigned long long)by));
   s.total_words = w;
   s.total_bytes = by;
+  check_checksum(path, r, kWikiText);
   return s;
 }
 
@@ -408,6 +441,7 @@ HellaSwagSet read_hellaswag(const std::string& path) {
                               (unsigned long long)i, j));
     }
   }
+  check_checksum(path, r, kHellaSwag);
   return s;
 }
 

@@ -14,7 +14,8 @@
 // Readers check the magic (which also names the kind), version, header fields, exact file size
 // (truncated / trailing bytes), offsets (start 0, non-decreasing, end = n_tokens), token ids
 // < vocab_size, labels and totals, at least one item, WikiText documents with >= 1 token, word
-// and byte, and throw ldm::Error naming the file and what is wrong. Writers refuse the same
+// and byte, last the checksum (FNV-1a 64 of the file; version 2), and throw ldm::Error naming
+// the file and what is wrong. Writers refuse the same
 // sets and write atomically (temp file + rename).
 #pragma once
 #include <array>
@@ -76,7 +77,8 @@ struct HellaSwagSet {
   std::vector<HellaSwagItem> items;
 };
 
-constexpr uint32_t kEvalFileVersion = 1;
+// Written: 2 (a checksum at header byte 152). Read: 1 (no checksum) and 2.
+constexpr uint32_t kEvalFileVersion = 2;
 constexpr uint32_t kEvalHeaderBytes = 256;
 
 // Writers: validate the set (non-empty target/endings, label 0..3, ids < vocab_size, totals)

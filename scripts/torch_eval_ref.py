@@ -48,8 +48,15 @@ def read_eval_binary(path):
     n_items, n_seqs, n_tokens = struct.unpack_from("<3Q", buf, 32)
     eot, vocab = struct.unpack_from("<2I", buf, 56)
     fingerprint, total_words, total_bytes = struct.unpack_from("<3Q", buf, 64)
-    if version != 1 or header_bytes != 256 or token_bytes not in (2, 4) or n_seqs != n_items * spi:
+    if version not in (1, 2) or header_bytes != 256 or token_bytes not in (2, 4) or n_seqs != n_items * spi:
         raise ValueError("%s: bad header" % path)
+    if version == 2:  # FNV-1a 64 of the file with the checksum's own 8 bytes (152..159) as zero
+        (stored,) = struct.unpack_from("<Q", buf, 152)
+        h = 0xCBF29CE484222325
+        for c in buf[:152] + bytes(8) + buf[160:]:
+            h = ((h ^ c) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        if h != stored:
+            raise ValueError("%s: checksum mismatch (header %016x, contents %016x)" % (path, stored, h))
     rec_off = 256
     off_off = rec_off + n_items * record_bytes
     tok_off = off_off + (n_seqs + 1) * 8

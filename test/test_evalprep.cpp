@@ -228,7 +228,7 @@ TEST_CASE("eval binaries round-trip (2- and 4-byte tokens) and match the documen
     // Independent decode of the layout: header, offsets, token array.
     std::string b = ldm::read_file(lp);
     CHECK(b.compare(0, 8, "LDMEVLMB") == 0);
-    CHECK(le(b, 8, 4) == 1);
+    CHECK(le(b, 8, 4) == 2);
     CHECK(le(b, 12, 4) == 256);
     CHECK(le(b, 16, 4) == uint64_t(tb));
     CHECK(le(b, 20, 4) == 2);
@@ -343,9 +343,48 @@ TEST_CASE("corrupt eval binaries are rejected with a message naming the file", "
   }
   SECTION("wrong version") {
     std::string b = B;
-    put_le(b, 8, 2, 4);
+    put_le(b, 8, 3, 4);
     std::string p = bad("version.bin", b);
-    expect_error([&] { ldm::read_hellaswag(p); }, {"version.bin", "version 2"});
+    expect_error([&] { ldm::read_hellaswag(p); }, {"version.bin", "version 3"});
+  }
+  SECTION("the checksum: FNV-1a 64 of the file with its own bytes 152..159 as zero") {
+    // computed here from FNV-1a's definition (offset basis and prime of the published algorithm)
+    std::string z = B;
+    for (size_t i = 152; i < 160; i++) z[i] = 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : z) h = (h ^ c) * 0x100000001b3ull;
+    CHECK(le(B, 8, 4) == 2);
+    CHECK(le(B, 152, 8) == h);
+    CHECK(h != 0);
+  }
+  SECTION("a change no other check sees: a token that is still a valid id, a label still in range") {
+    for (size_t off : {off_tok + 2 * 3, size_t(256 + 24 * 1)}) {
+      INFO("byte " << off);
+      std::string b = B;
+      put_le(b, off, le(b, off, 2) == 1 ? 2 : 1, 2);
+      std::string p = bad("changed.bin", b);
+      expect_error([&] { ldm::read_hellaswag(p); }, {"changed.bin", "checksum mismatch", "ldm_data hellaswag"});
+    }
+    std::string b = B;
+    b[155] ^= 0x10;  // the checksum itself
+    std::string p = bad("sum.bin", b);
+    expect_error([&] { ldm::read_hellaswag(p); }, {"sum.bin", "checksum mismatch"});
+  }
+  SECTION("a version-1 file (no checksum) still reads; its bytes 152..159 must be zero") {
+    std::string b = B;
+    put_le(b, 8, 1, 4);
+    put_le(b, 152, 0, 8);
+    const std::string p = bad("v1.bin", b);
+    const ldm::HellaSwagSet R = ldm::read_hellaswag(p);
+    REQUIRE(R.items.size() == H.items.size());
+    for (size_t i = 0; i < H.items.size(); i++) {
+      CHECK(R.items[i].context == H.items[i].context);
+      CHECK(R.items[i].endings == H.items[i].endings);
+      CHECK(R.items[i].label == H.items[i].label);
+    }
+    b[153] = 1;
+    const std::string q = bad("v1_reserved.bin", b);
+    expect_error([&] { ldm::read_hellaswag(q); }, {"v1_reserved.bin", "reserved byte 153"});
   }
   SECTION("shorter than the header") {
     std::string p = bad("short.bin", B.substr(0, 100));
