@@ -2,7 +2,9 @@
 # Runs each Catch2 test binary given on the command line (from the repository root), shows its
 # output, and adds up the test cases. Ends with the suite's closing line
 #   tests: N passed, N failed
-# (after a list of the failed test cases and crashed binaries, so that the end of a log names them)
+# (after the first lines of each failed check, the last lines of each crashed binary and a list of
+# the failed test cases and crashed binaries, so that the end of a log, all a CI page may show,
+# names them and says why)
 # and exits non-zero when any test failed or any binary crashed.
 # Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s'). A binary that runs
 # longer than LDM_TEST_TIMEOUT seconds (default 1200: four times the slowest binary on 2 cores) is
@@ -18,8 +20,16 @@
 set -u
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
-passed=0; failed=0; crashed=(); gpu_skipped=(); other_skipped=(); failed_cases=()
+passed=0; failed=0; crashed=(); gpu_skipped=(); other_skipped=(); failed_cases=(); details=()
 limit=${LDM_TEST_TIMEOUT:-1200}
+# Catch2's block of each failed check in output $1: "file:line: FAILED:", then the expression and
+# its expansion (4 lines at most, of at most 200 characters; the messages follow in the output),
+# 15 lines at most in all
+catch2_failures() {
+  echo "$1" | awk '/: FAILED:$/ { n = 4; print "  " substr($0, 1, 200); next }
+    n > 0 { if ($0 == "" || /^(-----|=====|with message)/) { n = 0; next } print "  " substr($0, 1, 200); n-- }' |
+    head -n 15
+}
 start=$(date +%s)
 for t in "$@"; do
   echo "=== $t"
@@ -37,13 +47,17 @@ TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped"
   echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
   line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
   while IFS= read -r c; do failed_cases+=("$t: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
+  fails=$(catch2_failures "$out")
+  [ -n "$fails" ] && details+=("$t:
+$fails")
   why="exit $rc"; [ "$timed" = 1 ] && why="timed out after $limit s"
-  if [ -z "$line" ]; then
+  p=0; f=0
+  [ -n "$line" ] && read -r _ p f <<< "$line"
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then  # no report, or a failure without a case
     crashed+=("$t ($why)"); failed=$((failed + 1))
-  else
-    read -r _ p f <<< "$line"
-    passed=$((passed + p)); failed=$((failed + f))
-    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then crashed+=("$t ($why)"); failed=$((failed + 1)); fi
+    details+=("$t ($why), its last lines:
+$(echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)' | tail -n 5 | cut -c 1-200 | sed 's/^/  /')")
   fi
   # A test binary that needs a GPU passes without one after printing "skipped: no GPU": list it.
   if echo "$out" | grep -q 'skipped: no GPU'; then gpu_skipped+=("$(basename "$t")"); fi
@@ -85,6 +99,9 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
       if [ -z "$line" ] || [ "$f" != 0 ] || [ "$rc" != 0 ]; then
         echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
         while IFS= read -r c; do failed_cases+=("$t [blas] $v: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
+        fails=$(catch2_failures "$out")
+        [ -n "$fails" ] && details+=("$t [blas] $v:
+$fails")
         if [ "$core" = native ]; then env=""; else env="OPENBLAS_CORETYPE=$core "; fi
         blas_failed+=("${env}OMP_NUM_THREADS=$nt $t '[blas]'")
       fi
@@ -95,14 +112,19 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
   done
   echo "=== [blas] variants: $(( $(date +%s) - v0 )) s"
 fi
-for c in "${failed_cases[@]+"${failed_cases[@]}"}"; do echo "FAILED test case: $c"; done
-for c in "${crashed[@]+"${crashed[@]}"}"; do echo "CRASHED or failed without a report: $c"; done
 for s in "${blas_skipped[@]+"${blas_skipped[@]}"}"; do echo "skipped (BLAS variant): $s"; done
 for s in "${blas_failed[@]+"${blas_failed[@]}"}"; do echo "FAILED under a BLAS variant (rerun: $s)"; done
 if [ ${#gpu_skipped[@]} -gt 0 ]; then
   echo "skipped (no GPU): the GPU cases of ${gpu_skipped[*]} passed without running"
 fi
 for s in "${other_skipped[@]+"${other_skipped[@]}"}"; do echo "skipped (passed without running): $s"; done
+# Why the suite failed, near its end (30 lines at most: the whole output is above)
+if [ ${#details[@]} -gt 0 ]; then
+  echo "---- the failed checks (file:line, expression, expansion) and the crashed binaries' last lines"
+  for d in "${details[@]}"; do echo "$d"; done | head -n 30
+fi
+for c in "${failed_cases[@]+"${failed_cases[@]}"}"; do echo "FAILED test case: $c"; done
+for c in "${crashed[@]+"${crashed[@]}"}"; do echo "CRASHED or failed without a report: $c"; done
 # Passing test cases delete their scratch files (test/helpers.h); report what is left and the disk.
 # (each binary's scratch is test_tmp/ of its build directory, the parent of its test/ directory)
 tmp_dirs=()

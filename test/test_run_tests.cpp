@@ -72,7 +72,10 @@ TEST_CASE("run_tests.sh: totals, failed and crashed binaries, visible skips", "[
 
     // A failed case, a binary that dies before its totals, one that exits non-zero with no failed
     // case: each counts once, the suite fails, and its end names them.
-    const std::string bad = stand_in(d, "t_bad", "printf 'LDM_TEST_FAILED gradient of X\\nLDM_TEST_TOTALS 4 1\\n'; exit 1\n");
+    const std::string bad = stand_in(d, "t_bad",
+                                     "printf 'x.cpp:40: FAILED:\\n  CHECK( err < tol )\\nwith expansion:\\n  0.5 < 0.01\\n"
+                                     "with message:\\n  a long INFO text\\n\\n"
+                                     "LDM_TEST_FAILED gradient of X\\nLDM_TEST_TOTALS 4 1\\n'; exit 1\n");
     const std::string crash = stand_in(d, "t_crash", "echo 'half a run'; kill -SEGV $$\n");
     const std::string nonzero = stand_in(d, "t_nonzero", "printf 'LDM_TEST_TOTALS 2 0\\n'; exit 3\n");
     r = run_suite(d, "'" + ok + "' '" + bad + "' '" + crash + "' '" + nonzero + "'");
@@ -83,6 +86,16 @@ TEST_CASE("run_tests.sh: totals, failed and crashed binaries, visible skips", "[
     CHECK(r.out.find("CRASHED or failed without a report: " + crash + " (exit 139)") != std::string::npos);
     CHECK(r.out.find("CRASHED or failed without a report: " + nonzero + " (exit 3)") != std::string::npos);
     CHECK(r.out.find("LDM_TEST_TOTALS") == std::string::npos);  // the machine lines are not shown
+    // near the end, why: each failed check's first lines (not its messages), a crash's last lines
+    const size_t why = r.out.find("---- the failed checks");
+    REQUIRE(why != std::string::npos);
+    const std::string tail = r.out.substr(why);
+    CHECK(tail.find(bad + ":\n  x.cpp:40: FAILED:\n    CHECK( err < tol )\n  with expansion:\n    0.5 < 0.01\n") !=
+          std::string::npos);
+    CHECK(tail.find("a long INFO text") == std::string::npos);
+    CHECK(tail.find(crash + " (exit 139), its last lines:\n  half a run\n") != std::string::npos);
+    CHECK(tail.find(nonzero + " (exit 3), its last lines:") != std::string::npos);
+    CHECK(tail.find("FAILED test case: ") != std::string::npos);  // the list follows
 }
 
 TEST_CASE("run_tests.sh: a binary past LDM_TEST_TIMEOUT is stopped and counted as failed", "[script]") {
