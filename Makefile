@@ -100,6 +100,8 @@ NVCCFLAGS ?= $(NVCC_OPT) --threads $(NVCC_THREADS) -std=c++17 -lineinfo -I. -MMD
 # date: it is taken as built with the current flags.
 CXX_VERSION := $(shell $(CXX) --version 2>/dev/null | head -n 1)
 NVCC_VERSION := $(if $(NVCC),$(shell $(NVCC) --version 2>/dev/null | tail -n 1))
+# nvcc's host compiler: the g++ on PATH (unless NVCCFLAGS names another with -ccbin, in the text)
+NVCC_HOST_VERSION := $(if $(NVCC),$(shell g++ --version 2>/dev/null | head -n 1))
 NATIVE_ARCH := $(if $(findstring -march=native,$(CXXFLAGS)),$(shell $(CXX) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-march=" { print $$2; exit }'))
 flags_differ = $(subst $(1),,$(2))$(subst $(2),,$(1))
 flags_write = $(shell mkdir -p $(BUILD))$(file >$(1),$(2))
@@ -109,7 +111,7 @@ flags_write = $(shell mkdir -p $(BUILD))$(file >$(1),$(2))
 flags_path = $(BUILD)/.flags-$(1)
 flags_file = $(if $(wildcard $(flags_path)),$(if $(filter 0,$(MAKELEVEL)),$(if $(call flags_differ,$(file <$(flags_path)),$(2)),$(call flags_write,$(flags_path),$(2)))),$(call flags_write,$(flags_path),$(2))$(shell touch -d @1 $(flags_path)))$(flags_path)
 FLAGS_CXX := $(call flags_file,cxx,$(CXX) $(CXXFLAGS) native=$(NATIVE_ARCH) cuda_inc=$(CUDA_INC) version=$(CXX_VERSION))
-FLAGS_NVCC := $(if $(NVCC),$(call flags_file,nvcc,$(NVCC) $(subst --threads $(NVCC_THREADS),,$(NVCCFLAGS)) version=$(NVCC_VERSION) host=$(CXX_VERSION)))
+FLAGS_NVCC := $(if $(NVCC),$(call flags_file,nvcc,$(NVCC) $(subst --threads $(NVCC_THREADS),,$(NVCCFLAGS)) version=$(NVCC_VERSION) host=$(NVCC_HOST_VERSION)))
 # (after `make clean` in the same run the files are gone: then they count as remade)
 $(BUILD)/.flags-%: ;
 CUDA_LIBS ?= -lcublasLt -lcublas

@@ -25,13 +25,14 @@ enum Kind { kLambada = 0, kWikiText = 1, kHellaSwag = 2 };
 struct KindInfo {
   const char* magic;       // 8 bytes, no NUL
   const char* name;        // for messages
+  const char* tool;        // the `ldm_data` command that makes it; eval_file_kind's answer
   uint32_t seqs_per_item;
   uint32_t record_bytes;
 };
 const KindInfo kKinds[3] = {
-    {"LDMEVLMB", "LAMBADA", 2, 0},
-    {"LDMEVWKT", "WikiText", 1, 16},
-    {"LDMEVHSW", "HellaSwag", 5, 24},
+    {"LDMEVLMB", "LAMBADA", "lambada", 2, 0},
+    {"LDMEVWKT", "WikiText", "wikitext", 1, 16},
+    {"LDMEVHSW", "HellaSwag", "hellaswag", 5, 24},
 };
 
 void put32(std::string& b, size_t off, uint32_t v) {
@@ -51,12 +52,11 @@ uint64_t get64(const std::string& b, size_t off) {
   return v;
 }
 // The version-2 checksum: FNV-1a 64 of the whole file with its own 8 bytes taken as zero.
-uint64_t file_checksum(std::string& b) {
-  std::string saved = b.substr(kOffChecksum, 8);
-  std::memset(&b[kOffChecksum], 0, 8);
-  const uint64_t h = fnv1a64(b.data(), b.size());
-  std::memcpy(&b[kOffChecksum], saved.data(), 8);
-  return h;
+uint64_t file_checksum(const std::string& b) {
+  const char zeros[8] = {};
+  uint64_t h = fnv1a64(b.data(), kOffChecksum);
+  h = fnv1a64(zeros, 8, h);
+  return fnv1a64(b.data() + kOffChecksum + 8, b.size() - kOffChecksum - 8, h);  // (b.size() >= 256)
 }
 
 void app32(std::string& b, uint32_t v) {
@@ -279,12 +279,11 @@ Parsed parse_file(const std::string& path, Kind want) {
 // Last of a reader's checks (a damaged field with a check of its own gets that check's message):
 // a version-2 file whose bytes differ from what its writer hashed.
 void check_checksum(const std::string& path, const Parsed& r, Kind kind) {
-  static const char* tool[3] = {"lambada", "wikitext", "hellaswag"};
   if (r.version >= 2 && r.stored_checksum != r.computed_checksum)
     throw Error(strprintf("%s: checksum mismatch (header %016llx, contents %016llx): the file changed after it "
                           "was written; make it again with `ldm_data %s`", path.c_str(),
                           (unsigned long long)r.stored_checksum, (unsigned long long)r.computed_checksum,
-                          tool[kind]));
+                          kKinds[kind].tool));
 }
 
 }  // namespace
@@ -293,8 +292,7 @@ std::string eval_file_kind(const std::string& path) {
   std::string b = read_file(path);
   int k = kind_of_magic(b);
   if (k < 0) throw Error(path + ": not an eval binary (magic '" + show_magic(b) + "')");
-  static const char* names[3] = {"lambada", "wikitext", "hellaswag"};
-  return names[k];
+  return kKinds[k].tool;
 }
 
 // ---------------------------------------------------------------- LAMBADA

@@ -182,7 +182,7 @@ void interrupt_handler(int sig) {
     sigset_t own;
     sigemptyset(&own);
     sigaddset(&own, sig);
-    ::sigprocmask(SIG_UNBLOCK, &own, nullptr);
+    ::pthread_sigmask(SIG_UNBLOCK, &own, nullptr);
     ::raise(sig);
     ::_exit(128 + sig);
 }
@@ -196,7 +196,9 @@ void set_interrupt_note(const std::string& msg, const std::string& once_exists, 
         struct sigaction sa;
         std::memset(&sa, 0, sizeof sa);
         sa.sa_handler = interrupt_handler;
-        sigemptyset(&sa.sa_mask);
+        sigemptyset(&sa.sa_mask);  // the other signal waits while the handler runs (one note)
+        sigaddset(&sa.sa_mask, SIGINT);
+        sigaddset(&sa.sa_mask, SIGTERM);
         for (int sig : {SIGINT, SIGTERM}) {
             struct sigaction old;
             // a signal ignored by the launcher (a background job of a non-interactive shell) stays ignored

@@ -543,11 +543,12 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
                 for (int q = 0; q < W; q++) states.push_back(basename_of(dist::shard_state_path(base, q, W)));
             }
         }, others);  // every file is complete before the marker says so
-        // From the marker's rename on, Ctrl-C names this checkpoint (the handler looks for the marker).
-        if (rank == 0 && o.bench == 0)
-            set_interrupt_note(note_text(step, last_good), base + ".done", note_text(step, base));
-        on_all_ranks([&] { if (rank == 0) dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states); },
-                     others);
+        on_all_ranks([&] {
+            if (rank != 0) return;
+            // from the marker's rename on, Ctrl-C names this checkpoint (the handler looks for it)
+            if (o.bench == 0) set_interrupt_note(note_text(step, last_good), base + ".done", note_text(step, base));
+            dist::write_checkpoint_marker(base, step, W, o.zero, n, st.dtype, states);
+        }, others);
         std::printf("checkpoint written: %s.model / %s / .done\n", base.c_str(), W == 1 ? ".state" : ".state.rank*");
         logger.log({{"type", "checkpoint"}, {"step", step}, {"path", base}});
         last_good = base;

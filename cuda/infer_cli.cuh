@@ -18,6 +18,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -46,6 +47,7 @@ struct InferOptions : cpu::GenerationFlags {  // + --prompt ... --stop-at-eot
     std::string checkpoint, bench_infer, infer_check;
     std::vector<std::string> generation_flags;  // the names add_generation_flags registered
     std::vector<std::string> generation_flags_set;  // those on the command line (note_set_infer_flags)
+    bool generation_flags_noted = false;            // note_set_infer_flags ran
     bool active() const { return generate || !bench_infer.empty() || !infer_check.empty(); }
 };
 
@@ -62,7 +64,7 @@ inline void add_infer_flags(ArgParser& ap, InferOptions& o) {
         ap, o, "prompt text (\"\" = start from <|endoftext|>; needs the tokenizer)",
         "instead of --prompt: N random token ids (seeded by --seed); --infer-check: prefill length (0 = T/2)");
     const std::vector<std::string> names = ap.flag_names();
-    o.generation_flags.assign(names.begin() + long(first), names.end());
+    o.generation_flags.assign(names.begin() + std::ptrdiff_t(first), names.end());
     ap.add("--bench-infer", &o.bench_infer,
            "P:G inference benchmark: -B sequences, prefill of P random tokens then G decode steps; prints "
            "BENCH_INFER json (prefill tokens/s, decode ms/token, KV cache, peak memory)");
@@ -75,6 +77,7 @@ inline void note_set_infer_flags(const ArgParser& ap, InferOptions& o) {
     o.generation_flags_set.clear();
     for (const std::string& f : o.generation_flags)
         if (ap.was_set(f)) o.generation_flags_set.push_back(f);
+    o.generation_flags_noted = true;
 }
 
 namespace infer_cli_detail {
@@ -126,6 +129,8 @@ inline void check_infer_options(const InferOptions& io, const std::string& resum
     const bool own_model = io.checkpoint.empty() && resume.empty();  // the model flags' model (-T)
     if (own_model && io.max_len > T_flag)
         throw Error(strprintf("--max-len %d exceeds the model's seq_len %d (-T)", io.max_len, T_flag));
+    if (!io.generation_flags_noted)  // a caller that skipped it would lose the refusal below
+        throw Error("internal error: note_set_infer_flags(ap, options) must run after ArgParser::parse");
     if (!io.bench_infer.empty()) {
         // the benchmark decodes greedily from random prompts into a cache of P + G: the generation
         // flags, which would change that, are refused rather than silently not applied

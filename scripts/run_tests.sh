@@ -30,6 +30,12 @@ catch2_failures() {
     n > 0 { if ($0 == "" || /^(-----|=====|with message)/) { n = 0; next } print "  " substr($0, 1, 200); n-- }' |
     head -n 15
 }
+# The last lines of output $1 (a crashed or timed-out binary's), or "(no output)"
+last_lines() {
+  local l
+  l=$(echo "$1" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)' | grep -v '^$' | tail -n 5 | cut -c 1-200 | sed 's/^/  /')
+  echo "${l:-  (no output)}"
+}
 start=$(date +%s)
 for t in "$@"; do
   echo "=== $t"
@@ -57,7 +63,7 @@ $fails")
   if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then  # no report, or a failure without a case
     crashed+=("$t ($why)"); failed=$((failed + 1))
     details+=("$t ($why), its last lines:
-$(echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)' | tail -n 5 | cut -c 1-200 | sed 's/^/  /')")
+$(last_lines "$out")")
   fi
   # A test binary that needs a GPU passes without one after printing "skipped: no GPU": list it.
   if echo "$out" | grep -q 'skipped: no GPU'; then gpu_skipped+=("$(basename "$t")"); fi
@@ -106,7 +112,11 @@ $fails")
         blas_failed+=("${env}OMP_NUM_THREADS=$nt $t '[blas]'")
       fi
       passed=$((passed + p)); failed=$((failed + f))
-      if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then crashed+=("$t [blas] $v (exit $rc)"); failed=$((failed + 1)); fi
+      if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then
+        crashed+=("$t [blas] $v (exit $rc)"); failed=$((failed + 1))
+        details+=("$t [blas] $v (exit $rc), its last lines:
+$(last_lines "$out")")
+      fi
       echo "=== [blas] $v $t: $p passed, $f failed, $(( $(date +%s) - t0 )) s"
     done
   done

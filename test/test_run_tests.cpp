@@ -94,7 +94,7 @@ TEST_CASE("run_tests.sh: totals, failed and crashed binaries, visible skips", "[
           std::string::npos);
     CHECK(tail.find("a long INFO text") == std::string::npos);
     CHECK(tail.find(crash + " (exit 139), its last lines:\n  half a run\n") != std::string::npos);
-    CHECK(tail.find(nonzero + " (exit 3), its last lines:") != std::string::npos);
+    CHECK(tail.find(nonzero + " (exit 3), its last lines:\n  (no output)\n") != std::string::npos);
     CHECK(tail.find("FAILED test case: ") != std::string::npos);  // the list follows
 }
 
@@ -112,4 +112,6 @@ TEST_CASE("run_tests.sh: a binary past LDM_TEST_TIMEOUT is stopped and counted a
     CHECK(r.out.find("CRASHED or failed without a report: " + hang + " (timed out after 2 s)") !=
           std::string::npos);
     CHECK(r.out.find("tests: 2 passed, 1 failed") != std::string::npos);  // the next binary still ran
+    // and why, near the end: its last lines (what it printed, then the runner's note)
+    CHECK(r.out.find(hang + " (timed out after 2 s), its last lines:\n  started\n  TIMED OUT: ") != std::string::npos);
 }

@@ -223,9 +223,19 @@ static std::pair<bool, std::string> note_on_sigint(const std::string& dir, const
     const pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+        // as a trainer starts: SIGINT with its default action and not blocked (whatever the test
+        // runner set), stderr to the file
+        ::signal(SIGINT, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
         const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0 || ::dup2(fd, 2) < 0) ::_exit(3);
-        set_note();
+        try {
+            set_note();
+        } catch (...) {
+            ::_exit(5);
+        }
         ::kill(::getpid(), SIGINT);
         ::_exit(4);  // not reached: the handler dies of the signal
     }
