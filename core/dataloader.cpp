@@ -8,6 +8,7 @@
 #include <glob.h>
 #include <unistd.h>
 
+#include "core/checkpoint.h"
 #include "core/common.h"
 
 namespace ldm {
@@ -33,13 +34,10 @@ struct SplitMix64 {
     }
 };
 
-// FNV-1a 64-bit, for the shard fingerprint.
+// FNV-1a 64-bit (fnv1a64 of core/checkpoint.h, chained), for the shard fingerprint.
 struct Fnv {
     uint64_t h = 0xcbf29ce484222325ull;
-    void add(const void* p, size_t n) {
-        const uint8_t* b = static_cast<const uint8_t*>(p);
-        for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    }
+    void add(const void* p, size_t n) { h = fnv1a64(p, n, h); }
     void add_u64(uint64_t v) { add(&v, 8); }
     void add_str(const std::string& s) {
         add_u64(s.size());
