@@ -10,6 +10,8 @@
 # longer than LDM_TEST_TIMEOUT seconds (default 1200: four times the slowest binary on 2 cores) is
 # stopped and counted as failed, so that a hang cannot use up a CI job's time (timeout --foreground:
 # the binary stays in the terminal's process group, so Ctrl-C still stops it with the suite).
+# The ThreadSanitizer binaries (build/tsan/*: one OS thread each) run LDM_TEST_JOBS at a time
+# (default: the number of cores), the others one at a time; every output is shown in order.
 # The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
 # thread count; doc/testing.md) then run again for each CORE:THREADS of $LDM_BLAS_VARIANTS
 # (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
@@ -36,18 +38,64 @@ last_lines() {
   l=$(echo "$1" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)' | grep -v '^$' | tail -n 5 | cut -c 1-200 | sed 's/^/  /')
   echo "${l:-  (no output)}"
 }
-start=$(date +%s)
-for t in "$@"; do
-  echo "=== $t"
+# run_binary T PREFIX: runs test binary T (under the timeout, stdin from /dev/null), its output
+# in PREFIX.out, then "EXIT_STATUS TIMED_OUT SECONDS" in PREFIX.rc (written last, by a rename).
+run_binary() {
+  local t=$1 t0 rc timed run
   t0=$(date +%s)
   run=("$t")
   # ThreadSanitizer builds ($BUILD/tsan): without address-space randomisation, which the GCC 12
   # runtime cannot map its shadow around on kernels with vm.mmap_rnd_bits > 28.
   case "$t" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$t") ;; esac
-  out=$(timeout --foreground -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} < /dev/null 2>&1); rc=$?
+  timeout --foreground -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} < /dev/null > "$2.out" 2>&1; rc=$?
   # 124: stopped by the timeout; 137 after its -k KILL (or an out-of-memory kill: then it was shorter)
   timed=0
   case $rc in 124) timed=1 ;; 137) [ $(( $(date +%s) - t0 )) -ge "$limit" ] && timed=1 ;; esac
+  echo "$rc $timed $(( $(date +%s) - t0 ))" > "$2.rc.tmp" && mv -f "$2.rc.tmp" "$2.rc"
+}
+# The ThreadSanitizer builds run one OS thread each (the emulated threads are fibers of it, one
+# OpenMP thread) and wait on no clock: LDM_TEST_JOBS of them (default: the number of cores) run at
+# once, each run of consecutive ones as a pool; their outputs are shown in order as they finish.
+# Every other binary runs alone (many use every core, or time what they wait for).
+jobs=${LDM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+case "$jobs" in ''|*[!0-9]*|0) echo "run_tests.sh: LDM_TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
+parallel() { case "$1" in */tsan/*) return 0 ;; esac; return 1; }
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/run_tests.XXXXXX") || exit 2
+# A pool runs in a process group of its own (set -m), so that leaving early (Ctrl-C, a TERM, an
+# error) stops it with every binary it started.
+pools=()
+trap 'for p in "${pools[@]+"${pools[@]}"}"; do kill -- "-$p" 2>/dev/null; done; rm -rf "$scratch"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+start=$(date +%s)
+args=("$@")
+pooled=-1  # the last index started by a pool
+for ((i = 0; i < ${#args[@]}; i++)); do
+  t=${args[$i]}
+  echo "=== $t"
+  if parallel "$t"; then
+    if [ "$i" -gt "$pooled" ]; then  # a pool for this run of parallel binaries
+      n=$i
+      while [ "$n" -lt ${#args[@]} ] && parallel "${args[$n]}"; do n=$((n + 1)); done
+      set -m
+      ( for ((k = i; k < n; k++)); do
+          while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+          run_binary "${args[$k]}" "$scratch/$k" &
+        done
+        wait ) &
+      pool=$!
+      set +m
+      pools+=("$pool")
+      pooled=$((n - 1))
+    fi
+    while [ ! -e "$scratch/$i.rc" ] && kill -0 "$pool" 2>/dev/null; do sleep 1; done
+    [ -e "$scratch/$i.rc" ] || echo "1 0 0" > "$scratch/$i.rc"  # (its pool was killed)
+  else
+    run_binary "$t" "$scratch/$i"
+  fi
+  read -r rc timed secs < "$scratch/$i.rc"
+  out=$(cat "$scratch/$i.out" 2>/dev/null)
+  rm -f "$scratch/$i.out" "$scratch/$i.rc"
   [ "$timed" = 1 ] && out="$out
 TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped"
   echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
@@ -72,7 +120,7 @@ $(last_lines "$out")")
   while IFS= read -r w; do other_skipped+=("$(basename "$t"): $w"); done < <(echo "$out" |
     awk '/(^|: )warning:$/ { w = 1; next } w && /^  / { l = $0; sub(/^ +/, "", l); print l; next } { w = 0 }' |
     grep -E '^(SKIP|skipped)' | grep -v 'no GPU' | sort -u)
-  echo "=== $t: $(( $(date +%s) - t0 )) s"
+  echo "=== $t: $secs s"
 done
 # BLAS variants of the [blas] test cases.
 . scripts/blas_cores.sh

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -114,4 +115,48 @@ TEST_CASE("run_tests.sh: a binary past LDM_TEST_TIMEOUT is stopped and counted a
     CHECK(r.out.find("tests: 2 passed, 1 failed") != std::string::npos);  // the next binary still ran
     // and why, near the end: its last lines (what it printed, then the runner's note)
     CHECK(r.out.find(hang + " (timed out after 2 s), its last lines:\n  started\n  TIMED OUT: ") != std::string::npos);
+}
+
+TEST_CASE("run_tests.sh: ThreadSanitizer binaries run LDM_TEST_JOBS at a time, reported in order", "[script]") {
+    const std::string d = scratch_dir("run_tests_jobs");
+    REQUIRE(::mkdir((d + "/tsan").c_str(), 0755) == 0);
+    REQUIRE(::mkdir((d + "/tmp").c_str(), 0755) == 0);  // the runner's TMPDIR
+    // Each of a and b first marks that it started, then waits (up to 120 s) for the other's mark:
+    // both pass only when they run at the same time. c, after them, fails a case.
+    auto waits_for = [&](const std::string& me, const std::string& other, const std::string& tail) {
+        return stand_in(d + "/tsan", me,
+                        "touch '" + d + "/" + me + ".started'\ni=0\nwhile [ ! -e '" + d + "/" + other +
+                            ".started' ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done\n"
+                            "if [ -e '" + d + "/" + other + ".started' ]; then echo 'output of " + me + "'; " + tail +
+                            "; else printf 'LDM_TEST_FAILED ran alone\\nLDM_TEST_TOTALS 0 1\\n'; exit 1; fi\n");
+    };
+    const std::string a = waits_for("a", "b", "printf 'LDM_TEST_TOTALS 1 0\\n'");
+    const std::string b = waits_for("b", "a", "printf 'LDM_TEST_TOTALS 2 0\\n'");
+    const std::string c = stand_in(d + "/tsan", "c", "echo 'output of c'; printf 'LDM_TEST_FAILED c1\\nLDM_TEST_TOTALS 3 1\\n'; exit 1\n");
+    const std::string plain = stand_in(d, "plain", "echo 'output of plain'; printf 'LDM_TEST_TOTALS 4 0\\n'\n");
+    const SuiteRun r = run_suite(d, "'" + plain + "' '" + a + "' '" + b + "' '" + c + "' '" + plain + "'",
+                                 "LDM_TEST_JOBS=2 TMPDIR='" + d + "/tmp'");
+    INFO(r.out);
+    CHECK(r.rc != 0);
+    CHECK(r.out.find("tests: 14 passed, 1 failed") != std::string::npos);
+    CHECK(r.out.find("FAILED test case: " + c + ": c1") != std::string::npos);
+    CHECK(r.out.find("ran alone") == std::string::npos);
+    // each binary's output under its own header, in the order given
+    const std::string order[] = {"=== " + plain + "\noutput of plain\n", "=== " + a + "\noutput of a\n",
+                                 "=== " + b + "\noutput of b\n", "=== " + c + "\noutput of c\n",
+                                 "=== " + plain + "\noutput of plain\n"};
+    size_t at = 0;
+    for (const std::string& o : order) {
+        INFO(o);
+        const size_t next = r.out.find(o, at);
+        CHECK(next != std::string::npos);
+        if (next != std::string::npos) at = next + o.size();
+    }
+    // no scratch left behind; a bad LDM_TEST_JOBS is refused before anything runs
+    CHECK(std::system(("test -z \"$(ls -A '" + d + "/tmp')\"").c_str()) == 0);
+    const SuiteRun bad = run_suite(d, "'" + plain + "'", "LDM_TEST_JOBS=two");
+    INFO(bad.out);
+    CHECK(bad.rc == 2);
+    CHECK(bad.out.find("LDM_TEST_JOBS must be a positive integer, not 'two'") != std::string::npos);
+    CHECK(bad.out.find("output of plain") == std::string::npos);
 }
