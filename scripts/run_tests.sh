@@ -11,7 +11,8 @@
 # stopped and counted as failed, so that a hang cannot use up a CI job's time (timeout --foreground:
 # the binary stays in the terminal's process group, so Ctrl-C still stops it with the suite).
 # The ThreadSanitizer binaries (build/tsan/*: one OS thread each) run LDM_TEST_JOBS at a time
-# (default: the number of cores), the others one at a time; every output is shown in order.
+# (default: the number of cores), as do the one-thread BLAS variants below; the others run one at
+# a time; every output is shown in order.
 # The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
 # thread count; doc/testing.md) then run again for each CORE:THREADS of $LDM_BLAS_VARIANTS
 # (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
@@ -49,6 +50,18 @@ run_binary() {
   case "$t" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$t") ;; esac
   timeout --foreground -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} < /dev/null > "$2.out" 2>&1; rc=$?
   # 124: stopped by the timeout; 137 after its -k KILL (or an out-of-memory kill: then it was shorter)
+  timed=0
+  case $rc in 124) timed=1 ;; 137) [ $(( $(date +%s) - t0 )) -ge "$limit" ] && timed=1 ;; esac
+  echo "$rc $timed $(( $(date +%s) - t0 ))" > "$2.rc.tmp" && mv -f "$2.rc.tmp" "$2.rc"
+}
+# run_blas T PREFIX CORE:THREADS: as run_binary, for T's [blas] test cases under OpenBLAS core type
+# CORE ("native": OpenBLAS's own choice) and OMP_NUM_THREADS=THREADS.
+run_blas() {
+  local core=${3%%:*} nt=${3#*:} t0 rc timed
+  local envs=(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt")
+  [ "$core" = native ] || envs=(env OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt")
+  t0=$(date +%s)
+  timeout --foreground -k 30 "$limit" "${envs[@]}" "$1" "[blas]" < /dev/null > "$2.out" 2>&1; rc=$?
   timed=0
   case $rc in 124) timed=1 ;; 137) [ $(( $(date +%s) - t0 )) -ge "$limit" ] && timed=1 ;; esac
   echo "$rc $timed $(( $(date +%s) - t0 ))" > "$2.rc.tmp" && mv -f "$2.rc.tmp" "$2.rc"
@@ -135,38 +148,58 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
   v0=$(date +%s)
   native=$(blas_native_core "${blas_bins[0]}")
   echo "=== [blas] test cases of ${#blas_bins[@]} binaries under OpenBLAS core type:threads $variants (native: ${native:-unknown})"
+  # the (variant, binary) pairs to run; those of one thread run in a pool as the ThreadSanitizer
+  # binaries do (LDM_TEST_JOBS at a time, from the start), the others in turn as they are reached
+  pv=(); pt=()
   for v in $variants; do
-    core=${v%%:*}; nt=${v#*:}
+    core=${v%%:*}
     if [ "$core" != native ] && ! why=$(blas_core_usable "$core" "${blas_bins[0]}"); then
       echo "=== [blas] $v: skipped: $why"; blas_skipped+=("$v ($why)"); continue
     fi
-    for t in "${blas_bins[@]}"; do
-      t0=$(date +%s)
-      if [ "$core" = native ]; then
-        out=$(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" < /dev/null 2>&1); rc=$?
-      else
-        out=$(OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt" timeout --foreground -k 30 "$limit" "$t" "[blas]" < /dev/null 2>&1); rc=$?
-      fi
-      line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
-      p=0; f=0
-      [ -n "$line" ] && read -r _ p f <<< "$line"
-      if [ -z "$line" ] || [ "$f" != 0 ] || [ "$rc" != 0 ]; then
-        echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
-        while IFS= read -r c; do failed_cases+=("$t [blas] $v: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
-        fails=$(catch2_failures "$out")
-        [ -n "$fails" ] && details+=("$t [blas] $v:
-$fails")
-        if [ "$core" = native ]; then env=""; else env="OPENBLAS_CORETYPE=$core "; fi
-        blas_failed+=("${env}OMP_NUM_THREADS=$nt $t '[blas]'")
-      fi
-      passed=$((passed + p)); failed=$((failed + f))
-      if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then
-        crashed+=("$t [blas] $v (exit $rc)"); failed=$((failed + 1))
-        details+=("$t [blas] $v (exit $rc), its last lines:
-$(last_lines "$out")")
-      fi
-      echo "=== [blas] $v $t: $p passed, $f failed, $(( $(date +%s) - t0 )) s"
+    for t in "${blas_bins[@]}"; do pv+=("$v"); pt+=("$t"); done
+  done
+  set -m
+  ( for ((k = 0; k < ${#pv[@]}; k++)); do
+      [ "${pv[$k]#*:}" = 1 ] || continue
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+      run_blas "${pt[$k]}" "$scratch/blas$k" "${pv[$k]}" &
     done
+    wait ) &
+  pool=$!
+  set +m
+  pools+=("$pool")
+  for ((k = 0; k < ${#pv[@]}; k++)); do
+    v=${pv[$k]}; t=${pt[$k]}
+    core=${v%%:*}; nt=${v#*:}
+    if [ "$nt" = 1 ]; then
+      while [ ! -e "$scratch/blas$k.rc" ] && kill -0 "$pool" 2>/dev/null; do sleep 1; done
+      [ -e "$scratch/blas$k.rc" ] || echo "1 0 0" > "$scratch/blas$k.rc"  # (its pool was killed)
+    else
+      run_blas "$t" "$scratch/blas$k" "$v"
+    fi
+    read -r rc timed secs < "$scratch/blas$k.rc"
+    out=$(cat "$scratch/blas$k.out" 2>/dev/null)
+    rm -f "$scratch/blas$k.out" "$scratch/blas$k.rc"
+    line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
+    p=0; f=0
+    [ -n "$line" ] && read -r _ p f <<< "$line"
+    if [ -z "$line" ] || [ "$f" != 0 ] || [ "$rc" != 0 ]; then
+      echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
+      while IFS= read -r c; do failed_cases+=("$t [blas] $v: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
+      fails=$(catch2_failures "$out")
+      [ -n "$fails" ] && details+=("$t [blas] $v:
+$fails")
+      if [ "$core" = native ]; then env=""; else env="OPENBLAS_CORETYPE=$core "; fi
+      blas_failed+=("${env}OMP_NUM_THREADS=$nt $t '[blas]'")
+    fi
+    passed=$((passed + p)); failed=$((failed + f))
+    if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then
+      why="exit $rc"; [ "$timed" = 1 ] && why="timed out after $limit s"
+      crashed+=("$t [blas] $v ($why)"); failed=$((failed + 1))
+      details+=("$t [blas] $v ($why), its last lines:
+$(last_lines "$out")")
+    fi
+    echo "=== [blas] $v $t: $p passed, $f failed, $secs s"
   done
   echo "=== [blas] variants: $(( $(date +%s) - v0 )) s"
 fi

@@ -160,3 +160,42 @@ TEST_CASE("run_tests.sh: ThreadSanitizer binaries run LDM_TEST_JOBS at a time, r
     CHECK(bad.out.find("LDM_TEST_JOBS must be a positive integer, not 'two'") != std::string::npos);
     CHECK(bad.out.find("output of plain") == std::string::npos);
 }
+
+TEST_CASE("run_tests.sh: the [blas] variants count, name a failing variant, and one-thread ones run together",
+          "[script]") {
+    const std::string d = scratch_dir("run_tests_blas");
+    REQUIRE(::mkdir((d + "/marks").c_str(), 0755) == 0);
+    // A stand-in with one [blas] case. Run for its [blas] cases with one thread, it marks that it
+    // started, then waits (up to 120 s) for a second mark: the two one-thread variants pass only
+    // when they run at the same time. With two threads its case fails.
+    const std::string t = stand_in(
+        d, "t_blas",
+        "case \"$*\" in *--list-test-names-only*) echo 'a blas case'; exit 0 ;; esac\n"
+        "if [ \"$1\" != '[blas]' ]; then printf 'LDM_TEST_TOTALS 5 0\\n'; exit 0; fi\n"
+        "if [ \"$OMP_NUM_THREADS\" = 2 ]; then printf 'x.cpp:7: FAILED:\\n  CHECK( two )\\n\\n"
+        "LDM_TEST_FAILED a blas case\\nLDM_TEST_TOTALS 0 1\\n'; exit 1; fi\n"
+        "touch '" + d + "/marks/'$$\ni=0\nwhile [ $(ls '" + d + "/marks' | wc -l) -lt 2 ] && [ $i -lt 1200 ]; do "
+        "sleep 0.1; i=$((i + 1)); done\n"
+        "if [ $(ls '" + d + "/marks' | wc -l) -ge 2 ]; then printf 'LDM_TEST_TOTALS 1 0\\n'; else "
+        "printf 'LDM_TEST_FAILED ran alone\\nLDM_TEST_TOTALS 0 1\\n'; exit 1; fi\n");
+    const std::string cmd = "cd '" LDM_SOURCE_DIR "' && LDM_TEST_JOBS=2 LDM_BLAS_VARIANTS='native:1 native:2 native:1' "
+                            "bash scripts/run_tests.sh '" + t + "' > '" + d + "/suite.txt' 2>&1";
+    const int st = std::system(cmd.c_str());
+    const std::string out = slurp(d + "/suite.txt");
+    INFO(out);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 1);
+    CHECK(out.find("tests: 7 passed, 1 failed") != std::string::npos);  // 5 + 1 + 0 + 1
+    CHECK(out.find("ran alone") == std::string::npos);
+    CHECK(out.find("FAILED under a BLAS variant (rerun: OMP_NUM_THREADS=2 " + t + " '[blas]')") != std::string::npos);
+    CHECK(out.find("FAILED test case: " + t + " [blas] native:2: a blas case") != std::string::npos);
+    CHECK(out.find(t + " [blas] native:2:\n  x.cpp:7: FAILED:\n    CHECK( two )\n") != std::string::npos);
+    // each variant's line, in the order given
+    const size_t a = out.find("=== [blas] native:1 " + t + ": 1 passed, 0 failed");
+    const size_t b = out.find("=== [blas] native:2 " + t + ": 0 passed, 1 failed");
+    const size_t c = out.find("=== [blas] native:1 " + t + ": 1 passed, 0 failed", a + 1);
+    CHECK(a != std::string::npos);
+    CHECK(b != std::string::npos);
+    CHECK(c != std::string::npos);
+    CHECK((a < b && b < c));
+}
