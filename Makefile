@@ -264,6 +264,12 @@ test: deps
 	@$(MAKE) --no-print-directory -j$(shell nproc) cpu tests $(if $(BUILD_CUDA),cuda)
 	@$(MAKE) --no-print-directory run-tests
 
+# The order of the run: the emulation and ThreadSanitizer tests last, as one pool of one-thread
+# binaries (scripts/run_tests.sh runs them LDM_TEST_JOBS at a time), the longest first:
+# test_emu_train (~150 s on 2 cores), the ThreadSanitizer ones (~130 s down), the other test_emu_*.
+EMU_TESTS := $(filter $(BUILD)/test/test_emu_%,$(TESTS))
+RUN_ORDER := $(filter-out $(EMU_TESTS),$(TESTS)) $(filter %/test_emu_train,$(EMU_TESTS)) $(TSAN_TESTS) \
+             $(filter-out %/test_emu_train,$(EMU_TESTS))
 # Runs the built tests. A make of its own, so that its lists see what `deps` installed (g++'s
 # ThreadSanitizer runtime on a fresh machine); what is left out, and why, is said first.
 .PHONY: run-tests
@@ -271,7 +277,7 @@ run-tests:
 	@$(if $(EMU_PROGS),,echo "note: no CUDA headers ($(CUDA_INC)/cuda_runtime.h): the CPU-emulation tests of the CUDA kernels and trainers (test_emu_*) and the race-detection tests are left out")
 	@$(if $(NVCC),$(if $(NCCL_H),,echo "note: $(NVCC) has no NCCL (nccl.h not in $(CUDA_INC) or /usr/include): the CUDA trainers and workbenches are not built (install NCCL, e.g. libnccl-dev)"))
 	@$(if $(EMU_PROGS),$(if $(TSAN_OK),,echo "note: $(CXX) cannot build -fsanitize=thread: the race-detection tests ($(TSAN_DIR)) are left out"))
-	@bash scripts/run_tests.sh $(TESTS) $(TSAN_TESTS)
+	@bash scripts/run_tests.sh $(RUN_ORDER)
 
 # The demo needs no network: Debian packages only (no npm), the CPU tools, the local data. Its
 # output (build time included) goes to demo_out/ (git-ignored); DEMO_* variables: scripts/demo.sh.

@@ -10,9 +10,9 @@
 # longer than LDM_TEST_TIMEOUT seconds (default 1200: four times the slowest binary on 2 cores) is
 # stopped and counted as failed, so that a hang cannot use up a CI job's time (timeout --foreground:
 # the binary stays in the terminal's process group, so Ctrl-C still stops it with the suite).
-# The ThreadSanitizer binaries (build/tsan/*: one OS thread each) run LDM_TEST_JOBS at a time
-# (default: the number of cores), as do the one-thread BLAS variants below; the others run one at
-# a time; every output is shown in order.
+# The ThreadSanitizer binaries (build/tsan/*) and the emulation tests (build/test/test_emu_*), one
+# OS thread each, run LDM_TEST_JOBS at a time (default: the number of cores), as do the one-thread
+# BLAS variants below; the others run one at a time; every output is shown in order.
 # The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
 # thread count; doc/testing.md) then run again for each CORE:THREADS of $LDM_BLAS_VARIANTS
 # (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
@@ -66,13 +66,15 @@ run_blas() {
   case $rc in 124) timed=1 ;; 137) [ $(( $(date +%s) - t0 )) -ge "$limit" ] && timed=1 ;; esac
   echo "$rc $timed $(( $(date +%s) - t0 ))" > "$2.rc.tmp" && mv -f "$2.rc.tmp" "$2.rc"
 }
-# The ThreadSanitizer builds run one OS thread each (the emulated threads are fibers of it, one
-# OpenMP thread) and wait on no clock: LDM_TEST_JOBS of them (default: the number of cores) run at
-# once, each run of consecutive ones as a pool; their outputs are shown in order as they finish.
-# Every other binary runs alone (many use every core, or time what they wait for).
+# The ThreadSanitizer builds and the emulation tests run one OS thread each, mostly (the emulated
+# threads are fibers of it; test_emu_train's trainers and test_emu_nccl's two ranks are short) and
+# wait on no clock: LDM_TEST_JOBS of them (default: the number of cores) run at once, each run of
+# consecutive ones as a pool (`make test` lists them last, the longest first); their outputs are
+# shown in order as they finish. Every other binary runs alone (many use every core, or time what
+# they wait for).
 jobs=${LDM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
 case "$jobs" in ''|*[!0-9]*|0) echo "run_tests.sh: LDM_TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
-parallel() { case "$1" in */tsan/*) return 0 ;; esac; return 1; }
+parallel() { case "$1" in */tsan/*|*/test/test_emu_*) return 0 ;; esac; return 1; }
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/run_tests.XXXXXX") || exit 2
 # A pool runs in a process group of its own (set -m), so that leaving early (Ctrl-C, a TERM, an
 # error) stops it with every binary it started.

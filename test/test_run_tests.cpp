@@ -117,21 +117,25 @@ TEST_CASE("run_tests.sh: a binary past LDM_TEST_TIMEOUT is stopped and counted a
     CHECK(r.out.find(hang + " (timed out after 2 s), its last lines:\n  started\n  TIMED OUT: ") != std::string::npos);
 }
 
-TEST_CASE("run_tests.sh: ThreadSanitizer binaries run LDM_TEST_JOBS at a time, reported in order", "[script]") {
+TEST_CASE("run_tests.sh: ThreadSanitizer and emulation binaries run LDM_TEST_JOBS at a time, reported in order",
+          "[script]") {
     const std::string d = scratch_dir("run_tests_jobs");
     REQUIRE(::mkdir((d + "/tsan").c_str(), 0755) == 0);
+    REQUIRE(::mkdir((d + "/test").c_str(), 0755) == 0);
     REQUIRE(::mkdir((d + "/tmp").c_str(), 0755) == 0);  // the runner's TMPDIR
+    // a stands in for a ThreadSanitizer binary (tsan/), b for an emulation test (test/test_emu_*).
     // Each of a and b first marks that it started, then waits (up to 120 s) for the other's mark:
     // both pass only when they run at the same time. c, after them, fails a case.
-    auto waits_for = [&](const std::string& me, const std::string& other, const std::string& tail) {
-        return stand_in(d + "/tsan", me,
+    auto waits_for = [&](const std::string& where, const std::string& me, const std::string& other,
+                         const std::string& tail) {
+        return stand_in(d + "/" + where, me,
                         "touch '" + d + "/" + me + ".started'\ni=0\nwhile [ ! -e '" + d + "/" + other +
                             ".started' ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done\n"
                             "if [ -e '" + d + "/" + other + ".started' ]; then echo 'output of " + me + "'; " + tail +
                             "; else printf 'LDM_TEST_FAILED ran alone\\nLDM_TEST_TOTALS 0 1\\n'; exit 1; fi\n");
     };
-    const std::string a = waits_for("a", "b", "printf 'LDM_TEST_TOTALS 1 0\\n'");
-    const std::string b = waits_for("b", "a", "printf 'LDM_TEST_TOTALS 2 0\\n'");
+    const std::string a = waits_for("tsan", "a", "test_emu_b", "printf 'LDM_TEST_TOTALS 1 0\\n'");
+    const std::string b = waits_for("test", "test_emu_b", "a", "printf 'LDM_TEST_TOTALS 2 0\\n'");
     const std::string c = stand_in(d + "/tsan", "c", "echo 'output of c'; printf 'LDM_TEST_FAILED c1\\nLDM_TEST_TOTALS 3 1\\n'; exit 1\n");
     const std::string plain = stand_in(d, "plain", "echo 'output of plain'; printf 'LDM_TEST_TOTALS 4 0\\n'\n");
     const SuiteRun r = run_suite(d, "'" + plain + "' '" + a + "' '" + b + "' '" + c + "' '" + plain + "'",
@@ -143,7 +147,7 @@ TEST_CASE("run_tests.sh: ThreadSanitizer binaries run LDM_TEST_JOBS at a time, r
     CHECK(r.out.find("ran alone") == std::string::npos);
     // each binary's output under its own header, in the order given
     const std::string order[] = {"=== " + plain + "\noutput of plain\n", "=== " + a + "\noutput of a\n",
-                                 "=== " + b + "\noutput of b\n", "=== " + c + "\noutput of c\n",
+                                 "=== " + b + "\noutput of test_emu_b\n", "=== " + c + "\noutput of c\n",
                                  "=== " + plain + "\noutput of plain\n"};
     size_t at = 0;
     for (const std::string& o : order) {
