@@ -189,7 +189,8 @@ $(BUILD)/test/test_emu_%.o: test/test_emu_%.cpp $(EMU_DIR)/.stamp $(wildcard dev
 # fiber, the barriers CUDA defines the only order between them), plus test/tsan_emu_race.cpp (the
 # detector's own checks). Left out, with a note, where g++ cannot build -fsanitize=thread.
 TSAN_DIR   := $(BUILD)/tsan
-# (the longest first, ~130 to ~40 s on 2 cores: scripts/run_tests.sh runs them two at a time)
+# (the longest first, ~130 s down to ~40 s for the first five on 2 cores: scripts/run_tests.sh runs
+# them LDM_TEST_JOBS at a time)
 TSAN_NAMES := hc ldm attnres attention adamw classifier gpt_infer infer swiglu embedding graph matmul preln \
               rmsnorm rope
 TSAN_OK    := $(if $(EMU_PROGS),$(shell echo 'int main(){}' | $(CXX) -x c++ -fsanitize=thread - -o /dev/null 2>/dev/null && echo yes))

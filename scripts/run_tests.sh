@@ -9,10 +9,13 @@
 # Extra Catch2 arguments can be passed through TEST_ARGS (e.g. TEST_ARGS='-s'). A binary that runs
 # longer than LDM_TEST_TIMEOUT seconds (default 1200: four times the slowest binary on 2 cores) is
 # stopped and counted as failed, so that a hang cannot use up a CI job's time (timeout --foreground:
-# the binary stays in the terminal's process group, so Ctrl-C still stops it with the suite).
+# the binary stays in the terminal's process group, so Ctrl-C still stops it with the suite; a
+# pooled one, below, through the runner's trap).
 # The ThreadSanitizer binaries (build/tsan/*) and the emulation tests (build/test/test_emu_*), one
-# OS thread each, run LDM_TEST_JOBS at a time (default: the number of cores), as do the one-thread
-# BLAS variants below; the others run one at a time; every output is shown in order.
+# OS thread each, run LDM_TEST_JOBS at a time (default: the number of cores, at most 8), as do the
+# one-thread BLAS variants below (beside the two-thread ones); the other binaries run one at a
+# time; every output is shown in order. A pool runs in a process group of its own: Ctrl-C or a
+# TERM to the runner stops it, and it starts nothing more once the runner is gone.
 # The test cases tagged [blas] (numeric checks whose results depend on the BLAS kernel and the
 # thread count; doc/testing.md) then run again for each CORE:THREADS of $LDM_BLAS_VARIANTS
 # (OPENBLAS_CORETYPE=CORE, "native" = OpenBLAS's own choice, OMP_NUM_THREADS=THREADS; default
@@ -68,11 +71,11 @@ run_blas() {
 }
 # The ThreadSanitizer builds and the emulation tests run one OS thread each, mostly (the emulated
 # threads are fibers of it; test_emu_train's trainers and test_emu_nccl's two ranks are short) and
-# wait on no clock: LDM_TEST_JOBS of them (default: the number of cores) run at once, each run of
+# wait on no clock: LDM_TEST_JOBS of them (default: the number of cores, at most 8) run at once, each run of
 # consecutive ones as a pool (`make test` lists them last, the longest first); their outputs are
 # shown in order as they finish. Every other binary runs alone (many use every core, or time what
 # they wait for).
-jobs=${LDM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+jobs=${LDM_TEST_JOBS:-$(n=$(nproc 2>/dev/null || echo 1); echo $(( n > 8 ? 8 : n )))}
 case "$jobs" in ''|*[!0-9]*|0) echo "run_tests.sh: LDM_TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
 parallel() { case "$1" in */tsan/*|*/test/test_emu_*) return 0 ;; esac; return 1; }
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/run_tests.XXXXXX") || exit 2
@@ -95,6 +98,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
       set -m
       ( for ((k = i; k < n; k++)); do
           while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+          [ -d "$scratch" ] && kill -0 $$ 2>/dev/null || exit 1  # (the runner is gone)
           run_binary "${args[$k]}" "$scratch/$k" &
         done
         wait ) &
@@ -104,13 +108,15 @@ for ((i = 0; i < ${#args[@]}; i++)); do
       pooled=$((n - 1))
     fi
     while [ ! -e "$scratch/$i.rc" ] && kill -0 "$pool" 2>/dev/null; do sleep 1; done
-    [ -e "$scratch/$i.rc" ] || echo "1 0 0" > "$scratch/$i.rc"  # (its pool was killed)
   else
     run_binary "$t" "$scratch/$i"
   fi
-  read -r rc timed secs < "$scratch/$i.rc"
+  rc=1; timed=0; secs=0
   out=$(cat "$scratch/$i.out" 2>/dev/null)
+  if [ -e "$scratch/$i.rc" ]; then read -r rc timed secs < "$scratch/$i.rc"; else out="$out
+NOT RUN OR NOT FINISHED: $t (its pool stopped, or its status could not be written in $scratch)"; fi
   rm -f "$scratch/$i.out" "$scratch/$i.rc"
+  if [ "$i" = "$pooled" ] && parallel "$t"; then wait "$pool" 2>/dev/null; pools=(); fi  # (the pool is done)
   [ "$timed" = 1 ] && out="$out
 TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped"
   echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
@@ -151,7 +157,8 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
   native=$(blas_native_core "${blas_bins[0]}")
   echo "=== [blas] test cases of ${#blas_bins[@]} binaries under OpenBLAS core type:threads $variants (native: ${native:-unknown})"
   # the (variant, binary) pairs to run; those of one thread run in a pool as the ThreadSanitizer
-  # binaries do (LDM_TEST_JOBS at a time, from the start), the others in turn as they are reached
+  # binaries do (LDM_TEST_JOBS at a time, from the start), the others in turn as they are reached,
+  # beside that pool (all are numeric checks that wait on no clock)
   pv=(); pt=()
   for v in $variants; do
     core=${v%%:*}
@@ -164,6 +171,7 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
   ( for ((k = 0; k < ${#pv[@]}; k++)); do
       [ "${pv[$k]#*:}" = 1 ] || continue
       while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+      [ -d "$scratch" ] && kill -0 $$ 2>/dev/null || exit 1  # (the runner is gone)
       run_blas "${pt[$k]}" "$scratch/blas$k" "${pv[$k]}" &
     done
     wait ) &
@@ -175,12 +183,13 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
     core=${v%%:*}; nt=${v#*:}
     if [ "$nt" = 1 ]; then
       while [ ! -e "$scratch/blas$k.rc" ] && kill -0 "$pool" 2>/dev/null; do sleep 1; done
-      [ -e "$scratch/blas$k.rc" ] || echo "1 0 0" > "$scratch/blas$k.rc"  # (its pool was killed)
     else
       run_blas "$t" "$scratch/blas$k" "$v"
     fi
-    read -r rc timed secs < "$scratch/blas$k.rc"
+    rc=1; timed=0; secs=0
     out=$(cat "$scratch/blas$k.out" 2>/dev/null)
+    if [ -e "$scratch/blas$k.rc" ]; then read -r rc timed secs < "$scratch/blas$k.rc"; else out="$out
+NOT RUN OR NOT FINISHED: $t [blas] $v (its pool stopped, or its status could not be written in $scratch)"; fi
     rm -f "$scratch/blas$k.out" "$scratch/blas$k.rc"
     line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
     p=0; f=0
@@ -203,6 +212,7 @@ $(last_lines "$out")")
     fi
     echo "=== [blas] $v $t: $p passed, $f failed, $secs s"
   done
+  wait "$pool" 2>/dev/null; pools=()
   echo "=== [blas] variants: $(( $(date +%s) - v0 )) s"
 fi
 for s in "${blas_skipped[@]+"${blas_skipped[@]}"}"; do echo "skipped (BLAS variant): $s"; done

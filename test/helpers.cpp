@@ -88,7 +88,9 @@ std::string binary_scratch_dir(const std::string& name) {
 }
 
 ChildResult run_child(const std::function<void()>& f) {
-    const std::string dir = scratch_dir("child_stderr");  // (of the running test case)
+    // (of the running test case; the pid in the name: binaries that share this build's test_tmp run
+    // at the same time in scripts/run_tests.sh's pool)
+    const std::string dir = scratch_dir("child_stderr_" + std::to_string(getpid()));
     static int children = 0;
     const std::string path = dir + "/stderr_" + std::to_string(++children);
     const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);

@@ -1,8 +1,9 @@
 // test/test_run_tests.cpp — scripts/run_tests.sh, the suite runner behind `make test`, on
 // stand-in test binaries (shell scripts printing what a Catch2 binary with test/catch_main.cpp
 // prints): the closing line adds up the cases, failed cases and crashed or timed-out binaries
-// fail the suite and are named at its end, and checks skipped with a visible warning are listed.
-// The BLAS variants are off (LDM_BLAS_VARIANTS=""); the stand-ins have no [blas] cases.
+// fail the suite and are named at its end, checks skipped with a visible warning are listed, the
+// one-thread binaries (tsan/*, test/test_emu_*) and BLAS variants run together and report in
+// order. The BLAS variants are off (LDM_BLAS_VARIANTS="") but in their own case.
 #include <catch2/catch.hpp>
 
 #include <chrono>
