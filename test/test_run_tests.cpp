@@ -126,18 +126,23 @@ TEST_CASE("run_tests.sh: ThreadSanitizer and emulation binaries run LDM_TEST_JOB
     REQUIRE(::mkdir((d + "/tmp").c_str(), 0755) == 0);  // the runner's TMPDIR
     // a stands in for a ThreadSanitizer binary (tsan/), b for an emulation test (test/test_emu_*).
     // Each of a and b first marks that it started, then waits (up to 120 s) for the other's mark:
-    // both pass only when they run at the same time. c, after them, fails a case.
+    // both pass only when they run at the same time. They stay in running/ for a second more, so
+    // that c, which must wait for a free slot (LDM_TEST_JOBS=2), sees at most two there when it
+    // starts; c then fails a case.
+    REQUIRE(::mkdir((d + "/running").c_str(), 0755) == 0);
     auto waits_for = [&](const std::string& where, const std::string& me, const std::string& other,
                          const std::string& tail) {
         return stand_in(d + "/" + where, me,
-                        "touch '" + d + "/" + me + ".started'\ni=0\nwhile [ ! -e '" + d + "/" + other +
-                            ".started' ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done\n"
+                        "touch '" + d + "/running/" + me + "' '" + d + "/" + me + ".started'\ni=0\nwhile [ ! -e '" + d +
+                            "/" + other + ".started' ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done\n"
+                            "sleep 1; rm -f '" + d + "/running/" + me + "'\n"
                             "if [ -e '" + d + "/" + other + ".started' ]; then echo 'output of " + me + "'; " + tail +
                             "; else printf 'LDM_TEST_FAILED ran alone\\nLDM_TEST_TOTALS 0 1\\n'; exit 1; fi\n");
     };
     const std::string a = waits_for("tsan", "a", "test_emu_b", "printf 'LDM_TEST_TOTALS 1 0\\n'");
     const std::string b = waits_for("test", "test_emu_b", "a", "printf 'LDM_TEST_TOTALS 2 0\\n'");
-    const std::string c = stand_in(d + "/tsan", "c", "echo 'output of c'; printf 'LDM_TEST_FAILED c1\\nLDM_TEST_TOTALS 3 1\\n'; exit 1\n");
+    const std::string c = stand_in(d + "/tsan", "c", "touch '" + d + "/running/c'\n[ $(ls '" + d + "/running' | wc -l) -le 2 ] || "
+                                   "echo 'over the limit'\necho 'output of c'; printf 'LDM_TEST_FAILED c1\\nLDM_TEST_TOTALS 3 1\\n'; exit 1\n");
     const std::string plain = stand_in(d, "plain", "echo 'output of plain'; printf 'LDM_TEST_TOTALS 4 0\\n'\n");
     const SuiteRun r = run_suite(d, "'" + plain + "' '" + a + "' '" + b + "' '" + c + "' '" + plain + "'",
                                  "LDM_TEST_JOBS=2 TMPDIR='" + d + "/tmp'");
@@ -146,6 +151,7 @@ TEST_CASE("run_tests.sh: ThreadSanitizer and emulation binaries run LDM_TEST_JOB
     CHECK(r.out.find("tests: 14 passed, 1 failed") != std::string::npos);
     CHECK(r.out.find("FAILED test case: " + c + ": c1") != std::string::npos);
     CHECK(r.out.find("ran alone") == std::string::npos);
+    CHECK(r.out.find("over the limit") == std::string::npos);
     // each binary's output under its own header, in the order given
     const std::string order[] = {"=== " + plain + "\noutput of plain\n", "=== " + a + "\noutput of a\n",
                                  "=== " + b + "\noutput of test_emu_b\n", "=== " + c + "\noutput of c\n",
