@@ -78,7 +78,9 @@ run_blas() {
 jobs=${LDM_TEST_JOBS:-$(n=$(nproc 2>/dev/null || echo 1); echo $(( n > 8 ? 8 : n )))}
 case "$jobs" in ''|*[!0-9]*|0) echo "run_tests.sh: LDM_TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
 parallel() { case "$1" in */tsan/*|*/test/test_emu_*) return 0 ;; esac; return 1; }
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/run_tests.XXXXXX") || exit 2
+# (each binary's output and status until it is reported)
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/run_tests.XXXXXX") ||
+  { echo "run_tests.sh: cannot make a scratch directory in ${TMPDIR:-/tmp} (set TMPDIR to a writable one)" >&2; exit 2; }
 # A pool runs in a process group of its own (set -m), so that leaving early (Ctrl-C, a TERM, an
 # error) stops it with every binary it started.
 pools=()
