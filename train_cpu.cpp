@@ -79,6 +79,9 @@ class CpuBackend {
         opt_.reset(zero1_ ? new AdamW<R>(shard_.count, ac_shard, shard_ranges) : new AdamW<R>(n_, ac, ranges));
         gshard_.resize(W_ > 1 ? size_t(shard_.count) : 0);
         scorer_ = make_cpu_scoring_model(model_);
+        // data parallel: the scheme's host-side decisions (LDM's drift fallback) agree over the ranks
+        if (W_ > 1)
+            model_.scheme().set_data_parallel([](bool f) { return dist::sum_ordered(f ? 1.0 : 0.0) > 0; }, rank_ == 0);
     }
 
     int64_t n_params() const { return n_; }
@@ -126,6 +129,10 @@ class CpuBackend {
     }
     ScoringModel& scorer() { return *scorer_; }
     std::vector<std::pair<std::string, double>> metrics() { return model_.scheme_metrics(); }
+    std::vector<std::pair<std::string, double>> scheme_state() { return model_.scheme().saved_state(); }
+    std::string restore_scheme_state(const std::vector<std::pair<std::string, double>>& s) {
+        return model_.scheme().restore_state(s);
+    }
 
     std::vector<float> checkpoint_params() { return std::vector<float>(model_.params.begin(), model_.params.end()); }
     bool params_finite() { return train::all_finite(model_.params.data(), n_); }

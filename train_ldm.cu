@@ -76,6 +76,10 @@ struct LdmGpuScheme : GpuScheme<T> {
     }
     int64_t extra_bytes_per_token() const override { return N_ > 0 ? allocated_bytes() / N_ : 0; }
     std::vector<std::pair<std::string, double>> metrics() override;
+    std::vector<std::pair<std::string, double>> saved_state() const override {
+        return ldm_fallback_saved(fell_back_, ckpt_, window_, settled_);
+    }
+    std::string restore_state(const std::vector<std::pair<std::string, double>>& saved) override;
 
     // x_j [N, d] (j = 1..D; D+1 = the readout y) without the RMSNorm (workbench / tests).
     void input(int j, T* x, cudaStream_t s);
@@ -974,8 +978,10 @@ bool LdmGpuScheme<T>::after_backward(cudaStream_t s) {
         drift_P_ = f[1];
     }
     const bool unwinding = !delta_ && (keep() == kNone || keep() == kSegments);
-    const int next = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_,
-                                           std::max(drift_S_, drift_P_), cfg_.ldm_drift_tol);
+    // (the same on every rank: same flags, same restored state, the same decisions before)
+    const bool mine = ldm_drift_exceeds(std::max(drift_S_, drift_P_), cfg_.ldm_drift_tol);
+    const bool exceeded = unwinding && this->any_rank_(mine);  // data parallel: every rank switches together
+    const int next = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_, exceeded);
     if (fell_back_ && next == ckpt_) settled_ = true;
     if (next != ckpt_) {
         const bool first = !fell_back_;
@@ -983,9 +989,19 @@ bool LdmGpuScheme<T>::after_backward(cudaStream_t s) {
         fell_back_ = true;
         settled_ = false;
         grow(stored_, ldm_gpu_kept_states(cfg_, ckpt_) * (int64_t)N_ * dims_.ST);
-        ldm_warn_fallback(first, drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
+        if (this->warns_) ldm_warn_fallback(first, drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_, !mine);
     }
     return ckpt_ != before;
+}
+
+// A checkpoint's drift fallback (math/ldm_math.h ldm_restore_fallback), before the first step:
+// the kept-states buffer is sized for the restored interval.
+template <typename T>
+std::string LdmGpuScheme<T>::restore_state(const std::vector<std::pair<std::string, double>>& saved) {
+    const bool unwinding = !delta_ && (keep() == kNone || keep() == kSegments);
+    const std::string line = ldm_restore_fallback(saved, unwinding, window_, w_, D_, ckpt_, fell_back_, settled_);
+    if (N_ > 0) grow(stored_, ldm_gpu_kept_states(cfg_, ckpt_) * (int64_t)N_ * dims_.ST);
+    return line;
 }
 
 // The drift of the unwinding modes (logged every step, as train_cpu does).

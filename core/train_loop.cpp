@@ -110,6 +110,19 @@ std::string changed_settings(const nlohmann::json& saved, const nlohmann::json& 
     return out;
 }
 
+std::vector<std::pair<std::string, double>> scheme_state_pairs(const nlohmann::json& j, const std::string& base) {
+    if (!j.is_object())
+        throw Error("--resume " + base + ": the training state's extra.scheme_state is not a JSON object");
+    std::vector<std::pair<std::string, double>> out;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!it.value().is_number())
+            throw Error("--resume " + base + ": the training state's extra.scheme_state." + it.key() +
+                        " is not a number");
+        out.emplace_back(it.key(), it.value().get<double>());
+    }
+    return out;
+}
+
 double model_flops_per_token(const ModelConfig& c, int T) {
     ParamCounts pc = count_params_detailed(c);
     return 6.0 * double(pc.backbone_nonembed + pc.scheme) + 6.0 * double(c.padded_vocab) * c.d_model +

@@ -111,6 +111,10 @@ nlohmann::json optimizer_settings(const TrainOptions& o);
 // "lr 0.01 -> 0.001, steps 100 -> 200" for the keys of now whose value differs in saved; "" if none.
 std::string changed_settings(const nlohmann::json& saved, const nlohmann::json& now);
 
+// extra.scheme_state of a training state (an object of numbers, doc/formats.md) as name -> value
+// pairs; ldm::Error naming `base` when it is not such an object.
+std::vector<std::pair<std::string, double>> scheme_state_pairs(const nlohmann::json& j, const std::string& base);
+
 // Model FLOPs per token (spec performance.md; doc/cuda.md "MFU"):
 //   6·N_nonembed + 6·N_embed_head + 12·n_layer·d·T
 double model_flops_per_token(const ModelConfig& c, int T);
@@ -221,6 +225,10 @@ struct has_fused_step<B, std::void_t<decltype(std::declval<B&>().fuses_step(int6
 //   std::vector<float> next_logits(const int32_t* ctx, int Ts, int pos);  // sampling (rank 0)
 //   ScoringModel& scorer();                          // in-training evaluations (rank 0)
 //   std::vector<std::pair<std::string, double>> metrics();  // scheme metrics of the last step
+//   std::vector<std::pair<std::string, double>> scheme_state();  // the scheme's decisions later
+//       steps depend on (LDM's drift fallback; equal on every rank), saved as extra.scheme_state
+//   std::string restore_scheme_state(const std::vector<std::pair<std::string, double>>&);  // on
+//       resume, after restore(); returns a line to print ("" = none)
 //   std::vector<float> checkpoint_params();          // collective: fp32 parameters, full on rank 0
 //   bool params_finite();                            // every parameter finite (this rank's view)
 //   void checkpoint_state(TrainState& ts, int64_t off, int64_t count);  // collective: m, v
@@ -367,6 +375,17 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
             for (int64_t k = 0; k < mc.step * accum_local; k++) train.next_batch(xi.data(), yi.data());
         }
         rng.s = saved.parts[0].rng_state[0];
+        // the scheme's decisions before the checkpoint (LDM: the drift fallback's interval)
+        if (saved.parts[0].extra.contains("scheme_state")) {
+            std::string line;
+            try {
+                line = be.restore_scheme_state(scheme_state_pairs(saved.parts[0].extra["scheme_state"], base));
+            } catch (const Error& e) {
+                const std::string m = e.what();
+                throw Error(m.rfind("--resume", 0) == 0 ? m : "--resume " + base + ": " + m);
+            }
+            if (!line.empty() && rank == 0) std::printf("%s\n", line.c_str());
+        }
         start_step = mc.step;
         resumed_from = base;
         if (!o.out_dir.empty() && rank == 0) {
@@ -516,6 +535,11 @@ int train_loop(const TrainOptions& o, const ModelConfig& cfg, const Tokenizer* t
         if (W > 1)
             st.extra = {{"optimizer", optimizer_settings(o)}, {"world", W}, {"rank", rank}, {"zero", o.zero},
                         {"param_count", n}, {"shard_offset", sh.offset}, {"shard_count", sh.count}};
+        const std::vector<std::pair<std::string, double>> ss = be.scheme_state();
+        if (!ss.empty()) {
+            st.extra["scheme_state"] = json::object();
+            for (const auto& kv : ss) st.extra["scheme_state"][kv.first] = kv.second;
+        }
         // Never write a non-finite checkpoint: the divergence guard stops before an update with a
         // non-finite gradient; this also catches a finite gradient that overflowed a parameter or
         // an AdamW moment (e.g. g^2 above the fp32 range with --grad-clip 0).

@@ -168,6 +168,11 @@ std::vector<std::pair<std::string, double>> Model<R>::scheme_metrics() const {
 }
 
 template <typename R>
+Scheme<R>& Model<R>::scheme() {
+    return *impl_->scheme;
+}
+
+template <typename R>
 int64_t Model<R>::activation_values() const {
     const Impl& I = *impl_;
     int64_t n = 0;

@@ -55,6 +55,8 @@ struct Model {
 
     // The scheme's health numbers of the last step (Scheme::metrics; empty for PreLN).
     std::vector<std::pair<std::string, double>> scheme_metrics() const;
+    // The scheme itself (its saved state across a resume, its data-parallel hook).
+    Scheme<R>& scheme();
 
     int last_B() const { return B_; }
     int last_T() const { return T_; }

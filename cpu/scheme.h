@@ -16,6 +16,7 @@
 // The sublayer index j is 1-based as in the spec (odd = attention, even = MLP).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -54,6 +55,25 @@ struct Scheme {
     // Health numbers of the last step for the training log, e.g. LDM's unwind drift
     // {"ldm_drift_S", ...}; empty for PreLN.
     virtual std::vector<std::pair<std::string, double>> metrics() const { return {}; }
+    // What the scheme decided during training that later steps depend on (LDM: its drift
+    // fallback, math/ldm_math.h ldm_fallback_saved), name -> value; the trainer saves it in the
+    // training state (extra.scheme_state) and hands it back on resume. Empty for most schemes.
+    virtual std::vector<std::pair<std::string, double>> saved_state() const { return {}; }
+    // Restores saved_state() of a checkpoint; returns a line for the console ("" = nothing to
+    // say). ldm::Error for a malformed entry.
+    virtual std::string restore_state(const std::vector<std::pair<std::string, double>>&) { return ""; }
+    // Data parallel: `any_rank(flag)` returns the OR of the flag over every rank (a collective:
+    // every rank calls it at the same points); host-side decisions that must agree over the ranks
+    // go through it (LDM's drift check). `warns`: this rank prints the scheme's warnings (rank 0).
+    // One process: the flag itself, warnings printed.
+    void set_data_parallel(std::function<bool(bool)> any_rank, bool warns) {
+        any_rank_ = std::move(any_rank);
+        warns_ = warns;
+    }
+
+   protected:
+    std::function<bool(bool)> any_rank_ = [](bool flag) { return flag; };
+    bool warns_ = true;
 };
 
 // Factory: the scheme named by cfg.scheme (preln, hc, mhc, attnres-full, attnres-block, ldm).

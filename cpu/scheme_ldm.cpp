@@ -729,14 +729,24 @@ template <typename R>
 void LDMScheme<R>::begin_backward(R* de) {
     write_backward(0, de, false);
     const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
-    const int next = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_,
-                                           std::max(drift_S_, drift_P_), cfg_.ldm_drift_tol);
+    if (!unwinding) return;  // (the same on every rank: same flags, same restored state)
+    const bool mine = ldm_drift_exceeds(std::max(drift_S_, drift_P_), cfg_.ldm_drift_tol);
+    const bool exceeded = this->any_rank_(mine);  // data parallel: every rank switches together
+    const int next = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_, exceeded);
+    if (fell_back_ && next == ckpt_) settled_ = true;
     if (next != ckpt_) {
         const bool first = !fell_back_;
         ckpt_ = next;
         fell_back_ = true;
-        ldm_warn_fallback(first, drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_);
+        settled_ = false;
+        if (this->warns_) ldm_warn_fallback(first, drift_S_, drift_P_, cfg_.ldm_drift_tol, ckpt_, !mine);
     }
+}
+
+template <typename R>
+std::string LDMScheme<R>::restore_state(const std::vector<std::pair<std::string, double>>& saved) {
+    const bool unwinding = !delta_ && (unwind_ || ckpt_ > 0);
+    return ldm_restore_fallback(saved, unwinding, window_, w_, D_, ckpt_, fell_back_, settled_);
 }
 
 template <typename R>

@@ -39,6 +39,7 @@
 
 #include "cpu/lanes.h"
 #include "cpu/scheme.h"
+#include "math/ldm_math.h"
 
 namespace ldm {
 namespace cpu {
@@ -73,6 +74,10 @@ struct LDMScheme final : Scheme<R> {
         return ldm_scheme_values_per_token(c);
     }
     std::vector<std::pair<std::string, double>> metrics() const override;
+    std::vector<std::pair<std::string, double>> saved_state() const override {
+        return ldm_fallback_saved(fell_back_, ckpt_, window_, settled_);
+    }
+    std::string restore_state(const std::vector<std::pair<std::string, double>>& saved) override;
 
     // Test hooks: a copy of the live state [N, ST] (ST = ldm_state_size; per token heads in
     // order, each S then P) and the current checkpoint interval (0 = pure store/unwind).
@@ -112,6 +117,7 @@ struct LDMScheme final : Scheme<R> {
     int w_ = 1;
     int ckpt_;         // checkpoint interval in use (0 = none)
     bool fell_back_ = false;
+    bool settled_ = false;  // a fallback interval's drift met the tolerance (saved for the GPU trainer)
     double drift_S_ = 0, drift_P_ = 0;
     // parameters (params_/grads_ views)
     std::vector<const R*> Wk_, Wq_, A_, Wb_, Bb_;  // Wq_/A_ indexed 1..D, D+1 = final

@@ -14,6 +14,7 @@
 // The backbone keeps x_j (the scheme's input of sublayer j) for every j for the RMSNorm backward
 // and never overwrites it during a step, so a scheme may read x_j back later (PreLN does).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -93,6 +94,20 @@ struct GpuScheme {
     // the backbone's own buffers; printed at startup.
     virtual int64_t extra_bytes_per_token() const = 0;
     virtual std::vector<std::pair<std::string, double>> metrics() { return {}; }  // e.g. LDM drift
+    // As cpu/scheme.h: the decisions later steps depend on (LDM's drift fallback), saved in the
+    // training state and restored on resume (the same entries as the CPU scheme's); and the
+    // data-parallel hook: any_rank(flag) is the OR over the ranks (a collective; may synchronise),
+    // warns: this rank prints the scheme's warnings.
+    virtual std::vector<std::pair<std::string, double>> saved_state() const { return {}; }
+    virtual std::string restore_state(const std::vector<std::pair<std::string, double>>&) { return ""; }
+    void set_data_parallel(std::function<bool(bool)> any_rank, bool warns) {
+        any_rank_ = std::move(any_rank);
+        warns_ = warns;
+    }
+
+   protected:
+    std::function<bool(bool)> any_rank_ = [](bool flag) { return flag; };
+    bool warns_ = true;
 };
 
 // ---- small elementwise kernels shared by the schemes ---------------------------------------------------

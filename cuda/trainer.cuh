@@ -176,6 +176,10 @@ class GpuBackend {
         n_ = model_.n_params;
         dp_.init(dctx_, n_, o.zero, o.nccl, o.nccl_id_file, o.nccl_overlap != 0);
         dp_.plan_overlap(model_.specs, cfg.n_layer, model_.grads.ptr, kNcclMinBucketElems);
+        // data parallel: the scheme's host-side decisions (LDM's drift fallback) agree over the ranks
+        if (dp_.world > 1)
+            model_.scheme().set_data_parallel([this](bool f) { return dp_.sum(f ? 1.0 : 0.0, model_.stream) > 0; },
+                                              dctx_.rank == 0);
         // first fp32 master element the schemes read (their parameters follow the backbone's); n = none
         scheme_lo_ = n_;
         for (const auto& s : model_.specs)
@@ -344,6 +348,10 @@ class GpuBackend {
     }
     ScoringModel& scorer() { return *scorer_; }
     std::vector<std::pair<std::string, double>> metrics() { return model_.scheme().metrics(); }
+    std::vector<std::pair<std::string, double>> scheme_state() { return model_.scheme().saved_state(); }
+    std::string restore_scheme_state(const std::vector<std::pair<std::string, double>>& s) {
+        return model_.scheme().restore_state(s);
+    }
 
     std::vector<float> checkpoint_params() {
         // ZeRO-1 overlap path: the fp32 master is complete only in this rank's slice (and the

@@ -1,6 +1,7 @@
 // math/ldm_math.h — per token-head math of Linear Depth Memory (spec §2.5), shared by the CPU
 // reference (cpu/scheme_ldm.cpp) and the CUDA kernels (cuda/ldm.cuh). Every function is an inline
-// template marked LDM_HD; no allocation, no exceptions; scratch comes from the caller.
+// template marked LDM_HD; no allocation, no exceptions; scratch comes from the caller (except the
+// host-only drift-fallback helpers at the end, which build strings and may throw ldm::Error).
 //
 // Layouts (one token, one memory head): memory S [dv, dk] row-major (S[a*dk + b]); inverse
 // covariance P [dk, dk] row-major, symmetric positive definite; key k [dk], query q [dk],
@@ -12,6 +13,11 @@
 #include <math.h>
 #include <stdio.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/common.h"
 #include "math/elementwise.h"
 
 namespace ldm {
@@ -741,23 +747,90 @@ LDM_HD inline R ldm_drift_value(R x) {
     return a - a == R(0) ? a : R(INFINITY);
 }
 
-// The checkpoint interval for the next step after a backward whose unwind drift (max of the S and
-// P drifts) was `drift` (host). Within `tol`, or when nothing unwinds, the interval stays `ckpt`
-// (0 = no kept states). Above it: the first fallback keeps every round(sqrt(D+1))-th state
+// Whether an unwind drift is above the tolerance; a NaN drift counts as above.
+inline bool ldm_drift_exceeds(double drift, double tol) { return !(drift <= tol); }
+
+// The checkpoint interval for the next step after a backward (host). `exceeded`: its unwind drift
+// (max of the S and P drifts) was above --ldm-drift-tol (data parallel: on any rank, so that every
+// rank keeps the same states). Within the tolerance, or when nothing unwinds, the interval stays
+// `ckpt` (0 = no kept states). Above it: the first fallback keeps every round(sqrt(D+1))-th state
 // (window mode: the window-start states, interval w); while the drift of a fallback interval
 // still exceeds tol, the interval halves, down to 1 (every state kept: no unwinding error). An
 // interval set by --ldm-checkpoint-every (fell_back false, ckpt > 0) and window mode's are kept.
-inline int ldm_fallback_interval(bool unwinding, int ckpt, bool fell_back, bool window, int w, int D, double drift,
-                                 double tol) {
-    if (!unwinding || drift <= tol) return ckpt;
+inline int ldm_fallback_interval(bool unwinding, int ckpt, bool fell_back, bool window, int w, int D, bool exceeded) {
+    if (!unwinding || !exceeded) return ckpt;
     const int c = (int)lround(sqrt((double)(D + 1)));
     if (ckpt == 0) return window ? w : c > 1 ? c : 1;
     if (fell_back && !window && ckpt > 1) return ckpt / 2;
     return ckpt;
 }
 
-// The stderr warning of a change of the interval to c (host; first: the first fallback of the run).
-inline void ldm_warn_fallback(bool first, double drift_S, double drift_P, double tol, int c) {
+// The drift fallback's state as the training state saves it (extra.scheme_state, doc/formats.md):
+// {"ldm_fallback_ckpt": c, "ldm_fallback_window": 0|1, "ldm_fallback_settled": 0|1}; empty before
+// any fallback (host; settled: a fallback interval's drift has met the tolerance).
+inline std::vector<std::pair<std::string, double>> ldm_fallback_saved(bool fell_back, int ckpt, bool window,
+                                                                      bool settled) {
+    if (!fell_back) return {};
+    return {{"ldm_fallback_ckpt", (double)ckpt}, {"ldm_fallback_window", window ? 1.0 : 0.0},
+            {"ldm_fallback_settled", settled ? 1.0 : 0.0}};
+}
+
+// Restores a saved fallback (ldm_fallback_saved) into a scheme built from the command line (host):
+// applied when this run unwinds, in the same mode (window or not), without an interval of its own
+// (--ldm-checkpoint-every); window mode takes its own w. Returns the line to print ("" when the
+// checkpoint has no fallback). Throws ldm::Error for a malformed entry (interval outside 1..D+1).
+inline std::string ldm_restore_fallback(const std::vector<std::pair<std::string, double>>& saved, bool unwinding,
+                                        bool window, int w, int D, int& ckpt, bool& fell_back, bool& settled) {
+    double c = -1, win = -1, set = -1;
+    for (const auto& kv : saved) {
+        if (kv.first == "ldm_fallback_ckpt") c = kv.second;
+        else if (kv.first == "ldm_fallback_window") win = kv.second;
+        else if (kv.first == "ldm_fallback_settled") set = kv.second;
+    }
+    if (c < 0 && win < 0 && set < 0) return "";
+    if (!(c >= 1 && c <= D + 1 && c == (double)(int)c) || (win != 0 && win != 1) || (set != 0 && set != 1)) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "the checkpoint's LDM drift fallback (scheme_state: interval %g, window %g, settled %g) is "
+                 "malformed: the interval must be an integer in 1..%d, the flags 0 or 1",
+                 c, win, set, D + 1);
+        throw Error(msg);
+    }
+    const int ci = (int)c;
+    const char* was = win == 1 ? "window" : "unwind";
+    char msg[512];
+    if (!unwinding || (win == 1) != window) {
+        snprintf(msg, sizeof msg,
+                 "note: the checkpoint's run had fallen back to checkpointed segments every %d writes (LDM drift, "
+                 "%s mode); this run's mode %s, so it is not restored",
+                 ci, was, unwinding ? (window ? "is window" : "is unwind") : "keeps its states (no unwinding)");
+    } else if (ckpt > 0 && !fell_back) {
+        snprintf(msg, sizeof msg,
+                 "note: the checkpoint's run had fallen back to checkpointed segments every %d writes (LDM drift); "
+                 "this run keeps its own interval %d (--ldm-checkpoint-every)",
+                 ci, ckpt);
+    } else {
+        ckpt = window ? w : ci;
+        fell_back = true;
+        settled = set == 1;
+        snprintf(msg, sizeof msg,
+                 "LDM drift fallback restored from the checkpoint: checkpointed segments every %d writes, as the "
+                 "run kept them before it",
+                 ckpt);
+    }
+    return msg;
+}
+
+// The stderr warning of a change of the interval to c (host; first: the first fallback of the run;
+// elsewhere: this rank's drift was within tol, another rank's was not).
+inline void ldm_warn_fallback(bool first, double drift_S, double drift_P, double tol, int c, bool elsewhere = false) {
+    if (elsewhere) {
+        fprintf(stderr,
+                "warning: LDM unwind drift above %.3g on another rank (this rank's: %.3g (S) / %.3g (P)): %s every "
+                "%d writes from the next step on\n",
+                tol, drift_S, drift_P, first ? "falling back to checkpointed segments" : "checkpointed segments", c);
+        return;
+    }
     fprintf(stderr,
             first ? "warning: LDM unwind drift %.3g (S) / %.3g (P) exceeds %.3g: falling back to checkpointed "
                     "segments every %d writes from the next step on\n"

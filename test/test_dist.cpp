@@ -442,6 +442,74 @@ TEST_CASE("dist: resume with the same world size is bit-exact; another world siz
     CHECK_FALSE(file_exists(dir + "/H/ckpt_000004.model"));
 }
 
+TEST_CASE("dist: LDM's drift fallback is decided over all ranks and saved in every rank's state", "[dist][mpi][ldm]") {
+    if (!have_mpirun()) {
+        WARN("skipped: mpirun not found");
+        return;
+    }
+    std::string shards = shards_or_skip();
+    if (shards.empty()) return;
+    const std::string dir = train_scratch("dist_ldm_fallback");
+    // 2 micro-batches of B*T per step: rank r of 2 runs window r of the step, as a single process
+    // runs window 0 then 1. The drift (max over tokens, independent of the thread count) of each
+    // window at step 1, from single-process runs: window 0 alone (one micro-batch per step), and
+    // window 1 as the second micro-batch (the logged drift is the last micro-batch's).
+    auto args = [&](int tokens) {
+        return strprintf(" --preset tiny --d-model 32 --n-layer 1 --n-head 2 --n-kv-head 1 --head-dim 16 --ffn 64 "
+                         "-B 2 -T 16 --total-batch-tokens %d --lr 3e-3 --sample-tokens 0 --threads 1 --quiet "
+                         "--dtype fp32 --scheme ldm --ldm-mode unwind --train-data '",
+                         tokens) +
+               shards + "/train.bin'";
+    };
+    auto drift_of = [&](const std::string& log) {
+        for (const auto& j : read_jsonl(log))
+            if (j.at("type") == "step") return std::max(j.at("ldm_drift_S").get<double>(), j.at("ldm_drift_P").get<double>());
+        return -1.0;
+    };
+    train(0, args(32) + " --steps 1 --log " + dir + "/w0.jsonl");
+    train(0, args(64) + " --steps 1 --log " + dir + "/w1.jsonl");
+    const double d0 = drift_of(dir + "/w0.jsonl"), d1 = drift_of(dir + "/w1.jsonl");
+    INFO("step-1 drift of rank 0's window " << d0 << ", of rank 1's " << d1);
+    REQUIRE(d0 > 0);
+    REQUIRE(d1 > 0);
+    if (d0 == d1) {
+        WARN("skipped: both windows have the same drift; no tolerance lies between them");
+        return;
+    }
+    // A tolerance between the two: one rank's drift exceeds it, the other's does not. Both ranks
+    // must fall back after step 1 (keep every round(sqrt(3)) = 2nd state) and save that.
+    const double tol = std::sqrt(d0 * d1);
+    RunResult r = train(2, args(64) + strprintf(" --steps 2 --ldm-drift-tol %.17g --ckpt-every 1", tol) +
+                               " --out-dir " + dir + "/P --log " + dir + "/P.jsonl");
+    const char* warn = d0 > tol ? "exceeds" : "on another rank";
+    CHECK_THAT(r.out, Catch::Contains(warn) && Catch::Contains("falling back to checkpointed segments every 2 writes"));
+    // only rank 0 warns
+    size_t warnings = 0;
+    for (size_t p = r.out.find("warning: LDM unwind drift"); p != std::string::npos;
+         p = r.out.find("warning: LDM unwind drift", p + 1))
+        warnings++;
+    CHECK(warnings == 1);
+    std::vector<json> steps;
+    for (const auto& j : read_jsonl(dir + "/P.jsonl"))
+        if (j.at("type") == "step") steps.push_back(j);
+    REQUIRE(steps.size() == 2);
+    CHECK(steps[0].at("ldm_fallback") == 1.0);
+    CHECK(steps[0].at("ldm_ckpt") == 2.0);
+    for (int k = 0; k < 2; k++) {
+        INFO("rank " << k);
+        const TrainState st = load_train_state(dir + "/P/ckpt_000001" + strprintf(".state.rank%dof2", k));
+        REQUIRE(st.extra.contains("scheme_state"));
+        CHECK(st.extra.at("scheme_state").at("ldm_fallback_ckpt") == 2.0);
+    }
+    // a resume with 2 ranks restores it on both (the same interval, no new warning) and is
+    // bit-exact; one process restores it too
+    RunResult b = train(2, args(64) + strprintf(" --steps 2 --ldm-drift-tol %.17g --ckpt-every 1", tol) +
+                               " --resume " + dir + "/P/ckpt_000001 --out-dir " + dir + "/Q");
+    CHECK_THAT(b.out, Catch::Contains("LDM drift fallback restored from the checkpoint"));
+    for (const char* f : {".model", ".state.rank0of2", ".state.rank1of2"})
+        CHECK(read_file(dir + "/P/ckpt_000002" + f) == read_file(dir + "/Q/ckpt_000002" + f));
+}
+
 TEST_CASE("scripts/paper: --dry-run prints the recipe's commands; auto-resume takes the newest marker", "[dist][scripts]") {
     const std::string src = LDM_SOURCE_DIR;
     const std::string dir = train_scratch("paper_scripts");

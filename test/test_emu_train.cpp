@@ -15,8 +15,11 @@
 //     CPU's update (relative L2 of the difference over the size of the update); bf16 for PreLN,
 //     mHC and LDM: 2e-2 on the loss;
 //   save -> resume: 2 steps + checkpoint + 2 resumed == 4 straight, byte-identical .model / .state
-//     (fp32 LDM unwind, bf16 PreLN with validation and samples: the bf16 run's fp32 master is what
-//     the checkpoint holds, else the resumed run could not be bit-exact);
+//     (fp32 LDM unwind, also after its drift fallback, which the checkpoint holds; bf16 PreLN with
+//     validation and samples: the bf16 run's fp32 master is what the checkpoint holds, else the
+//     resumed run could not be bit-exact);
+//   LDM's drift fallback under mpirun -np 2 with a tolerance between the ranks' drifts: both ranks
+//     switch after step 1 and save it;
 //   the NCCL paths (emulated NCCL, one rank): --nccl ZeRO-0/1, overlap on/off give the plain run's
 //     bytes; under mpirun -np 2 (NCCL over MPI) ZeRO-0/1 with overlap equal the one-process run
 //     within fp32 rounding (1e-5 on the losses), the overlap also with the communication stream
@@ -420,7 +423,8 @@ TEST_CASE("emu train: checkpoint -> resume is bit-exact (bf16 PreLN with val and
         const char* flags;
     };
     for (const R& c : {R{"preln-bf16", false, "--scheme preln --dtype bf16"},
-                       R{"ldm-unwind-fp32", true, "--scheme ldm --ldm-mode unwind --dtype fp32"}}) {
+                       R{"ldm-unwind-fp32", true, "--scheme ldm --ldm-mode unwind --dtype fp32"},
+                       R{"ldm-fallback-fp32", true, "--scheme ldm --ldm-mode unwind --ldm-drift-tol 1e-30 --dtype fp32"}}) {
         const std::string gpu = emu_trainer_or_skip(c.ldm ? "train_ldm" : "train_gpt_baselines");
         if (gpu.empty()) return;
         const std::string dir = train_scratch(std::string("emu_resume_") + c.name);
@@ -434,6 +438,10 @@ TEST_CASE("emu train: checkpoint -> resume is bit-exact (bf16 PreLN with val and
         INFO(b.out);
         REQUIRE(b.status == 0);
         CHECK_THAT(b.out, Catch::Contains("resumed from"));
+        // the drift fallback (every state kept after step 2) is in the checkpoint and restored
+        if (std::string(c.name) == "ldm-fallback-fp32")
+            CHECK_THAT(b.out, Catch::Contains("LDM drift fallback restored from the checkpoint: checkpointed "
+                                              "segments every 1 writes"));
         for (const char* ext : {".model", ".state"}) {
             INFO(c.name << " " << ext);
             CHECK(ldm::read_file(dir + "/C/ckpt_000004" + ext) == ldm::read_file(dir + "/B/ckpt_000004" + ext));
@@ -521,6 +529,61 @@ TEST_CASE("emu train: the NCCL paths (one rank; two ranks under mpirun) give the
             CHECK(std::fabs(a - b) <= 1e-5 * std::fabs(b));
         }
         CHECK(ldm::file_exists(dir + sub + "/ckpt_000003.done"));
+    }
+}
+
+TEST_CASE("emu train: LDM's drift fallback under mpirun -np 2 is decided by every rank together", "[emu][train][dist]") {
+    const std::string shards = byte_shards();
+    if (shards.empty()) return;
+    const std::string gpu = emu_trainer_or_skip("train_ldm");
+    if (gpu.empty()) return;
+    if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+        WARN("skipped: needs mpirun");
+        return;
+    }
+    const std::string dir = train_scratch("emu_ldm_fallback_dp");
+    auto args = [&](int micro) {
+        return gpu + data_flags(shards) + ldm::strprintf(" --total-batch-tokens %d", micro * kB * kT) +
+               " --lr 3e-3 --sample-every -1 --quiet --dtype fp32 --scheme ldm --ldm-mode unwind";
+    };
+    // rank r of 2 runs window r of each step; one process runs window 0 alone (one micro-batch)
+    // or windows 0 then 1 (the logged drift is the last micro-batch's): each rank's step-1 drift
+    auto drift_of = [&](const std::string& log) {
+        const std::vector<json> st = records(log, "step");
+        REQUIRE(!st.empty());
+        return std::max(st[0]["ldm_drift_S"].get<double>(), st[0]["ldm_drift_P"].get<double>());
+    };
+    run_ok(args(1) + " --steps 1 --log " + dir + "/w0.jsonl");
+    run_ok(args(2) + " --steps 1 --log " + dir + "/w1.jsonl");
+    const double d0 = drift_of(dir + "/w0.jsonl"), d1 = drift_of(dir + "/w1.jsonl");
+    INFO("step-1 drift of rank 0's window " << d0 << ", of rank 1's " << d1);
+    REQUIRE(d0 > 0);
+    REQUIRE(d1 > 0);
+    if (d0 == d1) {
+        WARN("skipped: both windows have the same drift; no tolerance lies between them");
+        return;
+    }
+    const double tol = std::sqrt(d0 * d1);  // one rank's drift above, the other's within
+    const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca "
+                               "btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1 -np 2 ";
+    RunResult r = run_cmd(mpirun + args(2) + ldm::strprintf(" --steps 2 --ldm-drift-tol %.17g", tol) +
+                          " --nccl --zero 0 --nccl-overlap 1 --ckpt-every 1 --out-dir " + dir + "/P --log " + dir +
+                          "/P.jsonl");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("data parallel: 2 GPU processes"));
+    CHECK_THAT(r.out, Catch::Contains(d0 > tol ? "exceeds" : "on another rank") &&
+                          Catch::Contains("falling back to checkpointed segments every 2 writes"));
+    CHECK(count_of(r.out, "warning: LDM unwind drift") == 1);  // rank 0 only
+    const std::vector<json> st = records(dir + "/P.jsonl", "step");
+    REQUIRE(st.size() == 2);
+    CHECK(st[0]["ldm_fallback"] == 1.0);
+    CHECK(st[0]["ldm_ckpt"] == 2.0);  // round(sqrt(D + 1)), D = 4
+    for (int k = 0; k < 2; k++) {
+        INFO("rank " << k);
+        const ldm::TrainState ts = ldm::load_train_state(dir + ldm::strprintf("/P/ckpt_000001.state.rank%dof2", k));
+        REQUIRE(ts.extra.contains("scheme_state"));
+        CHECK(ts.extra["scheme_state"]["ldm_fallback_ckpt"] == 2.0);
     }
 }
 

@@ -727,20 +727,130 @@ TEST_CASE("ldm: drift values count non-finite differences as +inf; the fallback 
     CHECK(std::isinf(ldm::ldm_drift_value(-std::numeric_limits<float>::infinity())));
     CHECK(std::isinf(ldm::ldm_drift_value(std::numeric_limits<float>::quiet_NaN())));
     CHECK(std::max(0.5, ldm::ldm_drift_value(std::nan(""))) > 1e300);
-    // ldm_fallback_interval(unwinding, ckpt, fell_back, window, w, D, drift, tol)
+    // ldm_drift_exceeds(drift, tol): above, NaN counts as above
+    using ldm::ldm_drift_exceeds;
+    CHECK(!ldm_drift_exceeds(1e-3, 1e-3));
+    CHECK(ldm_drift_exceeds(1.0000001e-3, 1e-3));
+    CHECK(ldm_drift_exceeds(std::nan(""), 1e-3));
+    CHECK(ldm_drift_exceeds(INFINITY, 1e-3));
+    // ldm_fallback_interval(unwinding, ckpt, fell_back, window, w, D, exceeded)
     using ldm::ldm_fallback_interval;
-    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, 1e-4, 1e-3) == 0);     // within tolerance
-    CHECK(ldm_fallback_interval(false, 0, false, false, 1, 15, 1.0, 1e-3) == 0);     // nothing unwinds
-    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, 2e-3, 1e-3) == 4);     // round(sqrt(16))
-    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 1, 2e-3, 1e-3) == 1);      // round(sqrt(2)) = 1
-    CHECK(ldm_fallback_interval(true, 0, false, true, 3, 15, 2e-3, 1e-3) == 3);      // window: window starts
-    CHECK(ldm_fallback_interval(true, 4, true, false, 1, 15, 2e-3, 1e-3) == 2);      // still above: halves
-    CHECK(ldm_fallback_interval(true, 2, true, false, 1, 15, 2e-3, 1e-3) == 1);
-    CHECK(ldm_fallback_interval(true, 1, true, false, 1, 15, 2e-3, 1e-3) == 1);      // exact from here
-    CHECK(ldm_fallback_interval(true, 4, true, false, 1, 15, 1e-4, 1e-3) == 4);      // within: kept
-    CHECK(ldm_fallback_interval(true, 3, true, true, 3, 15, 2e-3, 1e-3) == 3);       // window's interval kept
-    CHECK(ldm_fallback_interval(true, 4, false, false, 1, 15, 2e-3, 1e-3) == 4);     // --ldm-checkpoint-every kept
-    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, INFINITY, 1e-3) == 4);  // a NaN drift (as inf)
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, ldm_drift_exceeds(1e-4, 1e-3)) == 0);     // within tolerance
+    CHECK(ldm_fallback_interval(false, 0, false, false, 1, 15, ldm_drift_exceeds(1.0, 1e-3)) == 0);     // nothing unwinds
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, ldm_drift_exceeds(2e-3, 1e-3)) == 4);     // round(sqrt(16))
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 1, ldm_drift_exceeds(2e-3, 1e-3)) == 1);      // round(sqrt(2)) = 1
+    CHECK(ldm_fallback_interval(true, 0, false, true, 3, 15, ldm_drift_exceeds(2e-3, 1e-3)) == 3);      // window: window starts
+    CHECK(ldm_fallback_interval(true, 4, true, false, 1, 15, ldm_drift_exceeds(2e-3, 1e-3)) == 2);      // still above: halves
+    CHECK(ldm_fallback_interval(true, 2, true, false, 1, 15, ldm_drift_exceeds(2e-3, 1e-3)) == 1);
+    CHECK(ldm_fallback_interval(true, 1, true, false, 1, 15, ldm_drift_exceeds(2e-3, 1e-3)) == 1);      // exact from here
+    CHECK(ldm_fallback_interval(true, 4, true, false, 1, 15, ldm_drift_exceeds(1e-4, 1e-3)) == 4);      // within: kept
+    CHECK(ldm_fallback_interval(true, 3, true, true, 3, 15, ldm_drift_exceeds(2e-3, 1e-3)) == 3);       // window's interval kept
+    CHECK(ldm_fallback_interval(true, 4, false, false, 1, 15, ldm_drift_exceeds(2e-3, 1e-3)) == 4);     // --ldm-checkpoint-every kept
+    CHECK(ldm_fallback_interval(true, 0, false, false, 1, 15, ldm_drift_exceeds(INFINITY, 1e-3)) == 4);  // a NaN drift (as inf)
+}
+
+TEST_CASE("ldm: the drift fallback's saved state restores only where it applies", "[ldm]") {
+    using ldm::ldm_fallback_saved;
+    using ldm::ldm_restore_fallback;
+    using SS = std::vector<std::pair<std::string, double>>;
+    CHECK(ldm_fallback_saved(false, 0, false, false).empty());  // nothing to save before a fallback
+    const SS unw = ldm_fallback_saved(true, 2, false, true);
+    CHECK(unw == SS{{"ldm_fallback_ckpt", 2.0}, {"ldm_fallback_window", 0.0}, {"ldm_fallback_settled", 1.0}});
+    int ckpt = 0;
+    bool fb = false, settled = false;
+    // no entry: nothing changes, nothing to say
+    CHECK(ldm_restore_fallback(SS{}, true, false, 1, 4, ckpt, fb, settled).empty());
+    CHECK((ckpt == 0 && !fb && !settled));
+    // unwind mode, no interval of its own: restored as saved
+    CHECK_THAT(ldm_restore_fallback(unw, true, false, 1, 4, ckpt, fb, settled),
+               Catch::Contains("restored") && Catch::Contains("every 2 writes"));
+    CHECK((ckpt == 2 && fb && settled));
+    // store mode (nothing unwinds), or window mode from an unwind run: not restored
+    for (bool window : {false, true}) {
+        ckpt = 0;
+        fb = settled = false;
+        CHECK_THAT(ldm_restore_fallback(unw, window, window, 3, 4, ckpt, fb, settled),
+                   Catch::Contains("not restored"));
+        CHECK((ckpt == 0 && !fb && !settled));
+    }
+    // --ldm-checkpoint-every 3 on the resume: its interval stays
+    ckpt = 3;
+    fb = false;
+    CHECK_THAT(ldm_restore_fallback(unw, true, false, 1, 4, ckpt, fb, settled),
+               Catch::Contains("keeps its own interval 3"));
+    CHECK((ckpt == 3 && !fb));
+    // window mode: the window-start states of this run's w
+    ckpt = 0;
+    CHECK_THAT(ldm_restore_fallback(ldm_fallback_saved(true, 2, true, false), true, true, 3, 4, ckpt, fb, settled),
+               Catch::Contains("every 3 writes"));
+    CHECK((ckpt == 3 && fb && !settled));
+    // malformed entries are errors, not guesses
+    for (const SS& bad : {SS{{"ldm_fallback_ckpt", 0.0}, {"ldm_fallback_window", 0.0}, {"ldm_fallback_settled", 0.0}},
+                          SS{{"ldm_fallback_ckpt", 6.0}, {"ldm_fallback_window", 0.0}, {"ldm_fallback_settled", 0.0}},
+                          SS{{"ldm_fallback_ckpt", 1.5}, {"ldm_fallback_window", 0.0}, {"ldm_fallback_settled", 0.0}},
+                          SS{{"ldm_fallback_ckpt", 2.0}, {"ldm_fallback_window", 2.0}, {"ldm_fallback_settled", 0.0}},
+                          SS{{"ldm_fallback_ckpt", 2.0}}}) {
+        ckpt = 0;
+        CHECK_THROWS_WITH(ldm_restore_fallback(bad, true, false, 1, 4, ckpt, fb, settled),
+                          Catch::Contains("malformed"));
+    }
+}
+
+TEST_CASE("ldm: the drift check asks every rank (data-parallel hook) and saves its fallback", "[ldm][blas]") {
+    ModelConfig c = ldm_cfg("rls", true, true);
+    c.ldm_mode = "unwind";
+    c.ldm_drift_tol = 1.0;  // this rank's drift is far below
+    const int B = 2, T = 3;
+    auto tok = rand_tokens(B * T, c.vocab_size, 4);
+    auto tgt = rand_tokens(B * T, c.vocab_size, 5);
+    for (bool other_rank_exceeds : {false, true}) {
+        INFO("another rank's drift above the tolerance: " << other_rank_exceeds);
+        Model<double> m(c);
+        randomize(m, 3);
+        int calls = 0;
+        bool asked = true;
+        m.scheme().set_data_parallel(
+            [&](bool mine) {
+                calls++;
+                asked = mine;
+                return mine || other_rank_exceeds;
+            },
+            true);
+        m.forward(tok.data(), tgt.data(), B, T);
+        m.backward();
+        CHECK(calls == 1);  // once per backward
+        CHECK_FALSE(asked);  // this rank's own drift is within 1.0
+        auto mt = m.scheme_metrics();
+        REQUIRE(mt.size() == 4);
+        CHECK(mt[2].second == (other_rank_exceeds ? 1.0 : 0.0));  // ldm_fallback
+        CHECK(mt[3].second == (other_rank_exceeds ? 2.0 : 0.0));  // ldm_ckpt
+        const auto saved = m.scheme().saved_state();
+        if (!other_rank_exceeds) {
+            CHECK(saved.empty());
+            continue;
+        }
+        CHECK(saved == ldm::ldm_fallback_saved(true, 2, false, false));
+        // a fresh scheme given that state keeps the same states: same interval from its first step
+        Model<double> r(c);
+        randomize(r, 3);
+        CHECK_THAT(r.scheme().restore_state(saved), Catch::Contains("restored"));
+        r.forward(tok.data(), tgt.data(), B, T);
+        r.backward();
+        auto rt = r.scheme_metrics();
+        CHECK(rt[2].second == 1.0);
+        CHECK(rt[3].second == 2.0);
+        CHECK(rt[0].second > 0);  // unwinding inside segments: drift measured
+    }
+    // store mode keeps every state: no drift check, no collective
+    ModelConfig s = c;
+    s.ldm_mode = "store";
+    Model<double> m(s);
+    randomize(m, 3);
+    int calls = 0;
+    m.scheme().set_data_parallel([&](bool f) { calls++; return f; }, true);
+    m.forward(tok.data(), tgt.data(), B, T);
+    m.backward();
+    CHECK(calls == 0);
 }
 
 TEST_CASE("ldm: window mode unwinds; on drift it keeps the window-start states", "[ldm][blas]") {

@@ -1,12 +1,14 @@
 // LDM through the trainer (build*/train_cpu): the unwind drift is logged every step (JSONL +
-// console), the drift fallback switches to checkpointed segments, a checkpoint trained in one
-// LDM mode resumes in another with the same losses, and bad LDM flags fail with a clear error.
+// console), the drift fallback switches to checkpointed segments and is saved in the checkpoint
+// (a resume after it is bit-exact), a checkpoint trained in one LDM mode resumes in another with
+// the same losses, and bad LDM flags fail with a clear error.
 // Needs the shared data (FineWeb-Edu sample + GPT-2 tokenizer); skipped without it.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <string>
 
+#include "core/checkpoint.h"
 #include "test/test_train_shards.h"
 
 namespace {
@@ -74,7 +76,44 @@ TEST_CASE("ldm trainer: drift logged every step, fallback, resume across modes, 
     REQUIRE(a > 0);
     CHECK_TOL("store ckpt resumed in window mode: loss", std::fabs(a - b), 1e-5 * a);
 
-    // 4. bad flags: clear errors, exit status 1.
+    // 4. the fallback is part of the checkpoint: 4 steps straight == 2 + checkpoint + resume + 2,
+    //    byte for byte (the resumed run starts with every state kept, as the straight run's step 3
+    //    did; unwinding again would change the gradients); other modes do not take it over.
+    const std::string fb = base_cmd(dir, 4) + " --ldm-mode unwind --ldm-drift-tol 1e-30 --lr 3e-3";
+    r = run_cmd(fb + " --out-dir " + dir + "/fbS --log " + dir + "/fbS.jsonl");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    r = run_cmd(fb + " --ckpt-every 2 --stop-after 2 --out-dir " + dir + "/fbA");
+    REQUIRE(r.status == 0);
+    const ldm::TrainState st2 = ldm::load_train_state(dir + "/fbA/ckpt_000002.state");
+    REQUIRE(st2.extra.contains("scheme_state"));
+    CHECK(st2.extra["scheme_state"] ==
+          nlohmann::json({{"ldm_fallback_ckpt", 1.0}, {"ldm_fallback_window", 0.0}, {"ldm_fallback_settled", 0.0}}));
+    r = run_cmd(fb + " --resume " + dir + "/fbA/ckpt_000002 --out-dir " + dir + "/fbB --log " + dir + "/fbB.jsonl");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("LDM drift fallback restored from the checkpoint: checkpointed segments every 1 writes"));
+    CHECK_THAT(r.out, !Catch::Contains("falling back"));
+    for (const char* ext : {".model", ".state"}) {
+        INFO(ext);
+        CHECK(ldm::read_file(dir + "/fbS/ckpt_000004" + ext) == ldm::read_file(dir + "/fbB/ckpt_000004" + ext));
+    }
+    for (int s : {3, 4}) CHECK(loss_at(dir + "/fbS.jsonl", s) == loss_at(dir + "/fbB.jsonl", s));
+    r = run_cmd(fb + " --ldm-mode store --resume " + dir + "/fbA/ckpt_000002 --out-dir " + dir + "/fbC");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("keeps its states (no unwinding), so it is not restored"));
+    // a malformed entry (rewritten with a valid checksum) is refused with the checkpoint's name
+    ldm::TrainState bad = st2;
+    bad.extra["scheme_state"]["ldm_fallback_ckpt"] = 9.0;
+    run_cmd("mkdir -p '" + dir + "/fbD' && cp '" + dir + "/fbA/ckpt_000002.model' '" + dir + "/fbD/'");
+    ldm::save_train_state(dir + "/fbD/ckpt_000002.state", bad);
+    r = run_cmd(fb + " --resume " + dir + "/fbD/ckpt_000002 --out-dir " + dir + "/fbE");
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("--resume " + dir + "/fbD/ckpt_000002") && Catch::Contains("malformed"));
+
+    // 5. bad flags: clear errors, exit status 1.
     r = run_cmd(base_cmd(dir, 1) + " --ldm-rule delta --ldm-mode unwind");
     CHECK(r.status == 1);
     CHECK_THAT(r.out, Catch::Contains("error:") && Catch::Contains("delta rule"));
