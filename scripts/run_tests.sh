@@ -42,32 +42,33 @@ last_lines() {
   l=$(echo "$1" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)' | grep -v '^$' | tail -n 5 | cut -c 1-200 | sed 's/^/  /')
   echo "${l:-  (no output)}"
 }
-# run_binary T PREFIX: runs test binary T (under the timeout, stdin from /dev/null), its output
-# in PREFIX.out, then "EXIT_STATUS TIMED_OUT SECONDS" in PREFIX.rc (written last, by a rename).
-run_binary() {
-  local t=$1 t0 rc timed run
+# timed_run PREFIX CMD...: runs CMD under the timeout (stdin from /dev/null), its output in
+# PREFIX.out, then "EXIT_STATUS TIMED_OUT SECONDS" in PREFIX.rc (written last, by a rename).
+timed_run() {
+  local prefix=$1 t0 rc timed
+  shift
   t0=$(date +%s)
-  run=("$t")
-  # ThreadSanitizer builds ($BUILD/tsan): without address-space randomisation, which the GCC 12
-  # runtime cannot map its shadow around on kernels with vm.mmap_rnd_bits > 28.
-  case "$t" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$t") ;; esac
-  timeout --foreground -k 30 "$limit" "${run[@]}" ${TEST_ARGS:-} < /dev/null > "$2.out" 2>&1; rc=$?
+  timeout --foreground -k 30 "$limit" "$@" < /dev/null > "$prefix.out" 2>&1; rc=$?
   # 124: stopped by the timeout; 137 after its -k KILL (or an out-of-memory kill: then it was shorter)
   timed=0
   case $rc in 124) timed=1 ;; 137) [ $(( $(date +%s) - t0 )) -ge "$limit" ] && timed=1 ;; esac
-  echo "$rc $timed $(( $(date +%s) - t0 ))" > "$2.rc.tmp" && mv -f "$2.rc.tmp" "$2.rc"
+  echo "$rc $timed $(( $(date +%s) - t0 ))" > "$prefix.rc.tmp" && mv -f "$prefix.rc.tmp" "$prefix.rc"
 }
-# run_blas T PREFIX CORE:THREADS: as run_binary, for T's [blas] test cases under OpenBLAS core type
-# CORE ("native": OpenBLAS's own choice) and OMP_NUM_THREADS=THREADS.
+# run_binary T PREFIX: test binary T with $TEST_ARGS, as timed_run.
+run_binary() {
+  local run=("$1")
+  # ThreadSanitizer builds ($BUILD/tsan): without address-space randomisation, which the GCC 12
+  # runtime cannot map its shadow around on kernels with vm.mmap_rnd_bits > 28.
+  case "$1" in */tsan/*) setarch "$(uname -m)" -R true 2>/dev/null && run=(setarch "$(uname -m)" -R "$1") ;; esac
+  timed_run "$2" "${run[@]}" ${TEST_ARGS:-}
+}
+# run_blas T PREFIX CORE:THREADS: T's [blas] test cases under OpenBLAS core type CORE ("native":
+# OpenBLAS's own choice) and OMP_NUM_THREADS=THREADS, as timed_run.
 run_blas() {
-  local core=${3%%:*} nt=${3#*:} t0 rc timed
+  local core=${3%%:*} nt=${3#*:}
   local envs=(env -u OPENBLAS_CORETYPE OMP_NUM_THREADS="$nt")
   [ "$core" = native ] || envs=(env OPENBLAS_CORETYPE="$core" OMP_NUM_THREADS="$nt")
-  t0=$(date +%s)
-  timeout --foreground -k 30 "$limit" "${envs[@]}" "$1" "[blas]" < /dev/null > "$2.out" 2>&1; rc=$?
-  timed=0
-  case $rc in 124) timed=1 ;; 137) [ $(( $(date +%s) - t0 )) -ge "$limit" ] && timed=1 ;; esac
-  echo "$rc $timed $(( $(date +%s) - t0 ))" > "$2.rc.tmp" && mv -f "$2.rc.tmp" "$2.rc"
+  timed_run "$2" "${envs[@]}" "$1" "[blas]"
 }
 # The ThreadSanitizer builds and the emulation tests run one OS thread each, mostly (the emulated
 # threads are fibers of it; test_emu_train's trainers and test_emu_nccl's two ranks are short) and
@@ -87,6 +88,55 @@ pools=()
 trap 'for p in "${pools[@]+"${pools[@]}"}"; do kill -- "-$p" 2>/dev/null; done; rm -rf "$scratch"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# start_pool JOB K...: runs `JOB K` for each K in the background, LDM_TEST_JOBS at a time, as a
+# pool ($pool, added to pools) that starts nothing more once the runner or its scratch is gone.
+start_pool() {
+  local job=$1
+  shift
+  set -m
+  ( for k in "$@"; do
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+      [ -d "$scratch" ] && kill -0 $$ 2>/dev/null || exit 1  # (the runner is gone)
+      "$job" "$k" &
+    done
+    wait ) &
+  pool=$!
+  set +m
+  pools+=("$pool")
+}
+# await PREFIX: waits until the pooled run PREFIX has its status, or its pool has ended.
+await() { while [ ! -e "$1.rc" ] && kill -0 "$pool" 2>/dev/null; do sleep 1; done; }
+# read_result PREFIX WHAT: sets out, rc, timed, secs from the run PREFIX and removes its files; a
+# run without a status (its pool stopped, a full disk) reads as failed, with a line naming WHAT.
+read_result() {
+  rc=1; timed=0; secs=0
+  out=$(cat "$1.out" 2>/dev/null)
+  if [ -e "$1.rc" ]; then read -r rc timed secs < "$1.rc"; else out="$out
+NOT RUN OR NOT FINISHED: $2 (its pool stopped, or its status could not be written in $scratch)"; fi
+  rm -f "$1.out" "$1.rc"
+}
+# count_result WHAT: adds the totals of $out (status $rc, $timed) to the suite's (totals: its
+# LDM_TEST_TOTALS line, p and f: its counts); its failed test cases and checks, or a crash (no
+# totals, or a non-zero status without a failed case), are recorded under WHAT.
+count_result() {
+  local fails why c
+  totals=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
+  while IFS= read -r c; do failed_cases+=("$1: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
+  fails=$(catch2_failures "$out")
+  [ -n "$fails" ] && details+=("$1:
+$fails")
+  p=0; f=0
+  [ -n "$totals" ] && read -r _ p f <<< "$totals"
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ -z "$totals" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then
+    why="exit $rc"; [ "$timed" = 1 ] && why="timed out after $limit s"
+    crashed+=("$1 ($why)"); failed=$((failed + 1))
+    details+=("$1 ($why), its last lines:
+$(last_lines "$out")")
+  fi
+}
+pool_binary() { run_binary "${args[$1]}" "$scratch/$1"; }
+pool_blas() { run_blas "${pt[$1]}" "$scratch/blas$1" "${pv[$1]}"; }
 start=$(date +%s)
 args=("$@")
 pooled=-1  # the last index started by a pool
@@ -97,45 +147,19 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     if [ "$i" -gt "$pooled" ]; then  # a pool for this run of parallel binaries
       n=$i
       while [ "$n" -lt ${#args[@]} ] && parallel "${args[$n]}"; do n=$((n + 1)); done
-      set -m
-      ( for ((k = i; k < n; k++)); do
-          while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-          [ -d "$scratch" ] && kill -0 $$ 2>/dev/null || exit 1  # (the runner is gone)
-          run_binary "${args[$k]}" "$scratch/$k" &
-        done
-        wait ) &
-      pool=$!
-      set +m
-      pools+=("$pool")
+      start_pool pool_binary $(seq "$i" $((n - 1)))
       pooled=$((n - 1))
     fi
-    while [ ! -e "$scratch/$i.rc" ] && kill -0 "$pool" 2>/dev/null; do sleep 1; done
+    await "$scratch/$i"
   else
     run_binary "$t" "$scratch/$i"
   fi
-  rc=1; timed=0; secs=0
-  out=$(cat "$scratch/$i.out" 2>/dev/null)
-  if [ -e "$scratch/$i.rc" ]; then read -r rc timed secs < "$scratch/$i.rc"; else out="$out
-NOT RUN OR NOT FINISHED: $t (its pool stopped, or its status could not be written in $scratch)"; fi
-  rm -f "$scratch/$i.out" "$scratch/$i.rc"
+  read_result "$scratch/$i" "$t"
   if [ "$i" = "$pooled" ] && parallel "$t"; then wait "$pool" 2>/dev/null; pools=(); fi  # (the pool is done)
   [ "$timed" = 1 ] && out="$out
 TIMED OUT: $t ran longer than $limit s (LDM_TEST_TIMEOUT) and was stopped"
   echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
-  line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
-  while IFS= read -r c; do failed_cases+=("$t: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
-  fails=$(catch2_failures "$out")
-  [ -n "$fails" ] && details+=("$t:
-$fails")
-  why="exit $rc"; [ "$timed" = 1 ] && why="timed out after $limit s"
-  p=0; f=0
-  [ -n "$line" ] && read -r _ p f <<< "$line"
-  passed=$((passed + p)); failed=$((failed + f))
-  if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then  # no report, or a failure without a case
-    crashed+=("$t ($why)"); failed=$((failed + 1))
-    details+=("$t ($why), its last lines:
-$(last_lines "$out")")
-  fi
+  count_result "$t"
   # A test binary that needs a GPU passes without one after printing "skipped: no GPU": list it.
   if echo "$out" | grep -q 'skipped: no GPU'; then gpu_skipped+=("$(basename "$t")"); fi
   # Other checks a test case skips visibly (Catch2 WARN "SKIP ..." or "skipped: ...": no data
@@ -169,48 +193,19 @@ if [ ${#blas_bins[@]} -gt 0 ]; then
     fi
     for t in "${blas_bins[@]}"; do pv+=("$v"); pt+=("$t"); done
   done
-  set -m
-  ( for ((k = 0; k < ${#pv[@]}; k++)); do
-      [ "${pv[$k]#*:}" = 1 ] || continue
-      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-      [ -d "$scratch" ] && kill -0 $$ 2>/dev/null || exit 1  # (the runner is gone)
-      run_blas "${pt[$k]}" "$scratch/blas$k" "${pv[$k]}" &
-    done
-    wait ) &
-  pool=$!
-  set +m
-  pools+=("$pool")
+  ones=()
+  for ((k = 0; k < ${#pv[@]}; k++)); do [ "${pv[$k]#*:}" = 1 ] && ones+=("$k"); done
+  start_pool pool_blas "${ones[@]+"${ones[@]}"}"
   for ((k = 0; k < ${#pv[@]}; k++)); do
     v=${pv[$k]}; t=${pt[$k]}
     core=${v%%:*}; nt=${v#*:}
-    if [ "$nt" = 1 ]; then
-      while [ ! -e "$scratch/blas$k.rc" ] && kill -0 "$pool" 2>/dev/null; do sleep 1; done
-    else
-      run_blas "$t" "$scratch/blas$k" "$v"
-    fi
-    rc=1; timed=0; secs=0
-    out=$(cat "$scratch/blas$k.out" 2>/dev/null)
-    if [ -e "$scratch/blas$k.rc" ]; then read -r rc timed secs < "$scratch/blas$k.rc"; else out="$out
-NOT RUN OR NOT FINISHED: $t [blas] $v (its pool stopped, or its status could not be written in $scratch)"; fi
-    rm -f "$scratch/blas$k.out" "$scratch/blas$k.rc"
-    line=$(echo "$out" | grep '^LDM_TEST_TOTALS' | tail -1)
-    p=0; f=0
-    [ -n "$line" ] && read -r _ p f <<< "$line"
-    if [ -z "$line" ] || [ "$f" != 0 ] || [ "$rc" != 0 ]; then
+    if [ "$nt" = 1 ]; then await "$scratch/blas$k"; else run_blas "$t" "$scratch/blas$k" "$v"; fi
+    read_result "$scratch/blas$k" "$t [blas] $v"
+    count_result "$t [blas] $v"
+    if [ -z "$totals" ] || [ "$f" != 0 ] || [ "$rc" != 0 ]; then
       echo "$out" | grep -v -E '^LDM_TEST_(TOTALS|FAILED)'
-      while IFS= read -r c; do failed_cases+=("$t [blas] $v: ${c#LDM_TEST_FAILED }"); done < <(echo "$out" | grep '^LDM_TEST_FAILED ')
-      fails=$(catch2_failures "$out")
-      [ -n "$fails" ] && details+=("$t [blas] $v:
-$fails")
       if [ "$core" = native ]; then env=""; else env="OPENBLAS_CORETYPE=$core "; fi
       blas_failed+=("${env}OMP_NUM_THREADS=$nt $t '[blas]'")
-    fi
-    passed=$((passed + p)); failed=$((failed + f))
-    if [ -z "$line" ] || { [ "$rc" != 0 ] && [ "$f" = 0 ]; }; then
-      why="exit $rc"; [ "$timed" = 1 ] && why="timed out after $limit s"
-      crashed+=("$t [blas] $v ($why)"); failed=$((failed + 1))
-      details+=("$t [blas] $v ($why), its last lines:
-$(last_lines "$out")")
     fi
     echo "=== [blas] $v $t: $p passed, $f failed, $secs s"
   done
