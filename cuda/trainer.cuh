@@ -368,12 +368,15 @@ class GpuBackend {
             const std::vector<float> h = download(full + off, count);
             return std::string(reinterpret_cast<const char*>(h.data()), size_t(count) * 4);
         };
-        if (dp_.zero1) {  // the moments are gathered into the shard layout of the checkpoint
-            DeviceBuffer<float> full(n_);
-            dp_.allgather_full(full.ptr, model_.stream, m_.ptr);
-            ts.m = part(full.ptr);
-            dp_.allgather_full(full.ptr, model_.stream, v_.ptr);
-            ts.v = part(full.ptr);
+        if (dp_.zero1) {
+            // the moments are gathered into the shard layout of the checkpoint, in the fp32
+            // gradient buffer: idle between steps (every step zeroes it first), so a checkpoint
+            // allocates nothing (an n-float buffer would be 5.6 GB at qwen-1.5b)
+            float* full = model_.grads.ptr;
+            dp_.allgather_full(full, model_.stream, m_.ptr);
+            ts.m = part(full);
+            dp_.allgather_full(full, model_.stream, v_.ptr);
+            ts.v = part(full);
         } else {
             ts.m = part(m_.ptr);
             ts.v = part(v_.ptr);

@@ -23,7 +23,8 @@
 //   the NCCL paths (emulated NCCL, one rank): --nccl ZeRO-0/1, overlap on/off give the plain run's
 //     bytes; under mpirun -np 2 (NCCL over MPI) ZeRO-0/1 with overlap equal the one-process run
 //     within fp32 rounding (1e-5 on the losses), the overlap also with the communication stream
-//     eager (a missing event wait in either direction fails);
+//     eager (a missing event wait in either direction fails), and resume from their step-2
+//     checkpoints (ZeRO-1: the moments gathered into the checkpoint's shards) bit-exact;
 //   inference: --infer-check (prefill + KV-cache decode == full forward == CPU inference);
 //   --cuda-graph 1 (the whole step, or each micro-batch where LDM's drift check is armed or with
 //     NCCL, captured once, then replayed) gives the eager run's bytes, for every configuration,
@@ -517,7 +518,7 @@ TEST_CASE("emu train: the NCCL paths (one rank; two ranks under mpirun) give the
         const int k = t.k;
         const std::string sub = "/two" + std::to_string(k) + t.eager;
         RunResult r = run_cmd(mpirun + "-x EMU_EAGER_STREAM=" + t.eager + " " + gpu + args + " " + variants[k] + t.more +
-                              logged(sub));
+                              " --ckpt-every 2" + logged(sub));
         INFO(variants[k] << t.more << " (2 ranks, eager stream " << t.eager << ")\n" << r.out);
         REQUIRE(r.status == 0);
         CHECK_THAT(r.out, Catch::Contains("data parallel: 2 GPU processes"));
@@ -529,6 +530,15 @@ TEST_CASE("emu train: the NCCL paths (one rank; two ranks under mpirun) give the
             CHECK(std::fabs(a - b) <= 1e-5 * std::fabs(b));
         }
         CHECK(ldm::file_exists(dir + sub + "/ckpt_000003.done"));
+        if (std::string(t.eager) != "none") continue;
+        // ZeRO-1 gathers the AdamW moments into the checkpoint's shard layout (in the idle
+        // gradient buffer): a resume from step 2 gives the straight run's step-3 files
+        RunResult b = run_cmd(mpirun + gpu + args + " " + variants[k] + " --resume " + dir + sub +
+                              "/ckpt_000002 --out-dir " + dir + sub + "r");
+        INFO(b.out);
+        REQUIRE(b.status == 0);
+        for (const char* f : {".model", ".state.rank0of2", ".state.rank1of2"})
+            CHECK(ldm::read_file(dir + sub + "/ckpt_000003" + f) == ldm::read_file(dir + sub + "r/ckpt_000003" + f));
     }
 }
 
