@@ -980,7 +980,9 @@ bool LdmGpuScheme<T>::after_backward(cudaStream_t s) {
     const bool unwinding = !delta_ && (keep() == kNone || keep() == kSegments);
     // (the same on every rank: same flags, same restored state, the same decisions before)
     const bool mine = ldm_drift_exceeds(std::max(drift_S_, drift_P_), cfg_.ldm_drift_tol);
-    const bool exceeded = unwinding && this->any_rank_(mine);  // data parallel: every rank switches together
+    // data parallel: every rank switches together; asked only while the interval can still change
+    const bool can_change = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_, true) != ckpt_;
+    const bool exceeded = can_change && this->any_rank_(mine);
     const int next = ldm_fallback_interval(unwinding, ckpt_, fell_back_, window_, w_, D_, exceeded);
     if (fell_back_ && next == ckpt_) settled_ = true;
     if (next != ckpt_) {

@@ -177,9 +177,15 @@ class GpuBackend {
         dp_.init(dctx_, n_, o.zero, o.nccl, o.nccl_id_file, o.nccl_overlap != 0);
         dp_.plan_overlap(model_.specs, cfg.n_layer, model_.grads.ptr, kNcclMinBucketElems);
         // data parallel: the scheme's host-side decisions (LDM's drift fallback) agree over the ranks
+        // (without MPI an NCCL sum: on the overlap path on the communication stream, after the bucket
+        // reductions that the last micro-batch's backward enqueued on the same communicator)
         if (dp_.world > 1)
-            model_.scheme().set_data_parallel([this](bool f) { return dp_.sum(f ? 1.0 : 0.0, model_.stream) > 0; },
-                                              dctx_.rank == 0);
+            model_.scheme().set_data_parallel(
+                [this](bool f) {
+                    cudaStream_t s = dp_.overlap && dp_.comm_stream ? dp_.comm_stream : model_.stream;
+                    return dp_.sum(f ? 1.0 : 0.0, s) > 0;
+                },
+                dctx_.rank == 0);
         // first fp32 master element the schemes read (their parameters follow the backbone's); n = none
         scheme_lo_ = n_;
         for (const auto& s : model_.specs)

@@ -778,7 +778,8 @@ inline std::vector<std::pair<std::string, double>> ldm_fallback_saved(bool fell_
 // Restores a saved fallback (ldm_fallback_saved) into a scheme built from the command line (host):
 // applied when this run unwinds, in the same mode (window or not), without an interval of its own
 // (--ldm-checkpoint-every); window mode takes its own w. Returns the line to print ("" when the
-// checkpoint has no fallback). Throws ldm::Error for a malformed entry (interval outside 1..D+1).
+// checkpoint has no fallback). Throws ldm::Error for a malformed entry (interval not an integer
+// in 1..D+1, or >= 1 in window mode; a flag not 0 or 1).
 inline std::string ldm_restore_fallback(const std::vector<std::pair<std::string, double>>& saved, bool unwinding,
                                         bool window, int w, int D, int& ckpt, bool& fell_back, bool& settled) {
     double c = -1, win = -1, set = -1;
@@ -788,27 +789,29 @@ inline std::string ldm_restore_fallback(const std::vector<std::pair<std::string,
         else if (kv.first == "ldm_fallback_settled") set = kv.second;
     }
     if (c < 0 && win < 0 && set < 0) return "";
-    if (!(c >= 1 && c <= D + 1 && c == (double)(int)c) || (win != 0 && win != 1) || (set != 0 && set != 1)) {
+    // (window mode's interval is its w, which may exceed D+1; this run uses its own w)
+    if (!(c >= 1 && (win == 1 || c <= D + 1) && c <= 1e9 && c == (double)(int)c) || (win != 0 && win != 1) ||
+        (set != 0 && set != 1)) {
         char msg[256];
         snprintf(msg, sizeof msg,
                  "the checkpoint's LDM drift fallback (scheme_state: interval %g, window %g, settled %g) is "
-                 "malformed: the interval must be an integer in 1..%d, the flags 0 or 1",
+                 "malformed: the interval must be an integer in 1..%d (window mode: >= 1), the flags 0 or 1",
                  c, win, set, D + 1);
         throw Error(msg);
     }
     const int ci = (int)c;
     const char* was = win == 1 ? "window" : "unwind";
     char msg[512];
-    if (!unwinding || (win == 1) != window) {
-        snprintf(msg, sizeof msg,
-                 "note: the checkpoint's run had fallen back to checkpointed segments every %d writes (LDM drift, "
-                 "%s mode); this run's mode %s, so it is not restored",
-                 ci, was, unwinding ? (window ? "is window" : "is unwind") : "keeps its states (no unwinding)");
-    } else if (ckpt > 0 && !fell_back) {
+    if (ckpt > 0 && !fell_back) {
         snprintf(msg, sizeof msg,
                  "note: the checkpoint's run had fallen back to checkpointed segments every %d writes (LDM drift); "
                  "this run keeps its own interval %d (--ldm-checkpoint-every)",
                  ci, ckpt);
+    } else if (!unwinding || (win == 1) != window) {
+        snprintf(msg, sizeof msg,
+                 "note: the checkpoint's run had fallen back to checkpointed segments every %d writes (LDM drift, "
+                 "%s mode); this run's mode %s, so it is not restored",
+                 ci, was, unwinding ? (window ? "is window" : "is unwind") : "keeps its states (no unwinding)");
     } else {
         ckpt = window ? w : ci;
         fell_back = true;

@@ -779,11 +779,16 @@ TEST_CASE("ldm: the drift fallback's saved state restores only where it applies"
     CHECK_THAT(ldm_restore_fallback(unw, true, false, 1, 4, ckpt, fb, settled),
                Catch::Contains("keeps its own interval 3"));
     CHECK((ckpt == 3 && !fb));
-    // window mode: the window-start states of this run's w
-    ckpt = 0;
-    CHECK_THAT(ldm_restore_fallback(ldm_fallback_saved(true, 2, true, false), true, true, 3, 4, ckpt, fb, settled),
-               Catch::Contains("every 3 writes"));
-    CHECK((ckpt == 3 && fb && !settled));
+    // window mode: the window-start states of this run's w (the saved w may exceed D+1)
+    for (int saved_w : {2, 9}) {
+        ckpt = 0;
+        fb = false;
+        settled = true;
+        CHECK_THAT(ldm_restore_fallback(ldm_fallback_saved(true, saved_w, true, false), true, true, 3, 4, ckpt, fb,
+                                        settled),
+                   Catch::Contains("every 3 writes"));
+        CHECK((ckpt == 3 && fb && !settled));
+    }
     // malformed entries are errors, not guesses
     for (const SS& bad : {SS{{"ldm_fallback_ckpt", 0.0}, {"ldm_fallback_window", 0.0}, {"ldm_fallback_settled", 0.0}},
                           SS{{"ldm_fallback_ckpt", 6.0}, {"ldm_fallback_window", 0.0}, {"ldm_fallback_settled", 0.0}},
